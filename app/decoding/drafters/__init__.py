@@ -1,0 +1,1 @@
+"""Drafters: small files behind one interface (base.Drafter)."""

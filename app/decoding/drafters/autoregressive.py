@@ -1,0 +1,18 @@
+"""The baseline: propose nothing, so every step adds exactly the target's next token."""
+
+from __future__ import annotations
+
+from app.decoding.types import Proposal
+
+
+class Autoregressive:
+    name = "autoregressive"
+
+    def start(self, prompt, sampling, gen) -> None:
+        pass
+
+    def propose(self, context: list[int], room: int) -> Proposal:
+        return Proposal()
+
+    def observe(self, proposal, verdict, logits) -> None:
+        pass

