@@ -32,6 +32,7 @@ class DecodingConfig:
     # prompt lookup (NGram)
     prompt_lookup_num_tokens: int = 10
     max_matching_ngram_size: int = 2
+    is_use_oldest: bool = True  # earliest match (TensorRT-LLM's default) or the latest
     # draft-target
     draft_model: str | None = None
     max_draft_len: int = 4
@@ -70,7 +71,7 @@ class DecodingConfig:
             W, N, G = self.lookahead_config
             return Lookahead(W, N, G, request=self.lookahead_request, pool_from_prompt=self.pool_from_prompt)
         if self.mode == "prompt_lookup":
-            return PromptLookup(self.prompt_lookup_num_tokens, self.max_matching_ngram_size)
+            return PromptLookup(self.prompt_lookup_num_tokens, self.max_matching_ngram_size, self.is_use_oldest)
         if self.mode == "draft_target":
             return DraftModel(draft.model, self.max_draft_len)
         return Autoregressive()

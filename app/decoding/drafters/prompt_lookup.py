@@ -10,8 +10,9 @@ import numpy as np
 from app.decoding.types import Proposal
 
 
-def find_draft(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[int, int, int] | None:
-    """(start, n, continuation_start) of the earliest earlier occurrence of the longest suffix n-gram (n <= max_ngram).
+def find_draft(context: np.ndarray, max_ngram: int, oldest: bool = True) -> tuple[int, int, int] | None:
+    """(start, n, continuation_start) of an earlier occurrence of the longest suffix n-gram (n <= max_ngram):
+    the earliest one, or the latest when `oldest` is False.
 
     The search covers prompt and generated text; the suffix itself is excluded.
     """
@@ -21,7 +22,7 @@ def find_draft(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[in
         windows = np.lib.stride_tricks.sliding_window_view(context[: size - 1], n)
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if len(hits):
-            start = int(hits[0])
+            start = int(hits[0] if oldest else hits[-1])
             return start, n, start + n
     return None
 
@@ -29,13 +30,16 @@ def find_draft(context: np.ndarray, max_ngram: int, num_tokens: int) -> tuple[in
 class PromptLookup:
     name = "prompt_lookup"
 
-    def __init__(self, prompt_lookup_num_tokens: int = 10, max_matching_ngram_size: int = 2) -> None:
+    def __init__(
+        self, prompt_lookup_num_tokens: int = 10, max_matching_ngram_size: int = 2, is_use_oldest: bool = True
+    ) -> None:
         if prompt_lookup_num_tokens < 1:
             raise ValueError("prompt_lookup_num_tokens must be >= 1")
         if max_matching_ngram_size < 1:
             raise ValueError("max_matching_ngram_size must be >= 1")
         self.num_tokens = prompt_lookup_num_tokens
         self.max_ngram = max_matching_ngram_size
+        self.oldest = is_use_oldest
         self.prompt_len = 0
 
     def start(self, prompt, sampling, gen) -> None:
@@ -43,7 +47,7 @@ class PromptLookup:
 
     def propose(self, context: list[int], room: int) -> Proposal:
         ids = np.asarray(context)
-        hit = find_draft(ids, self.max_ngram, self.num_tokens)
+        hit = find_draft(ids, self.max_ngram, self.oldest)
         if hit is None:
             return Proposal(source={"match": None})
         start, n, cont = hit

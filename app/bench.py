@@ -1,0 +1,205 @@
+"""Benchmarks on Spec-Bench prompts: our modes and transformers' own generate() side by side, interleaved."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from app.config import DecodingConfig
+from app.models import LoadedModel
+from app.runner import output_ids, run as run_mode
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_bench" / "question.jsonl"
+PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+
+
+def load_prompts(path: str | None, categories: list[str] | None, limit: int | None) -> list[dict]:
+    """First turns of a Spec-Bench-format JSONL file; `limit` applies per category, in file order."""
+    path = Path(path) if path else DEFAULT_PROMPTS
+    rows, taken = [], defaultdict(int)
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            q = json.loads(line)
+            cat = q["category"]
+            if categories and cat not in categories:
+                continue
+            if limit is not None and taken[cat] >= limit:
+                continue
+            taken[cat] += 1
+            rows.append({"id": q["question_id"], "category": cat, "text": q["turns"][0]})
+    if not rows:
+        raise ValueError(f"no prompts selected from {path} (categories={categories})")
+    return rows
+
+
+class _ForwardCounter:
+    """Counts the target's forward passes during a peer's generate() call (a hook, not a patch)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.calls = model, 0
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], draft: LoadedModel | None) -> tuple[list[int], int]:
+    s = cfg.sampling
+    kwargs = dict(max_new_tokens=cfg.max_new_tokens, eos_token_id=target.eos_token_ids, pad_token_id=target.eos_token_ids[0])
+    if s.greedy:
+        kwargs.update(do_sample=False)
+    else:
+        kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+        if s.seed is not None:
+            torch.manual_seed(s.seed)  # generate() samples from torch's global generator
+    if name == "hf_prompt_lookup":
+        kwargs.update(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens, max_matching_ngram_size=cfg.max_matching_ngram_size)
+    if name == "hf_assisted":
+        kwargs.update(assistant_model=draft.model)
+    x = torch.tensor([ids], device=target.model.device)
+    with torch.inference_mode(), _ForwardCounter(target.model) as counter:
+        out = target.model.generate(x, attention_mask=torch.ones_like(x), **kwargs)
+    return out[0, len(ids) :].tolist(), counter.calls
+
+
+def _one(name, target, configs, ids, draft):
+    t0 = time.perf_counter()
+    if name in PEERS:
+        base = configs.get("prompt_lookup") or configs["autoregressive"]
+        out, steps = _peer(name, target, base, ids, draft)
+    else:
+        events = list(run_mode(target, configs[name], ids, draft))
+        out, steps = output_ids(events), events[-1].totals["target_steps"]
+    return out, steps, time.perf_counter() - t0
+
+
+def run(
+    target: LoadedModel,
+    configs: dict[str, DecodingConfig],
+    prompts: list[dict],
+    draft: LoadedModel | None = None,
+    peers: bool = False,
+    progress: TextIO | None = None,
+) -> dict:
+    if "autoregressive" not in configs:
+        configs = {"autoregressive": DecodingConfig(**{**vars(next(iter(configs.values()))), "mode": "autoregressive"}), **configs}
+    names = list(configs)
+    if peers:
+        names += ["hf_generate", "hf_prompt_lookup"] + (["hf_assisted"] if draft is not None else [])
+    # Warm-up: the first calls of each path pay one-off costs (allocations, kernel selection).
+    warm = target.encode("Say hello.")
+    short = {k: DecodingConfig(**{**vars(c), "max_new_tokens": 8}) for k, c in configs.items()}
+    for name in names:
+        _one(name, target, short, warm, draft)
+    runs = []
+    for i, prompt in enumerate(prompts):
+        ids = target.encode(prompt["text"])
+        reference = None
+        for name in names:  # interleaved: every mode sees the same machine state, prompt by prompt
+            out, steps, elapsed = _one(name, target, configs, ids, draft)
+            if name == "autoregressive":
+                reference = out
+            runs.append(
+                {
+                    "prompt_id": prompt["id"],
+                    "category": prompt["category"],
+                    "mode": name,
+                    "prompt_tokens": len(ids),
+                    "new_tokens": len(out),
+                    "elapsed_s": elapsed,
+                    "tokens_per_s": len(out) / elapsed,
+                    "target_steps": steps,
+                    "mean_accepted_tokens": len(out) / steps if steps else None,
+                    "identical": out == reference,
+                    "identical_prefix": _common_prefix(out, reference),
+                    "token_ids": out,
+                }
+            )
+            if progress:
+                r = runs[-1]
+                print(
+                    f"[{i + 1}/{len(prompts)}] {prompt['category']:>14} #{prompt['id']:<4} {name:>16}: "
+                    f"{r['new_tokens']:4d} tok {r['tokens_per_s']:6.1f} tok/s  tau {r['mean_accepted_tokens'] or 0:.2f}"
+                    f"{'' if r['identical'] else '  (differs from autoregressive)'}",
+                    file=progress,
+                    flush=True,
+                )
+    return {"settings": _settings(target, configs, draft), "summary": summarize(runs), "runs": runs}
+
+
+def _common_prefix(a: list[int], b: list[int] | None) -> int:
+    n = 0
+    for x, y in zip(a, b or []):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _settings(target, configs, draft) -> dict:
+    cfgs = {k: {**vars(c), "sampling": vars(c.sampling)} for k, c in configs.items()}
+    return {
+        "model": target.name,
+        "dtype": target.dtype,
+        "draft_model": draft.name if draft else None,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "configs": cfgs,
+    }
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per mode, overall and per category: mean tokens/s, speedup over autoregressive (ratio of means,
+    as Spec-Bench), tokens per target step, and the share of outputs identical to autoregressive."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in runs:
+        groups[(r["mode"], r["category"])].append(r)
+        groups[(r["mode"], "overall")].append(r)
+
+    def stats(rs):
+        steps = [r["target_steps"] for r in rs if r["target_steps"]]
+        return {
+            "tokens_per_s": sum(r["tokens_per_s"] for r in rs) / len(rs),
+            "mean_accepted_tokens": sum(r["new_tokens"] for r in rs if r["target_steps"]) / sum(steps) if steps else None,
+            "identical_share": sum(r["identical"] for r in rs) / len(rs),
+            # how far outputs agree with autoregressive before they part (bfloat16 rounding differs by batch shape)
+            "identical_prefix_share": sum(r["identical_prefix"] for r in rs) / max(1, sum(r["new_tokens"] for r in rs)),
+            "prompts": len(rs),
+        }
+
+    table = {key: stats(rs) for key, rs in groups.items()}
+    summary: dict[str, dict] = defaultdict(dict)
+    for (mode, cat), s in table.items():
+        base = table.get(("autoregressive", cat))
+        s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"] if base else None
+        if cat == "overall":
+            summary[mode].update(s)
+        else:
+            summary[mode].setdefault("categories", {})[cat] = s
+    return dict(summary)
+
+
+def format_table(summary: dict) -> str:
+    cats = sorted({c for s in summary.values() for c in s.get("categories", {})})
+    lines = [f"{'category':<16}{'mode':<18}{'tok/s':>8}{'speedup':>9}{'tau':>7}{'identical':>11}"]
+    for cat in [*cats, "overall"]:
+        for mode, s in summary.items():
+            row = s if cat == "overall" else s.get("categories", {}).get(cat)
+            if row is None:
+                continue
+            tau = f"{row['mean_accepted_tokens']:.2f}" if row["mean_accepted_tokens"] else "-"
+            lines.append(
+                f"{cat:<16}{mode:<18}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{tau:>7}{row['identical_share']:>10.0%}"
+            )
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up (scripts/setup.sh) and run the whole test suite on 2 workers (pytest-xdist).
+# CI runs exactly this (.ci/run). Extra arguments replace the default test path `tests`:
+#
+#   bash scripts/test.sh
+#   bash scripts/test.sh tests/test_cli.py -k lookahead
+#
+# Artifacts (JUnit XML; tests may write more under $TEST_ARTIFACTS_DIR) go to test-artifacts/.
+# Exit code: pytest's, except that "no tests collected" (5) is a failure too.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/setup.sh
+
+export TEST_ARTIFACTS_DIR="$PWD/test-artifacts"
+mkdir -p "$TEST_ARTIFACTS_DIR"
+# Two workers on two cores: one torch thread each avoids oversubscription.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# No hub access here: fail fast instead of waiting on network timeouts.
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
+
+status=0
+.venv/bin/python -m pytest -n 2 -q --junitxml="$TEST_ARTIFACTS_DIR/junit.xml" "${@:-tests}" || status=$?
+
+if ((status == 5)); then
+    echo "test.sh: no tests were collected; treating as failure" >&2
+    exit 1
+fi
+exit "$status"
