@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,7 @@ def _bundled_dir(name: str, engines: Path) -> Path:
     source = Path(spec.submodule_search_locations[0])
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"[models] dequantizing {filename} once into {target} ...", flush=True)
+    print(f"[models] dequantizing {filename} once into {target} ...", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=filename)
     gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=filename, dtype=torch.float32)
     config = gguf_model.config

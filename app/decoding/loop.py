@@ -79,12 +79,12 @@ def generate(
         totals.new_tokens += len(new)
         totals.target_steps += 1
         totals.drafted += prop.num_draft
-        totals.accepted += len(verdict.accepted)
         totals.draft_time_s += t_draft
         totals.verify_time_s += t_verify
         totals.elapsed_s = time.perf_counter() - start
         acc_tokens = [prop.tokens[i] for i in verdict.accepted][: len(new)]
-        on_path = set(verdict.accepted)
+        totals.accepted += len(acc_tokens)
+        on_path = set(verdict.accepted[: len(acc_tokens)])
         return StepEvent(
             step=step,
             kind=kind,

@@ -74,7 +74,7 @@ class StepEvent:
     kind: str  # "prefill" | "decode"
     proposed: dict[str, list[int]]  # {"tokens": [...], "parents": [...]}: the draft tree
     accepted: list[int]  # node indices on the accepted path
-    rejected: list[int]  # draft node indices not accepted
+    rejected: list[int]  # draft node indices not committed (rejected, or cut by EOS / max_new_tokens)
     accepted_tokens: list[int]
     added_token: int | None  # None when EOS or max_new_tokens fell inside the accepted draft
     added_kind: str

@@ -75,7 +75,11 @@ class Lookahead:
                 self._remember(tuple(context[end - n : end]))
             self.seen = len(context) + 1
         root = self.root = context[-1]
-        candidates = [list(c[: room]) for c in reversed(self.pool.get(root, {}))][: self.g]
+        candidates: list[list[int]] = []
+        for c in reversed(self.pool.get(root, {})):  # most recent first
+            if len(candidates) == self.g or len(trie(candidates + [list(c)])[0]) > room:
+                break
+            candidates.append(list(c))
         tokens, parents = trie(candidates)
         num_draft = len(tokens)
         window_size = (w - 1) + (len(self.rows) - 1) * w

