@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+
+from app.decoding.kv_cache import new_cache
 
 from app.decoding.sampling import probs, sample
 from app.decoding.types import Proposal
@@ -20,7 +21,7 @@ class DraftModel:
 
     def start(self, prompt, sampling, gen) -> None:
         self.sampling, self.gen = sampling, gen
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model.config)
         self.fed: list[int] = []  # tokens whose KV is in the draft's cache
 
     def _rewind(self, context: list[int]) -> list[int]:
