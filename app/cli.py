@@ -25,6 +25,7 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pool-from-prompt", action="store_true", help="lookahead: do not seed the n-gram pool from the context")
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=10)
     p.add_argument("--max-matching-ngram-size", type=int, default=2)
+    p.add_argument("--prompt-lookup-candidates", type=int, default=1, help="prompt lookup: verify this many matches' continuations as one tree")
     p.add_argument("--use-newest-match", action="store_true", help="prompt lookup: copy after the latest match, not the earliest")
     p.add_argument("--draft-model", default=None, help="draft model for draft_target (same tokenizer as --model)")
     p.add_argument("--max-draft-len", type=int, default=4)
@@ -44,6 +45,7 @@ def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
         prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
         max_matching_ngram_size=args.max_matching_ngram_size,
         is_use_oldest=not args.use_newest_match,
+        max_candidates=args.prompt_lookup_candidates,
         draft_model=args.draft_model,
         max_draft_len=args.max_draft_len,
         max_new_tokens=args.max_new_tokens,

@@ -33,6 +33,7 @@ class DecodingConfig:
     prompt_lookup_num_tokens: int = 10
     max_matching_ngram_size: int = 2
     is_use_oldest: bool = True  # earliest match (TensorRT-LLM's default) or the latest
+    max_candidates: int = 1  # continuations of this many matches verified together as a tree
     # draft-target
     draft_model: str | None = None
     max_draft_len: int = 4
@@ -59,6 +60,8 @@ class DecodingConfig:
                 raise ConfigError(f"prompt_lookup_num_tokens must be at least 1, got {self.prompt_lookup_num_tokens}")
             if self.max_matching_ngram_size < 1:
                 raise ConfigError(f"max_matching_ngram_size must be at least 1, got {self.max_matching_ngram_size}")
+            if self.max_candidates < 1:
+                raise ConfigError(f"max_candidates must be at least 1, got {self.max_candidates}")
         if self.mode == "draft_target":
             if not self.draft_model:
                 raise ConfigError("draft_target needs a draft model (--draft-model NAME)")
@@ -71,7 +74,9 @@ class DecodingConfig:
             W, N, G = self.lookahead_config
             return Lookahead(W, N, G, request=self.lookahead_request, pool_from_prompt=self.pool_from_prompt)
         if self.mode == "prompt_lookup":
-            return PromptLookup(self.prompt_lookup_num_tokens, self.max_matching_ngram_size, self.is_use_oldest)
+            return PromptLookup(
+                self.prompt_lookup_num_tokens, self.max_matching_ngram_size, self.is_use_oldest, self.max_candidates
+            )
         if self.mode == "draft_target":
             return DraftModel(draft.model, self.max_draft_len)
         return Autoregressive()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from app.decoding import attention
+
 BUNDLED = "smollm2-135m-instruct"
 DEFAULT_ENGINES = Path(__file__).resolve().parent.parent / "engines"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -129,7 +131,7 @@ def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engi
         ) from err
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=DTYPES[dtype], trust_remote_code=False, attn_implementation="sdpa"
+            where, dtype=DTYPES[dtype], trust_remote_code=False, attn_implementation=attention.register()
         )
     except ValueError as err:
         arch = ", ".join(getattr(config, "architectures", None) or [config.model_type])

@@ -13,8 +13,9 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 
 class GrowingLayer(DynamicLayer):
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, dtype: torch.dtype | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.storage_dtype = dtype  # None: the dtype of the incoming keys and values
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
 
@@ -24,8 +25,9 @@ class GrowingLayer(DynamicLayer):
         length = self.get_seq_length()
         end = length + key_states.shape[-2]
         if self._k is None or end > self._k.shape[-2]:
-            self._k = self._bigger(self._k, key_states, length, max(end, 2 * length, 256))
-            self._v = self._bigger(self._v, value_states, length, max(end, 2 * length, 256))
+            capacity = max(end, 2 * length, 256)
+            self._k = self._bigger(self._k, key_states, length, capacity, self.storage_dtype or key_states.dtype)
+            self._v = self._bigger(self._v, value_states, length, capacity, self.storage_dtype or value_states.dtype)
         self._k[..., length:end, :] = key_states
         self._v[..., length:end, :] = value_states
         # crop() (inherited) shortens these views; the next update writes right after their end.
@@ -33,17 +35,18 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     @staticmethod
-    def _bigger(old: torch.Tensor | None, like: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
-        new = torch.empty((*like.shape[:-2], capacity, like.shape[-1]), dtype=like.dtype, device=like.device)
+    def _bigger(old: torch.Tensor | None, like: torch.Tensor, length: int, capacity: int, dtype) -> torch.Tensor:
+        new = torch.empty((*like.shape[:-2], capacity, like.shape[-1]), dtype=dtype, device=like.device)
         if length:
             new[..., :length, :] = old[..., :length, :]
         return new
 
 
-def new_cache(config) -> Cache:
-    """A growing cache for models whose every layer is full attention; DynamicCache otherwise."""
+def new_cache(config, dtype: torch.dtype | None = None) -> Cache:
+    """A growing cache (storing `dtype`, default the model's) for models whose every layer is full
+    attention; DynamicCache otherwise."""
     text = config.get_text_config(decoder=True)
     types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     if set(types) != {"full_attention"} or getattr(text, "sliding_window", None):
         return DynamicCache(config=config)
-    return Cache(layers=[GrowingLayer() for _ in types])
+    return Cache(layers=[GrowingLayer(dtype) for _ in types])

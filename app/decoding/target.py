@@ -6,6 +6,7 @@ from typing import Protocol
 
 import torch
 
+from app.decoding.attention import kv_dtype
 from app.decoding.kv_cache import new_cache
 from app.decoding.tree import ancestor_mask, depths, is_chain
 
@@ -31,7 +32,7 @@ class TransformersTarget:
         self.model = model
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
-        self.cache = new_cache(model.config)
+        self.cache = new_cache(model.config, kv_dtype(model.config))
         self.length = 0  # tokens in the cache
         self.fed = 0  # tokens fed by the last forward
 

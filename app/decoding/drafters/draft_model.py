@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from app.decoding.attention import kv_dtype
 from app.decoding.kv_cache import new_cache
 
 from app.decoding.sampling import probs, sample
@@ -21,7 +22,7 @@ class DraftModel:
 
     def start(self, prompt, sampling, gen) -> None:
         self.sampling, self.gen = sampling, gen
-        self.cache = new_cache(self.model.config)
+        self.cache = new_cache(self.model.config, kv_dtype(self.model.config))
         self.fed: list[int] = []  # tokens whose KV is in the draft's cache
 
     def _rewind(self, context: list[int]) -> list[int]:

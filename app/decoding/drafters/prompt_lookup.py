@@ -1,45 +1,51 @@
 """Prompt lookup (n-gram) drafting: copy what followed the last n tokens where they occurred before.
 
-Names and defaults follow TensorRT-LLM's NGram / prompt-lookup config.
+Names and defaults follow TensorRT-LLM's NGram / prompt-lookup config. With `max_candidates` > 1
+the continuations of several matches are verified together as one token tree (shared prefixes merged).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from app.decoding.tree import trie
 from app.decoding.types import Proposal
 
 
-def find_draft(context: np.ndarray, max_ngram: int, oldest: bool = True) -> tuple[int, int, int] | None:
-    """(start, n, continuation_start) of an earlier occurrence of the longest suffix n-gram (n <= max_ngram):
-    the earliest one, or the latest when `oldest` is False.
+def find_matches(context: np.ndarray, max_ngram: int, oldest: bool = True):
+    """Yield (start, n) of earlier occurrences of the context's suffix n-grams, longest n first;
+    within one n the earliest occurrence first (or the latest when `oldest` is False).
 
     The search covers prompt and generated text; the suffix itself is excluded.
     """
     size = len(context)
     for n in range(min(max_ngram, size - 1), 0, -1):
-        suffix = context[size - n :]
         windows = np.lib.stride_tricks.sliding_window_view(context[: size - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if len(hits):
-            start = int(hits[0] if oldest else hits[-1])
-            return start, n, start + n
-    return None
+        hits = np.flatnonzero((windows == context[size - n :]).all(axis=1))
+        for start in hits if oldest else hits[::-1]:
+            yield int(start), n
 
 
 class PromptLookup:
     name = "prompt_lookup"
 
     def __init__(
-        self, prompt_lookup_num_tokens: int = 10, max_matching_ngram_size: int = 2, is_use_oldest: bool = True
+        self,
+        prompt_lookup_num_tokens: int = 10,
+        max_matching_ngram_size: int = 2,
+        is_use_oldest: bool = True,
+        max_candidates: int = 1,
     ) -> None:
         if prompt_lookup_num_tokens < 1:
             raise ValueError("prompt_lookup_num_tokens must be >= 1")
         if max_matching_ngram_size < 1:
             raise ValueError("max_matching_ngram_size must be >= 1")
+        if max_candidates < 1:
+            raise ValueError("max_candidates must be >= 1")
         self.num_tokens = prompt_lookup_num_tokens
         self.max_ngram = max_matching_ngram_size
         self.oldest = is_use_oldest
+        self.max_candidates = max_candidates
         self.prompt_len = 0
 
     def start(self, prompt, sampling, gen) -> None:
@@ -47,20 +53,25 @@ class PromptLookup:
 
     def propose(self, context: list[int], room: int) -> Proposal:
         ids = np.asarray(context)
-        hit = find_draft(ids, self.max_ngram, self.oldest)
-        if hit is None:
-            return Proposal(source={"match": None})
-        start, n, cont = hit
-        draft = ids[cont : min(cont + self.num_tokens, cont + room)].tolist()
-        source = {
-            "match": {
-                "ngram": ids[start:cont].tolist(),
-                "position": start,
-                "in_prompt": start < self.prompt_len,
-                "continuation_position": cont,
-            }
-        }
-        return Proposal(draft, list(range(-1, len(draft) - 1)), source=source)
+        drafts: list[list[int]] = []
+        matches = []
+        for start, n in find_matches(ids, self.max_ngram, self.oldest):
+            cont = start + n
+            draft = ids[cont : cont + min(self.num_tokens, room)].tolist()
+            if draft in drafts:
+                continue
+            if drafts and len(trie(drafts + [draft])[0]) > room:
+                break
+            drafts.append(draft)
+            matches.append(
+                {"ngram": ids[start:cont].tolist(), "position": start, "in_prompt": start < self.prompt_len,
+                 "continuation_position": cont}
+            )
+            if len(drafts) == self.max_candidates:
+                break
+        tokens, parents = trie(drafts)
+        source = {"match": matches[0] if matches else None, "matches": matches}
+        return Proposal(tokens, parents, source=source)
 
     def observe(self, proposal, verdict, logits) -> None:
         pass
