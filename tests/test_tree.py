@@ -208,3 +208,14 @@ def test_from_paths_chain():
 def test_from_paths_missing_parent(paths):
     with pytest.raises(ValueError, match="no parent path"):
         from_paths(paths)
+
+
+def test_trie_within_keeps_the_longest_fitting_leading_run():
+    from app.decoding.tree import trie_within
+
+    seqs = [[1, 2, 3], [1, 2, 4], [5, 6]]
+    assert trie_within(seqs, 3) == ([1, 2, 3], [-1, 0, 1], 1)
+    assert trie_within(seqs, 4) == ([1, 2, 3, 4], [-1, 0, 1, 1], 2)
+    assert trie_within(seqs, 5)[2] == 2
+    assert trie_within(seqs, 6)[2] == 3
+    assert trie_within(seqs, 0) == ([], [], 0)

@@ -81,6 +81,22 @@ def trie(sequences: list[list[int]]) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
+def trie_within(sequences: list[list[int]], max_nodes: int) -> tuple[list[int], list[int], int]:
+    """The trie of the longest leading run of `sequences` that fits in `max_nodes` nodes.
+
+    Returns (tokens, parents, how many sequences it holds).
+    """
+    kept = 0
+    tokens: list[int] = []
+    parents: list[int] = []
+    for k in range(1, len(sequences) + 1):
+        t, p = trie(sequences[:k])
+        if len(t) > max_nodes:
+            break
+        tokens, parents, kept = t, p, k
+    return tokens, parents, kept
+
+
 def from_paths(paths: list[list[int]]) -> list[int]:
     """Parents of a static tree given Medusa-style paths of per-depth ranks, e.g. [[0], [0, 0], [1]].
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
-from app.decoding.tree import trie
+from app.decoding.tree import trie_within
 from app.decoding.types import Proposal
 
 
@@ -60,9 +60,8 @@ class Lookahead:
     def start(self, prompt, sampling, gen) -> None:
         # A private RNG seeded from the request keeps proposals reproducible for the same seed.
         self.rng = random.Random(sampling.seed or 0)
-        self.prompt = list(prompt)
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
-        self.rows: list[list[int]] = [self.rng.choices(self.prompt, k=self.w - 1)]
+        self.rows: list[list[int]] = [self.rng.choices(list(prompt), k=self.w - 1)]
         self.seen = 0  # context tokens already scanned for n-grams (pool_from_prompt)
         self.root = -1
 
@@ -75,12 +74,9 @@ class Lookahead:
                 self._remember(tuple(context[end - n : end]))
             self.seen = len(context) + 1
         root = self.root = context[-1]
-        candidates: list[list[int]] = []
-        for c in reversed(self.pool.get(root, {})):  # most recent first
-            if len(candidates) == self.g or len(trie(candidates + [list(c)])[0]) > room:
-                break
-            candidates.append(list(c))
-        tokens, parents = trie(candidates)
+        recent = [list(c) for c in reversed(self.pool.get(root, {}))][: self.g]  # most recent first
+        tokens, parents, kept = trie_within(recent, room)
+        candidates = recent[:kept]
         num_draft = len(tokens)
         window_size = (w - 1) + (len(self.rows) - 1) * w
         if num_draft + window_size > room:
@@ -107,11 +103,10 @@ class Lookahead:
             return
         # Jacobi update: the argmax after each node of the last row guesses the next row (greedy even when sampling).
         new = logits[[i + 1 for i in self.last_row_nodes]].argmax(-1).tolist()
-        block0 = [None, *self.rows[0]]
         if len(self.rows) - 1 < self.n - 2:  # warm-up: the window is not full yet
             self.rows.append(new)
             return
-        block0[0] = self.root
+        block0 = [self.root, *self.rows[0]]
         columns = [[block0[i], *(row[i] for row in self.rows[1:]), new[i]] for i in range(self.w)]
         for col in columns:
             self._remember(tuple(col))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.decoding.tree import trie
+from app.decoding.tree import trie_within
 from app.decoding.types import Proposal
 
 
@@ -60,8 +60,6 @@ class PromptLookup:
             draft = ids[cont : cont + min(self.num_tokens, room)].tolist()
             if draft in drafts:
                 continue
-            if drafts and len(trie(drafts + [draft])[0]) > room:
-                break
             drafts.append(draft)
             matches.append(
                 {"ngram": ids[start:cont].tolist(), "position": start, "in_prompt": start < self.prompt_len,
@@ -69,7 +67,8 @@ class PromptLookup:
             )
             if len(drafts) == self.max_candidates:
                 break
-        tokens, parents = trie(drafts)
+        tokens, parents, kept = trie_within(drafts, room)
+        matches = matches[:kept]
         source = {"match": matches[0] if matches else None, "matches": matches}
         return Proposal(tokens, parents, source=source)
 
