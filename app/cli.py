@@ -85,7 +85,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for ev in run(target, cfg, prompt_ids, draft):
         events.append(ev)
         if not args.json:
-            shown = "".join(target.tokenizer.convert_ids_to_tokens(ev.tokens)).replace("\n", "\\n")
+            shown = target.tokenizer.decode(ev.tokens)
             print(
                 f"step {ev.step:4d}  proposed {len(ev.proposed['tokens']):3d}  accepted {len(ev.accepted_tokens):3d}"
                 f"  +{len(ev.tokens)} {shown!r}",
