@@ -26,10 +26,21 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=10)
     p.add_argument("--max-matching-ngram-size", type=int, default=2)
     p.add_argument("--prompt-lookup-candidates", type=int, default=1, help="prompt lookup: verify this many matches' continuations as one tree")
+    p.add_argument(
+        "--ngram-draft-lens", default="2,5",
+        help="prompt lookup: draft at most this many tokens after a 1-gram, 2-gram, ... match ('' = always the full length)",
+    )
     p.add_argument("--use-newest-match", action="store_true", help="prompt lookup: copy after the latest match, not the earliest")
     p.add_argument("--draft-model", default=None, help="draft model for draft_target (same tokenizer as --model)")
     p.add_argument("--max-draft-len", type=int, default=4)
     p.add_argument("--engines-dir", default=None, help="artifact store (default: engines/ in the repository)")
+
+
+def _int_list(text: str, what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
 
 
 def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
@@ -46,6 +57,7 @@ def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
         max_matching_ngram_size=args.max_matching_ngram_size,
         is_use_oldest=not args.use_newest_match,
         max_candidates=args.prompt_lookup_candidates,
+        ngram_draft_lens=_int_list(args.ngram_draft_lens, "--ngram-draft-lens"),
         draft_model=args.draft_model,
         max_draft_len=args.max_draft_len,
         max_new_tokens=args.max_new_tokens,

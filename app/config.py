@@ -34,6 +34,7 @@ class DecodingConfig:
     max_matching_ngram_size: int = 2
     is_use_oldest: bool = True  # earliest match (TensorRT-LLM's default) or the latest
     max_candidates: int = 1  # continuations of this many matches verified together as a tree
+    ngram_draft_lens: tuple[int, ...] = (2, 5)  # draft caps after a 1-gram, 2-gram... match; () = none
     # draft-target
     draft_model: str | None = None
     max_draft_len: int = 4
@@ -60,6 +61,8 @@ class DecodingConfig:
                 raise ConfigError(f"prompt_lookup_num_tokens must be at least 1, got {self.prompt_lookup_num_tokens}")
             if self.max_matching_ngram_size < 1:
                 raise ConfigError(f"max_matching_ngram_size must be at least 1, got {self.max_matching_ngram_size}")
+            if any(k < 0 for k in self.ngram_draft_lens):
+                raise ConfigError(f"ngram_draft_lens must be non-negative, got {list(self.ngram_draft_lens)}")
             if self.max_candidates < 1:
                 raise ConfigError(f"max_candidates must be at least 1, got {self.max_candidates}")
         if self.mode == "draft_target":
@@ -75,7 +78,11 @@ class DecodingConfig:
             return Lookahead(W, N, G, request=self.lookahead_request, pool_from_prompt=self.pool_from_prompt)
         if self.mode == "prompt_lookup":
             return PromptLookup(
-                self.prompt_lookup_num_tokens, self.max_matching_ngram_size, self.is_use_oldest, self.max_candidates
+                self.prompt_lookup_num_tokens,
+                self.max_matching_ngram_size,
+                self.is_use_oldest,
+                self.max_candidates,
+                self.ngram_draft_lens,
             )
         if self.mode == "draft_target":
             return DraftModel(draft.model, self.max_draft_len)

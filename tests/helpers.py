@@ -64,16 +64,16 @@ class Recording:
     def __init__(self, inner):
         self.inner, self.name, self.calls = inner, inner.name, []
 
-    def start(self, prompt, sampling, gen):
-        self.inner.start(prompt, sampling, gen)
+    def start(self, prompt, sampling, gen, prefill):
+        self.inner.start(prompt, sampling, gen, prefill)
 
     def propose(self, context, room):
         prop = self.inner.propose(context, room)
         self.calls.append((list(context), room, prop))
         return prop
 
-    def observe(self, proposal, verdict, logits):
-        self.inner.observe(proposal, verdict, logits)
+    def observe(self, proposal, verdict, out):
+        self.inner.observe(proposal, verdict, out)
 
 
 def ancestors_path(node: int, parents: Sequence[int]) -> list[int]:

@@ -180,7 +180,7 @@ class OracleTree:
         self.prompt, self.ref, self.vocab = list(prompt), list(reference), vocab
         self.rng = random.Random(seed)
 
-    def start(self, prompt, sampling, gen):
+    def start(self, prompt, sampling, gen, prefill):
         pass
 
     def _wrong(self, right):
@@ -212,7 +212,7 @@ class OracleTree:
             parents.append(parent)
         return Proposal(tokens, parents, source={"truth": truth})
 
-    def observe(self, proposal, verdict, logits):
+    def observe(self, proposal, verdict, out):
         pass
 
 
@@ -224,7 +224,7 @@ class RandomTree:
     def __init__(self, vocab, seed=0):
         self.vocab, self.rng = vocab, random.Random(seed)
 
-    def start(self, prompt, sampling, gen):
+    def start(self, prompt, sampling, gen, prefill):
         pass
 
     def propose(self, context, room):
@@ -233,7 +233,7 @@ class RandomTree:
         tokens = [self.rng.randrange(self.vocab) for _ in range(n)]
         return Proposal(tokens, parents)
 
-    def observe(self, proposal, verdict, logits):
+    def observe(self, proposal, verdict, out):
         pass
 
 
@@ -270,11 +270,11 @@ def test_tree_forward_matches_sequential_forward(tiny_model):
         return model(input_ids=torch.tensor([ids])).logits[0, -1]
 
     target = TransformersTarget(model)
-    root = int(target.prefill(prompt).argmax())
+    root = int(target.prefill(prompt).logits[-1].argmax())
     #   root -> a -> b -> c        root -> d -> e        root -> a' (dup token of a) ; e -> f, e -> g
     tokens = [11, 12, 13, 20, 21, 11, 22, 23]
     parents = [-1, 0, 1, -1, 3, -1, 4, 4]
-    logits = target.forward(root, tokens, parents)
+    logits = target.forward(root, tokens, parents).logits
     assert logits.shape == (1 + len(tokens), model.config.vocab_size)
     torch.testing.assert_close(logits[0], last_logits(prompt + [root]), atol=1e-4, rtol=1e-4)
     paths = {0: [11], 1: [11, 12], 2: [11, 12, 13], 3: [20], 4: [20, 21], 5: [11], 6: [20, 21, 22], 7: [20, 21, 23]}
@@ -284,12 +284,12 @@ def test_tree_forward_matches_sequential_forward(tiny_model):
     target.commit([3, 4, 7])
     committed = prompt + [root, 20, 21, 23]
     assert target.length == len(committed)
-    chain = target.forward(30, [31, 32], [-1, 0])
+    chain = target.forward(30, [31, 32], [-1, 0]).logits
     for i in range(3):
         torch.testing.assert_close(chain[i], last_logits(committed + [30, 31, 32][: i + 1]), atol=1e-4, rtol=1e-4)
     target.commit([0])
     committed += [30, 31]
-    tree = target.forward(40, [41, 42], [-1, -1])
+    tree = target.forward(40, [41, 42], [-1, -1]).logits
     torch.testing.assert_close(tree[2], last_logits(committed + [40, 42]), atol=1e-4, rtol=1e-4)
 
 

@@ -154,7 +154,7 @@ def test_trace_invariants_with_eos(tiny_model, tiny_draft, mode):
 def test_lookahead_proposal_depth_fits_room(room):
     drafter = Lookahead(4, 3, 4)
     context = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1]
-    drafter.start(context, SamplingParams(), None)
+    drafter.start(context, SamplingParams(), None, None)
     prop = drafter.propose(context, room)
     assert max(depths(prop.parents), default=0) <= room
 
@@ -366,6 +366,28 @@ def test_cut_event_totals_accepted_matches_events(tiny_model):
 def test_lookahead_respects_room(room):
     drafter = Lookahead(4, 3, 4)
     context = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1]
-    drafter.start(context, SamplingParams(), None)
+    drafter.start(context, SamplingParams(), None, None)
     prop = drafter.propose(context, room)
     assert len(prop.tokens) <= room, (room, prop.tokens)
+
+
+@pytest.mark.parametrize("caps", [(), (2,), (2, 5), (0, 3)])
+def test_prompt_lookup_draft_length_follows_the_matched_ngram_size(caps):
+    drafter = PromptLookup(10, 3, ngram_draft_lens=caps)
+    drafter.start([], SamplingParams(), None, None)
+    # "7 8 9" recurs (3-gram match), "8 9" alone recurs with "5 8 9", "9" alone after "4 9".
+    contexts = {
+        3: [7, 8, 9] + list(range(20, 40)) + [7, 8, 9],
+        2: [5, 8, 9] + list(range(20, 40)) + [7, 8, 9],
+        1: [4, 9] + list(range(20, 40)) + [7, 8, 9],
+    }
+    for n, context in contexts.items():
+        prop = drafter.propose(context, room=100)
+        want = min(10, caps[n - 1]) if n <= len(caps) else 10
+        if want == 0:
+            assert prop.tokens == [] and prop.source["match"] is None
+            continue
+        assert prop.source["match"]["ngram"] == context[-n:]
+        assert len(prop.tokens) == want
+        start = prop.source["match"]["continuation_position"]
+        assert prop.tokens == context[start : start + want]

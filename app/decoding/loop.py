@@ -12,7 +12,7 @@ from app.decoding import acceptance
 from app.decoding.drafters.base import Drafter
 from app.decoding.sampling import SamplingParams, probs, sample
 from app.decoding.target import Target
-from app.decoding.types import Proposal, StepEvent, Totals, Verdict
+from app.decoding.types import Forward, Proposal, StepEvent, Totals, Verdict
 
 
 class ContextError(ValueError):
@@ -104,14 +104,15 @@ def generate(
 
     # Prefill: the prompt's forward pass gives the first token, the root of the first draft.
     t0 = time.perf_counter()
-    first = pick(target.prefill(prompt))
+    first_pass = target.prefill(prompt)
+    first = pick(first_pass.logits[-1])
     new, reason = finish([first], [])
     empty = Proposal()
     yield event(0, "prefill", empty, Verdict([], first, "next"), new, reason, 0.0, time.perf_counter() - t0)
     output = list(new)
     if reason:
         return
-    drafter.start(prompt, sampling, gen)
+    drafter.start(prompt, sampling, gen, first_pass)
     step = 0
     while True:
         step += 1
@@ -119,11 +120,11 @@ def generate(
         t0 = time.perf_counter()
         prop = drafter.propose(context, room=target.max_length - len(context) - 1)
         t1 = time.perf_counter()
-        logits = target.forward(context[-1], prop.tokens, prop.parents)
-        verdict = accept(prop, logits, sampling, gen)
+        out = target.forward(context[-1], prop.tokens, prop.parents)
+        verdict = accept(prop, out.logits, sampling, gen)
         target.commit(verdict.accepted)
         t2 = time.perf_counter()
-        drafter.observe(prop, verdict, logits)
+        drafter.observe(prop, verdict, out)
         t3 = time.perf_counter()
         new, reason = finish([prop.tokens[i] for i in verdict.accepted] + [verdict.added], output)
         yield event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1)

@@ -9,17 +9,18 @@ import torch
 from app.decoding.attention import kv_dtype
 from app.decoding.kv_cache import new_cache
 from app.decoding.tree import ancestor_mask, depths, is_chain
+from app.decoding.types import Forward
 
 
 class Target(Protocol):
     vocab_size: int
     max_length: int  # context window in tokens
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Cache the prompt; return the logits (vocab,) for the first new token."""
+    def prefill(self, ids: list[int]) -> Forward:
+        """Cache the prompt; return the last position's logits (1, vocab) and every position's hidden state."""
 
-    def forward(self, root: int, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        """Run [root, *tokens] as a tree over the cache; return logits (1 + n, vocab), slot i+1 = after node i."""
+    def forward(self, root: int, tokens: list[int], parents: list[int]) -> Forward:
+        """Run [root, *tokens] as a tree over the cache; logits and hidden (1 + n, ...), slot i+1 = after node i."""
 
     def commit(self, accepted: list[int]) -> None:
         """Keep the root and the accepted nodes (a root-to-node path) in the cache; drop the rest."""
@@ -37,21 +38,21 @@ class TransformersTarget:
         self.fed = 0  # tokens fed by the last forward
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int]) -> torch.Tensor:
+    def prefill(self, ids: list[int]) -> Forward:
         x = torch.tensor([ids], device=self.model.device)
-        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
         self.length = len(ids)
-        return out.logits[0, -1]
+        return Forward(out.logits[0], out.hidden_states[-1][0])
 
     @torch.inference_mode()
-    def forward(self, root: int, tokens: list[int], parents: list[int]) -> torch.Tensor:
+    def forward(self, root: int, tokens: list[int], parents: list[int]) -> Forward:
         device = self.model.device
         x = torch.tensor([[root, *tokens]], device=device)
         self.fed = x.shape[1]
         if is_chain(parents):
             # A chain is ordinary causal attention: let the model build its own (faster) mask.
-            out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True)
-            return out.logits[0]
+            out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
+            return Forward(out.logits[0], out.hidden_states[-1][0])
         positions = torch.tensor([[0, *depths(parents)]], device=device) + self.length
         allowed = torch.cat(
             [torch.ones(self.fed, self.length, dtype=torch.bool), ancestor_mask(parents)], dim=1
@@ -64,8 +65,9 @@ class TransformersTarget:
             position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,
+            output_hidden_states=True,
         )
-        return out.logits[0]
+        return Forward(out.logits[0], out.hidden_states[-1][0])
 
     @torch.inference_mode()
     def commit(self, accepted: list[int]) -> None:

@@ -42,6 +42,15 @@ class Proposal:
 
 
 @dataclass
+class Forward:
+    """What one target forward pass returns: logits per fed position and the final (normed) hidden
+    states under them, which feature-level drafters (Medusa heads, EAGLE) draft from."""
+
+    logits: torch.Tensor  # (positions, vocab)
+    hidden: torch.Tensor  # (positions, hidden_size)
+
+
+@dataclass
 class Verdict:
     """The verification of one proposal: the accepted path and the token the target added."""
 

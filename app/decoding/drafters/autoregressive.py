@@ -8,11 +8,11 @@ from app.decoding.types import Proposal
 class Autoregressive:
     name = "autoregressive"
 
-    def start(self, prompt, sampling, gen) -> None:
+    def start(self, prompt, sampling, gen, prefill) -> None:
         pass
 
     def propose(self, context: list[int], room: int) -> Proposal:
         return Proposal()
 
-    def observe(self, proposal, verdict, logits) -> None:
+    def observe(self, proposal, verdict, out) -> None:
         pass

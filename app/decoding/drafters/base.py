@@ -7,17 +7,17 @@ from typing import Protocol
 import torch
 
 from app.decoding.sampling import SamplingParams
-from app.decoding.types import Proposal, Verdict
+from app.decoding.types import Forward, Proposal, Verdict
 
 
 class Drafter(Protocol):
     name: str
 
-    def start(self, prompt: list[int], sampling: SamplingParams, gen: torch.Generator) -> None:
-        """Reset per-generation state for a new prompt."""
+    def start(self, prompt: list[int], sampling: SamplingParams, gen: torch.Generator, prefill: Forward) -> None:
+        """Reset per-generation state for a new prompt; `prefill` is the target's pass over it."""
 
     def propose(self, context: list[int], room: int) -> Proposal:
         """Propose a tree after context[-1] (the root), with at most `room` nodes (what fits in the context)."""
 
-    def observe(self, proposal: Proposal, verdict: Verdict, logits: torch.Tensor) -> None:
-        """Feedback after verification; logits (1 + len(proposal.tokens), vocab) of every slot."""
+    def observe(self, proposal: Proposal, verdict: Verdict, out: Forward) -> None:
+        """Feedback after verification: the target's pass over [root, *proposal.tokens] (slot i+1 = after node i)."""

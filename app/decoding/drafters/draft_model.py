@@ -20,7 +20,7 @@ class DraftModel:
         self.model = model
         self.max_draft_len = max_draft_len
 
-    def start(self, prompt, sampling, gen) -> None:
+    def start(self, prompt, sampling, gen, prefill) -> None:
         self.sampling, self.gen = sampling, gen
         self.cache = new_cache(self.model.config, kv_dtype(self.model.config))
         self.fed: list[int] = []  # tokens whose KV is in the draft's cache
@@ -61,5 +61,5 @@ class DraftModel:
         q = torch.stack(qs) if qs else None
         return Proposal(tokens, list(range(-1, len(tokens) - 1)), q=q, source={"draft_probs": draft_probs})
 
-    def observe(self, proposal, verdict, logits) -> None:
+    def observe(self, proposal, verdict, out) -> None:
         pass

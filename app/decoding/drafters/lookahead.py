@@ -57,7 +57,7 @@ class Lookahead:
         if len(entries) > self.g:
             entries.popitem(last=False)
 
-    def start(self, prompt, sampling, gen) -> None:
+    def start(self, prompt, sampling, gen, prefill) -> None:
         # A private RNG seeded from the request keeps proposals reproducible for the same seed.
         self.rng = random.Random(sampling.seed or 0)
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
@@ -98,11 +98,11 @@ class Lookahead:
         source = {"candidates": candidates, "window": [list(r) for r in self.rows]}
         return Proposal(tokens, parents, num_draft=num_draft, source=source)
 
-    def observe(self, proposal, verdict, logits) -> None:
+    def observe(self, proposal, verdict, out) -> None:
         if self.n < 2 or proposal.source.get("window") is None:
             return
         # Jacobi update: the argmax after each node of the last row guesses the next row (greedy even when sampling).
-        new = logits[[i + 1 for i in self.last_row_nodes]].argmax(-1).tolist()
+        new = out.logits[[i + 1 for i in self.last_row_nodes]].argmax(-1).tolist()
         if len(self.rows) - 1 < self.n - 2:  # warm-up: the window is not full yet
             self.rows.append(new)
             return
