@@ -72,13 +72,13 @@ def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], d
     return out[0, len(ids) :].tolist(), counter.calls
 
 
-def _one(name, target, configs, ids, draft):
+def _one(name, target, configs, ids, draft, companions):
     t0 = time.perf_counter()
     if name in PEERS:
         base = configs.get("prompt_lookup") or configs["autoregressive"]
         out, steps = _peer(name, target, base, ids, draft)
     else:
-        events = list(run_mode(target, configs[name], ids, draft))
+        events = list(run_mode(target, configs[name], ids, companions.get(name)))
         out, steps = output_ids(events), events[-1].totals["target_steps"]
     return out, steps, time.perf_counter() - t0
 
@@ -87,12 +87,14 @@ def run(
     target: LoadedModel,
     configs: dict[str, DecodingConfig],
     prompts: list[dict],
+    companions: dict | None = None,
     draft: LoadedModel | None = None,
     peers: bool = False,
     progress: TextIO | None = None,
 ) -> dict:
     if "autoregressive" not in configs:
         configs = {"autoregressive": DecodingConfig(**{**vars(next(iter(configs.values()))), "mode": "autoregressive"}), **configs}
+    companions = companions or {}
     names = list(configs)
     if peers:
         names += ["hf_generate", "hf_prompt_lookup"] + (["hf_assisted"] if draft is not None else [])
@@ -100,13 +102,13 @@ def run(
     warm = target.encode("Say hello.")
     short = {k: DecodingConfig(**{**vars(c), "max_new_tokens": 8}) for k, c in configs.items()}
     for name in names:
-        _one(name, target, short, warm, draft)
+        _one(name, target, short, warm, draft, companions)
     runs = []
     for i, prompt in enumerate(prompts):
         ids = target.encode(prompt["text"])
         reference = None
         for name in names:  # interleaved: every mode sees the same machine state, prompt by prompt
-            out, steps, elapsed = _one(name, target, configs, ids, draft)
+            out, steps, elapsed = _one(name, target, configs, ids, draft, companions)
             if name == "autoregressive":
                 reference = out
             runs.append(

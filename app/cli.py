@@ -10,6 +10,7 @@ from app.config import MODES, ConfigError, DecodingConfig, parse_triple
 from app.decoding.loop import ContextError
 from app.decoding.sampling import SamplingParams
 from app.models import BUNDLED, DTYPES, ModelError
+from app.training.export import ExportError
 
 
 def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
@@ -31,8 +32,18 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
         help="prompt lookup: draft at most this many tokens after a 1-gram, 2-gram, ... match ('' = always the full length)",
     )
     p.add_argument("--use-newest-match", action="store_true", help="prompt lookup: copy after the latest match, not the earliest")
-    p.add_argument("--draft-model", default=None, help="draft model for draft_target (same tokenizer as --model)")
+    p.add_argument("--draft-model", default=None, help="draft model for draft_target (same tokenizer as --model; default: the shipped distilled draft)")
     p.add_argument("--max-draft-len", type=int, default=4)
+    p.add_argument("--medusa-model", default=None, help="Medusa heads directory (default: the shipped heads of --model)")
+    p.add_argument("--medusa-choices", default="default", help="Medusa tree: a name in assets/medusa_choices/ or a JSON list of rank paths")
+    p.add_argument("--typical-acceptance", action="store_true", help="Medusa under sampling: typical acceptance (faster, NOT lossless)")
+    p.add_argument("--posterior-threshold", type=float, default=0.09)
+    p.add_argument("--posterior-alpha", type=float, default=0.3)
+    p.add_argument("--eagle-model", default=None, help="EAGLE module directory (default: the shipped module of --model)")
+    p.add_argument("--eagle-total-tokens", type=int, default=24, help="EAGLE-2 dynamic tree: nodes verified per step")
+    p.add_argument("--eagle-depth", type=int, default=5)
+    p.add_argument("--eagle-top-k", type=int, default=4)
+    p.add_argument("--eagle-choices", default=None, help="EAGLE static tree (rank paths) instead of the dynamic tree")
     p.add_argument("--engines-dir", default=None, help="artifact store (default: engines/ in the repository)")
 
 
@@ -60,6 +71,16 @@ def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
         ngram_draft_lens=_int_list(args.ngram_draft_lens, "--ngram-draft-lens"),
         draft_model=args.draft_model,
         max_draft_len=args.max_draft_len,
+        medusa_model=args.medusa_model,
+        medusa_choices=args.medusa_choices,
+        typical_acceptance=args.typical_acceptance,
+        posterior_threshold=args.posterior_threshold,
+        posterior_alpha=args.posterior_alpha,
+        eagle_model=args.eagle_model,
+        eagle_total_tokens=args.eagle_total_tokens,
+        eagle_depth=args.eagle_depth,
+        eagle_top_k=args.eagle_top_k,
+        eagle_choices=args.eagle_choices,
         max_new_tokens=args.max_new_tokens,
         sampling=sampling,
     )
@@ -68,33 +89,34 @@ def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
 
 
 def _load(args, name):
+    from app import models
+
+    return models.load(name, dtype=args.dtype, engines=_engines(args))
+
+
+def _engines(args):
     from pathlib import Path
 
     from app import models
 
-    engines = Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
-    return models.load(name, dtype=args.dtype, engines=engines)
+    return Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
 
 
-def _models(args, needs_draft: bool):
-    from app import models
+def _companions(args, target, configs: dict[str, DecodingConfig]) -> dict:
+    from app.runner import load_companion
 
-    target = _load(args, args.model)
-    draft = None
-    if needs_draft and args.draft_model:
-        draft = _load(args, args.draft_model)
-        models.check_compatible(target, draft)
-    return target, draft
+    return {mode: load_companion(cfg, target, _engines(args)) for mode, cfg in configs.items()}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from app.runner import output_ids, run
 
     cfg = _config(args, args.mode)
-    target, draft = _models(args, cfg.mode == "draft_target")
+    target = _load(args, args.model)
+    companion = _companions(args, target, {cfg.mode: cfg})[cfg.mode]
     prompt_ids = target.encode(args.prompt)
     events = []
-    for ev in run(target, cfg, prompt_ids, draft):
+    for ev in run(target, cfg, prompt_ids, companion):
         events.append(ev)
         if not args.json:
             shown = target.tokenizer.decode(ev.tokens)
@@ -128,13 +150,53 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if m not in MODES:
             raise ConfigError(f"unknown mode '{m}' in --modes: choose from {', '.join(MODES)}")
     configs = {m: _config(args, m) for m in modes}
-    target, draft = _models(args, "draft_target" in modes or (args.peers and args.draft_model))
+    target = _load(args, args.model)
+    companions = _companions(args, target, configs)
+    draft = companions.get("draft_target")
+    if draft is None and args.peers and args.draft_model:
+        draft = _companions(args, target, {"draft_target": _config(args, "draft_target")})["draft_target"]
     prompts = bench.load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
-    result = bench.run(target, configs, prompts, draft=draft, peers=args.peers, progress=sys.stderr)
+    result = bench.run(target, configs, prompts, companions=companions, draft=draft, peers=args.peers, progress=sys.stderr)
     print(bench.format_table(result["summary"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from app import models
+    from app.training import recipes
+
+    if args.epochs <= 0:
+        raise ConfigError(f"--epochs must be positive, got {args.epochs}")
+    settings = recipes.TrainSettings(
+        data_offset=args.data_offset, data_limit=args.data_limit, max_len=args.max_len, epochs=args.epochs,
+        lr=args.lr, batch_size=args.batch_size, save_steps=args.save_steps, seed=args.seed,
+        medusa_num_heads=args.medusa_num_heads, medusa_num_layers=args.medusa_num_layers,
+        eagle_num_layers=args.eagle_num_layers, draft_vocab_size=args.draft_vocab_size, draft_layers=args.draft_layers,
+    )
+    engines = Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
+    target = models.load(args.model, dtype=args.dtype, engines=engines)
+    out = Path(args.output_dir) if args.output_dir else engines / "trained" / f"{args.model.replace('/', '--')}-{args.mode}"
+    summary = recipes.train(args.mode, target, out, settings, engines)
+    if args.eval_prompts:
+        summary["eval"] = recipes.evaluate(args.mode, target, out, args.eval_prompts, engines)
+        (out / "train.json").write_text(json.dumps(summary, indent=2))
+    json.dump(summary, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from app.training import export
+
+    out = export.export(Path(args.source), Path(args.output_dir), base_model=args.model)
+    print(out)
     return 0
 
 
@@ -156,6 +218,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None, metavar="OUT", help="write summary and per-run records here")
     _add_decoding_flags(b)
     b.set_defaults(func=cmd_bench)
+    t = sub.add_parser("train", help="train Medusa heads, an EAGLE module or a distilled draft on a frozen model")
+    t.add_argument("--mode", required=True, choices=["medusa", "eagle", "draft"])
+    t.add_argument("--model", default=BUNDLED, help="the frozen base (target) model")
+    t.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="dtype of the frozen base model")
+    t.add_argument("--output-dir", default=None, help="default: engines/trained/<model>-<mode>")
+    t.add_argument("--data-offset", type=int, default=0, help="first ShareGPT conversation used")
+    t.add_argument("--data-limit", type=int, default=800, help="ShareGPT conversations used")
+    t.add_argument("--max-len", type=int, default=256, help="tokens kept per conversation")
+    t.add_argument("--epochs", type=float, default=1.0)
+    t.add_argument("--lr", type=float, default=None, help="default: 1e-3 for heads, 3e-4 for the draft")
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--save-steps", type=int, default=None, help="also save a checkpoint every N steps")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--medusa-num-heads", type=int, default=3)
+    t.add_argument("--medusa-num-layers", type=int, default=1)
+    t.add_argument("--eagle-num-layers", type=int, default=1)
+    t.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE: most frequent tokens its head predicts")
+    t.add_argument("--draft-layers", type=int, default=3, help="draft: target layers kept (evenly spaced)")
+    t.add_argument("--eval-prompts", type=int, default=13, help="Spec-Bench prompts (one per category) for the final acceptance check; 0 = skip")
+    t.add_argument("--engines-dir", default=None)
+    t.set_defaults(func=cmd_train)
+    e = sub.add_parser("export", help="write trained heads in the layout TensorRT-LLM consumes")
+    e.add_argument("source", help="a directory written by `train` (Medusa heads, EAGLE module or draft layers)")
+    e.add_argument("--output-dir", required=True)
+    e.add_argument("--model", default=BUNDLED, help="the base model the artifact belongs to")
+    e.set_defaults(func=cmd_export)
     return parser
 
 
@@ -163,6 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ModelError, ContextError) as err:
+    except (ConfigError, ModelError, ContextError, ExportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -5,7 +5,9 @@ Field names follow TensorRT-LLM where it has them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.decoding.drafters import lookahead
 from app.decoding.drafters.autoregressive import Autoregressive
@@ -15,7 +17,8 @@ from app.decoding.drafters.prompt_lookup import PromptLookup
 from app.decoding.sampling import SamplingParams
 
 MODES = ("autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle")
-AVAILABLE = ("autoregressive", "draft_target", "prompt_lookup", "lookahead")
+AVAILABLE = MODES
+CHOICES_DIR = Path(__file__).resolve().parent.parent / "assets" / "medusa_choices"
 
 
 class ConfigError(ValueError):
@@ -38,6 +41,18 @@ class DecodingConfig:
     # draft-target
     draft_model: str | None = None
     max_draft_len: int = 4
+    # medusa: heads directory (None = the target's shipped default), tree, typical acceptance
+    medusa_model: str | None = None
+    medusa_choices: str = "default"  # a tree name in assets/medusa_choices/ or a JSON list of rank paths
+    typical_acceptance: bool = False  # under sampling only; NOT lossless
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    # eagle: module directory (None = shipped default); EAGLE-2 dynamic tree, or a static tree of rank paths
+    eagle_model: str | None = None
+    eagle_total_tokens: int = 24
+    eagle_depth: int = 5
+    eagle_top_k: int = 4
+    eagle_choices: str | None = None
     # generation
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams()
@@ -66,13 +81,26 @@ class DecodingConfig:
             if self.max_candidates < 1:
                 raise ConfigError(f"max_candidates must be at least 1, got {self.max_candidates}")
         if self.mode == "draft_target":
-            if not self.draft_model:
-                raise ConfigError("draft_target needs a draft model (--draft-model NAME)")
             if self.max_draft_len < 1:
                 raise ConfigError(f"max_draft_len must be at least 1, got {self.max_draft_len}")
 
-    def drafter(self, draft=None):
-        """A fresh drafter for one generation; `draft` is the loaded draft model for draft_target."""
+        if self.mode == "medusa":
+            paths = medusa_choices(self.medusa_choices)
+            if not 0 < self.posterior_threshold < 1 or not 0 < self.posterior_alpha <= 1:
+                raise ConfigError("posterior_threshold must be in (0, 1) and posterior_alpha in (0, 1]")
+            del paths
+        if self.mode == "eagle":
+            if self.eagle_choices is not None:
+                medusa_choices(self.eagle_choices)
+            for name in ("eagle_total_tokens", "eagle_depth", "eagle_top_k"):
+                if getattr(self, name) < 1:
+                    raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+            if self.eagle_total_tokens > 256:
+                raise ConfigError(f"eagle_total_tokens is at most 256 (TensorRT-LLM's max_draft_len), got {self.eagle_total_tokens}")
+
+    def drafter(self, target=None, companion=None):
+        """A fresh drafter for one generation. `target` is the target torch model; `companion` what
+        runner.load_companion loaded (draft model, Medusa heads or EAGLE module)."""
         if self.mode == "lookahead":
             W, N, G = self.lookahead_config
             return Lookahead(W, N, G, request=self.lookahead_request, pool_from_prompt=self.pool_from_prompt)
@@ -85,8 +113,50 @@ class DecodingConfig:
                 self.ngram_draft_lens,
             )
         if self.mode == "draft_target":
-            return DraftModel(draft.model, self.max_draft_len)
+            return DraftModel(companion.model, self.max_draft_len)
+        if self.mode == "medusa":
+            from app.decoding.drafters.medusa import Medusa
+
+            return Medusa(
+                companion, target.get_output_embeddings(), medusa_choices(self.medusa_choices),
+                posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
+                typical=self.typical_acceptance,
+            )
+        if self.mode == "eagle":
+            from app.decoding.drafters.eagle import Eagle
+
+            static = medusa_choices(self.eagle_choices) if self.eagle_choices else None
+            return Eagle(
+                companion, target.get_input_embeddings(), total_tokens=self.eagle_total_tokens,
+                depth=self.eagle_depth, top_k=self.eagle_top_k, static_choices=static,
+            )
         return Autoregressive()
+
+
+def medusa_choices(spec: str) -> list[list[int]]:
+    """A tree of per-depth rank paths: a name from assets/medusa_choices/ or a JSON list like [[0],[0,0],[1]]."""
+    text = spec.strip()
+    if not text.startswith("["):
+        path = CHOICES_DIR / f"{text}.json"
+        names = sorted(p.stem for p in CHOICES_DIR.glob("*.json"))
+        if not path.exists():
+            raise ConfigError(f"unknown tree '{spec}': use one of {', '.join(names)} or a JSON list of paths")
+        text = path.read_text()
+    try:
+        paths = json.loads(text)
+    except json.JSONDecodeError:
+        raise ConfigError(f"a tree must be a JSON list of paths such as [[0],[0,0],[1]]; got '{spec[:60]}'") from None
+    if not isinstance(paths, list) or not paths or not all(
+        isinstance(p, list) and p and all(isinstance(r, int) and r >= 0 for r in p) for p in paths
+    ):
+        raise ConfigError("a tree must be a non-empty list of non-empty paths of non-negative ranks, e.g. [[0],[0,0],[1]]")
+    known = {tuple(p) for p in paths}
+    for p in paths:
+        if len(p) > 1 and tuple(p[:-1]) not in known:
+            raise ConfigError(f"tree path {p} has no parent path {p[:-1]}")
+    if len(known) > 256:
+        raise ConfigError(f"the tree has {len(known)} nodes; at most 256 (TensorRT-LLM's max_draft_len)")
+    return [list(p) for p in sorted(known, key=lambda p: (len(p), p))]
 
 
 def parse_triple(text: str, what: str) -> tuple[int, int, int]:

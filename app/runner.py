@@ -1,28 +1,74 @@
-"""Run one generation: a loaded model, a decoding config and a prompt in; trace events out."""
+"""Run one generation: a loaded model, a decoding config and a prompt in; trace events out.
+
+Modes that draft from a trained artifact get it as a `companion`, loaded once and shared
+read-only between generations: the draft model (draft_target), Medusa heads, or an EAGLE module.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
-from app.config import DecodingConfig
+from app import models
+from app.config import ConfigError, DecodingConfig
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
 from app.decoding.types import StepEvent
-from app.models import LoadedModel
+from app.models import LoadedModel, ModelError
+
+
+def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES):
+    """What cfg.mode drafts with, or None. Explicit paths/names win; otherwise the model's shipped default."""
+    if cfg.mode == "draft_target":
+        name = cfg.draft_model or _default_draft(target.name)
+        draft = models.load(name, dtype=target.dtype, engines=engines)
+        models.check_compatible(target, draft)
+        return draft
+    if cfg.mode in ("medusa", "eagle"):
+        path = getattr(cfg, f"{cfg.mode}_model") or models.default_artifact(target.name, cfg.mode)
+        if path is None:
+            raise ConfigError(
+                f"no {cfg.mode} artifact for model '{target.name}': train one (python -m app train --mode {cfg.mode}) "
+                f"and pass --{cfg.mode}-model DIR"
+            )
+        return _load_heads(cfg.mode, Path(path), target)
+    return None
+
+
+def _default_draft(target_name: str) -> str:
+    for alias, (base, _) in models.DRAFT_ALIASES.items():
+        if base == target_name:
+            return alias
+    raise ConfigError(f"draft_target needs a draft model for '{target_name}' (--draft-model NAME)")
+
+
+def _load_heads(kind: str, path: Path, target: LoadedModel):
+    if not (path / "config.json").exists():
+        raise ModelError(f"--{kind}-model '{path}' is not a directory written by `python -m app train --mode {kind}`")
+    if kind == "medusa":
+        from app.heads import medusa as heads
+    else:
+        from app.heads import eagle as heads
+    try:
+        module = heads.load(path)
+        heads.check_compatible(module, target.model)
+    except (ValueError, OSError) as err:
+        raise ModelError(str(err)) from err
+    return module.to(target.model.dtype).eval().requires_grad_(False)
 
 
 def run(
     target: LoadedModel,
     cfg: DecodingConfig,
     prompt_ids: list[int],
-    draft: LoadedModel | None = None,
+    companion=None,
     cancel: threading.Event | None = None,
 ) -> Iterator[StepEvent]:
     cfg.validate()
     return generate(
         TransformersTarget(target.model),
-        cfg.drafter(draft),
+        cfg.drafter(target.model, companion),
         prompt_ids,
         sampling=cfg.sampling,
         max_new_tokens=cfg.max_new_tokens,

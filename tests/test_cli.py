@@ -79,10 +79,12 @@ INVALID = {
     ),
     "lookahead_config_two_numbers": (["--mode", "lookahead", "--lookahead-config", "4,3"], "three integers"),
     "unknown_mode": (["--mode", "nope"], "unknown mode 'nope'"),
-    "unavailable_mode": (["--mode", "medusa"], "not available"),
+    "medusa_tree_without_parent": (["--mode", "medusa", "--medusa-choices", "[[0],[1,0]]"], "no parent path"),
+    "medusa_unknown_tree": (["--mode", "medusa", "--medusa-choices", "nope"], "unknown tree 'nope'"),
+    "eagle_top_k_0": (["--mode", "eagle", "--eagle-top-k", "0"], "eagle_top_k"),
+    "eagle_too_many_tokens": (["--mode", "eagle", "--eagle-total-tokens", "300"], "eagle_total_tokens"),
     "prompt_lookup_num_tokens_0": (["--mode", "prompt_lookup", "--prompt-lookup-num-tokens", "0"], "prompt_lookup_num_tokens"),
     "prompt_lookup_ngram_0": (["--mode", "prompt_lookup", "--max-matching-ngram-size", "0"], "max_matching_ngram_size"),
-    "draft_target_without_draft": (["--mode", "draft_target"], "--draft-model"),
     "draft_target_len_0": (["--mode", "draft_target", "--draft-model", "x", "--max-draft-len", "0"], "max_draft_len"),
     "negative_temperature": (["--temperature", "-1"], "temperature"),
     "top_p_0": (["--top-p", "0"], "top_p"),
@@ -94,7 +96,7 @@ SUBPROCESS_CASES = [
     "lookahead_request_too_big",
     "unknown_mode",
     "prompt_lookup_num_tokens_0",
-    "draft_target_without_draft",
+    "medusa_tree_without_parent",
     "negative_temperature",
 ]
 

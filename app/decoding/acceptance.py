@@ -6,6 +6,8 @@ Slot 0 is the root; slot i+1 holds the target's output after draft node i.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from app.decoding.sampling import sample, uniform
@@ -78,3 +80,36 @@ def leviathan(tokens: list[int], q: torch.Tensor, p: torch.Tensor, gen: torch.Ge
         added = sample(residual / total, gen) if total > 0 else sample(p[i], gen)
         return _verdict(list(range(i)), added, kids, True)
     return _verdict(list(range(len(tokens))), sample(p[len(tokens)], gen), kids, bool(tokens))
+
+
+def typical(
+    tokens: list[int], parents: list[int], p: torch.Tensor, posterior_threshold: float, posterior_alpha: float
+) -> Verdict:
+    """Medusa's typical acceptance (arXiv 2401.10774). NOT lossless: the output does not
+    follow the target distribution; it trades exactness for longer accepted runs under sampling.
+
+    A draft token x hanging off slot j is accepted when its parent was and
+    p_j(x) > min(posterior_threshold, posterior_alpha * exp(-H(p_j))), H the entropy of p_j: a
+    confident (low entropy) target accepts only likely tokens, an uncertain one accepts more.
+    The longest accepted path wins; ties go to the largest sum of log p along the path (then the
+    first node). As in Medusa's default (`fast=True`) the added token is the argmax of p at the
+    slot after the path, so no randomness is used here and a step that accepts nothing is greedy.
+    p: (1 + len(tokens), vocab) target probabilities per slot (after temperature / top-k / top-p).
+    """
+    p = p.double()
+    entropy = -torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(-1)
+    threshold = torch.minimum(torch.full_like(entropy, posterior_threshold), posterior_alpha * torch.exp(-entropy))
+    ok = [False] * len(tokens)
+    depth = [0] * len(tokens)
+    loglik = [0.0] * len(tokens)
+    best, best_key = -1, (0, 0.0)
+    for i, (tok, par) in enumerate(zip(tokens, parents)):
+        px = float(p[par + 1, tok])
+        if (par < 0 or ok[par]) and px > float(threshold[par + 1]):
+            ok[i] = True
+            depth[i] = 1 if par < 0 else depth[par] + 1
+            loglik[i] = (0.0 if par < 0 else loglik[par]) + math.log(px)
+            if best < 0 or (depth[i], loglik[i]) > best_key:
+                best, best_key = i, (depth[i], loglik[i])
+    path = path_to(best, parents)
+    return _verdict(path, int(p[best + 1].argmax()), children(parents), bool(tokens))

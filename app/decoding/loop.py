@@ -25,6 +25,11 @@ def accept(proposal: Proposal, logits: torch.Tensor, sampling: SamplingParams, g
     if sampling.greedy:
         return acceptance.greedy(tokens, parents, slots.argmax(-1).tolist())
     p = probs(slots, sampling)
+    if proposal.acceptance is not None:
+        rule = proposal.acceptance
+        if rule.get("rule") != "typical":
+            raise ValueError(f"unknown acceptance rule {rule!r}")
+        return acceptance.typical(tokens, parents, p, rule["posterior_threshold"], rule["posterior_alpha"])
     if proposal.q is not None:
         return acceptance.leviathan(tokens, proposal.q, p, gen)
     return acceptance.recursive_rejection(tokens, parents, p, gen)

@@ -25,6 +25,9 @@ class Proposal:
     q: torch.Tensor | None = None
     # JSON-serializable provenance for the trace (matched n-gram, window levels, draft probs...).
     source: dict[str, Any] = field(default_factory=dict)
+    # A non-lossless rule the drafter asks for under sampling (greedy stays exact): Medusa's
+    # {"rule": "typical", "posterior_threshold": ..., "posterior_alpha": ...}. None = lossless rules.
+    acceptance: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):

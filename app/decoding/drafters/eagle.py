@@ -1,0 +1,209 @@
+"""EAGLE: a one-layer draft module on the target's features drafts a token tree (EAGLE-2 dynamic or static).
+
+Alignment: the draft's entry at position i reads (embed(t_{i+1}), f_i), where f_i is the target's
+final normed hidden state at position i. The feature of a position is known after the target's
+pass over it, its next token only one step later, so features wait in `pending` until propose()
+sees their next tokens in the context; the last of those is the root. Feeding them leaves the
+draft's output at the root's entry, whose distribution gives the root's children (depth 1). A
+depth-d node sits at position (root position + d), reads (embed(its token), its parent's draft
+output) and attends to the committed entries, its ancestors and itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from app.decoding.attention import kv_dtype
+from app.decoding.kv_cache import new_cache
+from app.decoding.tree import depths, from_paths
+from app.decoding.types import Proposal
+
+
+@dataclass
+class DraftTree:
+    """Draft-vocabulary tokens, parents (-1 = the root) and cumulative path log-probabilities."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+    def add(self, token: int, parent: int, score: float) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.scores.append(float(score))
+        return len(self.tokens) - 1
+
+
+# expand(tree so far, nodes) -> (len(nodes), draft vocab) log q of each node's children.
+Expand = Callable[[DraftTree, list[int]], torch.Tensor]
+
+
+def _topk(rows: torch.Tensor, k: int):
+    values, ids = rows.double().topk(min(k, rows.shape[-1]), dim=-1)
+    return values, ids
+
+
+def best_nodes(cand: DraftTree, n: int) -> DraftTree:
+    """The n best-scoring candidates, best first, parents re-indexed.
+
+    A node ranks by the lowest score on its path, ties to the lower index, which a parent always
+    has: so it ranks after its parent and any best-n set is ancestor-closed. With real log-
+    probabilities (log q <= 0) that is just its own score.
+    """
+    rank_score: list[float] = []
+    for i, p in enumerate(cand.parents):
+        rank_score.append(cand.scores[i] if p < 0 else min(cand.scores[i], rank_score[p]))
+    order = sorted(range(len(cand.tokens)), key=lambda i: (-rank_score[i], i))[: max(0, n)]
+    new_index: dict[int, int] = {}
+    out = DraftTree()
+    for i in order:
+        p = cand.parents[i]
+        new_index[i] = out.add(cand.tokens[i], new_index[p] if p >= 0 else -1, cand.scores[i])
+    return out
+
+
+def dynamic_tree(root_logq: torch.Tensor, expand: Expand, *, depth: int, top_k: int, max_nodes: int) -> DraftTree:
+    """EAGLE-2's tree: level 1 = top_k of the root's log q; then, up to `depth` levels, each frontier
+    node proposes top_k children (score = parent score + log q), all of them are candidates and the
+    best top_k become the next frontier (fed in one expand call). Returns the `max_nodes` best
+    candidates over all levels (`best_nodes`)."""
+    if max_nodes <= 0 or depth <= 0:
+        return DraftTree()
+    cand = DraftTree()
+    values, ids = _topk(root_logq, top_k)
+    for v, t in zip(values.tolist(), ids.tolist()):
+        cand.add(t, -1, v)
+    frontier = list(range(len(cand.tokens)))
+    for _ in range(min(depth, max_nodes) - 1):
+        values, ids = _topk(expand(cand, frontier), top_k)
+        scores = values + torch.tensor([cand.scores[f] for f in frontier], dtype=torch.float64)[:, None]
+        first = len(cand.tokens)
+        for r, f in enumerate(frontier):
+            for v, t in zip(scores[r].tolist(), ids[r].tolist()):
+                cand.add(t, f, v)
+        best = torch.argsort(-scores.flatten(), stable=True)[:top_k]
+        frontier = [first + int(b) for b in best]
+    return best_nodes(cand, max_nodes)
+
+
+def static_tree(root_logq: torch.Tensor, expand: Expand, paths: list[list[int]], max_nodes: int) -> DraftTree:
+    """A fixed tree of Medusa-style rank paths: the node at path (..., r) is the rank-r child of its
+    parent under the draft's distribution there. One expand call per depth, over the nodes of the
+    previous depth that have children. Keeps the first `max_nodes` nodes in (depth, path) order."""
+    ordered = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))[: max(0, max_nodes)]
+    parents = from_paths([list(p) for p in ordered])
+    tree = DraftTree()
+    rows: dict[int, torch.Tensor] = {-1: root_logq}
+    level_of = depths(parents)
+    for d in range(1, (max(level_of) if level_of else 0) + 1):
+        level = [i for i in range(len(ordered)) if level_of[i] == d]
+        if d > 1:
+            need = sorted({parents[i] for i in level})
+            rows.update(zip(need, expand(tree, need)))
+        for i in level:
+            p, rank = parents[i], ordered[i][-1]
+            values, ids = _topk(rows[p], rank + 1)
+            tree.add(int(ids[rank]), p, (tree.scores[p] if p >= 0 else 0.0) + float(values[rank]))
+    return tree
+
+
+class Eagle:
+    """Drafter over an EagleModule. `total_tokens` counts the root (EAGLE-2's convention), so a
+    proposal has at most total_tokens - 1 nodes; `depth` is the deepest draft level. With
+    `static_choices` (rank paths) the tree shape is fixed instead and total_tokens/top_k are unused.
+    Drafts are deterministic top-k picks, so Proposal.q stays None (recursive rejection, lossless)."""
+
+    name = "eagle"
+
+    def __init__(self, module, embed: torch.nn.Module, total_tokens: int = 24, depth: int = 5, top_k: int = 4,
+                 static_choices: list[list[int]] | None = None) -> None:
+        if total_tokens < 2 or depth < 1 or top_k < 1:
+            raise ValueError(f"EAGLE needs total_tokens >= 2, depth >= 1, top_k >= 1 (got {total_tokens}, {depth}, {top_k})")
+        if static_choices is not None:
+            if not static_choices or any(not p or min(p) < 0 for p in static_choices):
+                raise ValueError("static_choices must be a non-empty list of non-empty rank paths, e.g. [[0], [0, 0], [1]]")
+            from_paths(static_choices)  # raises on a path without its parent path
+            if max(max(p) for p in static_choices) >= module.config.draft_vocab_size:
+                raise ValueError("static_choices asks for a rank beyond the draft vocabulary")
+        self.module, self.embed = module, embed
+        self.total_tokens, self.depth, self.top_k = total_tokens, depth, top_k
+        self.static = [list(p) for p in static_choices] if static_choices is not None else None
+
+    def start(self, prompt, sampling, gen, prefill) -> None:
+        config = self.module.model.config
+        self.cache = new_cache(config, kv_dtype(config))
+        self.committed = 0  # draft entries in the cache (positions 0 .. committed-1)
+        self.pending = [prefill.hidden]  # target features whose next token was not known yet
+
+    def _embed(self, target_ids: list[int]) -> torch.Tensor:
+        x = torch.tensor([target_ids], device=self.embed.weight.device)
+        return self.embed(x).to(self.module.fc.weight.device)
+
+    def _catch_up(self, context: list[int]) -> torch.Tensor:
+        """Feed the pending features with their next tokens (the last one is the root); return the
+        draft's output at the root's entry."""
+        features = torch.cat(self.pending).to(self.module.fc.weight.device)
+        n, start = features.shape[0], self.committed
+        if start + n != len(context) - 1:
+            raise RuntimeError(f"EAGLE drafter out of step: {start} + {n} entries for a context of {len(context)}")
+        positions = torch.arange(start, start + n, device=features.device)[None]
+        hidden = self.module.hidden_states(self._embed(context[start + 1 :]), features[None], self.cache, positions)
+        self.committed += n
+        self.pending = []
+        return hidden[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], room: int) -> Proposal:
+        if room <= 0:
+            return Proposal(source=self._source(DraftTree(), []))
+        module = self.module
+        root_hidden = self._catch_up(context)
+        target_ids = module.target_ids
+        fed: dict[int, tuple[int, torch.Tensor]] = {}  # node -> (speculative cache slot, draft output)
+
+        def expand(tree: DraftTree, nodes: list[int]) -> torch.Tensor:
+            c, n_spec, k = self.committed, len(fed), len(nodes)
+            level = depths(tree.parents)
+            allowed = torch.zeros(k, c + n_spec + k, dtype=torch.bool)
+            allowed[:, :c] = True
+            for j, x in enumerate(nodes):
+                a = tree.parents[x]
+                while a >= 0:
+                    allowed[j, c + fed[a][0]] = True
+                    a = tree.parents[a]
+                allowed[j, c + n_spec + j] = True
+            dtype = module.fc.weight.dtype
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            features = torch.stack([fed[tree.parents[x]][1] if tree.parents[x] >= 0 else root_hidden for x in nodes])
+            positions = torch.tensor([[c - 1 + level[x] for x in nodes]])
+            tokens = target_ids[[tree.tokens[x] for x in nodes]].tolist()
+            hidden = module.hidden_states(self._embed(tokens), features[None], self.cache, positions, mask[None, None])[0]
+            for j, x in enumerate(nodes):
+                fed[x] = (n_spec + j, hidden[j])
+            return module.lm_head(hidden).float().log_softmax(-1)
+
+        root_logq = module.lm_head(root_hidden).float().log_softmax(-1)
+        if self.static is not None:
+            tree = static_tree(root_logq, expand, self.static, room)
+        else:
+            tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.total_tokens - 1, room))
+        if fed:
+            self.cache.crop(-len(fed))  # the tree's entries were drafts on drafted features: drop them
+        tokens = target_ids[tree.tokens].tolist() if tree.tokens else []
+        return Proposal(tokens, tree.parents, source=self._source(tree, tokens))
+
+    def _source(self, tree: DraftTree, tokens: list[int]) -> dict:
+        scores = [round(max(s, -1e9), 4) for s in tree.scores]  # JSON has no -inf
+        source = {"tree": {"tokens": tokens, "parents": tree.parents, "scores": scores},
+                  "depth": self.depth, "top_k": self.top_k, "total_tokens": self.total_tokens}
+        if self.static is not None:
+            source["static_nodes"] = len(self.static)
+        return source
+
+    def observe(self, proposal, verdict, out) -> None:
+        # The committed positions' target features: the root's and each accepted node's.
+        slots = [0] + [a + 1 for a in verdict.accepted]
+        self.pending.append(out.hidden[slots])

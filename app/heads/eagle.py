@@ -1,0 +1,462 @@
+"""EAGLE draft module (arXiv 2401.15077, 2406.16858): one decoder layer that drafts on the target's features.
+
+Entry i of the draft reads `fc(cat(embed(t_{i+1}), f_i))`: the embedding of the token that comes
+after position i (the target's own input embedding, frozen, passed in by the caller and never
+saved) and a feature f_i, the target's final normed hidden state at position i (the input of its
+LM head). `eagle_num_layers` Llama decoder layers and a final RMSNorm turn that into the draft's
+guess of f_{i+1}, in the same space as the target's features, so deeper draft steps feed the
+draft's own output back as the feature. The draft has its own LM head over a reduced vocabulary:
+draft id d is target id d + d2t[d] (ModelOpt's convention), which keeps the LM head cheap on CPU.
+
+This is EAGLE-1's input (features of the last layer, token shifted one ahead) with the parts of
+ModelOpt's "eagle" mode without aux hidden states (fc without bias, a full Llama layer, a final
+norm, its own reduced LM head, d2t) and an optional EAGLE-3-style training-time-test unroll.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig, LlamaModel
+from transformers.cache_utils import DynamicCache
+
+ARCHITECTURE = "eagle"
+WEIGHTS = "model.safetensors"
+
+
+class EagleError(ValueError):
+    """An EAGLE artifact that cannot be read or does not fit the target."""
+
+
+@dataclass
+class EagleConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocabulary (what d2t maps into)
+    draft_vocab_size: int
+    eagle_num_layers: int = 1
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    rope_parameters: dict | None = None
+    hidden_act: str = "silu"
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "vocab_size", "draft_vocab_size", "eagle_num_layers"):
+            if int(getattr(self, name)) < 1:
+                raise EagleError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.draft_vocab_size > self.vocab_size:
+            raise EagleError(f"draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary {self.vocab_size}")
+
+    @classmethod
+    def from_target(cls, target_config, draft_vocab_size: int | None = None, eagle_num_layers: int = 1) -> EagleConfig:
+        """A draft shaped like one layer of the target (same attention heads, MLP width, RoPE)."""
+        text = target_config.get_text_config(decoder=True)
+        heads = text.num_attention_heads
+        rope = getattr(text, "rope_parameters", None)
+        return cls(
+            hidden_size=text.hidden_size,
+            intermediate_size=text.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+            vocab_size=text.vocab_size,
+            draft_vocab_size=draft_vocab_size or text.vocab_size,
+            eagle_num_layers=eagle_num_layers,
+            rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(getattr(text, "max_position_embeddings", 2048) or 2048),
+            rope_parameters=dict(rope) if rope else None,
+            hidden_act=getattr(text, "hidden_act", "silu"),
+        )
+
+    def llama_config(self, attn_implementation: str | None = None) -> LlamaConfig:
+        kwargs = dict(rope_parameters=dict(self.rope_parameters)) if self.rope_parameters else {}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        return LlamaConfig(
+            # The decoder stack is fed through inputs_embeds: a one-row token embedding is never used.
+            vocab_size=1,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.eagle_num_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings,
+            hidden_act=self.hidden_act,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+            **kwargs,
+        )
+
+
+class EagleModule(nn.Module):
+    """fc → Llama decoder layer(s) → RMSNorm → own LM head over the draft vocabulary.
+
+    attn_implementation: pass `app.decoding.attention.register()` when the target runs with it
+    (float32 attention over a float32 KV cache); None = transformers' sdpa.
+    """
+
+    def __init__(self, config: EagleConfig, d2t: torch.Tensor | None = None, attn_implementation: str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.model = LlamaModel(config.llama_config(attn_implementation))
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long) if d2t is None else torch.as_tensor(d2t, dtype=torch.long)
+        self.register_buffer("d2t", d2t.clone())
+        _check_d2t(self.d2t, config)
+        self.base_model: str | None = None  # the target it was trained for, when loaded from disk
+
+    @property
+    def target_ids(self) -> torch.Tensor:
+        """(draft_vocab_size,) the target id of every draft id."""
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def hidden_states(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None) -> torch.Tensor:
+        """(b, s, H) the draft's output features (after the final norm). embeds = target embedding of
+        the next tokens, features = target (or draft) features, both (b, s, H); attention_mask is
+        None (causal) or a 4D additive mask over [cache, new entries], like the target's tree pass."""
+        dtype = self.fc.weight.dtype
+        x = self.fc(torch.cat([embeds.to(dtype), features.to(dtype)], dim=-1))
+        out = self.model(
+            inputs_embeds=x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+        )
+        return out.last_hidden_state
+
+    def forward(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None):
+        """(hidden (b, s, H), logits (b, s, draft_vocab_size))."""
+        hidden = self.hidden_states(embeds, features, past_key_values, position_ids, attention_mask)
+        return hidden, self.lm_head(hidden)
+
+
+def _check_d2t(d2t: torch.Tensor, config: EagleConfig) -> None:
+    if d2t.shape != (config.draft_vocab_size,):
+        raise EagleError(f"d2t has shape {tuple(d2t.shape)}, expected ({config.draft_vocab_size},)")
+    ids = torch.arange(len(d2t)) + d2t.cpu()
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size):
+        raise EagleError(f"d2t maps draft ids outside the target vocabulary [0, {config.vocab_size})")
+    if len(torch.unique(ids)) != len(ids):
+        raise EagleError("d2t maps two draft ids to the same target id")
+
+
+def draft_vocab_from_counts(counts: torch.Tensor, size: int, include: list[int] | tuple[int, ...] = ()) -> torch.Tensor:
+    """d2t for a draft vocabulary of the `size` most frequent target tokens (ties: lower id first),
+    plus `include` (e.g. EOS ids, which must stay draftable). Draft ids follow target id order, so
+    d2t is non-decreasing; size >= len(counts) gives the full vocabulary (d2t all zeros)."""
+    vocab = len(counts)
+    if size < 1:
+        raise EagleError(f"the draft vocabulary needs at least one token, got size {size}")
+    if size >= vocab:
+        return torch.zeros(vocab, dtype=torch.long)
+    score = counts.double().clone()
+    score[list(include)] = float("inf")
+    chosen = torch.argsort(-score, stable=True)[:size].sort().values
+    return chosen - torch.arange(size)
+
+
+@torch.no_grad()
+def init_lm_head(module: EagleModule, target_lm_head: nn.Module) -> None:
+    """Start the draft's LM head as the target's rows for the draft vocabulary (EAGLE-1 used the
+    target's LM head itself): a draft that predicts the next feature then predicts the next token."""
+    weight = target_lm_head.weight[module.target_ids.to(target_lm_head.weight.device)]
+    module.lm_head.weight.copy_(weight.to(module.lm_head.weight.dtype))
+
+
+# ----------------------------------------------------------------------------- artifacts
+
+
+def save(module: EagleModule, directory: str | Path, base_model: str) -> Path:
+    """config.json + model.safetensors (weights in bfloat16, d2t int64; the target's embedding is not saved)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        k: (v.detach().to("cpu", torch.bfloat16) if v.is_floating_point() else v.detach().cpu()).contiguous()
+        for k, v in module.state_dict().items()
+    }
+    save_file(tensors, str(directory / WEIGHTS))
+    config = {"architecture": ARCHITECTURE, **asdict(module.config), "base_model": base_model}
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def load_config(directory: str | Path) -> dict:
+    directory = Path(directory)
+    path = directory / "config.json"
+    if not path.is_file():
+        raise EagleError(f"no EAGLE module at {directory}: config.json is missing")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EagleError(f"{path} is not valid JSON: {e}") from e
+    if config.get("architecture") != ARCHITECTURE:
+        raise EagleError(f"{directory} holds a {config.get('architecture')!r} artifact, not an EAGLE module")
+    return config
+
+
+def _config_from(data: dict, source) -> EagleConfig:
+    fields = EagleConfig.__dataclass_fields__
+    try:
+        return EagleConfig(**{k: data[k] for k in fields if k in data})
+    except TypeError as e:
+        raise EagleError(f"{source}: incomplete EAGLE config ({e})") from e
+
+
+def load(directory: str | Path, attn_implementation: str | None = None) -> EagleModule:
+    """A module written by `save`, in float32 and eval mode."""
+    directory = Path(directory)
+    data = load_config(directory)
+    if not (directory / WEIGHTS).is_file():
+        raise EagleError(f"no EAGLE module at {directory}: {WEIGHTS} is missing")
+    tensors = load_file(str(directory / WEIGHTS))
+    config = _config_from(data, directory)
+    if "d2t" not in tensors:
+        raise EagleError(f"{directory}: {WEIGHTS} has no d2t")
+    module = EagleModule(config, tensors["d2t"], attn_implementation)
+    _load_state(module, tensors, directory)
+    module.base_model = data.get("base_model")
+    return module.eval()
+
+
+def _load_state(module: EagleModule, tensors: dict[str, torch.Tensor], source) -> None:
+    state = module.state_dict()
+    missing, unexpected = sorted(set(state) - set(tensors)), sorted(set(tensors) - set(state))
+    if missing or unexpected:
+        raise EagleError(f"{source}: weights do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})")
+    for k, v in tensors.items():
+        if v.shape != state[k].shape:
+            raise EagleError(f"{source}: {k} has shape {tuple(v.shape)}, expected {tuple(state[k].shape)}")
+    module.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+
+
+def check_compatible(module: EagleModule, target_model: nn.Module) -> None:
+    """Raise EagleError unless the module fits this target (hidden size, vocabulary)."""
+    vocab, hidden = target_model.get_output_embeddings().weight.shape
+    made_for = f" (trained for {module.base_model})" if module.base_model else ""
+    if module.config.hidden_size != hidden:
+        raise EagleError(
+            f"the EAGLE module{made_for} has hidden size {module.config.hidden_size} but the target has {hidden}: "
+            "it was trained for another model"
+        )
+    if module.config.vocab_size != vocab:
+        raise EagleError(
+            f"the EAGLE module{made_for} maps into a vocabulary of {module.config.vocab_size} tokens but the "
+            f"target has {vocab}: it was trained for another model"
+        )
+    embed = target_model.get_input_embeddings().weight
+    if embed.shape[-1] != hidden or embed.shape[0] < int(module.target_ids.max()) + 1:
+        raise EagleError(f"the target's input embedding {tuple(embed.shape)} cannot embed the EAGLE draft vocabulary")
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _unroll_mask(s: int, step: int, dtype: torch.dtype) -> torch.Tensor:
+    """(1, 1, s, step*s) additive mask of unroll step `step` (1-based, >= 2) over the keys of steps 1..step.
+
+    Step j's entry at position i stands for a depth-j draft node: at inference it sees the committed
+    entries (step 1) up to position i-j+1, its ancestors (step m at position i-j+m) and itself.
+    """
+    i = torch.arange(s)[:, None]
+    k = torch.arange(s)[None, :]
+    blocks = [k <= i - step + 1] + [k == i - step + m for m in range(2, step + 1)]
+    allowed = torch.cat(blocks, dim=1)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def unroll(module: EagleModule, embeds: torch.Tensor, features: torch.Tensor, steps: int = 1):
+    """[(hidden, logits)] of unroll steps 1..steps over a whole sequence, each (b, s, ...).
+
+    Step 1 is the teacher-forced pass: entry i reads (embeds[i], features[i]). Step j > 1 (EAGLE-3's
+    training-time test) feeds the draft's own guess of f_i, step j-1's output at i-1, so its entry
+    at i computes what a depth-j tree node computes at inference (see `_unroll_mask`); rows i < j-1
+    have no such input chain and are garbage.
+    """
+    s = embeds.shape[1]
+    cache = DynamicCache() if steps > 1 else None
+    outs = [module(embeds, features, past_key_values=cache)]
+    for j in range(2, steps + 1):
+        prev = outs[-1][0]
+        shifted = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
+        positions = torch.arange(s, device=embeds.device)[None]
+        mask = _unroll_mask(s, j, module.fc.weight.dtype).to(embeds.device)
+        outs.append(module(embeds, shifted, cache, positions, mask))
+    return outs
+
+
+def eagle_loss(
+    module: EagleModule,
+    embed: nn.Module,
+    lm_head: nn.Module,
+    ids: torch.Tensor,
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    ce_weight: float = 0.1,
+    noise: float = 0.2,
+    steps: int = 1,
+    step_decay: float = 0.8,
+) -> torch.Tensor:
+    """EAGLE-1's loss: SmoothL1(f̂_{i+1}, f_{i+1}) + ce_weight * soft CE(draft logits, teacher).
+
+    Entry i reads (embed(ids[i+1]), hidden[i] + noise) and predicts hidden[i+1] and the teacher's
+    next-token distribution softmax(lm_head(hidden[i+1])), restricted (renormalised) to the draft
+    vocabulary. `noise` is the width of EAGLE-1's uniform feature noise U(-noise/2, noise/2) (EAGLE-1
+    uses 0.2 * 512 / seq_len). `steps` > 1 adds EAGLE-3's training-time test (`unroll`): step j
+    learns from the draft's own features as a depth-j tree node does, weighted step_decay**(j-1)
+    (the total is normalised).
+    embed / lm_head: the target's frozen input embedding and LM head (teacher).
+    ids (b, s) long, hidden (b, s, H) float, mask (b, s) bool (False on padding).
+    """
+    if ids.shape[1] < 2:
+        return module.fc.weight.sum() * 0.0
+    dtype = module.fc.weight.dtype
+    with torch.no_grad():
+        embeds = embed(ids[:, 1:]).to(dtype)
+        target = hidden[:, 1:].float()
+        rows = module.target_ids.to(lm_head.weight.device)
+        bias = lm_head.bias[rows] if getattr(lm_head, "bias", None) is not None else None
+        teacher = F.linear(target.to(lm_head.weight.dtype), lm_head.weight[rows], bias).float().softmax(-1)
+    valid = mask[:, 1:] & mask[:, :-1]
+    features = hidden[:, :-1].to(dtype)
+    if noise:
+        features = features + (torch.rand_like(features) - 0.5) * noise
+    total, norm = None, 0.0
+    for j, (out, logits) in enumerate(unroll(module, embeds, features, steps), start=1):
+        ok = valid.clone()
+        ok[:, : j - 1] = False
+        feature_loss = F.smooth_l1_loss(out.float(), target, reduction="none").mean(-1)
+        token_loss = -(teacher * logits.float().log_softmax(-1)).sum(-1)
+        per = (feature_loss + ce_weight * token_loss).masked_fill(~ok, 0.0)
+        loss = step_decay ** (j - 1) * per.sum() / ok.sum().clamp_min(1)
+        total = loss if total is None else total + loss
+        norm += step_decay ** (j - 1)
+    return total / norm
+
+
+# ----------------------------------------------------------------------------- TensorRT-LLM / ModelOpt export
+
+EXPORT_WEIGHTS = "model.safetensors"
+
+
+def _export_name(key: str) -> str | None:
+    if key.startswith("model.layers.0."):
+        return "midlayer." + key.removeprefix("model.layers.0.")
+    if key == "model.norm.weight":
+        return "norm.weight"
+    if key == "model.embed_tokens.weight":
+        return None  # the unused one-row embedding of the decoder stack
+    return key  # fc.weight, lm_head.weight, d2t
+
+
+def export_trtllm(module: EagleModule, directory: str | Path, base_model: str, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the module in the EAGLE-3 / ModelOpt draft checkpoint layout (TRTLLM.md section 9).
+
+    model.safetensors holds `midlayer.self_attn.{q,k,v,o}_proj`, `midlayer.mlp.{gate,up,down}_proj`,
+    `midlayer.{input_layernorm,post_attention_layernorm}`, `norm`, `fc`, `lm_head` and `d2t`
+    (target id = draft id + d2t[draft id]); config.json is Llama-style (`architectures:
+    ["LlamaForCausalLM"]`, `draft_vocab_size`, `eagle_config`).
+
+    What differs from a true EAGLE-3 checkpoint: our `fc` is (H, 2H) over cat(embed(next token),
+    final normed hidden state), EAGLE-1's input, as in ModelOpt's eagle mode without aux hidden
+    states; EAGLE-3's `fc` is (H, 3H) over three fused aux layers of the target, its q/k/v take a
+    2H input cat(norm(embed), norm(h)) and it has `midlayer.hidden_norm` and an embedding norm in
+    `midlayer.input_layernorm` (ours is the layer's ordinary input norm, after fc). TensorRT-LLM's
+    PyTorch backend takes EAGLE-3 checkpoints only, so it would need a draft trained with EAGLE-3
+    aux layers; this export documents the layout and round-trips (`read_export`), it is not a
+    drop-in EAGLE-3 model. Only one-layer modules fit the layout ("midlayer").
+    """
+    cfg = module.config
+    if cfg.eagle_num_layers != 1:
+        raise EagleError(f"the EAGLE-3 layout holds one draft layer ('midlayer'); this module has {cfg.eagle_num_layers}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for key, value in module.state_dict().items():
+        name = _export_name(key)
+        if name is not None:
+            value = value.detach().cpu()
+            tensors[name] = (value.to(dtype) if value.is_floating_point() else value).contiguous()
+    save_file(tensors, str(directory / EXPORT_WEIGHTS))
+    rope = dict(cfg.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": rope.get("rope_theta", 10000.0),
+        "rope_scaling": None if rope.get("rope_type", "default") == "default" else rope,
+        "rope_parameters": rope,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [],
+            "use_aux_hidden_state": False,
+            "use_input_layernorm_in_first_layer": True,
+            "use_last_layernorm": True,
+            "use_mtp_layernorm": False,
+        },
+        # Ours, not read by TensorRT-LLM: what the checkpoint's fc expects, and the base model.
+        "specdec": {
+            "architecture": ARCHITECTURE,
+            "base_model": base_model,
+            "fc_input": "cat(target input embedding of the next token, target final normed hidden state)",
+        },
+    }
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def read_export(directory: str | Path, attn_implementation: str | None = None) -> EagleModule:
+    """Load a checkpoint written by `export_trtllm` back into an EagleModule (float32, eval mode)."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file() or not (directory / EXPORT_WEIGHTS).is_file():
+        raise EagleError(f"no EAGLE draft checkpoint at {directory}: needs config.json and {EXPORT_WEIGHTS}")
+    data = json.loads((directory / "config.json").read_text())
+    if data.get("eagle_config", {}).get("use_aux_hidden_state"):
+        raise EagleError(f"{directory} is an EAGLE-3 checkpoint with aux hidden states: not supported here")
+    tensors = load_file(str(directory / EXPORT_WEIGHTS))
+    if "fc.weight" in tensors and tensors["fc.weight"].shape[-1] != 2 * int(data["hidden_size"]):
+        raise EagleError(f"{directory}: fc takes {tensors['fc.weight'].shape[-1]} inputs, expected 2 x hidden_size")
+    config = _config_from({**data, "eagle_num_layers": 1}, directory)
+    tensors.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # optional: full vocabulary
+    module = EagleModule(config, tensors["d2t"], attn_implementation)
+    state = {}
+    for key, value in module.state_dict().items():
+        name = _export_name(key)
+        state[key] = value if name is None else tensors.get(name)
+    if any(v is None for v in state.values()):
+        raise EagleError(f"{directory}: missing weights {[k for k, v in state.items() if v is None][:4]}")
+    _load_state(module, state, directory)
+    module.base_model = data.get("specdec", {}).get("base_model")
+    return module.eval()

@@ -1,0 +1,323 @@
+"""Medusa heads (arXiv 2401.10774): K small residual blocks on the target's final normed hidden state.
+
+Head k (0-based) reads the hidden state at position i (the one that produced the logits of token
+i+1) and guesses token i+k+2. Every head is `medusa_num_layers` ResBlocks followed by an LM head.
+Here all heads share the target's own LM head, frozen and passed in at call time, so an artifact
+holds only the ResBlocks (a few MB instead of K vocabulary-sized matrices); the TensorRT-LLM export
+writes a copy of it per head, as Medusa's checkpoints have.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+ARCHITECTURE = "medusa"
+WEIGHTS = "model.safetensors"
+# TensorRT-LLM's Medusa conversion (tensorrt_llm/models/medusa/weight.py, load_medusa_hf) reads this
+# file, or medusa_lm_head.pt, with the keys of Medusa's `medusa_head` ModuleList:
+# "{head}.{layer}.linear.weight", "{head}.{layer}.linear.bias", "{head}.{num_layers}.weight".
+TRTLLM_WEIGHTS = "medusa_lm_head.safetensors"
+CHOICES_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "medusa_choices"
+_CONFIG_KEYS = ("hidden_size", "vocab_size", "medusa_num_heads", "medusa_num_layers")
+
+
+class MedusaError(ValueError):
+    """A Medusa artifact that cannot be read or does not fit the target."""
+
+
+@dataclass
+class MedusaConfig:
+    hidden_size: int
+    vocab_size: int
+    medusa_num_heads: int = 3
+    medusa_num_layers: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "vocab_size", "medusa_num_heads", "medusa_num_layers"):
+            if int(getattr(self, name)) < 1:
+                raise MedusaError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(Linear(x)), zero-initialised so a fresh head is the identity (it starts as the LM head)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, config: MedusaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.medusa_head = nn.ModuleList(
+            nn.Sequential(*[ResBlock(config.hidden_size) for _ in range(config.medusa_num_layers)])
+            for _ in range(config.medusa_num_heads)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(num_heads, *hidden.shape): each head's transformed hidden state."""
+        hidden = hidden.to(self.medusa_head[0][0].linear.weight.dtype)
+        return torch.stack([head(hidden) for head in self.medusa_head])
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """(num_heads, *hidden.shape[:-1], vocab) float32: all heads through the shared LM head in one call."""
+        out = self(hidden)
+        return lm_head(out.to(lm_head.weight.dtype)).float()
+
+
+# ----------------------------------------------------------------------------- artifacts
+
+
+def save(heads: MedusaHeads, directory: str | Path, base_model: str) -> Path:
+    """Write config.json + model.safetensors (bfloat16, ResBlocks only: the LM head is the target's)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"architecture": ARCHITECTURE, **asdict(heads.config), "base_model": base_model, "shared_lm_head": True}
+    tensors = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in heads.state_dict().items()}
+    save_file(tensors, str(directory / WEIGHTS))
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def load_config(directory: str | Path) -> dict:
+    """The config.json of a Medusa artifact written by `save`, checked."""
+    directory = Path(directory)
+    path = directory / "config.json"
+    if not path.is_file():
+        raise MedusaError(f"no Medusa heads at {directory}: config.json is missing")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise MedusaError(f"{path} is not valid JSON: {e}") from e
+    if config.get("architecture") != ARCHITECTURE:
+        raise MedusaError(f"{directory} holds a {config.get('architecture')!r} artifact, not Medusa heads")
+    if not config.get("shared_lm_head", False):
+        raise MedusaError(f"{directory}: only heads sharing the target's LM head are supported")
+    return config
+
+
+def load(directory: str | Path) -> MedusaHeads:
+    """Heads written by `save`, in float32 and eval mode."""
+    directory = Path(directory)
+    config = load_config(directory)
+    if not (directory / WEIGHTS).is_file():
+        raise MedusaError(f"no Medusa heads at {directory}: {WEIGHTS} is missing")
+    try:
+        heads = MedusaHeads(MedusaConfig(**{k: int(config[k]) for k in _CONFIG_KEYS}))
+    except KeyError as e:
+        raise MedusaError(f"{directory}/config.json lacks {e.args[0]!r}") from e
+    _load_state(heads, load_file(str(directory / WEIGHTS)), directory)
+    return heads.eval()
+
+
+def _load_state(heads: MedusaHeads, tensors: dict[str, torch.Tensor], source) -> None:
+    state = heads.state_dict()
+    missing = sorted(set(state) - set(tensors))
+    unexpected = sorted(set(tensors) - set(state))
+    if missing or unexpected:
+        raise MedusaError(
+            f"{source}: weights do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
+    for k, v in tensors.items():
+        if v.shape != state[k].shape:
+            raise MedusaError(f"{source}: {k} has shape {tuple(v.shape)}, expected {tuple(state[k].shape)}")
+    heads.load_state_dict({k: v.float() for k, v in tensors.items()})
+
+
+def check_compatible(heads: MedusaHeads, target_model: nn.Module) -> None:
+    """Raise MedusaError unless the heads were made for a target of this hidden and vocabulary size."""
+    weight = target_model.get_output_embeddings().weight
+    vocab, hidden = weight.shape
+    if heads.config.hidden_size != hidden:
+        raise MedusaError(
+            f"the Medusa heads have hidden size {heads.config.hidden_size} but the target has {hidden}: "
+            "they were trained for another model"
+        )
+    if heads.config.vocab_size != vocab:
+        raise MedusaError(
+            f"the Medusa heads expect a vocabulary of {heads.config.vocab_size} but the target has {vocab}"
+        )
+
+
+def medusa_choices(name: str | Path) -> list[list[int]]:
+    """A tree (list of rank paths) by name from assets/medusa_choices/, or from a JSON file path."""
+    path = Path(name)
+    if path.suffix != ".json":
+        path = CHOICES_DIR / f"{name}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in CHOICES_DIR.glob("*.json"))
+        raise MedusaError(f"no Medusa tree {str(name)!r}: known trees are {known}, or give a .json file of rank paths")
+    paths = json.loads(path.read_text())
+    well_formed = isinstance(paths, list) and all(
+        isinstance(p, list) and p and all(isinstance(r, int) for r in p) for p in paths
+    )
+    if not well_formed:
+        raise MedusaError(f"{path} must hold a JSON list of non-empty lists of ranks, e.g. [[0], [0, 0], [1]]")
+    return paths
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def medusa_loss(
+    heads: MedusaHeads,
+    lm_head: nn.Module,
+    ids: torch.Tensor,
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    head_weights: list[float] | None = None,
+    max_positions: int | None = None,
+) -> torch.Tensor:
+    """Self-distillation loss: head k at position i learns the frozen target's distribution of token i+k+2.
+
+    That teacher distribution is softmax(lm_head(hidden[:, i+k+1])), the target's own prediction
+    (hidden states are its final normed ones), so the heads learn what the target will say rather
+    than the dataset's text; `ids` is not needed for it. Soft cross-entropy per head, averaged over
+    positions where both i and i+k+1 are real tokens (mask), then weighted (default 0.8**k, normalised).
+    hidden: (b, s, H) float; mask: (b, s) bool.
+
+    `max_positions` draws that many random positions per head (torch's global RNG) instead of all:
+    both the teacher and the student need the full-vocabulary head (49k x 576 for the bundled model),
+    which is nearly all of the cost, while the heads themselves are tiny and learn from fewer positions.
+    """
+    k_heads = heads.config.medusa_num_heads
+    weights = list(head_weights) if head_weights is not None else [0.8**k for k in range(k_heads)]
+    if len(weights) != k_heads:
+        raise ValueError(f"head_weights needs {k_heads} values, got {len(weights)}")
+    norm = sum(weights)
+    out = heads(hidden)
+    total = out.sum() * 0.0  # keeps the graph when no position is usable
+    for k in range(k_heads):
+        shift = k + 1
+        if hidden.shape[1] <= shift:
+            break
+        valid = mask[:, :-shift] & mask[:, shift:]
+        if not valid.any():
+            continue
+        source, later = out[k][:, :-shift][valid], hidden[:, shift:][valid]
+        if max_positions is not None and len(source) > max_positions:
+            pick = torch.randperm(len(source), device=source.device)[:max_positions]
+            source, later = source[pick], later[pick]
+        with torch.no_grad():
+            target = lm_head(later.to(lm_head.weight.dtype)).float().softmax(-1)
+        student = lm_head(source.to(lm_head.weight.dtype)).float().log_softmax(-1)
+        total = total + (weights[k] / norm) * -(target * student).sum(-1).mean()
+    return total
+
+
+@torch.no_grad()
+def head_accuracy(
+    heads: MedusaHeads, lm_head: nn.Module, hidden: torch.Tensor, mask: torch.Tensor, max_rank: int = 10
+) -> list[list[float]]:
+    """acc[k][r]: how often the rank-r guess of head k is the target's own argmax (the paper's a_k^(r)),
+    measured on hidden states (b, s, H); the input of `greedy_tree`."""
+    logits = heads.logits(hidden, lm_head)  # (K, b, s, V)
+    truth = lm_head(hidden.to(lm_head.weight.dtype)).argmax(-1)  # (b, s): the target's next token per position
+    acc = []
+    for k in range(heads.config.medusa_num_heads):
+        shift = k + 1
+        if hidden.shape[1] <= shift:
+            acc.append([0.0] * max_rank)
+            continue
+        valid = mask[:, :-shift] & mask[:, shift:]
+        top = logits[k][:, :-shift][valid].topk(max_rank, dim=-1).indices  # (n, max_rank)
+        hits = (top == truth[:, shift:][valid][:, None]).float()
+        acc.append(hits.mean(0).tolist() if len(hits) else [0.0] * max_rank)
+    return acc
+
+
+def greedy_tree(accuracy: list[list[float]], num_nodes: int) -> list[list[int]]:
+    """The paper's tree construction: add, one at a time, the rank path with the highest expected
+    acceptance prod_d accuracy[d][r_d] (heads assumed independent). Paths come out ordered by
+    (depth, path) and every prefix is kept before its extensions, so the tree is ancestor-closed."""
+    heap = [(-a, (r,)) for r, a in enumerate(accuracy[0])] if accuracy else []
+    heapq.heapify(heap)
+    chosen = []
+    while heap and len(chosen) < num_nodes:
+        neg, path = heapq.heappop(heap)
+        chosen.append(list(path))
+        if len(path) < len(accuracy):
+            for r, a in enumerate(accuracy[len(path)]):
+                heapq.heappush(heap, (neg * a, path + (r,)))
+    return sorted(chosen, key=lambda p: (len(p), p))
+
+
+# ----------------------------------------------------------------------------- TensorRT-LLM export
+
+
+def export_trtllm(
+    heads: MedusaHeads,
+    lm_head_weight: torch.Tensor,
+    directory: str | Path,
+    base_model: str,
+    dtype: torch.dtype = torch.float16,
+) -> Path:
+    """Write the heads as a FasterDecoding/Medusa heads checkpoint, the layout TensorRT-LLM's Medusa
+    conversion reads (`examples/medusa/convert_checkpoint.py --medusa_model_dir <directory>`):
+    config.json (medusa_num_heads, medusa_num_layers, ...) and medusa_lm_head.safetensors with the
+    state dict of Medusa's `medusa_head` ModuleList: "{k}.{layer}.linear.weight/bias" and
+    "{k}.{num_layers}.weight" (each head's LM head, here a copy of the shared one).
+    """
+    cfg = heads.config
+    if tuple(lm_head_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise MedusaError(
+            f"lm_head_weight has shape {tuple(lm_head_weight.shape)}, expected ({cfg.vocab_size}, {cfg.hidden_size})"
+        )
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        k.removeprefix("medusa_head."): v.detach().to("cpu", dtype).contiguous() for k, v in heads.state_dict().items()
+    }
+    lm = lm_head_weight.detach().to("cpu", dtype)
+    for k in range(cfg.medusa_num_heads):
+        tensors[f"{k}.{cfg.medusa_num_layers}.weight"] = lm.clone()  # safetensors refuses shared storage
+    save_file(tensors, str(directory / TRTLLM_WEIGHTS))
+    config = {
+        "medusa_num_heads": cfg.medusa_num_heads,
+        "medusa_num_layers": cfg.medusa_num_layers,
+        "hidden_size": cfg.hidden_size,
+        "vocab_size": cfg.vocab_size,
+        "base_model_name_or_path": base_model,
+    }
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def read_export(directory: str | Path, lm_head_weight: torch.Tensor | None = None) -> MedusaHeads:
+    """Load a Medusa heads checkpoint (as written by `export_trtllm`) back into shared-head MedusaHeads.
+
+    Raises MedusaError when the per-head LM heads differ (a checkpoint trained with separate LM
+    heads cannot be represented) or differ from `lm_head_weight` when that is given.
+    """
+    directory = Path(directory)
+    if not (directory / "config.json").is_file() or not (directory / TRTLLM_WEIGHTS).is_file():
+        raise MedusaError(f"no Medusa heads checkpoint at {directory}: needs config.json and {TRTLLM_WEIGHTS}")
+    config = json.loads((directory / "config.json").read_text())
+    tensors = {k.removeprefix("medusa_head."): v for k, v in load_file(str(directory / TRTLLM_WEIGHTS)).items()}
+    num_heads, num_layers = int(config["medusa_num_heads"]), int(config["medusa_num_layers"])
+    lm_heads = [tensors.pop(f"{k}.{num_layers}.weight", None) for k in range(num_heads)]
+    if any(w is None for w in lm_heads):
+        raise MedusaError(f"{directory}: a head's LM head weight '{{k}}.{num_layers}.weight' is missing")
+    reference = lm_heads[0] if lm_head_weight is None else lm_head_weight.to(lm_heads[0].dtype)
+    if any(not torch.equal(w, reference) for w in lm_heads):
+        raise MedusaError(
+            f"{directory}: the heads' LM heads differ from the shared one; only shared-LM-head checkpoints can be read"
+        )
+    vocab, hidden = lm_heads[0].shape
+    heads = MedusaHeads(MedusaConfig(hidden, vocab, medusa_num_heads=num_heads, medusa_num_layers=num_layers))
+    _load_state(heads, {f"medusa_head.{k}": v for k, v in tensors.items()}, directory)
+    return heads.eval()

@@ -1,0 +1,101 @@
+"""A distilled draft model for draft_target: a few of the target's own layers, distilled on its outputs.
+
+The draft is an ordinary transformers causal LM (same architecture class, same tokenizer, fewer
+layers), so it loads like any other model. Its layers start as copies of evenly spaced target
+layers (first and last included); embeddings, final norm and LM head are the target's and stay
+frozen, so training only has to teach the kept layers to stand in for the dropped ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+ARCHITECTURE = "layer_draft"
+
+
+def pick_layers(num_layers: int, keep: int) -> list[int]:
+    """`keep` evenly spaced layer indices of a `num_layers`-layer model, first and last included."""
+    if not 1 <= keep <= num_layers:
+        raise ValueError(f"the draft keeps between 1 and {num_layers} layers, got {keep}")
+    if keep == 1:
+        return [0]
+    return sorted({round(i * (num_layers - 1) / (keep - 1)) for i in range(keep)})
+
+
+def make_draft(target: torch.nn.Module, keep: int | list[int]) -> torch.nn.Module:
+    """A float32 copy of `target` that keeps `keep` of its decoder layers (a count or the indices);
+    only those layers train."""
+    layers = pick_layers(target.config.num_hidden_layers, keep) if isinstance(keep, int) else sorted(keep)
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in layers]
+    draft = type(target)(config).to(torch.float32)
+    source = target.state_dict()
+    state = {}
+    for key, value in source.items():
+        if ".layers." in key:
+            prefix, rest = key.split(".layers.", 1)
+            index, tail = rest.split(".", 1)
+            if int(index) not in layers:
+                continue
+            key = f"{prefix}.layers.{layers.index(int(index))}.{tail}"
+        state[key] = value.float()
+    draft.load_state_dict(state, strict=False)
+    draft.tie_weights()
+    draft.requires_grad_(False)
+    for layer in draft.get_decoder().layers:
+        layer.requires_grad_(True)
+    draft.config.specdec_draft = {"kept_layers": layers, "base_layers": target.config.num_hidden_layers}
+    return draft
+
+
+def distill_loss(draft: torch.nn.Module, lm_head: torch.nn.Module, ids, hidden, mask, temperature: float = 1.0):
+    """KL(target || draft) per position over the full vocabulary; the target's logits are lm_head(hidden)."""
+    out = draft(input_ids=ids, attention_mask=mask.long())
+    logits = out.logits[mask].float()
+    with torch.no_grad():
+        teacher = F.log_softmax(lm_head(hidden[mask].to(lm_head.weight.dtype)).float() / temperature, -1)
+    student = F.log_softmax(logits / temperature, -1)
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+
+
+def save_layers(draft: torch.nn.Module, directory: Path, base_model: str) -> None:
+    """The trained part only (the kept layers, bfloat16) plus what rebuilds the rest from the base model."""
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"architecture": ARCHITECTURE, "base_model": base_model, **draft.config.specdec_draft}
+    (directory / "config.json").write_text(json.dumps(meta, indent=2))
+    layers = {k: v.to(torch.bfloat16).contiguous() for k, v in draft.state_dict().items() if ".layers." in k}
+    save_file(layers, str(directory / "model.safetensors"))
+
+
+def read_layers(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{directory} has no config.json: not a draft-layers checkpoint")
+    meta = json.loads(config_path.read_text())
+    if meta.get("architecture") != ARCHITECTURE:
+        raise ValueError(f"{directory} holds a '{meta.get('architecture')}' checkpoint, not '{ARCHITECTURE}'")
+    return meta, load_file(str(directory / "model.safetensors"))
+
+
+def rebuild(base: torch.nn.Module, directory: Path) -> torch.nn.Module:
+    """The full draft model: the base model's embeddings, norm and head with the checkpoint's layers."""
+    meta, layers = read_layers(directory)
+    if meta["base_layers"] != base.config.num_hidden_layers:
+        raise ValueError(
+            f"the draft in {directory} was cut from a {meta['base_layers']}-layer model, "
+            f"but the base model has {base.config.num_hidden_layers} layers"
+        )
+    draft = make_draft(base, meta["kept_layers"])
+    missing = set(k for k in draft.state_dict() if ".layers." in k) - set(layers)
+    if missing:
+        raise ValueError(f"the draft checkpoint in {directory} lacks {sorted(missing)[:3]}...")
+    draft.load_state_dict({k: v.float() for k, v in layers.items()}, strict=False)
+    return draft.eval()

@@ -1,0 +1,162 @@
+"""`python -m app train`: Medusa heads, an EAGLE module or a distilled draft model on a frozen target.
+
+The seed workflow (ModelOpt's speculative-decoding example) at the bundled model's scale: the
+target is frozen, its final hidden states over a fixed ShareGPT slice are computed once and cached
+(data.py), and each recipe distils the target's own next-token distributions into its artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from app.models import LoadedModel
+from app.training.data import cached_features, print_progress
+from app.training.trainer import fit
+
+KINDS = ("medusa", "eagle", "draft")
+
+
+@dataclass
+class TrainSettings:
+    # data: ShareGPT conversations [data_offset, data_offset + data_limit), cut to max_len tokens
+    data_offset: int = 0
+    data_limit: int = 800
+    max_len: int = 256
+    holdout: int = 20
+    # optimisation (the seed's knobs)
+    epochs: float = 1.0
+    lr: float | None = None  # per-kind default below
+    batch_size: int = 8
+    save_steps: int | None = None
+    seed: int = 0
+    # architecture
+    medusa_num_heads: int = 3
+    medusa_num_layers: int = 1
+    eagle_num_layers: int = 1
+    draft_vocab_size: int = 8192
+    draft_layers: int = 3
+    max_positions: int | None = 512  # medusa: positions per head and batch (the full-vocab head is the cost)
+
+
+DEFAULT_LR = {"medusa": 1e-3, "eagle": 1e-3, "draft": 3e-4}
+
+
+def _stderr_progress(label: str, start: float):
+    def report(step: int, total: int, loss: float) -> None:
+        end = "\n" if step >= total else ""
+        print(f"\r[train {label}] step {step}/{total} loss {loss:.4f} ({time.perf_counter() - start:.0f} s)",
+              end=end, file=sys.stderr, flush=True)
+
+    return report
+
+
+def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings, engines: Path) -> dict:
+    """Train one artifact into `out_dir`; returns a summary (losses, sizes, times) also written as train.json."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown training mode '{kind}': choose one of {', '.join(KINDS)}")
+    t0 = time.perf_counter()
+    features = cached_features(
+        target.name, target.model, target.tokenizer, engines,
+        offset=settings.data_offset, limit=settings.data_limit, max_len=settings.max_len,
+        progress=print_progress("features"),
+    )
+    t_data = time.perf_counter() - t0
+    train_set, eval_set = features.split(min(settings.holdout, len(features) // 5))
+    model = target.model
+    lm_head = model.get_output_embeddings()
+    lr = settings.lr or DEFAULT_LR[kind]
+    module, loss_fn, save = _recipe(kind, target, train_set, settings)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t1 = time.perf_counter()
+    losses = fit(
+        module, loss_fn, train_set, epochs=settings.epochs, lr=lr, batch_size=settings.batch_size,
+        seq_len=settings.max_len, seed=settings.seed, bf16=True, save_steps=settings.save_steps,
+        save_fn=lambda step: save(out_dir / f"checkpoint-{step}"), progress=_stderr_progress(kind, t1),
+    )
+    t_train = time.perf_counter() - t1
+    save(out_dir)
+    with torch.no_grad():
+        eval_loss = _mean_loss(loss_fn, eval_set, settings)
+    summary = {
+        "kind": kind, "base_model": target.name, "out_dir": str(out_dir), "settings": asdict(settings), "lr": lr,
+        "train_sequences": len(train_set), "train_tokens": train_set.num_tokens, "eval_sequences": len(eval_set),
+        "trainable_params": sum(p.numel() for p in module.parameters() if p.requires_grad),
+        "first_loss": losses[0], "last_loss": losses[-1], "eval_loss": eval_loss, "steps": len(losses),
+        "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1),
+        "lm_head_params": lm_head.weight.numel(),
+    }
+    (out_dir / "train.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _mean_loss(loss_fn, features, settings: TrainSettings) -> float:
+    values = [float(loss_fn(i, h, m)) for i, h, m in features.batches(settings.batch_size, settings.max_len, seed=0)]
+    return sum(values) / max(1, len(values))
+
+
+def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
+    """(module to train, loss_fn(ids, hidden, mask), save(directory))."""
+    model = target.model
+    lm_head = model.get_output_embeddings()
+    if kind == "draft":
+        from app.training.draft import distill_loss, make_draft, save_layers
+
+        draft = make_draft(model, s.draft_layers)
+        return draft, lambda i, h, m: distill_loss(draft, lm_head, i, h, m), lambda d: save_layers(draft, d, target.name)
+    if kind == "medusa":
+        from app.heads import medusa
+
+        heads = medusa.MedusaHeads(
+            medusa.MedusaConfig(model.config.hidden_size, lm_head.weight.shape[0], s.medusa_num_heads, s.medusa_num_layers)
+        )
+        return (
+            heads,
+            lambda i, h, m: medusa.medusa_loss(heads, lm_head, i, h, m, max_positions=s.max_positions),
+            lambda d: medusa.save(heads, d, target.name),
+        )
+    from app.heads import eagle
+
+    d2t = eagle.draft_vocab_from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size)
+    config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers)
+    module = eagle.EagleModule(config, d2t)
+    embed = model.get_input_embeddings()
+    return (
+        module,
+        lambda i, h, m: eagle.eagle_loss(module, embed, lm_head, i, h, m),
+        lambda d: eagle.save(module, d, target.name),
+    )
+
+
+def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engines: Path, max_new_tokens: int = 64) -> dict:
+    """Mean accepted tokens per target step (τ) of the trained artifact, greedy, on the first
+    Spec-Bench prompt of each category (up to `n_prompts` prompts)."""
+    from app.bench import load_prompts
+    from app.config import DecodingConfig
+    from app.runner import load_companion, run
+
+    prompts = load_prompts(None, None, 1)[:n_prompts]
+    if kind == "draft":
+        from app.training.draft import rebuild
+
+        draft = rebuild(target.model, out_dir).to(target.model.dtype)
+        cfg = DecodingConfig(mode="draft_target", max_new_tokens=max_new_tokens)
+        companion = LoadedModel(name=str(out_dir), model=draft, tokenizer=target.tokenizer, dtype=target.dtype)
+    else:
+        cfg = DecodingConfig(mode=kind, max_new_tokens=max_new_tokens, **{f"{kind}_model": str(out_dir)})
+        companion = load_companion(cfg, target, engines)
+    tokens = steps = 0
+    per_category = {}
+    for p in prompts:
+        events = list(run(target, cfg, target.encode(p["text"]), companion))
+        t = events[-1].totals
+        per_category[p["category"]] = round(t["tokens_per_step"], 3)
+        tokens += t["new_tokens"]
+        steps += t["target_steps"]
+    return {"mode": cfg.mode, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+            "mean_accepted_tokens": round(tokens / max(1, steps), 3), "per_category": per_category}

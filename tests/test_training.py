@@ -1,0 +1,168 @@
+"""Training pipeline: ShareGPT data, cached target features, the shared fit() loop, the distilled draft."""
+
+import json
+
+import pytest
+import torch
+
+from app.training import data as data_mod
+from app.training.data import FeatureSet, compute_features, sharegpt_conversations
+from app.training.draft import distill_loss, make_draft, pick_layers, read_layers, rebuild, save_layers
+from app.training.trainer import fit
+from helpers import tiny_llama
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_sharegpt_slice_is_fixed_and_well_formed():
+    first = sharegpt_conversations(0, 5)
+    again = sharegpt_conversations(2, 3)
+    assert len(first) == 5 and again == first[2:]
+    for conv in first:
+        assert [m["role"] for m in conv] == ["user", "assistant"]
+        assert all(m["content"].strip() for m in conv)
+
+
+def random_sequences(n, vocab, seed=0, lo=5, hi=30):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+@torch.inference_mode()
+def test_batched_features_equal_unpadded_single_runs(tiny_model):
+    seqs = random_sequences(7, 96)
+    fs = compute_features(tiny_model, seqs, batch_size=3)
+    assert len(fs) == 7 and fs.num_tokens == sum(map(len, seqs))
+    for seq, ids, hidden in zip(seqs, fs.ids, fs.hidden):
+        assert ids.tolist() == seq and hidden.dtype == torch.bfloat16
+        ref = tiny_model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+        torch.testing.assert_close(hidden.float(), ref, atol=2e-2, rtol=2e-2)
+        # The cached hidden states reproduce the target's logits through its own head.
+        logits = tiny_model.get_output_embeddings()(hidden.float())
+        assert (logits.argmax(-1) == tiny_model(input_ids=torch.tensor([seq])).logits[0].argmax(-1)).float().mean() > 0.9
+
+
+def test_batches_cover_every_sequence_once_with_a_correct_mask(tiny_model, tmp_path):
+    seqs = random_sequences(11, 96, seed=1)
+    fs = compute_features(tiny_model, seqs, batch_size=4)
+    seen = []
+    for ids, hidden, mask in fs.batches(batch_size=3, seq_len=20, seed=4):
+        assert ids.shape == mask.shape and hidden.shape[:2] == ids.shape and hidden.dtype == torch.float32
+        for row, m in zip(ids, mask):
+            n = int(m.sum())
+            assert m[:n].all() and not m[n:].any()
+            seen.append(tuple(row[:n].tolist()))
+    assert sorted(seen) == sorted(tuple(s[:20]) for s in seqs)
+    fs.save(tmp_path / "f.safetensors")
+    back = FeatureSet.load(tmp_path / "f.safetensors")
+    assert [x.tolist() for x in back.ids] == seqs
+    assert all(torch.equal(a, b) for a, b in zip(back.hidden, fs.hidden))
+    train, held = fs.split(3)
+    assert len(train) == 8 and len(held) == 3 and held.ids[0].tolist() == seqs[8]
+
+
+class CharTokenizer:
+    """A tokenizer without a chat template: one id per character (mod 96)."""
+
+    chat_template = None
+
+    def encode(self, text):
+        return [ord(c) % 96 for c in text]
+
+
+def test_cached_features_resume_after_an_interruption(tiny_model, tmp_path, monkeypatch):
+    calls = []
+    real = data_mod.compute_features
+
+    def counting(model, seqs, **kw):
+        calls.append(len(seqs))
+        return real(model, seqs, **kw)
+
+    monkeypatch.setattr(data_mod, "compute_features", counting)
+    kw = dict(offset=0, limit=6, max_len=24, shard=2)
+    fs = data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, **kw)
+    assert calls == [2, 2, 2] and len(fs) == 6 and max(len(x) for x in fs.ids) == 24
+    shards = sorted((tmp_path / "data").glob("*/shard-*.safetensors"))
+    assert len(shards) == 3
+    shards[1].unlink()  # as if the run had been killed while computing shard 1
+    calls.clear()
+    again = data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, **kw)
+    assert calls == [2]
+    assert [x.tolist() for x in again.ids] == [x.tolist() for x in fs.ids]
+    assert not list((tmp_path / "data").glob("*/*.tmp"))
+
+
+# ----------------------------------------------------------------------------- fit
+
+
+def test_fit_lowers_the_loss_and_saves_checkpoints(tiny_model):
+    seqs = random_sequences(16, 96, seed=2)
+    fs = compute_features(tiny_model, seqs)
+    probe = torch.nn.Linear(32, 32)
+    target = torch.nn.Linear(32, 32)
+    target.requires_grad_(False)
+    saved = []
+
+    def loss_fn(ids, hidden, mask):
+        return ((probe(hidden) - target(hidden))[mask] ** 2).mean()
+
+    losses = fit(probe, loss_fn, fs, epochs=30, lr=1e-2, batch_size=4, warmup=5, save_steps=40, save_fn=saved.append)
+    assert len(losses) == 120
+    assert sum(losses[-10:]) / 10 < 0.1 * sum(losses[:10]) / 10
+    assert saved == [40, 80, 120]
+    with pytest.raises(ValueError, match="no trainable"):
+        fit(target, loss_fn, fs)
+
+
+# ----------------------------------------------------------------------------- distilled draft
+
+
+@pytest.mark.parametrize("n, keep, want", [(30, 3, [0, 14, 29]), (30, 1, [0]), (4, 4, [0, 1, 2, 3]), (5, 2, [0, 4])])
+def test_pick_layers(n, keep, want):
+    assert pick_layers(n, keep) == want
+
+
+def test_pick_layers_rejects_impossible_counts():
+    with pytest.raises(ValueError):
+        pick_layers(4, 5)
+    with pytest.raises(ValueError):
+        pick_layers(4, 0)
+
+
+@torch.inference_mode()
+def test_a_draft_keeping_every_layer_is_the_target():
+    target = tiny_llama(layers=3, seed=3)
+    draft = make_draft(target, 3)
+    x = torch.tensor([[1, 5, 9, 2, 7]])
+    torch.testing.assert_close(draft(input_ids=x).logits, target(input_ids=x).logits)
+    trainable = {n for n, p in draft.named_parameters() if p.requires_grad}
+    assert trainable and all(".layers." in n for n in trainable)
+
+
+def test_distillation_brings_the_draft_closer_and_round_trips(tmp_path):
+    target = tiny_llama(layers=4, seed=3, init=0.2)
+    fs = compute_features(target, random_sequences(24, 96, seed=5))
+    draft = make_draft(target, 2)
+    head = target.get_output_embeddings()
+    loss = lambda i, h, m: distill_loss(draft, head, i, h, m)  # noqa: E731
+    with torch.no_grad():
+        before = sum(float(loss(*b)) for b in fs.batches(8, 64)) / 3
+    fit(draft, loss, fs, epochs=25, lr=3e-3, batch_size=8, warmup=5)
+    with torch.no_grad():
+        after = sum(float(loss(*b)) for b in fs.batches(8, 64)) / 3
+    assert after < 0.7 * before, (before, after)
+    save_layers(draft, tmp_path / "d", "tiny")
+    meta, layers = read_layers(tmp_path / "d")
+    assert meta["kept_layers"] == [0, 3] and meta["base_layers"] == 4 and meta["base_model"] == "tiny"
+    assert all(".layers." in k and v.dtype == torch.bfloat16 for k, v in layers.items())
+    back = rebuild(target, tmp_path / "d")
+    x = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.inference_mode():
+        torch.testing.assert_close(back(input_ids=x).logits, draft(input_ids=x).logits, atol=5e-2, rtol=5e-2)
+    with pytest.raises(ValueError, match="5-layer|layers"):
+        rebuild(tiny_llama(layers=5), tmp_path / "d")
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "config.json").write_text(json.dumps({"architecture": "medusa"}))
+    with pytest.raises(ValueError, match="not 'layer_draft'"):
+        read_layers(tmp_path / "e")
