@@ -37,10 +37,13 @@ def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = mod
 
 
 def _default_draft(target_name: str) -> str:
-    for alias, (base, _) in models.DRAFT_ALIASES.items():
-        if base == target_name:
+    for alias, (base, layers) in models.DRAFT_ALIASES.items():
+        if base == target_name and (layers / "config.json").exists():
             return alias
-    raise ConfigError(f"draft_target needs a draft model for '{target_name}' (--draft-model NAME)")
+    raise ConfigError(
+        f"draft_target needs a draft model for '{target_name}': pass --draft-model NAME, or train one "
+        "(python -m app train --mode draft, then python -m app export DIR --output-dir MODEL_DIR)"
+    )
 
 
 def _load_heads(kind: str, path: Path, target: LoadedModel):
@@ -48,10 +51,15 @@ def _load_heads(kind: str, path: Path, target: LoadedModel):
         raise ModelError(f"--{kind}-model '{path}' is not a directory written by `python -m app train --mode {kind}`")
     if kind == "medusa":
         from app.heads import medusa as heads
+
+        options = {}
     else:
+        from app.decoding import attention
         from app.heads import eagle as heads
+
+        options = {"attn_implementation": attention.register()}
     try:
-        module = heads.load(path)
+        module = heads.load(path, **options)
         heads.check_compatible(module, target.model)
     except (ValueError, OSError) as err:
         raise ModelError(str(err)) from err

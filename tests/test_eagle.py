@@ -168,6 +168,7 @@ def table_expand(table, calls):
 
 
 ROOT_Q = [0.5, 0.3, 0.15, 0.05]
+ROOT = torch.tensor(ROOT_Q, dtype=torch.float64).log()
 TABLE = {
     (0,): [0.1, 0.55, 0.25, 0.1],
     (1,): [0.7, 0.05, 0.15, 0.1],
@@ -178,7 +179,7 @@ TABLE = {
 
 def test_dynamic_tree_hand_made_tables():
     calls = []
-    tree = dynamic_tree(torch.tensor(ROOT_Q, dtype=torch.float64).log(), table_expand(TABLE, calls), depth=3, top_k=2, max_nodes=6)
+    tree = dynamic_tree(ROOT, table_expand(TABLE, calls), depth=3, top_k=2, max_nodes=6)
     # Candidates: (0) .5, (1) .3, (0,1) .275, (0,2) .125, (1,0) .21, (1,2) .045, then from the frontier
     # (0,1), (1,0): (0,1,0) .2475, (0,1,1) .01375, (1,0,2) .105, (1,0,0) .0525. The six best:
     assert calls == [[(0,), (1,)], [(0, 1), (1, 0)]]
@@ -190,7 +191,7 @@ def test_dynamic_tree_hand_made_tables():
 
 def test_dynamic_tree_limits():
     calls = []
-    root = torch.tensor(ROOT_Q, dtype=torch.float64).log()
+    root = ROOT
     tree = dynamic_tree(root, table_expand(TABLE, calls), depth=3, top_k=2, max_nodes=2)
     assert tree.tokens == [0, 1] and tree.parents == [-1, -1] and calls == [[(0,), (1,)]]
     calls.clear()
@@ -230,13 +231,13 @@ def test_best_nodes_ties_and_broken_monotonicity():
 def test_static_tree_hand_made_tables():
     calls = []
     paths = [[1, 0], [0], [0, 1], [1], [0, 0]]
-    tree = static_tree(torch.tensor(ROOT_Q, dtype=torch.float64).log(), table_expand(TABLE, calls), paths, max_nodes=10)
+    tree = static_tree(ROOT, table_expand(TABLE, calls), paths, max_nodes=10)
     # (depth, path) order: [0], [1], [0,0], [0,1], [1,0]; rank r = r-th most likely child.
     assert calls == [[(0,), (1,)]]
     assert tree.parents == from_paths(paths) == [-1, -1, 0, 0, 1]
     assert tree.tokens == [0, 1, 1, 2, 0]
     assert tree.scores == pytest.approx([math.log(p) for p in (0.5, 0.3, 0.275, 0.125, 0.21)], abs=1e-9)
-    trimmed = static_tree(torch.tensor(ROOT_Q, dtype=torch.float64).log(), table_expand(TABLE, []), paths, max_nodes=3)
+    trimmed = static_tree(ROOT, table_expand(TABLE, []), paths, max_nodes=3)
     assert trimmed.tokens == [0, 1, 1] and trimmed.parents == [-1, -1, 0]
 
 
@@ -370,9 +371,12 @@ def test_drafts_match_an_independent_recomputation(tiny_model, random_module, tr
 
 
 def test_a_trained_module_gets_drafts_accepted(tiny_model, trained):
-    """More than one accepted draft token per step on fresh prompts (a misaligned drafter gets ~0-1)."""
+    """Well over one accepted draft token per step on fresh prompts. This module gets ~1.9 (dynamic)
+    and ~2.4 (static); the same module with the token shift off by one gets ~0.2, with features
+    shifted by one in observe() ~1.4 / 1.5. (Position and mask errors barely move this tiny
+    module's acceptance: the independent recomputation above is the exact check for those.)"""
     embed = tiny_model.get_input_embeddings()
-    for kwargs, threshold in ((dict(), 1.3), (dict(static_choices=EAGLE1_TREE), 1.0)):
+    for kwargs, threshold in ((dict(), 1.6), (dict(static_choices=EAGLE1_TREE), 2.0)):
         accepted = steps = 0
         for seed in range(100, 105):
             prompt = _random(seed, n=10)
@@ -380,7 +384,6 @@ def test_a_trained_module_gets_drafts_accepted(tiny_model, trained):
             assert out == ar_reference(tiny_model, prompt)
             accepted += sum(len(e.accepted) for e in events[1:])
             steps += len(events) - 1
-        print("RATE", kwargs.keys(), accepted / steps)
         assert accepted / steps > threshold, (kwargs, accepted / steps)
 
 
@@ -428,7 +431,7 @@ def test_config_from_target_and_errors(tiny_model):
         Eagle(make_module(tiny_model), tiny_model.get_input_embeddings(), static_choices=[[0, 1]])
     module = EagleModule(cfg, attn_implementation=attention.register())
     assert module.model.config._attn_implementation == attention.NAME
-    assert "embed_tokens" not in "".join(k for k, v in module.state_dict().items() if v.numel() > 32)
+    assert module.model.embed_tokens.weight.numel() == 32  # the decoder stack's unused embedding: one row
 
 
 def test_forward_shapes_and_feature_space(tiny_model):
@@ -505,7 +508,7 @@ def test_eagle_loss_decreases_with_training(tiny_model, steps):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert all(math.isfinite(v) for v in losses)
     assert sum(losses[-5:]) < 0.8 * sum(losses[:5]), losses
 
@@ -570,7 +573,8 @@ def test_export_trtllm_layout_and_round_trip(tmp_path, tiny_model):
     module = round_bf16(make_module(tiny_model, seed=11, draft_vocab=50))
     E.export_trtllm(module, tmp_path / "x", "tiny-target")
     tensors = load_file(str(tmp_path / "x" / "model.safetensors"))
-    mid = [f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"] + [f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    mid = [f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"]
+    mid += [f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
     mid += ["midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"]
     assert set(tensors) == set(mid) | {"norm.weight", "fc.weight", "lm_head.weight", "d2t"}
     assert tensors["fc.weight"].shape == (32, 64) and tensors["lm_head.weight"].shape == (50, 32)

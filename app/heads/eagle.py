@@ -271,8 +271,9 @@ def check_compatible(module: EagleModule, target_model: nn.Module) -> None:
 def _unroll_mask(s: int, step: int, dtype: torch.dtype) -> torch.Tensor:
     """(1, 1, s, step*s) additive mask of unroll step `step` (1-based, >= 2) over the keys of steps 1..step.
 
-    Step j's entry at position i stands for a depth-j draft node: at inference it sees the committed
-    entries (step 1) up to position i-j+1, its ancestors (step m at position i-j+m) and itself.
+    Step j's entry at position i is what a tree node j-1 levels below the root feeds at inference
+    (step 1 = the committed entries, the root's included): it sees the committed entries up to
+    position i-j+1, its ancestors' entries (step m at position i-j+m) and itself.
     """
     i = torch.arange(s)[:, None]
     k = torch.arange(s)[None, :]
@@ -286,8 +287,8 @@ def unroll(module: EagleModule, embeds: torch.Tensor, features: torch.Tensor, st
 
     Step 1 is the teacher-forced pass: entry i reads (embeds[i], features[i]). Step j > 1 (EAGLE-3's
     training-time test) feeds the draft's own guess of f_i, step j-1's output at i-1, so its entry
-    at i computes what a depth-j tree node computes at inference (see `_unroll_mask`); rows i < j-1
-    have no such input chain and are garbage.
+    at i computes what a tree node j-1 levels deep computes at inference (see `_unroll_mask`);
+    rows i < j-1 have no such input chain and are garbage.
     """
     s = embeds.shape[1]
     cache = DynamicCache() if steps > 1 else None

@@ -41,10 +41,11 @@ class TrainSettings:
     eagle_num_layers: int = 1
     draft_vocab_size: int = 8192
     draft_layers: int = 3
+    eagle_steps: int = 1  # EAGLE: training-time-test unroll (2 = also learn from its own predicted features)
     max_positions: int | None = 512  # medusa: positions per head and batch (the full-vocab head is the cost)
 
 
-DEFAULT_LR = {"medusa": 1e-3, "eagle": 1e-3, "draft": 3e-4}
+DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "draft": 3e-4}
 
 
 def _stderr_progress(label: str, start: float):
@@ -122,13 +123,15 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
         )
     from app.heads import eagle
 
-    d2t = eagle.draft_vocab_from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size)
+    counts = features.token_counts(lm_head.weight.shape[0])
+    d2t = eagle.draft_vocab_from_counts(counts, s.draft_vocab_size, include=target.eos_token_ids)
     config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers)
     module = eagle.EagleModule(config, d2t)
+    eagle.init_lm_head(module, lm_head)  # warm start: the target's own rows for the draft vocabulary
     embed = model.get_input_embeddings()
     return (
         module,
-        lambda i, h, m: eagle.eagle_loss(module, embed, lm_head, i, h, m),
+        lambda i, h, m: eagle.eagle_loss(module, embed, lm_head, i, h, m, steps=s.eagle_steps),
         lambda d: eagle.save(module, d, target.name),
     )
 

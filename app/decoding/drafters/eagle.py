@@ -175,10 +175,10 @@ class Eagle:
                     allowed[j, c + fed[a][0]] = True
                     a = tree.parents[a]
                 allowed[j, c + n_spec + j] = True
-            dtype = module.fc.weight.dtype
-            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            dtype, device = module.fc.weight.dtype, module.fc.weight.device
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min).to(device)
             features = torch.stack([fed[tree.parents[x]][1] if tree.parents[x] >= 0 else root_hidden for x in nodes])
-            positions = torch.tensor([[c - 1 + level[x] for x in nodes]])
+            positions = torch.tensor([[c - 1 + level[x] for x in nodes]], device=device)
             tokens = target_ids[[tree.tokens[x] for x in nodes]].tolist()
             hidden = module.hidden_states(self._embed(tokens), features[None], self.cache, positions, mask[None, None])[0]
             for j, x in enumerate(nodes):
