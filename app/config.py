@@ -85,10 +85,12 @@ class DecodingConfig:
                 raise ConfigError(f"max_draft_len must be at least 1, got {self.max_draft_len}")
 
         if self.mode == "medusa":
-            paths = medusa_choices(self.medusa_choices)
-            if not 0 < self.posterior_threshold < 1 or not 0 < self.posterior_alpha <= 1:
-                raise ConfigError("posterior_threshold must be in (0, 1) and posterior_alpha in (0, 1]")
-            del paths
+            medusa_choices(self.medusa_choices)
+            if not 0 < self.posterior_threshold <= 1 or self.posterior_alpha < 0:
+                raise ConfigError(
+                    f"posterior_threshold must be in (0, 1] and posterior_alpha >= 0, "
+                    f"got {self.posterior_threshold} and {self.posterior_alpha}"
+                )
         if self.mode == "eagle":
             if self.eagle_choices is not None:
                 medusa_choices(self.eagle_choices)

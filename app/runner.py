@@ -74,9 +74,14 @@ def run(
     cancel: threading.Event | None = None,
 ) -> Iterator[StepEvent]:
     cfg.validate()
+    try:
+        # What only the loaded artifact can tell, e.g. a Medusa tree deeper than the heads it has.
+        drafter = cfg.drafter(target.model, companion)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     return generate(
         TransformersTarget(target.model),
-        cfg.drafter(target.model, companion),
+        drafter,
         prompt_ids,
         sampling=cfg.sampling,
         max_new_tokens=cfg.max_new_tokens,

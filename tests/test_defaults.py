@@ -101,3 +101,27 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
         assert loaded.model.config.num_hidden_layers == 1 and loaded.vocab_size == bundled.vocab_size
     again = run_cli("export", str(out), "--output-dir", str(exported))
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+@pytest.mark.bundled
+def test_a_tree_deeper_than_the_shipped_heads_is_a_clean_config_error(bundled, capsys):
+    from app import cli
+
+    status = cli.main(["generate", "--prompt", "hi", "--mode", "medusa", "--medusa-choices", "greedy_63", "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    # The model was loaded first (transformers' progress bar); then one error line, no traceback.
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert status == 2 and "Traceback" not in err and len(errors) == 1 and "3 heads" in errors[0], err
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("mode, extra", [("medusa", []), ("eagle", ["--eagle-total-tokens", "12", "--eagle-depth", "3"])])
+def test_cli_generate_with_the_shipped_artifacts(bundled, mode, extra):
+    proc = run_cli("generate", "--prompt", "Name three colours.", "--mode", mode, "--json", "--max-new-tokens", "16", *extra)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    steps = result["steps"][1:]
+    assert steps and all(s["proposed"]["tokens"] for s in steps[:-1])
+    assert "tree" in steps[0]["source"]
+    ref = output_ids(list(run(bundled, DecodingConfig(max_new_tokens=16), bundled.encode("Name three colours."))))
+    assert result["token_ids"] == ref

@@ -20,6 +20,7 @@ from app.decoding.loop import accept
 from app.decoding.sampling import SamplingParams
 from app.decoding.tree import ancestor_mask, depths, from_paths, leaf_paths
 from app.decoding.types import Forward, Proposal
+from app.config import ConfigError, medusa_choices
 from app.heads import medusa as mh
 from app.heads.medusa import MedusaConfig, MedusaError, MedusaHeads, medusa_loss
 from helpers import Recording, run, tiny_llama
@@ -37,8 +38,8 @@ PROMPTS = {"repeat": [5, 6, 7, 8] * 6, "random_a": _random(1), "random_b": _rand
 
 TREES = {
     "chain": [[0], [0, 0], [0, 0, 0]],
-    "default": mh.medusa_choices("default"),
-    "small": mh.medusa_choices("small"),
+    "default": medusa_choices("default"),
+    "small": medusa_choices("small"),
     "wide": [[r] for r in range(10)] + [[0, r] for r in range(5)] + [[1, 0], [0, 0, 0], [0, 1, 0]],
 }
 
@@ -586,14 +587,14 @@ def test_head_accuracy_and_greedy_tree(tiny_model, oracle_heads):
 
 def test_asset_trees():
     for name in ("default", "small", "chain", "greedy_63"):
-        paths = mh.medusa_choices(name)
+        paths = medusa_choices(name)
         from_paths(paths)
         assert len({tuple(p) for p in paths}) == len(paths)
-    assert 16 <= len(mh.medusa_choices("default")) <= 24 and max(map(len, mh.medusa_choices("default"))) <= 3
-    big = mh.medusa_choices("greedy_63")
+    assert 16 <= len(medusa_choices("default")) <= 24 and max(map(len, medusa_choices("default"))) <= 3
+    big = medusa_choices("greedy_63")
     assert len(big) == 63 and max(map(len, big)) == 4 and max(max(p) for p in big) < 10
-    with pytest.raises(MedusaError, match="known trees"):
-        mh.medusa_choices("nope")
+    with pytest.raises(ConfigError, match="unknown tree 'nope'"):
+        medusa_choices("nope")
 
 
 # ----------------------------------------------------------------------------- artifacts
@@ -698,6 +699,6 @@ def test_bundled_identity_heads_equal_autoregressive(bundled, spec_bench_prompts
     mh.check_compatible(heads, bundled.model)
     kwargs = dict(max_new_tokens=24, eos_token_ids=bundled.eos_token_ids)
     ref, _ = run(bundled.model, Autoregressive(), ids, **kwargs)
-    out, events = run(bundled.model, Medusa(heads, lm_head, mh.medusa_choices("default")), ids, **kwargs)
+    out, events = run(bundled.model, Medusa(heads, lm_head, medusa_choices("default")), ids, **kwargs)
     assert out == ref, f"{bundled.decode(out)!r}\n{bundled.decode(ref)!r}"
     assert all(len(e.proposed["tokens"]) == 16 for e in events[1:])

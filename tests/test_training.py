@@ -164,5 +164,5 @@ def test_distillation_brings_the_draft_closer_and_round_trips(tmp_path):
         rebuild(tiny_llama(layers=5), tmp_path / "d")
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "config.json").write_text(json.dumps({"architecture": "medusa"}))
-    with pytest.raises(ValueError, match="not 'layer_draft'"):
+    with pytest.raises(ValueError, match="not a 'layer_draft' draft"):
         read_layers(tmp_path / "e")

@@ -26,8 +26,10 @@ from torch import nn
 from transformers import LlamaConfig, LlamaModel
 from transformers.cache_utils import DynamicCache
 
+from app.heads import artifact
+
 ARCHITECTURE = "eagle"
-WEIGHTS = "model.safetensors"
+WEIGHTS = artifact.WEIGHTS
 
 
 class EagleError(ValueError):
@@ -185,30 +187,12 @@ def init_lm_head(module: EagleModule, target_lm_head: nn.Module) -> None:
 
 def save(module: EagleModule, directory: str | Path, base_model: str) -> Path:
     """config.json + model.safetensors (weights in bfloat16, d2t int64; the target's embedding is not saved)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        k: (v.detach().to("cpu", torch.bfloat16) if v.is_floating_point() else v.detach().cpu()).contiguous()
-        for k, v in module.state_dict().items()
-    }
-    save_file(tensors, str(directory / WEIGHTS))
     config = {"architecture": ARCHITECTURE, **asdict(module.config), "base_model": base_model}
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return directory
+    return artifact.write(directory, config, module.state_dict())
 
 
 def load_config(directory: str | Path) -> dict:
-    directory = Path(directory)
-    path = directory / "config.json"
-    if not path.is_file():
-        raise EagleError(f"no EAGLE module at {directory}: config.json is missing")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise EagleError(f"{path} is not valid JSON: {e}") from e
-    if config.get("architecture") != ARCHITECTURE:
-        raise EagleError(f"{directory} holds a {config.get('architecture')!r} artifact, not an EAGLE module")
-    return config
+    return artifact.read_config(directory, ARCHITECTURE, "an EAGLE module", EagleError)
 
 
 def _config_from(data: dict, source) -> EagleConfig:

@@ -18,13 +18,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from app.heads import artifact
+
 ARCHITECTURE = "medusa"
-WEIGHTS = "model.safetensors"
+WEIGHTS = artifact.WEIGHTS
 # TensorRT-LLM's Medusa conversion (tensorrt_llm/models/medusa/weight.py, load_medusa_hf) reads this
 # file, or medusa_lm_head.pt, with the keys of Medusa's `medusa_head` ModuleList:
 # "{head}.{layer}.linear.weight", "{head}.{layer}.linear.bias", "{head}.{num_layers}.weight".
 TRTLLM_WEIGHTS = "medusa_lm_head.safetensors"
-CHOICES_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "medusa_choices"
 _CONFIG_KEYS = ("hidden_size", "vocab_size", "medusa_num_heads", "medusa_num_layers")
 
 
@@ -84,27 +85,13 @@ class MedusaHeads(nn.Module):
 
 def save(heads: MedusaHeads, directory: str | Path, base_model: str) -> Path:
     """Write config.json + model.safetensors (bfloat16, ResBlocks only: the LM head is the target's)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     config = {"architecture": ARCHITECTURE, **asdict(heads.config), "base_model": base_model, "shared_lm_head": True}
-    tensors = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in heads.state_dict().items()}
-    save_file(tensors, str(directory / WEIGHTS))
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return directory
+    return artifact.write(directory, config, heads.state_dict())
 
 
 def load_config(directory: str | Path) -> dict:
     """The config.json of a Medusa artifact written by `save`, checked."""
-    directory = Path(directory)
-    path = directory / "config.json"
-    if not path.is_file():
-        raise MedusaError(f"no Medusa heads at {directory}: config.json is missing")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise MedusaError(f"{path} is not valid JSON: {e}") from e
-    if config.get("architecture") != ARCHITECTURE:
-        raise MedusaError(f"{directory} holds a {config.get('architecture')!r} artifact, not Medusa heads")
+    config = artifact.read_config(directory, ARCHITECTURE, "Medusa heads", MedusaError)
     if not config.get("shared_lm_head", False):
         raise MedusaError(f"{directory}: only heads sharing the target's LM head are supported")
     return config
@@ -151,23 +138,6 @@ def check_compatible(heads: MedusaHeads, target_model: nn.Module) -> None:
         raise MedusaError(
             f"the Medusa heads expect a vocabulary of {heads.config.vocab_size} but the target has {vocab}"
         )
-
-
-def medusa_choices(name: str | Path) -> list[list[int]]:
-    """A tree (list of rank paths) by name from assets/medusa_choices/, or from a JSON file path."""
-    path = Path(name)
-    if path.suffix != ".json":
-        path = CHOICES_DIR / f"{name}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in CHOICES_DIR.glob("*.json"))
-        raise MedusaError(f"no Medusa tree {str(name)!r}: known trees are {known}, or give a .json file of rank paths")
-    paths = json.loads(path.read_text())
-    well_formed = isinstance(paths, list) and all(
-        isinstance(p, list) and p and all(isinstance(r, int) for r in p) for p in paths
-    )
-    if not well_formed:
-        raise MedusaError(f"{path} must hold a JSON list of non-empty lists of ranks, e.g. [[0], [0, 0], [1]]")
-    return paths
 
 
 # ----------------------------------------------------------------------------- training

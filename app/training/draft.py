@@ -9,12 +9,13 @@ frozen, so training only has to teach the kept layers to stand in for the droppe
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from app.heads import artifact
 
 ARCHITECTURE = "layer_draft"
 
@@ -68,21 +69,13 @@ def distill_loss(draft: torch.nn.Module, lm_head: torch.nn.Module, ids, hidden, 
 
 def save_layers(draft: torch.nn.Module, directory: Path, base_model: str) -> None:
     """The trained part only (the kept layers, bfloat16) plus what rebuilds the rest from the base model."""
-    directory.mkdir(parents=True, exist_ok=True)
     meta = {"architecture": ARCHITECTURE, "base_model": base_model, **draft.config.specdec_draft}
-    (directory / "config.json").write_text(json.dumps(meta, indent=2))
-    layers = {k: v.to(torch.bfloat16).contiguous() for k, v in draft.state_dict().items() if ".layers." in k}
-    save_file(layers, str(directory / "model.safetensors"))
+    artifact.write(directory, meta, {k: v for k, v in draft.state_dict().items() if ".layers." in k})
 
 
 def read_layers(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    config_path = directory / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(f"{directory} has no config.json: not a draft-layers checkpoint")
-    meta = json.loads(config_path.read_text())
-    if meta.get("architecture") != ARCHITECTURE:
-        raise ValueError(f"{directory} holds a '{meta.get('architecture')}' checkpoint, not '{ARCHITECTURE}'")
-    return meta, load_file(str(directory / "model.safetensors"))
+    meta = artifact.read_config(directory, ARCHITECTURE, f"a '{ARCHITECTURE}' draft", ValueError)
+    return meta, load_file(str(directory / artifact.WEIGHTS))
 
 
 def rebuild(base: torch.nn.Module, directory: Path) -> torch.nn.Module:

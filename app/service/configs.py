@@ -1,0 +1,359 @@
+"""Typed decoding configs with TensorRT-LLM's field names, validated with TensorRT-LLM's rules.
+
+Every problem becomes one sentence a user understands (ConfigError); `check()` runs every rule
+that needs no loaded model, `check_models()` the ones that do (vocabularies, heads, context).
+`to_runtime()` turns a valid request into the transformers backend's DecodingConfig, and
+`trtllm_speculative_config()` / `trtllm_build_plan()` into what TensorRT-LLM's LLM API and
+`trtllm-build` take (pure data: nothing here imports tensorrt_llm).
+
+Support matrix (TensorRT-LLM 1.2, TRTLLM.md section 1): lookahead and Medusa run only on its
+TensorRT-engine backend, NGram and draft-target only on its PyTorch backend, EAGLE on both (the
+PyTorch backend takes EAGLE-3 checkpoints only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.config import ConfigError, DecodingConfig, medusa_choices
+from app.decoding.sampling import SamplingParams
+
+MAX_DRAFT_LEN = 256  # TensorRT-LLM's engine builder asserts max_draft_len <= 256
+BACKENDS = ("transformers", "tensorrt_llm", "remote")
+TRTLLM_BACKENDS = {
+    "autoregressive": ("pytorch", "tensorrt"),
+    "prompt_lookup": ("pytorch",),
+    "draft_target": ("pytorch",),
+    "lookahead": ("tensorrt",),
+    "medusa": ("tensorrt",),
+    "eagle": ("pytorch", "tensorrt"),
+}
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingConfig(_Config):
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    beam_width: int = 1
+
+    def check(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature}")
+        if not (0 < self.top_p <= 1):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.beam_width != 1:
+            raise ConfigError(f"speculative decoding needs beam width 1 (TensorRT-LLM has no beam search here), got {self.beam_width}")
+
+
+class AutoregressiveConfig(_Config):
+    decoding_type: Literal["Autoregressive"] = "Autoregressive"
+    mode: ClassVar[str] = "autoregressive"
+
+    @property
+    def max_draft_len(self) -> int:
+        return 0
+
+    def check(self) -> None:
+        pass
+
+
+class LookaheadDecodingConfig(_Config):
+    """(W, N, G): window, n-gram size, verification set; per request (w, n, g) <= (W, N, G)."""
+
+    decoding_type: Literal["Lookahead"] = "Lookahead"
+    max_window_size: int = 4
+    max_ngram_size: int = 3
+    max_verification_set_size: int = 4
+    request: tuple[int, int, int] | None = None  # per-request (w, n, g); None = (W, N, G)
+    pool_from_prompt: bool = True
+    mode: ClassVar[str] = "lookahead"
+
+    @staticmethod
+    def draft_len(w: int, n: int, g: int) -> int:
+        return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
+
+    @property
+    def max_draft_len(self) -> int:
+        """TensorRT-LLM's formula; the engine must be built with exactly this."""
+        return self.draft_len(self.max_window_size, self.max_ngram_size, self.max_verification_set_size)
+
+    def calculate_speculative_resource(self) -> tuple[int, int, int, int]:
+        """(maxDecodingTokens, maxPathLen, maxDraftTokens, maxDraftPathLen) as TensorRT-LLM computes them."""
+        n = self.max_ngram_size
+        return self.max_draft_len + 1, n, self.max_draft_len, n - 1
+
+    @staticmethod
+    def _legal(w: int, n: int, g: int, what: str) -> None:
+        if w < 1 or n < 1 or g < 0:
+            raise ConfigError(f"{what} needs W >= 1, N >= 1 and G >= 0, got ({w}, {n}, {g})")
+        if n == 1 and w != 1:
+            raise ConfigError(f"{what}: an n-gram size of 1 requires a window size of 1 (got W={w}); (1, 1, 0) is autoregressive")
+        if n == 1 and g != 0:
+            raise ConfigError(f"{what}: an n-gram size of 1 requires a verification set size of 0 (got G={g})")
+
+    def check(self) -> None:
+        W, N, G = self.max_window_size, self.max_ngram_size, self.max_verification_set_size
+        self._legal(W, N, G, "lookahead (W, N, G)")
+        if self.max_draft_len > MAX_DRAFT_LEN:
+            raise ConfigError(
+                f"lookahead ({W}, {N}, {G}) needs max_draft_len {self.max_draft_len} = (N-2) + (W-1+G)(N-1), "
+                f"more than TensorRT-LLM's limit of {MAX_DRAFT_LEN}"
+            )
+        if self.request is not None:
+            w, n, g = self.request
+            self._legal(w, n, g, "the per-request (w, n, g)")
+            if w > W or n > N or g > G:
+                raise ConfigError(f"the per-request (w, n, g) = ({w}, {n}, {g}) exceeds the engine's (W, N, G) = ({W}, {N}, {G})")
+
+
+class NGramDecodingConfig(_Config):
+    """Prompt lookup. `max_draft_len` is the draft length (prompt_lookup_num_tokens in the engine flow)."""
+
+    decoding_type: Literal["NGram"] = "NGram"
+    max_draft_len: int = 10
+    max_matching_ngram_size: int = 2
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    is_public_pool: bool = True
+    # Our extensions (not TensorRT-LLM's): several matches as one tree; drafts capped by match length.
+    max_candidates: int = 1
+    ngram_draft_lens: tuple[int, ...] = (2, 5)
+    mode: ClassVar[str] = "prompt_lookup"
+
+    def check(self) -> None:
+        if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
+            raise ConfigError(f"prompt lookup needs 0 < max_draft_len <= {MAX_DRAFT_LEN}, got {self.max_draft_len}")
+        if self.max_matching_ngram_size < 1:
+            raise ConfigError(f"max_matching_ngram_size must be at least 1, got {self.max_matching_ngram_size}")
+        if self.max_candidates < 1:
+            raise ConfigError(f"max_candidates must be at least 1, got {self.max_candidates}")
+        if any(k < 0 for k in self.ngram_draft_lens):
+            raise ConfigError(f"ngram_draft_lens must be non-negative, got {list(self.ngram_draft_lens)}")
+
+
+class DraftTargetDecodingConfig(_Config):
+    decoding_type: Literal["Draft_Target"] = "Draft_Target"
+    max_draft_len: int = 4
+    speculative_model: str | None = None  # None = the target's shipped draft, when there is one
+    mode: ClassVar[str] = "draft_target"
+
+    def check(self) -> None:
+        if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
+            raise ConfigError(f"draft-target needs 0 < max_draft_len <= {MAX_DRAFT_LEN}, got {self.max_draft_len}")
+
+
+class MedusaDecodingConfig(_Config):
+    decoding_type: Literal["Medusa"] = "Medusa"
+    medusa_choices: str | list[list[int]] = "default"
+    num_medusa_heads: int | None = None  # None = the checkpoint's medusa_num_heads
+    speculative_model: str | None = None  # heads directory; None = the target's shipped heads
+    typical_acceptance: bool = False  # sampling only; NOT lossless
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    mode: ClassVar[str] = "medusa"
+
+    def paths(self) -> list[list[int]]:
+        spec = self.medusa_choices
+        return medusa_choices(spec if isinstance(spec, str) else _json(spec))
+
+    @property
+    def max_draft_len(self) -> int:
+        return len(self.paths())
+
+    def check(self) -> None:
+        paths = self.paths()
+        if self.num_medusa_heads is not None:
+            if self.num_medusa_heads < 1:
+                raise ConfigError(f"num_medusa_heads must be at least 1, got {self.num_medusa_heads}")
+            deepest = max(map(len, paths))
+            if deepest > self.num_medusa_heads:
+                raise ConfigError(f"the Medusa tree is {deepest} deep but there are only {self.num_medusa_heads} heads")
+        if not 0 < self.posterior_threshold <= 1 or self.posterior_alpha < 0:
+            raise ConfigError("posterior_threshold must be in (0, 1] and posterior_alpha >= 0")
+
+
+class EagleDecodingConfig(_Config):
+    """EAGLE-2 dynamic tree (use_dynamic_tree) or a static tree (eagle_choices)."""
+
+    decoding_type: Literal["Eagle"] = "Eagle"
+    max_draft_len: int = 23  # tree nodes verified per step (our total_tokens - 1)
+    speculative_model: str | None = None  # module directory; None = the target's shipped module
+    eagle_choices: str | list[list[int]] | None = None
+    use_dynamic_tree: bool = True
+    dynamic_tree_max_topK: int = 4
+    num_eagle_layers: int = 5  # tree depth
+    mode: ClassVar[str] = "eagle"
+
+    def check(self) -> None:
+        if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
+            raise ConfigError(f"max_draft_len must be > 0 for EAGLE (and at most {MAX_DRAFT_LEN}), got {self.max_draft_len}")
+        if self.dynamic_tree_max_topK < 1:
+            raise ConfigError(f"dynamic_tree_max_topK must be at least 1, got {self.dynamic_tree_max_topK}")
+        if self.num_eagle_layers < 1:
+            raise ConfigError(f"num_eagle_layers (the tree depth) must be at least 1, got {self.num_eagle_layers}")
+        if self.use_dynamic_tree == (self.eagle_choices is not None):
+            raise ConfigError("EAGLE needs either use_dynamic_tree or eagle_choices (a static tree), not both or neither")
+        if self.eagle_choices is not None:
+            spec = self.eagle_choices
+            paths = medusa_choices(spec if isinstance(spec, str) else _json(spec))
+            if len(paths) > self.max_draft_len:
+                raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_draft_len is {self.max_draft_len}")
+
+
+SpeculativeConfig = Annotated[
+    Union[
+        AutoregressiveConfig,
+        LookaheadDecodingConfig,
+        NGramDecodingConfig,
+        DraftTargetDecodingConfig,
+        MedusaDecodingConfig,
+        EagleDecodingConfig,
+    ],
+    Field(discriminator="decoding_type"),
+]
+MODE_TYPES = {
+    "autoregressive": "Autoregressive",
+    "lookahead": "Lookahead",
+    "prompt_lookup": "NGram",
+    "draft_target": "Draft_Target",
+    "medusa": "Medusa",
+    "eagle": "Eagle",
+}
+
+
+class DecodeRequest(_Config):
+    """One generation: mode config, sampling, budget, backend (TensorRT-LLM backend flavour when it applies)."""
+
+    speculative_config: SpeculativeConfig = Field(default_factory=AutoregressiveConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    max_new_tokens: int = 128
+    backend: str = "transformers"
+    trtllm_backend: Literal["pytorch", "tensorrt"] | None = None  # None = the one the mode needs
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if v not in BACKENDS:
+            raise ValueError(f"unknown backend '{v}': choose one of {', '.join(BACKENDS)}")
+        return v
+
+    @property
+    def mode(self) -> str:
+        return self.speculative_config.mode
+
+    def check(self, max_new_tokens_limit: int | None = None) -> None:
+        self.sampling.check()
+        self.speculative_config.check()
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
+            raise ConfigError(f"max_new_tokens is limited to {max_new_tokens_limit} here, got {self.max_new_tokens}")
+        if self.backend == "tensorrt_llm":
+            allowed = TRTLLM_BACKENDS[self.mode]
+            flavour = self.trtllm_backend or allowed[0]
+            if flavour not in allowed:
+                raise ConfigError(
+                    f"TensorRT-LLM runs {self.mode} only on its {' or '.join(allowed)} backend, not on {flavour}"
+                )
+            if self.mode == "medusa" and not self.sampling.temperature == 0:
+                raise ConfigError("TensorRT-LLM's Medusa verifies by token match only: use temperature 0")
+
+
+def parse(data: dict[str, Any]) -> DecodeRequest:
+    """A DecodeRequest from JSON-like data, checked; every problem becomes one ConfigError sentence."""
+    try:
+        request = DecodeRequest.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "request"
+        raise ConfigError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+    request.check()
+    return request
+
+
+def check_context(prompt_tokens: int, max_new_tokens: int, context: int) -> None:
+    if prompt_tokens < 1:
+        raise ConfigError("the prompt is empty: give at least one token")
+    if prompt_tokens >= context:
+        raise ConfigError(f"the prompt has {prompt_tokens} tokens but the model's context holds {context}: shorten it")
+
+
+def to_runtime(request: DecodeRequest) -> DecodingConfig:
+    """The transformers backend's runtime config for a checked request."""
+    c, s = request.speculative_config, request.sampling
+    fields: dict[str, Any] = {"mode": c.mode, "max_new_tokens": request.max_new_tokens,
+                              "sampling": SamplingParams(s.temperature, s.top_p, s.top_k, s.seed)}
+    if isinstance(c, LookaheadDecodingConfig):
+        fields.update(lookahead_config=(c.max_window_size, c.max_ngram_size, c.max_verification_set_size),
+                      lookahead_request=c.request, pool_from_prompt=c.pool_from_prompt)
+    elif isinstance(c, NGramDecodingConfig):
+        fields.update(prompt_lookup_num_tokens=c.max_draft_len, max_matching_ngram_size=c.max_matching_ngram_size,
+                      is_use_oldest=c.is_use_oldest, max_candidates=c.max_candidates, ngram_draft_lens=c.ngram_draft_lens)
+    elif isinstance(c, DraftTargetDecodingConfig):
+        fields.update(draft_model=c.speculative_model, max_draft_len=c.max_draft_len)
+    elif isinstance(c, MedusaDecodingConfig):
+        spec = c.medusa_choices
+        fields.update(medusa_model=c.speculative_model, medusa_choices=spec if isinstance(spec, str) else _json(spec),
+                      typical_acceptance=c.typical_acceptance, posterior_threshold=c.posterior_threshold,
+                      posterior_alpha=c.posterior_alpha)
+    elif isinstance(c, EagleDecodingConfig):
+        spec = c.eagle_choices
+        fields.update(eagle_model=c.speculative_model, eagle_total_tokens=c.max_draft_len + 1, eagle_depth=c.num_eagle_layers,
+                      eagle_top_k=c.dynamic_tree_max_topK, eagle_choices=None if spec is None else (spec if isinstance(spec, str) else _json(spec)))
+    cfg = DecodingConfig(**fields)
+    cfg.validate()
+    return cfg
+
+
+def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
+    """The `speculative_config` for TensorRT-LLM's LLM(...) / trtllm-serve YAML, as plain data; None = none."""
+    c = request.speculative_config
+    if isinstance(c, AutoregressiveConfig):
+        return None
+    if isinstance(c, LookaheadDecodingConfig):
+        return {"decoding_type": "Lookahead", "max_window_size": c.max_window_size, "max_ngram_size": c.max_ngram_size,
+                "max_verification_set_size": c.max_verification_set_size}
+    if isinstance(c, NGramDecodingConfig):
+        return {"decoding_type": "NGram", "max_draft_len": c.max_draft_len, "max_matching_ngram_size": c.max_matching_ngram_size,
+                "is_keep_all": c.is_keep_all, "is_use_oldest": c.is_use_oldest, "is_public_pool": c.is_public_pool}
+    if isinstance(c, DraftTargetDecodingConfig):
+        return {"decoding_type": "Draft_Target", "max_draft_len": c.max_draft_len, "speculative_model": c.speculative_model}
+    if isinstance(c, MedusaDecodingConfig):
+        return {"decoding_type": "Medusa", "max_draft_len": c.max_draft_len, "medusa_choices": c.paths(),
+                "num_medusa_heads": c.num_medusa_heads, "speculative_model": c.speculative_model}
+    out = {"decoding_type": "Eagle", "max_draft_len": c.max_draft_len, "speculative_model": c.speculative_model,
+           "use_dynamic_tree": c.use_dynamic_tree, "dynamic_tree_max_topK": c.dynamic_tree_max_topK,
+           "num_eagle_layers": c.num_eagle_layers}
+    if c.eagle_choices is not None:
+        spec = c.eagle_choices
+        out["eagle_choices"] = medusa_choices(spec if isinstance(spec, str) else _json(spec))
+    return out
+
+
+def trtllm_build_plan(request: DecodeRequest, checkpoint_dir: str, output_dir: str, max_batch_size: int = 8) -> list[str]:
+    """The `trtllm-build` command for users who build TensorRT engines by hand (≤ 1.2, engine backend)."""
+    c = request.speculative_config
+    mode = {"Lookahead": "lookahead_decoding", "Medusa": "medusa", "Eagle": "eagle",
+            "Draft_Target": "draft_tokens_external", "NGram": "draft_tokens_external"}.get(c.decoding_type)
+    cmd = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", output_dir,
+           "--max_batch_size", str(max_batch_size), "--max_beam_width", "1"]
+    if mode is not None:
+        cmd += ["--speculative_decoding_mode", mode, "--max_draft_len", str(c.max_draft_len)]
+    if c.decoding_type in ("Draft_Target", "NGram"):
+        cmd += ["--use_paged_context_fmha", "enable"]
+    return cmd
+
+
+def _json(paths: list[list[int]]) -> str:
+    return json.dumps(paths)

@@ -1,0 +1,155 @@
+"""Typed configs with TensorRT-LLM's names: every rule, its message, translations, and fuzzing."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.config import ConfigError
+from app.service import configs as c
+
+
+def la(w, n, g, **kw):
+    return {"speculative_config": {"decoding_type": "Lookahead", "max_window_size": w, "max_ngram_size": n,
+                                   "max_verification_set_size": g, **kw}}
+
+
+INVALID = {
+    "lookahead W 0": (la(0, 3, 4), "W >= 1"),
+    "lookahead N 0": (la(4, 0, 4), "N >= 1"),
+    "lookahead G negative": (la(4, 3, -1), "G >= 0"),
+    "lookahead N 1 with window": (la(4, 1, 0), "requires a window size of 1"),
+    "lookahead N 1 with G": (la(1, 1, 2), "requires a verification set size of 0"),
+    "lookahead too big": (la(60, 8, 60), "limit of 256"),
+    "lookahead request above engine": (la(4, 3, 4, request=(5, 3, 4)), "exceeds the engine's"),
+    "lookahead request illegal": (la(4, 3, 4, request=(2, 1, 0)), "per-request"),
+    "ngram draft 0": ({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 0}}, "0 < max_draft_len"),
+    "ngram ngram 0": ({"speculative_config": {"decoding_type": "NGram", "max_matching_ngram_size": 0}}, "max_matching_ngram_size"),
+    "ngram caps negative": ({"speculative_config": {"decoding_type": "NGram", "ngram_draft_lens": [2, -1]}}, "non-negative"),
+    "draft_target 0": ({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 0}}, "draft-target needs"),
+    "medusa deeper than heads": ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "greedy_63", "num_medusa_heads": 3}}, "only 3 heads"),
+    "medusa orphan path": ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": [[0], [1, 0]]}}, "no parent path"),
+    "medusa unknown tree": ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "nope"}}, "unknown tree"),
+    "medusa threshold": ({"speculative_config": {"decoding_type": "Medusa", "posterior_threshold": 0}}, "posterior_threshold"),
+    "eagle draft 0": ({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 0}}, "max_draft_len must be > 0 for EAGLE"),
+    "eagle too long": ({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 300}}, "256"),
+    "eagle both trees": ({"speculative_config": {"decoding_type": "Eagle", "eagle_choices": "small"}}, "not both"),
+    "eagle static too big": ({"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "greedy_63", "max_draft_len": 10}}, "63 nodes"),
+    "eagle top k 0": ({"speculative_config": {"decoding_type": "Eagle", "dynamic_tree_max_topK": 0}}, "dynamic_tree_max_topK"),
+    "unknown decoding type": ({"speculative_config": {"decoding_type": "Nope"}}, "does not match"),
+    "unknown field": ({"speculative_config": {"decoding_type": "NGram", "max_window_size": 3}}, "Extra inputs"),
+    "temperature negative": ({"sampling": {"temperature": -1}}, "temperature"),
+    "temperature nan": ({"sampling": {"temperature": float("nan")}}, "temperature"),
+    "top_p 0": ({"sampling": {"top_p": 0}}, "top_p"),
+    "top_k negative": ({"sampling": {"top_k": -1}}, "top_k"),
+    "beam width 2": ({"sampling": {"beam_width": 2}}, "beam width 1"),
+    "max_new_tokens 0": ({"max_new_tokens": 0}, "max_new_tokens"),
+    "unknown backend": ({"backend": "vllm"}, "unknown backend 'vllm'"),
+    "trtllm lookahead on pytorch": ({**la(4, 3, 4), "backend": "tensorrt_llm", "trtllm_backend": "pytorch"}, "only on its tensorrt backend"),
+    "trtllm ngram on engine": ({"speculative_config": {"decoding_type": "NGram"}, "backend": "tensorrt_llm", "trtllm_backend": "tensorrt"}, "only on its pytorch backend"),
+    "trtllm draft_target on engine": ({"speculative_config": {"decoding_type": "Draft_Target"}, "backend": "tensorrt_llm", "trtllm_backend": "tensorrt"}, "pytorch backend"),
+    "trtllm medusa sampling": ({"speculative_config": {"decoding_type": "Medusa"}, "backend": "tensorrt_llm", "sampling": {"temperature": 0.7}}, "token match only"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_configs_get_one_clear_sentence(case):
+    data, fragment = INVALID[case]
+    with pytest.raises(ConfigError) as err:
+        c.parse(data)
+    message = str(err.value)
+    assert fragment in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    "wng, draft_len",
+    [((4, 3, 4), 15), ((7, 7, 7), 83), ((4, 4, 4), 23), ((1, 1, 0), 0), ((2, 2, 1), 2), ((5, 3, 5), 19)],
+)
+def test_lookahead_max_draft_len_formula(wng, draft_len):
+    r = c.parse(la(*wng))
+    cfg = r.speculative_config
+    assert cfg.max_draft_len == draft_len
+    assert cfg.calculate_speculative_resource() == (draft_len + 1, wng[1], draft_len, wng[1] - 1)
+    runtime = c.to_runtime(r)
+    assert runtime.lookahead_config == wng
+
+
+VALID = [
+    {},
+    la(4, 3, 4, request=(2, 2, 1)),
+    la(1, 1, 0),
+    {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 10, "max_matching_ngram_size": 3}},
+    {"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": "x"}},
+    {"speculative_config": {"decoding_type": "Medusa", "medusa_choices": [[0], [0, 0], [1]], "num_medusa_heads": 2}},
+    {"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "small", "max_draft_len": 8}},
+    {"speculative_config": {"decoding_type": "Eagle"}, "backend": "tensorrt_llm", "trtllm_backend": "pytorch"},
+    {"sampling": {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 3}, "max_new_tokens": 7},
+]
+
+
+@pytest.mark.parametrize("data", VALID)
+def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
+    r = c.parse(data)
+    runtime = c.to_runtime(r)
+    assert runtime.mode == r.mode and runtime.max_new_tokens == r.max_new_tokens
+    spec = c.trtllm_speculative_config(r)
+    if r.mode == "autoregressive":
+        assert spec is None
+    else:
+        assert spec["decoding_type"] == c.MODE_TYPES[r.mode]
+        if "max_draft_len" in spec:
+            assert spec["max_draft_len"] == r.speculative_config.max_draft_len > 0
+    plan = c.trtllm_build_plan(r, "ckpt", "out")
+    assert plan[:5] == ["trtllm-build", "--checkpoint_dir", "ckpt", "--output_dir", "out"] and "--max_beam_width" in plan
+
+
+def test_translations_carry_every_field():
+    r = c.parse({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "small", "typical_acceptance": True}})
+    spec = c.trtllm_speculative_config(r)
+    assert spec["max_draft_len"] == len(spec["medusa_choices"]) == 8
+    assert c.to_runtime(r).typical_acceptance
+    r = c.parse({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 11, "num_eagle_layers": 3, "dynamic_tree_max_topK": 2}})
+    rt = c.to_runtime(r)
+    assert (rt.eagle_total_tokens, rt.eagle_depth, rt.eagle_top_k) == (12, 3, 2)
+    plan = c.trtllm_build_plan(r, "a", "b")
+    assert plan[plan.index("--speculative_decoding_mode") + 1] == "eagle" and plan[plan.index("--max_draft_len") + 1] == "11"
+    r = c.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 7}})
+    assert c.to_runtime(r).prompt_lookup_num_tokens == 7
+    assert "--use_paged_context_fmha" in c.trtllm_build_plan(r, "a", "b")
+
+
+def test_context_rules():
+    c.check_context(10, 5, 2048)
+    with pytest.raises(ConfigError, match="empty"):
+        c.check_context(0, 5, 2048)
+    with pytest.raises(ConfigError, match="shorten"):
+        c.check_context(4096, 5, 2048)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+fields = st.sampled_from(
+    ["max_window_size", "max_ngram_size", "max_verification_set_size", "max_draft_len", "max_matching_ngram_size",
+     "medusa_choices", "num_medusa_heads", "eagle_choices", "use_dynamic_tree", "dynamic_tree_max_topK", "request",
+     "num_eagle_layers", "posterior_threshold", "ngram_draft_lens", "speculative_model"]
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    decoding_type=st.sampled_from(list(c.MODE_TYPES.values()) + ["x"]),
+    spec=st.dictionaries(fields, json_values | st.integers(-3, 300), max_size=5),
+    top=st.dictionaries(st.sampled_from(["max_new_tokens", "backend", "trtllm_backend", "sampling"]), json_values, max_size=3),
+)
+def test_the_validator_never_crashes(decoding_type, spec, top):
+    """Whatever arrives, the answer is a checked request or a ConfigError — never another exception."""
+    data = {"speculative_config": {"decoding_type": decoding_type, **spec}, **top}
+    try:
+        r = c.parse(data)
+    except ConfigError as err:
+        assert str(err)
+        return
+    c.to_runtime(r)
+    c.trtllm_speculative_config(r)
