@@ -37,3 +37,12 @@ def read_config(directory: str | Path, architecture: str, what: str, error: type
     if config.get("architecture") != architecture:
         raise error(f"{directory} holds a {config.get('architecture')!r} artifact, not {what}")
     return config
+
+
+def check_sizes(what: str, hidden_size: int, vocab_size: int, target_model, error: type[Exception]) -> None:
+    """Raise `error` unless an artifact made for (hidden_size, vocab_size) fits the target's LM head."""
+    vocab, hidden = target_model.get_output_embeddings().weight.shape
+    if hidden_size != hidden:
+        raise error(f"{what} was made for hidden size {hidden_size} but the target has {hidden}: it belongs to another model")
+    if vocab_size != vocab:
+        raise error(f"{what} was made for a vocabulary of {vocab_size} tokens but the target has {vocab}: it belongs to another model")

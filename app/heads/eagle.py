@@ -232,18 +232,9 @@ def _load_state(module: EagleModule, tensors: dict[str, torch.Tensor], source) -
 
 def check_compatible(module: EagleModule, target_model: nn.Module) -> None:
     """Raise EagleError unless the module fits this target (hidden size, vocabulary)."""
-    vocab, hidden = target_model.get_output_embeddings().weight.shape
     made_for = f" (trained for {module.base_model})" if module.base_model else ""
-    if module.config.hidden_size != hidden:
-        raise EagleError(
-            f"the EAGLE module{made_for} has hidden size {module.config.hidden_size} but the target has {hidden}: "
-            "it was trained for another model"
-        )
-    if module.config.vocab_size != vocab:
-        raise EagleError(
-            f"the EAGLE module{made_for} maps into a vocabulary of {module.config.vocab_size} tokens but the "
-            f"target has {vocab}: it was trained for another model"
-        )
+    artifact.check_sizes(f"the EAGLE module{made_for}", module.config.hidden_size, module.config.vocab_size, target_model, EagleError)
+    hidden = module.config.hidden_size
     embed = target_model.get_input_embeddings().weight
     if embed.shape[-1] != hidden or embed.shape[0] < int(module.target_ids.max()) + 1:
         raise EagleError(f"the target's input embedding {tuple(embed.shape)} cannot embed the EAGLE draft vocabulary")

@@ -127,17 +127,7 @@ def _load_state(heads: MedusaHeads, tensors: dict[str, torch.Tensor], source) ->
 
 def check_compatible(heads: MedusaHeads, target_model: nn.Module) -> None:
     """Raise MedusaError unless the heads were made for a target of this hidden and vocabulary size."""
-    weight = target_model.get_output_embeddings().weight
-    vocab, hidden = weight.shape
-    if heads.config.hidden_size != hidden:
-        raise MedusaError(
-            f"the Medusa heads have hidden size {heads.config.hidden_size} but the target has {hidden}: "
-            "they were trained for another model"
-        )
-    if heads.config.vocab_size != vocab:
-        raise MedusaError(
-            f"the Medusa heads expect a vocabulary of {heads.config.vocab_size} but the target has {vocab}"
-        )
+    artifact.check_sizes("the Medusa heads", heads.config.hidden_size, heads.config.vocab_size, target_model, MedusaError)
 
 
 # ----------------------------------------------------------------------------- training
