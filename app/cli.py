@@ -7,8 +7,8 @@ import json
 import sys
 
 from app.config import MODES, ConfigError, DecodingConfig, parse_triple
+from app.service import configs
 from app.decoding.loop import ContextError
-from app.decoding.sampling import SamplingParams
 from app.models import BUNDLED, DTYPES, ModelError
 from app.training.export import ExportError
 
@@ -47,6 +47,12 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engines-dir", default=None, help="artifact store (default: engines/ in the repository)")
 
 
+def _add_backend_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="auto", choices=["auto", *configs.BACKENDS],
+                   help="auto: a reachable --remote-url, else TensorRT-LLM where installed, else transformers")
+    p.add_argument("--remote-url", default=None, help="remote backend: an OpenAI-compatible server (python -m app serve, trtllm-serve)")
+
+
 def _int_list(text: str, what: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -54,38 +60,45 @@ def _int_list(text: str, what: str) -> tuple[int, ...]:
         raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
 
 
+def request_data(args: argparse.Namespace, mode: str) -> dict:
+    """The service's DecodeRequest data (TensorRT-LLM names) for the command-line flags of one mode."""
+    if mode not in MODES:
+        raise ConfigError(f"unknown mode '{mode}': choose one of {', '.join(MODES)}")
+    if mode == "lookahead":
+        W, N, G = parse_triple(args.lookahead_config, "--lookahead-config")
+        spec = {"max_window_size": W, "max_ngram_size": N, "max_verification_set_size": G,
+                "request": parse_triple(args.lookahead_request, "--lookahead-request") if args.lookahead_request else None,
+                "pool_from_prompt": not args.no_pool_from_prompt}
+    elif mode == "prompt_lookup":
+        spec = {"max_draft_len": args.prompt_lookup_num_tokens, "max_matching_ngram_size": args.max_matching_ngram_size,
+                "is_use_oldest": not args.use_newest_match, "max_candidates": args.prompt_lookup_candidates,
+                "ngram_draft_lens": _int_list(args.ngram_draft_lens, "--ngram-draft-lens")}
+    elif mode == "draft_target":
+        spec = {"max_draft_len": args.max_draft_len, "speculative_model": args.draft_model}
+    elif mode == "medusa":
+        spec = {"medusa_choices": args.medusa_choices, "speculative_model": args.medusa_model,
+                "typical_acceptance": args.typical_acceptance, "posterior_threshold": args.posterior_threshold,
+                "posterior_alpha": args.posterior_alpha}
+    elif mode == "eagle":
+        spec = {"max_draft_len": args.eagle_total_tokens - 1, "num_eagle_layers": args.eagle_depth,
+                "dynamic_tree_max_topK": args.eagle_top_k, "speculative_model": args.eagle_model,
+                "use_dynamic_tree": args.eagle_choices is None, "eagle_choices": args.eagle_choices}
+    else:
+        spec = {}
+    data = {
+        "speculative_config": {"decoding_type": configs.MODE_TYPES[mode], **spec},
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed},
+        "max_new_tokens": args.max_new_tokens,
+    }
+    backend = getattr(args, "backend", "auto")
+    if backend != "auto":  # absent: the service picks (auto)
+        data["backend"] = backend
+    return data
+
+
 def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
-    try:
-        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    cfg = DecodingConfig(
-        mode=mode,
-        lookahead_config=parse_triple(args.lookahead_config, "--lookahead-config"),
-        lookahead_request=parse_triple(args.lookahead_request, "--lookahead-request") if args.lookahead_request else None,
-        pool_from_prompt=not args.no_pool_from_prompt,
-        prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
-        max_matching_ngram_size=args.max_matching_ngram_size,
-        is_use_oldest=not args.use_newest_match,
-        max_candidates=args.prompt_lookup_candidates,
-        ngram_draft_lens=_int_list(args.ngram_draft_lens, "--ngram-draft-lens"),
-        draft_model=args.draft_model,
-        max_draft_len=args.max_draft_len,
-        medusa_model=args.medusa_model,
-        medusa_choices=args.medusa_choices,
-        typical_acceptance=args.typical_acceptance,
-        posterior_threshold=args.posterior_threshold,
-        posterior_alpha=args.posterior_alpha,
-        eagle_model=args.eagle_model,
-        eagle_total_tokens=args.eagle_total_tokens,
-        eagle_depth=args.eagle_depth,
-        eagle_top_k=args.eagle_top_k,
-        eagle_choices=args.eagle_choices,
-        max_new_tokens=args.max_new_tokens,
-        sampling=sampling,
-    )
-    cfg.validate()
-    return cfg
+    """The runtime config of one mode, validated by the service's rules."""
+    return configs.to_runtime(configs.parse(request_data(args, mode)))
 
 
 def _load(args, name):
@@ -108,37 +121,70 @@ def _companions(args, target, configs: dict[str, DecodingConfig]) -> dict:
     return {mode: load_companion(cfg, target, _engines(args)) for mode, cfg in configs.items()}
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from app.runner import output_ids, run
+def _service(args: argparse.Namespace, **limits):
+    from app.service.api import Service
+    from app.service.jobs import Limits
 
-    cfg = _config(args, args.mode)
-    target = _load(args, args.model)
-    companion = _companions(args, target, {cfg.mode: cfg})[cfg.mode]
-    prompt_ids = target.encode(args.prompt)
-    events = []
-    for ev in run(target, cfg, prompt_ids, companion):
-        events.append(ev)
-        if not args.json:
-            shown = target.tokenizer.decode(ev.tokens)
-            print(
-                f"step {ev.step:4d}  proposed {len(ev.proposed['tokens']):3d}  accepted {len(ev.accepted_tokens):3d}"
-                f"  +{len(ev.tokens)} {shown!r}",
-                file=sys.stderr,
-            )
-    ids = output_ids(events)
-    text = target.decode(ids)
+    return Service(_engines(args), model=args.model, dtype=args.dtype, backend=getattr(args, "backend", "auto") or "auto",
+                   remote_url=getattr(args, "remote_url", None), limits=Limits(**limits))
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    data = request_data(args, args.mode)
+    configs.parse(data)  # every config rule before any model loads
+    # The command line is one user on their own machine: no queue limits beyond the model's context.
+    service = _service(args, max_new_tokens=max(args.max_new_tokens, 1), max_prompt_tokens=2**31, time_limit_s=float("inf"))
+    steps, start, end = [], {}, {}
+    try:
+        for message in service.stream(data, args.prompt):
+            if message["type"] == "start":
+                start = message
+                continue
+            if message["type"] == "end":
+                end = message
+                break
+            steps.append(message)
+            if not args.json:
+                print(
+                    f"step {message['step']:4d}  proposed {len(message['proposed']['tokens']):3d}  accepted "
+                    f"{len(message['accepted_tokens']):3d}  +{len(message['tokens'])} {message['text']!r}",
+                    file=sys.stderr,
+                )
+    finally:
+        service.close()
+    if end.get("error"):
+        raise RuntimeError(end["error"])
     if args.json:
-        json.dump({"text": text, "token_ids": ids, "steps": [e.to_dict() for e in events]}, sys.stdout)
+        keep = ("type", "texts", "text")
+        out = {"text": end["text"], "token_ids": end["token_ids"], "prompt_ids": start.get("prompt_ids", []),
+               "steps": [{k: v for k, v in m.items() if k not in keep} for m in steps]}
+        json.dump(out, sys.stdout)
         print()
         return 0
-    t = events[-1].totals
-    print(text)
+    t = end["totals"]
+    print(end["text"])
     print(
-        f"\n[{cfg.mode}] {t['new_tokens']} tokens in {t['target_steps']} target steps "
+        f"\n[{args.mode}] {t['new_tokens']} tokens in {t['target_steps']} target steps "
         f"({t['tokens_per_step']:.2f} tokens/step), {t['new_tokens'] / t['elapsed_s']:.1f} tokens/s, "
-        f"accepted {t['accepted']}/{t['drafted']} drafted, finish: {events[-1].finish_reason}",
+        f"accepted {t['accepted']}/{t['drafted']} drafted, finish: {end['finish_reason']}",
         file=sys.stderr,
     )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from app.service.server import serve
+
+    data = request_data(args, args.mode)
+    configs.parse(data)
+    service = _service(args, max_concurrency=args.max_concurrency, max_queue=args.max_queue, time_limit_s=args.time_limit,
+                       max_new_tokens=max(args.max_new_tokens, 4096))
+    service.backends["transformers"].model(args.model)  # load before the first request, and fail here if it cannot
+    print(f"serving {args.model} on http://{args.host}:{args.port}/v1 (default mode {args.mode})", file=sys.stderr, flush=True)
+    try:
+        serve(service, host=args.host, port=args.port, default=data)
+    finally:
+        service.close()
     return 0
 
 
@@ -209,7 +255,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, steps")
     _add_decoding_flags(g)
+    _add_backend_flags(g)
     g.set_defaults(func=cmd_generate)
+    v = sub.add_parser("serve", help="serve the model as an OpenAI-compatible HTTP API with the per-step trace")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--mode", default="autoregressive", help="the server-wide default mode; requests may choose another")
+    v.add_argument("--max-concurrency", type=int, default=1, help="generations running at once")
+    v.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones get 429")
+    v.add_argument("--time-limit", type=float, default=300.0, help="seconds a generation may run")
+    _add_decoding_flags(v)
+    _add_backend_flags(v)
+    v.set_defaults(func=cmd_serve)
     b = sub.add_parser("bench", help="benchmark modes (and peers) on Spec-Bench prompts")
     b.add_argument("--prompts", default=None, help="Spec-Bench-format JSONL (default: assets/spec_bench/question.jsonl)")
     b.add_argument("--categories", default=None, help="comma-separated categories (default: all)")

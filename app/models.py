@@ -61,13 +61,17 @@ class LoadedModel:
 
     def encode(self, text: str, chat: bool = True) -> list[int]:
         """Token ids of a user turn: with the chat template when the model has one."""
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            return self.encode_chat([{"role": "user", "content": text}])
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation ending in a user turn, ready for the assistant's answer."""
         tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
-            )["input_ids"]
-            return list(ids)
-        return tok.encode(text, add_special_tokens=True)
+        if not getattr(tok, "chat_template", None):
+            return tok.encode("\n".join(m["content"] for m in messages), add_special_tokens=True)
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        return list(ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

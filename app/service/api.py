@@ -1,0 +1,125 @@
+"""The service: the one API the web UI, the CLI and the HTTP server use.
+
+It validates every decoding config before anything runs (configs.parse), knows which backend
+can run which mode and why not, runs generations as jobs (queue, concurrency limit, cancel,
+time limit) that stream JSON-like messages, and manages engine builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app import models
+from app.config import MODES, ConfigError
+from app.service import configs
+from app.service.backends.base import Availability, Prompt
+from app.service.backends.remote import RemoteBackend
+from app.service.backends.tensorrt_llm import TensorRTLLMBackend
+from app.service.backends.transformers import TransformersBackend
+from app.service.configs import DecodeRequest
+from app.service.jobs import Job, JobManager, Limits
+
+LOSSLESS = {
+    "autoregressive": "the baseline",
+    "draft_target": "lossless: greedy and exact speculative sampling",
+    "prompt_lookup": "lossless: greedy and exact sampling",
+    "lookahead": "lossless: greedy and exact sampling",
+    "medusa": "lossless with greedy or exact sampling; typical acceptance is NOT lossless",
+    "eagle": "lossless: greedy and exact sampling (recursive rejection)",
+}
+
+
+class Service:
+    def __init__(
+        self,
+        engines: Path = models.DEFAULT_ENGINES,
+        model: str = models.BUNDLED,
+        dtype: str = "float32",
+        backend: str = "auto",
+        remote_url: str | None = None,
+        tensor_parallel_size: int = 1,
+        limits: Limits = Limits(),
+    ) -> None:
+        if backend not in ("auto", *configs.BACKENDS):
+            raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(configs.BACKENDS)}")
+        self.engines = Path(engines)
+        self.model = model
+        self.limits = limits
+        self.backend = backend
+        self.backends = {
+            "transformers": TransformersBackend(self.engines, dtype),
+            "tensorrt_llm": TensorRTLLMBackend(tensor_parallel_size),
+            "remote": RemoteBackend(remote_url),
+        }
+        self.jobs = JobManager(limits)
+
+    # ------------------------------------------------------------------ what can run
+    def availability(self) -> dict[str, Availability]:
+        return {name: b.availability() for name, b in self.backends.items()}
+
+    def default_backend(self, mode: str = "autoregressive") -> str:
+        """`auto`: a configured remote server, else TensorRT-LLM where it runs the mode, else transformers."""
+        if self.backend != "auto":
+            return self.backend
+        if self.backends["remote"].url and self.backends["remote"].availability().available:
+            return "remote"
+        if self.backends["tensorrt_llm"].availability().available and mode != "autoregressive":
+            return "tensorrt_llm"
+        return "transformers"
+
+    def modes(self, backend: str | None = None, model: str | None = None) -> list[dict[str, Any]]:
+        """Every mode, whether `backend` can run it for `model`, why not, and whether it is lossless."""
+        model = model or self.model
+        out = []
+        for mode in MODES:
+            name = backend or self.default_backend(mode)
+            reason = self.backends[name].supports(mode, model)
+            out.append({"mode": mode, "backend": name, "available": reason is None, "reason": reason or "",
+                        "lossless": LOSSLESS[mode]})
+        return out
+
+    # ------------------------------------------------------------------ configs
+    def request(self, data: dict[str, Any] | DecodeRequest) -> DecodeRequest:
+        """A checked request: every rule, plus this service's limits. Raises ConfigError (one sentence)."""
+        if isinstance(data, DecodeRequest):
+            data = data.model_dump(mode="json")
+        data = dict(data)
+        if "backend" not in data or data["backend"] in (None, "auto"):
+            mode = (data.get("speculative_config") or {}).get("decoding_type", "Autoregressive")
+            data["backend"] = self.default_backend({v: k for k, v in configs.MODE_TYPES.items()}.get(mode, "autoregressive"))
+        if data.get("max_new_tokens") is None:
+            data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
+        request = configs.parse(data)
+        request.check(max_new_tokens_limit=self.limits.max_new_tokens)
+        return request
+
+    # ------------------------------------------------------------------ generation
+    def submit(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None) -> Job:
+        """Validate, prepare (load the model and what the mode drafts with, encode, check the prompt),
+        then queue the generation. Raises ConfigError / ModelError / QueueFull before anything is queued."""
+        request = self.request(data)
+        prompt = prompt if isinstance(prompt, Prompt) else Prompt(prompt)
+        backend = self.backends[request.backend]
+        state = backend.availability()
+        if not state.available:
+            raise ConfigError(f"the {request.backend} backend is not available: {state.reason}")
+        work = backend.prepare(model or self.model, request, prompt, self.limits)
+        return self.jobs.submit(work)
+
+    def stream(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None) -> Iterator[dict[str, Any]]:
+        """submit() and its messages; closing the iterator early (a Stop button, a dropped client) cancels the job."""
+        job = self.submit(data, prompt, model)
+        try:
+            yield from job.messages()
+        finally:
+            job.cancel()
+
+    def token_texts(self, ids: list[int], model: str | None = None) -> dict[int, str]:
+        target = self.backends["transformers"].model(model or self.model)
+        return {i: target.tokenizer.decode([i]) for i in set(ids)}
+
+    def close(self) -> None:
+        self.jobs.shutdown()
+

@@ -1,0 +1,45 @@
+"""What every backend offers the service: what it can run, and a generation as a stream of messages.
+
+Messages are plain JSON-like dicts, the same over HTTP as in process:
+  {"type": "start", "prompt_ids": [...], "texts": {id: piece}, ...}   once, first
+  {"type": "step", <StepEvent fields>, "texts": {id: piece}}          one per target forward pass
+  {"type": "end", "finish_reason": ..., "text": ..., "totals": {...}, "error": None}   once, last
+`texts` maps every token id the message mentions to its text, so a UI never needs a tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.service.configs import DecodeRequest
+from app.service.jobs import Limits, Work
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    reason: str = ""  # why not, in words a user understands (empty when available)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A user turn (`text`, chat template applied by the backend) or a raw completion prompt (`raw=True`)."""
+
+    text: str
+    raw: bool = False
+    messages: list[dict[str, str]] = field(default_factory=list)  # chat history; when set, `text` is ignored
+
+
+class Backend(Protocol):
+    name: str
+
+    def availability(self) -> Availability: ...
+
+    def supports(self, mode: str) -> str | None:
+        """None when this backend can run `mode`, else the reason it cannot."""
+
+    def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
+        """Everything that can fail before generation starts (load, encode, check the prompt against the
+        context and the limits) runs here and raises ConfigError / ModelError; the returned work streams
+        the messages when a job worker runs it."""

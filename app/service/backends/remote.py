@@ -1,0 +1,180 @@
+"""A remote OpenAI-compatible server: `python -m app serve` on a bigger machine, or `trtllm-serve`.
+
+Our own server (it says `owned_by: specdec-studio` in /v1/models) takes the decoding config per
+request and streams the full trace in each chunk's `specdec` field, so the UI shows everything it
+shows locally. Any other server runs the speculative config it was launched with; its chunks
+carry text only, so each chunk becomes a step whose draft is not visible.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from app.config import ConfigError
+from app.models import ModelError
+from app.service.backends.base import Availability, Prompt
+from app.service.configs import DecodeRequest
+from app.service.jobs import Limits, Work
+
+OWNER = "specdec-studio"
+NOT_VISIBLE = ["token ids", "draft tree", "accepted and rejected draft tokens", "draft and verify time"]
+
+
+class RemoteError(ModelError):
+    """The remote server cannot be reached or refused the request."""
+
+
+class RemoteBackend:
+    name = "remote"
+
+    def __init__(self, url: str | None, timeout_s: float = 300.0) -> None:
+        self.url = url.rstrip("/") if url else None
+        self.timeout_s = timeout_s
+
+    def availability(self) -> Availability:
+        if not self.url:
+            return Availability(False, "no remote server configured (start with --remote-url http://HOST:PORT)")
+        try:
+            self.served()
+        except RemoteError as err:
+            return Availability(False, str(err))
+        return Availability(True)
+
+    def supports(self, mode: str, model: str | None = None) -> str | None:
+        state = self.availability()
+        return None if state.available else state.reason
+
+    def served(self) -> dict[str, dict]:
+        """The models the server lists, by id."""
+        data = self._get("/v1/models", timeout=5.0)
+        return {m["id"]: m for m in data.get("data", [])}
+
+    def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
+        if not self.url:
+            raise ConfigError("the remote backend needs a server URL (--remote-url http://HOST:PORT)")
+        if not prompt.messages and not prompt.text.strip():
+            raise ConfigError("the prompt is empty: type something to continue")
+        served = self.served()
+        if model not in served:
+            raise RemoteError(f"the server at {self.url} does not serve '{model}'; it serves: {', '.join(served) or 'nothing'}")
+        ours = served[model].get("owned_by") == OWNER
+        body = body_for(model, request, prompt, traced=ours)
+        path = "/v1/completions" if prompt.raw and not prompt.messages else "/v1/chat/completions"
+        response = self._post(path, body)
+
+        def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
+            with response:
+                if ours:
+                    yield from _traced(response, cancel)
+                else:
+                    yield from _untraced(response, cancel, model, request.mode)
+
+        return work
+
+    def _get(self, path: str, timeout: float) -> dict:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+                return json.load(r)
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise RemoteError(f"cannot reach the remote server at {self.url}: {_reason(err)}") from err
+
+    def _post(self, path: str, body: dict):
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        )
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout_s)
+        except urllib.error.HTTPError as err:
+            message = _error_message(err)
+            if err.code == 400:
+                raise ConfigError(message) from None
+            raise RemoteError(f"the remote server answered {err.code}: {message}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise RemoteError(f"cannot reach the remote server at {self.url}: {_reason(err)}") from err
+
+
+def body_for(model: str, request: DecodeRequest, prompt: Prompt, traced: bool) -> dict[str, Any]:
+    """The OpenAI request body; our own server also gets the decoding config (`specdec`)."""
+    s = request.sampling
+    body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": request.max_new_tokens,
+                            "temperature": s.temperature, "top_p": s.top_p}
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if prompt.messages or not prompt.raw:
+        body["messages"] = prompt.messages or [{"role": "user", "content": prompt.text}]
+    else:
+        body["prompt"] = prompt.text
+    if traced:
+        body["specdec"] = request.model_dump(mode="json", exclude={"backend"})
+    elif s.top_k:
+        body["top_k"] = s.top_k  # trtllm-serve's extension
+    return body
+
+
+def sse(response) -> Iterator[dict]:
+    """The JSON payloads of a server-sent event stream, up to `data: [DONE]`."""
+    for raw in response:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        yield json.loads(payload)
+
+
+def _traced(response, cancel: threading.Event) -> Iterator[dict[str, Any]]:
+    for chunk in sse(response):
+        if "error" in chunk:
+            raise RemoteError(chunk["error"].get("message", "the remote generation failed"))
+        message = chunk.get("specdec")
+        if message is not None:
+            # JSON object keys are strings; ids are ints everywhere else.
+            if "texts" in message:
+                message["texts"] = {int(k): v for k, v in message["texts"].items()}
+            yield message
+        if cancel.is_set():
+            return  # closing the stream makes the server cancel its job
+
+
+def _untraced(response, cancel: threading.Event, model: str, mode: str) -> Iterator[dict[str, Any]]:
+    start = time.perf_counter()
+    yield {"type": "start", "backend": "remote", "model": model, "mode": mode, "prompt_ids": [], "texts": {},
+           "not_visible": NOT_VISIBLE}
+    text, steps, finish = "", 0, None
+    for chunk in sse(response):
+        choice = (chunk.get("choices") or [{}])[0]
+        delta = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+        finish = choice.get("finish_reason") or finish
+        if delta:
+            text += delta
+            yield {"type": "step", "step": steps, "kind": "decode", "proposed": {"tokens": [], "parents": []},
+                   "accepted": [], "rejected": [], "accepted_tokens": [], "added_token": None, "added_kind": "next",
+                   "tokens": [], "text": delta, "source": {"observed": "text stream", "not_visible": NOT_VISIBLE},
+                   "draft_time_s": None, "verify_time_s": None,
+                   "totals": {"target_steps": steps + 1, "elapsed_s": time.perf_counter() - start}, "finish_reason": None,
+                   "texts": {}}
+            steps += 1
+        if cancel.is_set():
+            finish = "cancelled"
+            break
+    yield {"type": "end", "finish_reason": {"stop": "eos"}.get(finish, finish), "text": text, "token_ids": [],
+           "totals": {}, "error": None}
+
+
+def _error_message(err: urllib.error.HTTPError) -> str:
+    try:
+        data = json.loads(err.read())
+        return data["error"]["message"] if isinstance(data.get("error"), dict) else str(data.get("detail", data))
+    except (ValueError, KeyError, OSError):
+        return err.reason
+
+
+def _reason(err: Exception) -> str:
+    return str(getattr(err, "reason", err))

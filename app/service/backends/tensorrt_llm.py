@@ -1,0 +1,235 @@
+"""The optional GPU backend: TensorRT-LLM's LLM API (v1.2; see TRTLLM.md).
+
+Nothing here imports tensorrt_llm at module import time: the probe uses importlib.util.find_spec
+and a guarded import, and generation imports it lazily. The pure parts — which LLM class a mode
+needs, its keyword arguments, the SamplingParams arguments, and how streamed token diffs become
+trace steps — are plain functions, tested without TensorRT-LLM.
+
+What this backend cannot show: TensorRT-LLM streams the tokens each iteration committed, not the
+draft it verified, so a step's rejected draft tokens and the draft tree are unknown; a step's
+accepted count is read as (tokens streamed in that iteration) - 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from app.config import ConfigError
+from app.service import configs
+from app.service.backends.base import Availability, Prompt
+from app.service.configs import DecodeRequest
+from app.service.jobs import Limits, Work
+
+INSTALL = "pip install --extra-index-url https://pypi.nvidia.com/ tensorrt-llm==1.2.1"
+NOT_VISIBLE = ["draft tree", "rejected draft tokens", "draft and verify time"]
+LLM_CLASSES = {"pytorch": "tensorrt_llm.LLM", "tensorrt": "tensorrt_llm._tensorrt_engine.LLM"}
+CONFIG_CLASSES = {  # decoding_type -> class in tensorrt_llm.llmapi
+    "Lookahead": "LookaheadDecodingConfig",
+    "NGram": "NGramDecodingConfig",
+    "Draft_Target": "DraftTargetDecodingConfig",
+    "Medusa": "MedusaDecodingConfig",
+    "Eagle": "EagleDecodingConfig",
+}
+
+
+def probe() -> Availability:
+    """TRTLLM.md section 7: find_spec first (importing needs libcuda), then a guarded import, then a GPU."""
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return Availability(False, f"TensorRT-LLM is not installed (it needs an NVIDIA GPU, compute capability >= 8.0, Linux; {INSTALL})")
+    try:
+        importlib.import_module("tensorrt_llm")
+    except (ImportError, OSError) as err:
+        return Availability(False, f"TensorRT-LLM is installed but cannot load here: {str(err).splitlines()[0]}")
+    import torch
+
+    if not torch.cuda.is_available():
+        return Availability(False, "TensorRT-LLM needs a CUDA GPU and none is visible")
+    return Availability(True)
+
+
+def trtllm_backend(request: DecodeRequest) -> str:
+    """'pytorch' or 'tensorrt': the one asked for, or the first that runs the mode (configs.TRTLLM_BACKENDS)."""
+    return request.trtllm_backend or configs.TRTLLM_BACKENDS[request.mode][0]
+
+
+def llm_kwargs(request: DecodeRequest, model: str, tensor_parallel_size: int = 1, engine_dir: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of LLM(...) for a checked request; `speculative_config` still as plain data."""
+    flavour = trtllm_backend(request)
+    kwargs: dict[str, Any] = {"model": engine_dir or model, "tensor_parallel_size": tensor_parallel_size}
+    spec = configs.trtllm_speculative_config(request)
+    if spec is not None:
+        kwargs["speculative_config"] = spec
+    if flavour == "pytorch":
+        kwargs["enable_iter_perf_stats"] = True  # specDecodingStats per iteration (TRTLLM.md section 5)
+        if request.mode in ("prompt_lookup", "draft_target"):
+            kwargs["disable_overlap_scheduler"] = True  # as the NGram / DraftTarget examples do
+    elif engine_dir is None:
+        c = request.speculative_config
+        if spec is not None:
+            kwargs["build_config"] = {"max_beam_width": 1, "max_draft_len": c.max_draft_len,
+                                      "speculative_decoding_mode": _engine_mode(spec["decoding_type"])}
+        if tensor_parallel_size > 1:
+            kwargs["tokenizer"] = model
+    if engine_dir is not None and flavour == "tensorrt":
+        kwargs["tokenizer"] = model
+    return kwargs
+
+
+def _engine_mode(decoding_type: str) -> str:
+    return {"Lookahead": "LOOKAHEAD_DECODING", "Medusa": "MEDUSA", "Eagle": "EAGLE"}[decoding_type]
+
+
+def sampling_kwargs(request: DecodeRequest) -> dict[str, Any]:
+    s = request.sampling
+    kwargs: dict[str, Any] = {"max_tokens": request.max_new_tokens, "return_perf_metrics": True}
+    if s.temperature == 0:
+        kwargs.update(temperature=0.0, top_k=1)
+    else:
+        kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+    if s.seed is not None:
+        kwargs["seed"] = s.seed
+    c = request.speculative_config
+    if isinstance(c, configs.LookaheadDecodingConfig) and c.request is not None:
+        w, n, g = c.request
+        kwargs["lookahead_config"] = {"max_window_size": w, "max_ngram_size": n, "max_verification_set_size": g}
+    return kwargs
+
+
+def steps_from_diffs(diffs: Iterable[tuple[list[int], float, str | None]]) -> Iterator[dict[str, Any]]:
+    """Trace steps from streamed (token_ids_diff, elapsed_s, finish_reason) triples, one per decoding iteration.
+
+    The first iteration is the prefill's token; after it, an iteration that streamed k tokens
+    accepted k - 1 draft tokens and added one. The draft itself is not visible (NOT_VISIBLE)."""
+    totals = {"new_tokens": 0, "target_steps": 0, "drafted": None, "accepted": 0, "draft_time_s": None,
+              "verify_time_s": None, "elapsed_s": 0.0, "tokens_per_step": 0.0}
+    for tokens, elapsed, finish_reason in diffs:
+        if not tokens:
+            continue
+        first = totals["target_steps"] == 0
+        accepted = [] if first else list(tokens[:-1])
+        totals["new_tokens"] += len(tokens)
+        totals["target_steps"] += 1
+        totals["accepted"] += len(accepted)
+        totals["elapsed_s"] = elapsed
+        totals["tokens_per_step"] = totals["new_tokens"] / totals["target_steps"]
+        yield {
+            "type": "step", "step": totals["target_steps"] - 1, "kind": "prefill" if first else "decode",
+            "proposed": {"tokens": accepted, "parents": list(range(-1, len(accepted) - 1))},
+            "accepted": list(range(len(accepted))), "rejected": [], "accepted_tokens": accepted,
+            "added_token": tokens[-1], "added_kind": "next", "tokens": list(tokens),
+            "source": {"observed": "token stream", "not_visible": NOT_VISIBLE},
+            "draft_time_s": None, "verify_time_s": None, "totals": dict(totals), "finish_reason": finish_reason,
+        }
+
+
+class TensorRTLLMBackend:
+    name = "tensorrt_llm"
+
+    def __init__(self, tensor_parallel_size: int = 1) -> None:
+        self.tensor_parallel_size = tensor_parallel_size
+        self._lock = threading.Lock()
+        self._llms: dict[tuple, Any] = {}
+        self._availability: Availability | None = None
+
+    def availability(self) -> Availability:
+        if self._availability is None:
+            self._availability = probe()
+        return self._availability
+
+    def supports(self, mode: str, model: str | None = None) -> str | None:
+        # Which of its own backends runs which mode is a config rule (configs.TRTLLM_BACKENDS).
+        return None if self.availability().available else self.availability().reason
+
+    def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
+        state = self.availability()
+        if not state.available:
+            raise ConfigError(state.reason)
+        llm = self._llm(model, request)
+        text = prompt.text
+        if prompt.messages or not prompt.raw:
+            turns = prompt.messages or [{"role": "user", "content": prompt.text}]
+            text = llm.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        prompt_ids = llm.tokenizer.encode(text, add_special_tokens=False)
+        if len(prompt_ids) > limits.max_prompt_tokens:
+            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this server takes at most {limits.max_prompt_tokens}")
+
+        def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
+            from tensorrt_llm import SamplingParams
+
+            yield {"type": "start", "backend": self.name, "model": model, "mode": request.mode,
+                   "prompt_ids": prompt_ids, "texts": _texts(llm, prompt_ids), "not_visible": NOT_VISIBLE}
+            kwargs = sampling_kwargs(request)
+            if "lookahead_config" in kwargs:
+                from tensorrt_llm.llmapi import LookaheadDecodingConfig
+
+                kwargs["lookahead_config"] = LookaheadDecodingConfig(**kwargs["lookahead_config"])
+            ids: list[int] = []
+            finish = None
+            for step in steps_from_diffs(_stream(llm, prompt_ids, SamplingParams(**kwargs), cancel)):
+                ids += step["tokens"]
+                finish = step["finish_reason"]
+                yield {**step, "texts": _texts(llm, step["tokens"])}
+            yield {"type": "end", "finish_reason": finish or ("cancelled" if cancel.is_set() else None),
+                   "text": llm.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids, "totals": {}, "error": None}
+
+        return work
+
+    def _llm(self, model: str, request: DecodeRequest):
+        """One LLM per (model, mode config): building an engine or loading weights is the expensive part."""
+        key = (model, request.speculative_config.model_dump_json(), request.trtllm_backend)
+        with self._lock:
+            if key not in self._llms:
+                kwargs = llm_kwargs(request, model, self.tensor_parallel_size)
+                cls = _import(LLM_CLASSES[trtllm_backend(request)])
+                if "speculative_config" in kwargs:
+                    spec = dict(kwargs["speculative_config"])
+                    config_cls = _import("tensorrt_llm.llmapi." + CONFIG_CLASSES[spec.pop("decoding_type")])
+                    kwargs["speculative_config"] = config_cls(**{k: v for k, v in spec.items() if v is not None})
+                if "build_config" in kwargs:
+                    from tensorrt_llm import BuildConfig
+
+                    build = dict(kwargs["build_config"])
+                    build.pop("speculative_decoding_mode")  # the LLM API derives it from speculative_config
+                    kwargs["build_config"] = BuildConfig(**build)
+                self._llms[key] = cls(**kwargs)
+            return self._llms[key]
+
+
+def _stream(llm, prompt_ids: list[int], params, cancel: threading.Event) -> Iterator[tuple[list[int], float, str | None]]:
+    """Drive generate_async(streaming=True) from this worker thread: one (token_ids_diff, elapsed, finish)
+    per streamed response, as it arrives; a set `cancel` aborts the request."""
+    start = time.perf_counter()
+    generation = llm.generate_async(prompt_ids, sampling_params=params, streaming=True)
+    stream = generation.__aiter__()
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            if cancel.is_set():
+                abort = getattr(generation, "abort", None)
+                if abort is not None:
+                    abort()
+                return
+            try:
+                out = loop.run_until_complete(stream.__anext__())
+            except StopAsyncIteration:
+                return
+            completion = out.outputs[0]
+            finish = {"stop": "eos"}.get(completion.finish_reason, completion.finish_reason)
+            yield list(completion.token_ids_diff), time.perf_counter() - start, finish
+    finally:
+        loop.close()
+
+
+def _import(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _texts(llm, ids) -> dict[int, str]:
+    return {i: llm.tokenizer.decode([i]) for i in set(ids)}

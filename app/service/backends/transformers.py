@@ -1,0 +1,123 @@
+"""The default backend: this project's verify loop on PyTorch + transformers (CPU here, CUDA if present).
+
+Models and trained companions (draft model, Medusa heads, EAGLE module) are loaded once per
+backend and shared read-only by every job; each generation gets its own KV cache and drafter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app import models, runner
+from app.config import ConfigError
+from app.models import LoadedModel
+from app.service import configs
+from app.service.backends.base import Availability, Prompt
+from app.service.configs import DecodeRequest
+from app.service.jobs import Limits, Work
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, engines: Path = models.DEFAULT_ENGINES, dtype: str = "float32") -> None:
+        self.engines = engines
+        self.dtype = dtype
+        self._lock = threading.Lock()
+        self._loading: dict[tuple, threading.Lock] = {}
+        self._loaded: dict[tuple, Any] = {}
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def supports(self, mode: str, model: str | None = None) -> str | None:
+        if model is None or mode not in ("draft_target", "medusa", "eagle"):
+            return None
+        kind = "draft" if mode == "draft_target" else mode
+        if models.default_artifact(model, kind) is None:
+            what = {"draft_target": "draft model", "medusa": "Medusa heads", "eagle": "EAGLE module"}[mode]
+            return f"no {what} ships for '{model}': name one in the mode's settings, or train one (python -m app train --mode {kind})"
+        return None
+
+    def model(self, name: str) -> LoadedModel:
+        return self._once(("model", name, self.dtype), lambda: models.load(name, dtype=self.dtype, engines=self.engines))
+
+    def companion(self, target: LoadedModel, cfg) -> Any:
+        key = ("companion", target.name, self.dtype, cfg.mode, cfg.draft_model, cfg.medusa_model, cfg.eagle_model)
+        return self._once(key, lambda: runner.load_companion(cfg, target, self.engines))
+
+    def _once(self, key: tuple, load):
+        """Load what `key` names once, even when several jobs ask at the same time."""
+        with self._lock:
+            if key in self._loaded:
+                return self._loaded[key]
+            gate = self._loading.setdefault(key, threading.Lock())
+        with gate:
+            with self._lock:
+                if key in self._loaded:
+                    return self._loaded[key]
+            value = load()
+            with self._lock:
+                self._loaded[key] = value
+            return value
+
+    def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
+        cfg = configs.to_runtime(request)
+        target = self.model(model)
+        if prompt.messages:
+            prompt_ids = target.encode_chat(prompt.messages)
+        else:
+            prompt_ids = target.encode(prompt.text, chat=not prompt.raw)
+        if not prompt.messages and not prompt.text.strip():
+            raise ConfigError("the prompt is empty: type something to continue")
+        if len(prompt_ids) > limits.max_prompt_tokens:
+            raise ConfigError(
+                f"the prompt has {len(prompt_ids)} tokens; this server takes at most {limits.max_prompt_tokens}: shorten it"
+            )
+        configs.check_context(len(prompt_ids), request.max_new_tokens, _context(target))
+        companion = self.companion(target, cfg)
+
+        def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
+            yield {"type": "start", "backend": self.name, "model": model, "mode": cfg.mode,
+                   "prompt_ids": prompt_ids, "texts": _texts(target, prompt_ids)}
+            ids: list[int] = []
+            shown = ""
+            last = None
+            for event in runner.run(target, cfg, prompt_ids, companion, cancel):
+                ids += event.tokens
+                text = target.decode(ids)
+                # A piece ending in U+FFFD is half a multi-byte character: wait for the rest before sending it.
+                delta = "" if text.endswith("\ufffd") else text[len(shown):]
+                shown += delta
+                message = event.to_dict()
+                yield {"type": "step", **message, "text": delta, "texts": _texts(target, _ids_in(message))}
+                last = event
+            text = target.decode(ids)
+            yield {"type": "end", "finish_reason": last.finish_reason if last else "cancelled", "text": text,
+                   "text_tail": text[len(shown):], "token_ids": ids, "totals": last.totals if last else {}, "error": None}
+
+        return work
+
+
+def _context(target: LoadedModel) -> int:
+    return int(getattr(target.model.config, "max_position_embeddings", 0) or 2**31)
+
+
+def _texts(target: LoadedModel, ids) -> dict[int, str]:
+    return {i: target.tokenizer.decode([i]) for i in set(ids)}
+
+
+def _ids_in(event: dict[str, Any]) -> list[int]:
+    """Every token id a step message mentions: the draft tree, what was committed, and the draft's source."""
+    ids = list(event["proposed"]["tokens"]) + list(event["tokens"])
+    if event.get("added_token") is not None:
+        ids.append(event["added_token"])
+    source = event.get("source") or {}
+    for match in source.get("matches") or []:
+        ids += match["ngram"]
+    for seq in (source.get("candidates") or []) + (source.get("window") or []):
+        ids += seq
+    return ids

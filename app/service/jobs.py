@@ -1,0 +1,133 @@
+"""Generation jobs: a bounded queue in front of a fixed number of workers, cancellation and a time limit.
+
+A job runs a `work(cancel)` function that yields JSON-like messages in a worker thread; the
+consumer reads them from `Job.messages()` as they come. Cancelling (the consumer's Stop button,
+a closed HTTP stream, the time limit) sets the job's `cancel` event, which the verify loop checks
+between steps, so a cancelled job still ends with a proper last message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+Work = Callable[[threading.Event], Iterator[dict[str, Any]]]
+_END = object()
+
+
+class QueueFull(RuntimeError):
+    """Too many jobs are waiting; the message says so in words a user understands."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_concurrency: int = 1  # generations running at once (2 CPU cores: more only share them)
+    max_queue: int = 8  # jobs waiting for a worker before new ones are refused
+    time_limit_s: float = 300.0  # a running job is cancelled after this long
+    max_new_tokens: int = 1024
+    max_prompt_tokens: int = 4096
+
+
+class Job:
+    def __init__(self, job_id: str, work: Work, time_limit_s: float) -> None:
+        self.id = job_id
+        self.cancel_event = threading.Event()
+        self.status = "queued"  # queued | running | done | cancelled | timeout | failed
+        self.error: str | None = None
+        self._work = work
+        self._time_limit_s = time_limit_s
+        self._timed_out = False
+        self._out: queue.Queue = queue.Queue()
+        self.done = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    @property
+    def timed_out(self) -> bool:
+        return self._timed_out
+
+    def messages(self, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """Every message of the job, in order, as it is produced; ends when the job does."""
+        while True:
+            item = self._out.get(timeout=timeout)
+            if item is _END:
+                self._out.put(_END)  # a second reader ends too
+                return
+            yield item
+
+    def _run(self) -> None:
+        if self.cancel_event.is_set():  # cancelled while it waited in the queue
+            self.status = "cancelled"
+            self._out.put({"type": "end", "finish_reason": "cancelled", "error": None})
+            self._finish()
+            return
+        self.status = "running"
+
+        def expire() -> None:
+            self._timed_out = True
+            self.cancel_event.set()
+
+        timer = threading.Timer(self._time_limit_s, expire) if math.isfinite(self._time_limit_s) else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            for message in self._work(self.cancel_event):
+                self._out.put(message)
+            self.status = "timeout" if self._timed_out else "cancelled" if self.cancel_event.is_set() else "done"
+        except Exception as err:  # the job's failure is reported to its consumer, not raised in a worker
+            self.status, self.error = "failed", f"{type(err).__name__}: {err}"
+            self._out.put({"type": "end", "finish_reason": "error", "error": self.error})
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._finish()
+
+    def _finish(self) -> None:
+        self._out.put(_END)
+        self.done.set()
+
+
+class JobManager:
+    def __init__(self, limits: Limits = Limits()) -> None:
+        self.limits = limits
+        self._pool = ThreadPoolExecutor(max_workers=limits.max_concurrency, thread_name_prefix="specdec-job")
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._jobs: dict[str, Job] = {}
+
+    def submit(self, work: Work) -> Job:
+        with self._lock:
+            waiting = sum(j.status == "queued" for j in self._jobs.values())
+            if waiting >= self.limits.max_queue:
+                raise QueueFull(
+                    f"the server is busy: {waiting} generations are already waiting (limit {self.limits.max_queue}); "
+                    "try again in a moment"
+                )
+            job = Job(f"job-{next(self._ids)}", work, self.limits.time_limit_s)
+            self._jobs[job.id] = job
+            # Finished jobs are forgotten: only queued and running ones count or can be cancelled by id.
+            for old in [k for k, j in self._jobs.items() if j.done.is_set()]:
+                del self._jobs[old]
+        self._pool.submit(job._run)
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def active(self) -> list[Job]:
+        with self._lock:
+            return [j for j in self._jobs.values() if not j.done.is_set()]
+
+    def shutdown(self) -> None:
+        for job in self.active():
+            job.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=False)

@@ -1,0 +1,485 @@
+"""The service: jobs (queue, limits, cancel, time limit), generation through the service on the bundled
+model, the OpenAI-compatible server (`python -m app serve`, a real HTTP server on a loopback port)
+and the remote backend against it, and the TensorRT-LLM backend's pure parts."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app import models
+from app.config import ConfigError
+from app.models import ModelError
+from app.runner import output_ids, run
+from app.service import configs
+from app.service.api import Service
+from app.service.backends import tensorrt_llm as trt
+from app.service.backends.base import Prompt
+from app.service.backends.remote import RemoteBackend, RemoteError, body_for
+from app.service.jobs import JobManager, Limits, QueueFull
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "List the days of the week, then list them again in the same order."
+
+
+# ----------------------------------------------------------------------------- jobs (no model)
+
+
+def counting_work(n, started=None, gate=None, delay=0.0):
+    def work(cancel):
+        if started is not None:
+            started.release()
+        if gate is not None:
+            gate.wait(30)
+        for i in range(n):
+            if cancel.is_set():
+                yield {"type": "end", "finish_reason": "cancelled", "error": None}
+                return
+            time.sleep(delay)
+            yield {"type": "step", "step": i}
+        yield {"type": "end", "finish_reason": "length", "error": None}
+
+    return work
+
+
+def test_job_streams_its_messages_in_order():
+    jobs = JobManager(Limits(max_concurrency=1))
+    job = jobs.submit(counting_work(5))
+    messages = list(job.messages(timeout=30))
+    assert [m.get("step") for m in messages[:-1]] == [0, 1, 2, 3, 4]
+    assert messages[-1] == {"type": "end", "finish_reason": "length", "error": None}
+    assert job.status == "done"
+    jobs.shutdown()
+
+
+def test_a_full_queue_refuses_new_jobs_with_a_clear_message():
+    jobs = JobManager(Limits(max_concurrency=1, max_queue=2))
+    gate = threading.Event()
+    started = threading.Semaphore(0)
+    running = jobs.submit(counting_work(1, started, gate))
+    assert started.acquire(timeout=30)  # the first job holds the only worker
+    queued = [jobs.submit(counting_work(1)) for _ in range(2)]
+    with pytest.raises(QueueFull, match="busy.*2 generations are already waiting"):
+        jobs.submit(counting_work(1))
+    gate.set()
+    for job in [running, *queued]:
+        assert list(job.messages(timeout=30))[-1]["finish_reason"] == "length"
+    jobs.submit(counting_work(1))  # room again
+    jobs.shutdown()
+
+
+def test_concurrency_limit_runs_at_most_that_many_jobs_at_once():
+    jobs = JobManager(Limits(max_concurrency=2, max_queue=10))
+    lock = threading.Lock()
+    running, peak = [0], [0]
+
+    def work(cancel):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        yield {"type": "end", "finish_reason": "length", "error": None}
+
+    submitted = [jobs.submit(work) for _ in range(6)]
+    for job in submitted:
+        list(job.messages(timeout=30))
+    assert peak[0] == 2
+    jobs.shutdown()
+
+
+def test_cancelling_a_queued_job_ends_it_without_running_it():
+    jobs = JobManager(Limits(max_concurrency=1))
+    gate = threading.Event()
+    started = threading.Semaphore(0)
+    first = jobs.submit(counting_work(1, started, gate))
+    assert started.acquire(timeout=30)
+    ran = []
+
+    def never(cancel):
+        ran.append(True)
+        yield {"type": "end", "finish_reason": "length", "error": None}
+
+    second = jobs.submit(never)
+    second.cancel()
+    gate.set()
+    assert list(second.messages(timeout=30)) == [{"type": "end", "finish_reason": "cancelled", "error": None}]
+    assert second.status == "cancelled" and not ran
+    list(first.messages(timeout=30))
+    jobs.shutdown()
+
+
+def test_time_limit_cancels_a_running_job():
+    jobs = JobManager(Limits(time_limit_s=0.3))
+    job = jobs.submit(counting_work(10_000, delay=0.01))
+    messages = list(job.messages(timeout=60))
+    assert messages[-1]["finish_reason"] == "cancelled"
+    assert 0 < len(messages) - 1 < 10_000
+    assert job.status == "timeout" and job.timed_out
+
+
+def test_a_failing_job_reports_its_error_and_the_worker_survives():
+    jobs = JobManager(Limits(max_concurrency=1))
+
+    def broken(cancel):
+        yield {"type": "step", "step": 0}
+        raise RuntimeError("boom")
+
+    job = jobs.submit(broken)
+    messages = list(job.messages(timeout=30))
+    assert messages[-1] == {"type": "end", "finish_reason": "error", "error": "RuntimeError: boom"}
+    assert job.status == "failed"
+    assert list(jobs.submit(counting_work(2)).messages(timeout=30))[-1]["finish_reason"] == "length"
+    jobs.shutdown()
+
+
+# ----------------------------------------------------------------------------- service on the bundled model
+
+
+def ngram(**kw):
+    return {"speculative_config": {"decoding_type": "NGram", **kw}}
+
+
+@pytest.fixture(scope="module")
+def service():
+    s = Service(limits=Limits(max_concurrency=2, max_queue=4, max_new_tokens=64, max_prompt_tokens=300))
+    yield s
+    s.close()
+
+
+def collect(messages):
+    start, steps, end = None, [], None
+    for m in messages:
+        if m["type"] == "start":
+            start = m
+        elif m["type"] == "step":
+            steps.append(m)
+        else:
+            end = m
+    return start, steps, end
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("spec", [
+    {"decoding_type": "Autoregressive"},
+    {"decoding_type": "NGram", "max_draft_len": 6},
+    {"decoding_type": "Lookahead", "max_window_size": 3, "max_ngram_size": 3, "max_verification_set_size": 3},
+    {"decoding_type": "Medusa"},
+    {"decoding_type": "Eagle", "max_draft_len": 11, "num_eagle_layers": 4, "dynamic_tree_max_topK": 3},
+])
+def test_service_stream_equals_the_verify_loop_and_carries_texts(service, bundled, spec):
+    start, steps, end = collect(service.stream({"speculative_config": spec, "max_new_tokens": 24}, PROMPT))
+    ref_cfg = configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Autoregressive"}, "max_new_tokens": 24}))
+    ref = output_ids(list(run(bundled, ref_cfg, bundled.encode(PROMPT))))
+    assert start["prompt_ids"] == bundled.encode(PROMPT)
+    assert end["token_ids"] == [t for s in steps for t in s["tokens"]] == ref
+    assert end["text"] == bundled.decode(ref) == "".join(s["text"] for s in steps) + end["text_tail"]
+    for s in steps:  # every id a step mentions has its text, so the UI needs no tokenizer
+        ids = set(s["proposed"]["tokens"]) | set(s["tokens"])
+        assert ids <= set(s["texts"])
+        assert all(s["texts"][i] == bundled.tokenizer.decode([i]) for i in ids)
+    assert json.loads(json.dumps(steps))  # JSON-serializable
+
+
+@pytest.mark.bundled
+def test_invalid_requests_fail_before_anything_is_queued(service):
+    cases = [
+        ({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 2, "max_ngram_size": 1}}, "n-gram size of 1"),
+        ({"max_new_tokens": 65}, "limited to 64"),
+        ({"sampling": {"temperature": -1}}, "temperature"),
+        ({"backend": "tensorrt_llm"}, "TensorRT-LLM is not installed"),
+        ({"backend": "remote"}, "no remote server configured"),
+    ]
+    for data, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            service.submit(data, "hi")
+    with pytest.raises(ConfigError, match="the prompt is empty"):
+        service.submit({}, "   ")
+    with pytest.raises(ConfigError, match="at most 300"):
+        service.submit({}, "word " * 400)
+    with pytest.raises(ModelError, match="unknown model"):
+        service.submit({}, "hi", model="no-such-org/no-such-model-xyz")
+    assert service.jobs.active() == []
+
+
+@pytest.mark.bundled
+def test_cancel_mid_generation_ends_the_job_early(service):
+    job = service.submit({"max_new_tokens": 64}, "Write a long story about a dragon.")
+    got = []
+    for m in job.messages(timeout=120):
+        got.append(m)
+        if m["type"] == "step" and m["step"] == 2:
+            job.cancel()
+    end = got[-1]
+    assert end["type"] == "end" and end["finish_reason"] == "cancelled"
+    assert 3 <= len(end["token_ids"]) < 64
+    assert job.status == "cancelled"
+
+
+@pytest.mark.bundled
+def test_concurrent_jobs_do_not_mix_outputs_and_share_one_model(service, bundled):
+    prompts = ["Name three colours.", "Count from one to five in words.", PROMPT]
+    expected = {}
+    for p in prompts:
+        cfg = configs.to_runtime(configs.parse({"max_new_tokens": 20}))
+        expected[p] = output_ids(list(run(bundled, cfg, bundled.encode(p))))
+    results = {}
+
+    def one(p, spec):
+        results[(p, spec["decoding_type"])] = collect(service.stream({"speculative_config": spec, "max_new_tokens": 20}, p))[2]
+
+    threads = [threading.Thread(target=one, args=(p, spec)) for p in prompts
+               for spec in ({"decoding_type": "NGram", "max_draft_len": 4}, {"decoding_type": "Autoregressive"})]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(results) == 6
+    for (p, _), end in results.items():
+        assert end["token_ids"] == expected[p]
+    backend = service.backends["transformers"]
+    assert backend.model(models.BUNDLED) is backend.model(models.BUNDLED)
+
+
+def test_auto_backend_falls_back_to_transformers_and_says_why_others_are_unavailable(tmp_path):
+    s = Service(engines=tmp_path)
+    assert s.default_backend("lookahead") == "transformers"
+    state = s.availability()
+    assert state["transformers"].available
+    assert not state["tensorrt_llm"].available and "not installed" in state["tensorrt_llm"].reason
+    assert not state["remote"].available and "--remote-url" in state["remote"].reason
+    modes = {m["mode"]: m for m in s.modes(backend="tensorrt_llm")}
+    assert set(modes) == {"autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle"}
+    assert not any(m["available"] for m in modes.values())
+    assert "NOT lossless" in modes["medusa"]["lossless"]
+    s.close()
+
+
+# ----------------------------------------------------------------------------- the HTTP server and the remote backend
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--port", str(port), "--mode", "prompt_lookup", "--max-new-tokens", "32",
+         "--max-concurrency", "1"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while True:
+        try:
+            urllib.request.urlopen(url + "/v1/models", timeout=2).read()
+            break
+        except (urllib.error.URLError, OSError):
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"server did not start:\n{proc.stdout.read()[-3000:]}")
+            time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+def post(url, path, body, stream=False):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=300)
+
+
+def sse_payloads(response):
+    out = []
+    for raw in response:
+        line = raw.decode().strip()
+        if line.startswith("data:"):
+            out.append(line[5:].strip())
+    return out
+
+
+def cli_generate(mode, prompt, max_new, *extra):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "app", "generate", "--mode", mode, "--prompt", prompt, "--json",
+                           "--max-new-tokens", str(max_new), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.bundled
+def test_server_lists_the_model_by_its_registry_name(server):
+    data = json.load(urllib.request.urlopen(server + "/v1/models", timeout=10))
+    assert [m["id"] for m in data["data"]] == [models.BUNDLED]
+    assert data["data"][0]["owned_by"] == "specdec-studio"
+
+
+@pytest.mark.bundled
+def test_streamed_chat_equals_cli_generate_and_carries_the_trace(server):
+    body = {"model": models.BUNDLED, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24,
+            "temperature": 0, "stream": True, "specdec": {"speculative_config": {"decoding_type": "Lookahead"}}}
+    payloads = sse_payloads(post(server, "/v1/chat/completions", body))
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    local = cli_generate("lookahead", PROMPT, 24)
+    assert text == local["text"]
+    steps = [c["specdec"] for c in chunks if c["specdec"]["type"] == "step"]
+    assert [t for s in steps for t in s["tokens"]] == local["token_ids"]
+    assert steps[0]["kind"] == "prefill" and any(s["source"].get("window") for s in steps)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+
+
+@pytest.mark.bundled
+def test_completions_non_streamed_uses_the_server_default_mode(server):
+    r = json.load(post(server, "/v1/completions", {"model": models.BUNDLED, "prompt": "The days of the week are", "max_tokens": 10}))
+    assert r["object"] == "text_completion" and r["usage"]["completion_tokens"] == 10
+    assert r["specdec"]["start"]["mode"] == "prompt_lookup"
+    assert r["choices"][0]["text"] == r["specdec"]["end"]["text"]
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("body,status,fragment", [
+    ({"prompt": "hi", "specdec": {"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 5, "request": [6, 3, 4]}}}, 400, "exceeds"),
+    ({"prompt": "hi", "temperature": -0.5}, 400, "temperature"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_new_tokens"),
+    ({"prompt": ""}, 400, "empty"),
+    ({"prompt": 5}, 400, "prompt must be"),
+    ({"prompt": "hi", "model": "gpt-4"}, 404, "not 'gpt-4'"),
+    ({"prompt": "hi", "specdec": {"speculative_config": {"decoding_type": "Nope"}}}, 400, "speculative_config"),
+])
+def test_invalid_requests_get_http_errors_with_the_reason(server, body, status, fragment):
+    with pytest.raises(urllib.error.HTTPError) as info:
+        post(server, "/v1/completions", body)
+    assert info.value.code == status
+    assert fragment in json.load(info.value)["error"]["message"]
+
+
+@pytest.mark.bundled
+def test_remote_backend_streams_what_the_local_backend_does(server, service):
+    remote = Service(backend="remote", remote_url=server)
+    data = {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 5}, "max_new_tokens": 24}
+    r_start, r_steps, r_end = collect(remote.stream(data, PROMPT))
+    l_start, l_steps, l_end = collect(service.stream(data, PROMPT))
+    assert r_start["prompt_ids"] == l_start["prompt_ids"]
+    assert r_end["token_ids"] == l_end["token_ids"] and r_end["text"] == l_end["text"]
+    strip = lambda s: {k: v for k, v in s.items() if not k.endswith("_time_s") and k != "totals"}  # noqa: E731
+    assert [strip(s) for s in r_steps] == [strip(s) for s in l_steps]
+    assert all(isinstance(k, int) for s in r_steps for k in s["texts"])
+    remote.close()
+
+
+@pytest.mark.bundled
+def test_remote_errors_are_clear(server):
+    remote = Service(backend="remote", remote_url=server)
+    with pytest.raises(ConfigError, match="exceeds"):
+        remote.submit({"speculative_config": {"decoding_type": "Lookahead", "request": [9, 3, 4]}}, "hi")
+    with pytest.raises(RemoteError, match="does not serve 'other'"):
+        remote.submit({}, "hi", model="other")
+    remote.close()
+    down = RemoteBackend(f"http://127.0.0.1:{free_port()}")
+    assert not down.availability().available and "cannot reach" in down.availability().reason
+
+
+@pytest.mark.bundled
+def test_a_client_that_disconnects_cancels_its_generation(server):
+    body = {"prompt": "Write a very long story about a dragon.", "max_tokens": 32, "stream": True,
+            "specdec": {"speculative_config": {"decoding_type": "Autoregressive"}}}
+    response = post(server, "/v1/completions", body)
+    first = response.readline()
+    assert first.startswith(b"data:")
+    response.close()
+    # The server (one worker) must free it: the next request completes with all its tokens.
+    r = json.load(post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 4}))
+    assert r["usage"]["completion_tokens"] == 4
+
+
+def test_remote_request_body_carries_the_config_only_to_our_server():
+    request = configs.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 3},
+                             "sampling": {"temperature": 0.5, "top_k": 7, "seed": 3}, "max_new_tokens": 9})
+    ours = body_for("m", request, Prompt("hi"), traced=True)
+    assert ours["messages"] == [{"role": "user", "content": "hi"}] and ours["max_tokens"] == 9 and ours["seed"] == 3
+    assert ours["specdec"]["speculative_config"]["max_draft_len"] == 3
+    theirs = body_for("m", request, Prompt("hi", raw=True), traced=False)
+    assert theirs["prompt"] == "hi" and "specdec" not in theirs and theirs["top_k"] == 7
+
+
+# ----------------------------------------------------------------------------- TensorRT-LLM backend: pure parts
+
+
+def test_trtllm_llm_class_and_arguments_follow_the_support_matrix():
+    la = configs.parse({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3,
+                                               "max_verification_set_size": 4}, "backend": "tensorrt_llm"})
+    assert trt.trtllm_backend(la) == "tensorrt"
+    kw = trt.llm_kwargs(la, "meta-llama/Llama-3.1-8B", tensor_parallel_size=2)
+    assert trt.LLM_CLASSES["tensorrt"] == "tensorrt_llm._tensorrt_engine.LLM"
+    assert kw["speculative_config"]["decoding_type"] == "Lookahead"
+    assert kw["build_config"] == {"max_beam_width": 1, "max_draft_len": 15, "speculative_decoding_mode": "LOOKAHEAD_DECODING"}  # (N-2) + (W-1+G)(N-1)
+    assert kw["tensor_parallel_size"] == 2
+    ng = configs.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4}, "backend": "tensorrt_llm"})
+    kw = trt.llm_kwargs(ng, "m")
+    assert trt.trtllm_backend(ng) == "pytorch" and "build_config" not in kw
+    assert kw["disable_overlap_scheduler"] and kw["enable_iter_perf_stats"]
+    assert kw["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2,
+                                        "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
+    ar = configs.parse({"backend": "tensorrt_llm"})
+    assert "speculative_config" not in trt.llm_kwargs(ar, "m")
+    md = configs.parse({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "small"}, "backend": "tensorrt_llm"})
+    kw = trt.llm_kwargs(md, "m", engine_dir="/engines/x")
+    assert kw["model"] == "/engines/x" and kw["tokenizer"] == "m" and "build_config" not in kw
+
+
+def test_trtllm_sampling_arguments():
+    greedy = configs.parse({"max_new_tokens": 7, "speculative_config": {"decoding_type": "Lookahead", "request": [2, 2, 1]}})
+    kw = trt.sampling_kwargs(greedy)
+    assert kw["max_tokens"] == 7 and kw["temperature"] == 0 and kw["top_k"] == 1 and kw["return_perf_metrics"]
+    assert kw["lookahead_config"] == {"max_window_size": 2, "max_ngram_size": 2, "max_verification_set_size": 1}
+    sampled = configs.parse({"sampling": {"temperature": 0.8, "top_p": 0.9, "seed": 4}})
+    kw = trt.sampling_kwargs(sampled)
+    assert (kw["temperature"], kw["top_p"], kw["top_k"], kw["seed"]) == (0.8, 0.9, None, 4)
+
+
+def test_trtllm_steps_from_streamed_diffs():
+    steps = list(trt.steps_from_diffs([([5], 0.1, None), ([6, 7, 8], 0.2, None), ([], 0.25, None), ([9], 0.3, "eos")]))
+    assert [s["tokens"] for s in steps] == [[5], [6, 7, 8], [9]]
+    assert [s["accepted_tokens"] for s in steps] == [[], [6, 7], []]
+    assert [s["added_token"] for s in steps] == [5, 8, 9]
+    assert steps[0]["kind"] == "prefill" and steps[-1]["finish_reason"] == "eos"
+    assert steps[-1]["totals"]["new_tokens"] == 5 and steps[-1]["totals"]["target_steps"] == 3
+    assert steps[-1]["totals"]["tokens_per_step"] == pytest.approx(5 / 3)
+    assert "rejected draft tokens" in steps[1]["source"]["not_visible"]
+
+
+def test_trtllm_backend_is_unavailable_here_with_the_reason():
+    backend = trt.TensorRTLLMBackend()
+    state = backend.availability()
+    if state.available:
+        pytest.skip("TensorRT-LLM runs on this machine")
+    assert "not installed" in state.reason or "cannot load" in state.reason or "CUDA" in state.reason
+    with pytest.raises(ConfigError, match="TensorRT-LLM"):
+        backend.prepare("m", configs.parse({}), Prompt("hi"), Limits())
+
+
+@pytest.mark.gpu
+def test_trtllm_lookahead_generation_on_gpu():
+    if not trt.probe().available:
+        pytest.skip(f"needs TensorRT-LLM on a GPU: {trt.probe().reason}")
+    s = Service(backend="tensorrt_llm")
+    data = {"speculative_config": {"decoding_type": "Lookahead"}, "max_new_tokens": 16}
+    start, steps, end = collect(s.stream(data, "Hello"))
+    assert len(end["token_ids"]) == 16 and sum(len(x["tokens"]) for x in steps) == 16
+    s.close()
