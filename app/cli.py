@@ -10,6 +10,7 @@ from app.config import MODES, ConfigError, DecodingConfig, parse_triple
 from app.service import configs
 from app.decoding.loop import ContextError
 from app.models import BUNDLED, DTYPES, ModelError
+from app.service.engines import EngineError
 from app.training.export import ExportError
 
 
@@ -172,6 +173,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    from app.ui import web
+
+    service = _service(args, max_concurrency=args.max_concurrency, max_queue=args.max_queue, time_limit_s=args.time_limit)
+    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    service.backends["transformers"].model(args.model)  # fail here, not on the first click
+    try:
+        web.launch(service, host=args.host, port=args.port)
+    finally:
+        service.close()
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from app.service.server import serve
 
@@ -188,6 +202,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engines(args: argparse.Namespace) -> int:
+    service = _service(args)
+    if args.action == "list":
+        builds = service.engine_list()
+        if args.json:
+            json.dump(builds, sys.stdout, indent=1)
+            print()
+            return 0
+        print(f"{'id':16}  {'model':24} {'mode':14} {'backend':12} {'kind':20} {'created':24} {'build s':>8} {'MB':>8}")
+        for m in builds:
+            spec = m["spec"]
+            size = sum(m.get("files", {}).values()) / 2**20
+            print(f"{m['id']:16}  {spec['model'][:24]:24} {spec['mode']:14} {spec['backend']:12} {m['kind']:20} "
+                  f"{m['created'][:24]:24} {m['duration_s']:8.1f} {size:8.1f}")
+        if not builds:
+            print(f"(no builds in {service.store.builds})", file=sys.stderr)
+        return 0
+    if args.action == "show":
+        manifest = service.engine_get(args.id)
+        if manifest is None:
+            raise EngineError(f"there is no build '{args.id}'")
+        json.dump(manifest, sys.stdout, indent=1)
+        print()
+        return 0
+    if args.action == "rm":
+        service.engine_remove(args.id)
+        print(f"removed {args.id}", file=sys.stderr)
+        return 0
+    data = request_data(args, args.mode)
+    if args.plan:
+        json.dump(service.engine_plan(data), sys.stdout, indent=1)
+        print()
+        return 0
+
+    def progress(fraction: float, message: str) -> None:
+        print(f"[build {fraction:4.0%}] {message}", file=sys.stderr, flush=True)
+
+    json.dump(service.engine_build(data, progress=progress), sys.stdout, indent=1)
+    print()
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from app import bench
 
@@ -195,6 +251,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for m in modes:
         if m not in MODES:
             raise ConfigError(f"unknown mode '{m}' in --modes: choose from {', '.join(MODES)}")
+    if args.ui_overhead:
+        from app.ui import overhead
+
+        prompts = bench.load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+        service = _service(args, max_new_tokens=max(args.max_new_tokens, 1))
+        try:
+            result = overhead.measure(service, prompts, modes, args.max_new_tokens, progress=sys.stderr)
+        finally:
+            service.close()
+        print(overhead.format_table(result))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     configs = {m: _config(args, m) for m in modes}
     target = _load(args, args.model)
     companions = _companions(args, target, configs)
@@ -250,6 +320,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m app", description="SpecDec Studio")
     sub = parser.add_subparsers(dest="command", required=True)
+    u = sub.add_parser("ui", help="the web app (the default command: `python -m app` starts it)")
+    u.add_argument("--host", default=None, help="address to bind (default: GRADIO_SERVER_NAME, else 127.0.0.1)")
+    u.add_argument("--port", type=int, default=None, help="port (default: GRADIO_SERVER_PORT, else 7860)")
+    u.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
+    u.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    u.add_argument("--max-concurrency", type=int, default=1, help="generations running at once")
+    u.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones are refused")
+    u.add_argument("--time-limit", type=float, default=300.0, help="seconds a generation may run")
+    u.add_argument("--engines-dir", default=None)
+    _add_backend_flags(u)
+    u.set_defaults(func=cmd_ui)
     g = sub.add_parser("generate", help="generate text with one decoding mode and show every step")
     g.add_argument("--mode", default="autoregressive", help=", ".join(MODES))
     g.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
@@ -267,6 +348,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_flags(v)
     _add_backend_flags(v)
     v.set_defaults(func=cmd_serve)
+    en = sub.add_parser("engines", help="list, build, inspect and remove engine builds in engines/builds/")
+    en_sub = en.add_subparsers(dest="action", required=True)
+    el = en_sub.add_parser("list", help="ready builds, newest first")
+    el.add_argument("--json", action="store_true")
+    es = en_sub.add_parser("show", help="one build's manifest (or its failed attempt's)")
+    es.add_argument("id")
+    er = en_sub.add_parser("rm", help="remove a build")
+    er.add_argument("id")
+    eb = en_sub.add_parser("build", help="build (or reuse) what a mode needs on a backend")
+    eb.add_argument("--mode", default="autoregressive", help=", ".join(MODES))
+    eb.add_argument("--plan", action="store_true", help="print what the build would do (TensorRT-LLM: LLM API arguments, trtllm-build command) and stop")
+    _add_decoding_flags(eb)
+    _add_backend_flags(eb)
+    for p in (el, es, er):
+        p.add_argument("--engines-dir", default=None)
+        p.add_argument("--model", default=BUNDLED)
+        p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    en.set_defaults(func=cmd_engines)
     b = sub.add_parser("bench", help="benchmark modes (and peers) on Spec-Bench prompts")
     b.add_argument("--prompts", default=None, help="Spec-Bench-format JSONL (default: assets/spec_bench/question.jsonl)")
     b.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
@@ -274,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--modes", default="autoregressive,prompt_lookup,lookahead")
     b.add_argument("--peers", action="store_true", help="also run transformers' generate() variants")
     b.add_argument("--json", default=None, metavar="OUT", help="write summary and per-run records here")
+    b.add_argument("--ui-overhead", action="store_true",
+                   help="instead: time each mode through the web app (launched in this process) against the same "
+                   "generation without it, alternately, and report the overhead (the app's own defaults per mode)")
     _add_decoding_flags(b)
     b.set_defaults(func=cmd_bench)
     t = sub.add_parser("train", help="train Medusa heads, an EAGLE module or a distilled draft on a frozen model")
@@ -307,9 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["ui", *argv]  # `python -m app [--host H] [--port P] ...` starts the web app
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ModelError, ContextError, ExportError) as err:
+    except (ConfigError, ModelError, ContextError, ExportError, EngineError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -13,6 +13,16 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
 
+# The browser tests drive Debian's chromium through Playwright (never `playwright install`, which
+# downloads a browser of its own from a host that is not reachable here).
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "test.sh: installing chromium (Debian package) for the browser tests" >&2
+    apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
+    if ((EUID != 0)); then apt=(sudo "${apt[@]}"); fi
+    "${apt[@]}" update -qq && "${apt[@]}" install -y -qq chromium >/dev/null \
+        || echo "test.sh: could not install chromium; the browser tests will fail" >&2
+fi
+
 export TEST_ARTIFACTS_DIR="$PWD/test-artifacts"
 mkdir -p "$TEST_ARTIFACTS_DIR"
 # Two workers on two cores: one torch thread each avoids oversubscription.

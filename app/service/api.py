@@ -19,6 +19,7 @@ from app.service.backends.remote import RemoteBackend
 from app.service.backends.tensorrt_llm import TensorRTLLMBackend
 from app.service.backends.transformers import TransformersBackend
 from app.service.configs import DecodeRequest
+from app.service.engines import BuildSpec, EngineStore, Progress, spec_for
 from app.service.jobs import Job, JobManager, Limits
 
 LOSSLESS = {
@@ -54,6 +55,7 @@ class Service:
             "remote": RemoteBackend(remote_url),
         }
         self.jobs = JobManager(limits)
+        self.store = EngineStore(self.engines)
 
     # ------------------------------------------------------------------ what can run
     def availability(self) -> dict[str, Availability]:
@@ -116,9 +118,26 @@ class Service:
         finally:
             job.cancel()
 
-    def token_texts(self, ids: list[int], model: str | None = None) -> dict[int, str]:
-        target = self.backends["transformers"].model(model or self.model)
-        return {i: target.tokenizer.decode([i]) for i in set(ids)}
+    # ------------------------------------------------------------------ engine builds
+    def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, tensor_parallel_size: int = 1) -> BuildSpec:
+        return spec_for(self.request(data), model or self.model, tensor_parallel_size=tensor_parallel_size)
+
+    def engine_plan(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> dict[str, Any]:
+        return self.store.plan(self.engine_spec(data, model))
+
+    def engine_build(self, data: dict[str, Any] | DecodeRequest, model: str | None = None,
+                     progress: Progress | None = None) -> dict[str, Any]:
+        """The manifest of the build this config needs: reused, or built now (once, however many ask)."""
+        return self.store.build(self.engine_spec(data, model), progress=progress)
+
+    def engine_list(self) -> list[dict[str, Any]]:
+        return self.store.list()
+
+    def engine_get(self, build_id: str) -> dict[str, Any] | None:
+        return self.store.get(build_id)
+
+    def engine_remove(self, build_id: str) -> None:
+        self.store.remove(build_id)
 
     def close(self) -> None:
         self.jobs.shutdown()

@@ -12,6 +12,7 @@ import itertools
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,6 +62,27 @@ class Job:
                 self._out.put(_END)  # a second reader ends too
                 return
             yield item
+
+    def batches(self, every: float = 0.2) -> Iterator[list[dict[str, Any]]]:
+        """The messages in batches: whatever arrived, at most every `every` seconds. A UI redraws once per
+        batch, so drawing never slows generation, however fast the steps come."""
+        while True:
+            batch = [self._out.get()]
+            deadline = time.monotonic() + every
+            while batch[-1] is not _END:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    batch.append(self._out.get(timeout=left))
+                except queue.Empty:
+                    break
+            if batch[-1] is _END:
+                self._out.put(_END)
+                if batch[:-1]:
+                    yield batch[:-1]
+                return
+            yield batch
 
     def _run(self) -> None:
         if self.cancel_event.is_set():  # cancelled while it waited in the queue

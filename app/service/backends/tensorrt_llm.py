@@ -36,6 +36,9 @@ CONFIG_CLASSES = {  # decoding_type -> class in tensorrt_llm.llmapi
     "Medusa": "MedusaDecodingConfig",
     "Eagle": "EagleDecodingConfig",
 }
+# decoding_type -> BuildConfig.speculative_decoding_mode (the SpeculativeDecodingMode member name).
+ENGINE_MODES = {"Lookahead": "LOOKAHEAD_DECODING", "Medusa": "MEDUSA", "Eagle": "EAGLE",
+                "Draft_Target": "DRAFT_TOKENS_EXTERNAL", "NGram": "DRAFT_TOKENS_EXTERNAL"}
 
 
 def probe() -> Availability:
@@ -73,16 +76,12 @@ def llm_kwargs(request: DecodeRequest, model: str, tensor_parallel_size: int = 1
         c = request.speculative_config
         if spec is not None:
             kwargs["build_config"] = {"max_beam_width": 1, "max_draft_len": c.max_draft_len,
-                                      "speculative_decoding_mode": _engine_mode(spec["decoding_type"])}
+                                      "speculative_decoding_mode": ENGINE_MODES[spec["decoding_type"]]}
         if tensor_parallel_size > 1:
             kwargs["tokenizer"] = model
     if engine_dir is not None and flavour == "tensorrt":
         kwargs["tokenizer"] = model
     return kwargs
-
-
-def _engine_mode(decoding_type: str) -> str:
-    return {"Lookahead": "LOOKAHEAD_DECODING", "Medusa": "MEDUSA", "Eagle": "EAGLE"}[decoding_type]
 
 
 def sampling_kwargs(request: DecodeRequest) -> dict[str, Any]:
@@ -186,17 +185,8 @@ class TensorRTLLMBackend:
         with self._lock:
             if key not in self._llms:
                 kwargs = llm_kwargs(request, model, self.tensor_parallel_size)
-                cls = _import(LLM_CLASSES[trtllm_backend(request)])
-                if "speculative_config" in kwargs:
-                    spec = dict(kwargs["speculative_config"])
-                    config_cls = _import("tensorrt_llm.llmapi." + CONFIG_CLASSES[spec.pop("decoding_type")])
-                    kwargs["speculative_config"] = config_cls(**{k: v for k, v in spec.items() if v is not None})
-                if "build_config" in kwargs:
-                    from tensorrt_llm import BuildConfig
-
-                    build = dict(kwargs["build_config"])
-                    build.pop("speculative_decoding_mode")  # the LLM API derives it from speculative_config
-                    kwargs["build_config"] = BuildConfig(**build)
+                cls = import_object(LLM_CLASSES[trtllm_backend(request)])
+                kwargs = llm_objects(kwargs)
                 self._llms[key] = cls(**kwargs)
             return self._llms[key]
 
@@ -226,9 +216,33 @@ def _stream(llm, prompt_ids: list[int], params, cancel: threading.Event) -> Iter
         loop.close()
 
 
-def _import(path: str):
+def import_object(path: str):
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
+
+
+def llm_objects(llm: dict) -> dict:
+    """LLM(...) keyword arguments from plain data: the llmapi speculative config class and a BuildConfig.
+    Field names are checked against the installed version (TRTLLM.md: they moved between releases)."""
+    from tensorrt_llm import llmapi
+
+    kwargs = dict(llm)
+    if "speculative_config" in kwargs:
+        data = {k: v for k, v in kwargs["speculative_config"].items() if v is not None}
+        cls = getattr(llmapi, CONFIG_CLASSES[data.pop("decoding_type")])
+        fields = {name: (f.alias or name) for name, f in cls.model_fields.items()}
+        names = set(fields) | set(fields.values())
+        if "speculative_model" in data and "speculative_model" not in names and "speculative_model_dir" in names:
+            data["speculative_model_dir"] = data.pop("speculative_model")  # the 1.0-era name (TRTLLM.md section 4)
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"this TensorRT-LLM's {cls.__name__} has no field {', '.join(unknown)}")
+        kwargs["speculative_config"] = cls(**data)
+    if "build_config" in kwargs:
+        build = dict(kwargs["build_config"])
+        build.pop("speculative_decoding_mode", None)  # the LLM API sets it from speculative_config (TRTLLM.md section 4)
+        kwargs["build_config"] = llmapi.BuildConfig(**build)
+    return kwargs
 
 
 def _texts(llm, ids) -> dict[int, str]:

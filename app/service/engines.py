@@ -1,0 +1,571 @@
+"""The build store: content-addressed, crash-safe builds of what a decoding config needs before it runs.
+
+A build lives in `<engines>/builds/<id>/`, where id is a short sha256 of its spec: the model, the
+mode, the backend, the build-relevant part of the config (a trained artifact by the hash of its
+files) and the library versions. Sampling, budgets and other runtime settings never change the id.
+Each build directory holds `manifest.json`:
+
+  {"id", "spec", "kind" (see ENGINE_KINDS), "status": "ready" | "failed", "created" (ISO UTC),
+   "duration_s", "source" (what it was built from), "files" ({relative path: bytes}), "error"?}
+
+One builder runs per id at a time, across threads and processes (fcntl.flock on
+`builds/<id>.lock`); later callers wait and reuse its result. A builder writes into
+`builds/.tmp-<id>-<random>/`, which is renamed to `builds/<id>/` only once complete and fsynced,
+so a crash leaves a `.tmp-*` directory (cleaned up by the next build of that id), never a
+directory that looks usable. A failed build is kept as `builds/.failed-<id>/` (its manifest with
+the error, and whatever the builder wrote, e.g. a TensorRT-LLM build plan) until the next attempt.
+
+Nothing here imports tensorrt_llm at module import time; the TensorRT-LLM builder imports it
+lazily and, where it is missing (every CPU machine), fails with a clear error after writing the
+build plan, which `EngineStore.plan()` also returns as pure data without building.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from app import models
+from app.config import ConfigError
+from app.service import configs
+from app.service.backends import tensorrt_llm as trt
+from app.service.configs import DecodeRequest
+
+Progress = Callable[[float, str], None]
+Builder = Callable[[Path, Progress], dict]
+
+ID_LENGTH = 16
+MANIFEST = "manifest.json"
+PLAN = "plan.json"
+ENGINE_KINDS = {
+    "transformers-model": "transformers backend, modes without a trained artifact (autoregressive, prompt lookup, "
+    "lookahead): only the manifest; the build prepares and records the model cache it runs on "
+    "(engines/models/<name>, the bundled GGUF dequantized once) or the local/hub model",
+    "transformers-heads": "transformers backend, medusa / eagle: `medusa/` or `eagle/`, a verified copy of the trained "
+    "artifact (config.json, model.safetensors, ...), plus the model cache record",
+    "transformers-draft": "transformers backend, draft_target: the records of the prepared target and draft models",
+    "tensorrt-engine": "TensorRT-LLM engine backend (lookahead, medusa, eagle, autoregressive): plan.json, "
+    "`engine/` (LLM.save: config.json, rank<N>.engine) and, for Medusa from our artifact, `medusa/` (the heads "
+    "exported in the layout TensorRT-LLM converts)",
+    "tensorrt-pytorch": "TensorRT-LLM PyTorch backend (prompt lookup, draft_target, eagle): plan.json only; this "
+    "backend compiles nothing ahead of time, LLM(**plan['llm']) loads the checkpoint at run time",
+}
+# Build settings of a TensorRT engine (TRTLLM.md section 6); a spec may override them.
+TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120}
+# Fields of our configs that only steer a run, never what is built (per decoding_type).
+RUNTIME_FIELDS = {"Lookahead": {"request", "pool_from_prompt"}, "NGram": {"max_candidates", "ngram_draft_lens"},
+                  "Medusa": {"typical_acceptance", "posterior_threshold", "posterior_alpha"}}
+ARTIFACT_MODES = ("medusa", "eagle")
+
+
+class EngineError(ValueError):
+    """A spec or build id the store cannot use; the message is meant for the user."""
+
+
+class BuildError(EngineError):
+    """A build that failed; nothing was left at its final path."""
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What a build is made from. `versions` None = the installed libraries of the backend."""
+
+    model: str
+    mode: str
+    backend: str = "transformers"
+    config: dict = field(default_factory=dict)
+    versions: dict | None = None
+
+    def to_dict(self) -> dict:
+        versions = library_versions(self.backend) if self.versions is None else self.versions
+        return {"model": self.model, "mode": self.mode, "backend": self.backend, "config": self.config, "versions": versions}
+
+    def key(self) -> str:
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:ID_LENGTH]
+
+
+def library_versions(backend: str) -> dict:
+    """The versions a build of `backend` depends on (read from package metadata: importing TensorRT-LLM needs CUDA)."""
+    names = ("tensorrt_llm",) if backend == "tensorrt_llm" else ("transformers", "torch")
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def spec_for(request: DecodeRequest, model: str, *, build_config: dict | None = None, tensor_parallel_size: int = 1) -> BuildSpec:
+    """The build a checked request needs on its backend: only build-relevant fields.
+
+    transformers: the build is the prepared model (+ the trained artifact, + the draft model), so
+    tree shapes, (W, N, G) and the like are runtime settings there and do not change the id.
+    tensorrt_llm: the engine bakes in the speculative config (lookahead's (W, N, G) and the
+    derived max_draft_len, a Medusa tree, ...), the build settings and the tensor parallelism."""
+    request.check()
+    if request.backend not in ("transformers", "tensorrt_llm"):
+        raise EngineError(f"the {request.backend} backend has nothing to build")
+    unknown = sorted(set(build_config or {}) - set(TRT_BUILD_DEFAULTS))
+    if unknown or tensor_parallel_size < 1:
+        raise EngineError(f"build settings are {', '.join(TRT_BUILD_DEFAULTS)} and tensor_parallel_size >= 1; got {unknown or tensor_parallel_size}")
+    c = request.speculative_config
+    config: dict[str, Any] = {}
+    if hasattr(c, "speculative_model"):
+        config["speculative_model"] = c.speculative_model
+    if request.backend == "tensorrt_llm":
+        fields = c.model_dump(exclude=RUNTIME_FIELDS.get(c.decoding_type, set()) | {"speculative_model"})
+        for name in ("medusa_choices", "eagle_choices"):  # a tree by its paths, not by a name whose file may change
+            if fields.get(name) is not None:
+                fields[name] = configs.medusa_choices(fields[name] if isinstance(fields[name], str) else json.dumps(fields[name]))
+        config.update(speculative_config=fields, max_draft_len=c.max_draft_len,
+                      trtllm_backend=request.trtllm_backend or configs.TRTLLM_BACKENDS[c.mode][0],
+                      tensor_parallel_size=tensor_parallel_size)
+        if config["trtllm_backend"] == "tensorrt":
+            config["build_config"] = {**TRT_BUILD_DEFAULTS, **(build_config or {})}
+    return resolve(BuildSpec(model, c.mode, request.backend, config))
+
+
+def resolve(spec: BuildSpec) -> BuildSpec:
+    """The spec with its trained artifact pinned by content: a changed artifact gives a new id.
+
+    medusa / eagle: speculative_model None = the model's shipped artifact; a local directory is
+    hashed into `speculative_model_sha256`. draft_target on transformers: None = the shipped draft."""
+    cfg = dict(spec.config)
+    given = cfg.get("speculative_model")
+    if spec.mode in ARTIFACT_MODES:
+        path = Path(given).expanduser() if given else models.default_artifact(spec.model, spec.mode)
+        if path is None:
+            raise EngineError(
+                f"no {spec.mode} artifact for model '{spec.model}': train one (python -m app train --mode {spec.mode}) "
+                "and set speculative_model to its directory"
+            )
+        if path.is_dir():
+            cfg["speculative_model_sha256"] = tree_sha256(path)
+            if given:
+                cfg["speculative_model"] = str(path.resolve())
+        elif spec.backend == "transformers":
+            raise EngineError(f"the {spec.mode} artifact '{given}' is not a directory")
+    elif spec.mode == "draft_target" and spec.backend == "transformers" and not given:
+        from app import runner
+
+        try:
+            cfg["speculative_model"] = runner._default_draft(spec.model)
+        except ConfigError as err:
+            raise EngineError(str(err)) from None
+    return replace(spec, config=cfg)
+
+
+def tree_sha256(directory: Path) -> str:
+    """sha256 over every file's relative path and content, in a fixed order."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        h.update(path.relative_to(directory).as_posix().encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+class EngineStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.builds = self.root / "builds"
+
+    def spec_id(self, spec: BuildSpec) -> str:
+        return resolve(spec).key()
+
+    def plan(self, spec: BuildSpec) -> dict:
+        """What building `spec` would do, as pure data (nothing is built, imported or prepared)."""
+        spec = resolve(spec)
+        if spec.backend == "tensorrt_llm":
+            return trtllm_plan(spec, self.root)
+        return {"backend": spec.backend, "kind": _transformers_kind(spec.mode), "model": spec.model,
+                "model_dir": _model_dir(spec.model, self.root), "speculative_model": spec.config.get("speculative_model")}
+
+    def get(self, build_id: str) -> dict | None:
+        """The manifest of a ready build, else that of its last failed attempt, else None."""
+        _check_id(build_id)
+        for directory in (self.builds / build_id, self.builds / f".failed-{build_id}"):
+            manifest = _read_manifest(directory)
+            if manifest is not None:
+                return manifest
+        return None
+
+    def list(self) -> list[dict]:
+        """Manifests of the ready builds, newest first (temporary, failed and half-done directories are skipped)."""
+        if not self.builds.is_dir():
+            return []
+        found = []
+        for directory in self.builds.iterdir():
+            if not directory.name.startswith(".") and (manifest := _ready(directory, directory.name)) is not None:
+                found.append(manifest)
+        return sorted(found, key=lambda m: (m.get("created", ""), m["id"]), reverse=True)
+
+    def build(self, spec: BuildSpec, builder: Builder | None = None, progress: Progress | None = None) -> dict:
+        """The manifest of the ready build of `spec`: reused when it exists, else built now (once across
+        threads and processes). Raises BuildError when the builder fails."""
+        progress = progress or _quiet
+        spec = resolve(spec)
+        build_id = spec.key()
+        final = self.builds / build_id
+        manifest = _ready(final, build_id)
+        if manifest is not None:
+            progress(1.0, f"reusing build {build_id}")
+            return manifest
+        with self._locked(build_id, progress):
+            manifest = _ready(final, build_id)  # another caller may have finished it while we waited
+            if manifest is not None:
+                progress(1.0, f"reusing build {build_id}")
+                return manifest
+            for stale in [*self.builds.glob(f".tmp-{build_id}-*"), self.builds / f".failed-{build_id}"]:
+                shutil.rmtree(stale, ignore_errors=True)
+            if final.exists():  # not made by us (no ready manifest): never reuse, never merge into it
+                shutil.rmtree(final)
+            return self._run(spec, build_id, builder or builder_for(spec, self.root), progress)
+
+    def remove(self, build_id: str) -> None:
+        """Delete a build (and its failed attempt); unknown ids are an error."""
+        _check_id(build_id)
+        with self._locked(build_id, _quiet):
+            targets = [d for d in (self.builds / build_id, self.builds / f".failed-{build_id}") if d.exists()]
+            if not targets:
+                known = ", ".join(m["id"] for m in self.list()) or "none"
+                raise EngineError(f"there is no build '{build_id}' in {self.builds} (ready builds: {known})")
+            for directory in targets:
+                # Renamed first: a removal cut short leaves a .tmp-* directory, not a half-deleted build.
+                doomed = self.builds / f".tmp-{build_id}-removed-{secrets.token_hex(4)}"
+                os.replace(directory, doomed)
+                shutil.rmtree(doomed)
+
+    # -------------------------------------------------------------------------
+
+    def _run(self, spec: BuildSpec, build_id: str, builder: Builder, progress: Progress) -> dict:
+        tmp = self.builds / f".tmp-{build_id}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        created = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        start = time.monotonic()
+        base = {"id": build_id, "spec": spec.to_dict(), "created": created}
+        progress(0.0, f"building {build_id}: {spec.mode} for {spec.model} on {spec.backend}")
+        try:
+            result = builder(tmp, progress)
+            if not isinstance(result, dict) or not isinstance(result.get("kind"), str):
+                raise BuildError(f"the builder of {build_id} returned {type(result).__name__}, not a dict with a 'kind'")
+        except Exception as err:
+            raise self._failure(tmp, base, err, time.monotonic() - start) from err
+        except BaseException:  # interrupted: like a crash, the next build cleans up
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        extra = {k: v for k, v in result.items() if k not in ("kind", "source")}
+        manifest = {**base, "kind": result["kind"], "status": "ready", "duration_s": round(time.monotonic() - start, 3),
+                    "source": result.get("source", {}), "files": _files(tmp), **extra}
+        _write_json(tmp / MANIFEST, manifest)
+        _fsync_tree(tmp)
+        os.replace(tmp, self.builds / build_id)
+        _fsync_dir(self.builds)
+        progress(1.0, f"build {build_id} ready")
+        return manifest
+
+    def _failure(self, tmp: Path, base: dict, err: Exception, duration: float) -> BuildError:
+        """Keep what a failed builder left as .failed-<id>/ with its manifest; the error to raise."""
+        failed = self.builds / f".failed-{base['id']}"
+        message = str(err) if isinstance(err, EngineError) else f"{type(err).__name__}: {err}"
+        # Paths the builder named inside its temporary directory now live in the failed one.
+        message = message.replace(str(tmp), str(failed))
+        manifest = {**base, "kind": None, "status": "failed", "duration_s": round(duration, 3), "source": {},
+                    "files": _files(tmp), "error": message}
+        try:
+            _write_json(tmp / MANIFEST, manifest)
+            os.replace(tmp, failed)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, BuildError):
+            return BuildError(message)
+        spec = base["spec"]
+        return BuildError(f"building {spec['mode']} for {spec['model']} ({spec['backend']}) failed: {message}")
+
+    @contextmanager
+    def _locked(self, build_id: str, progress: Progress) -> Iterator[None]:
+        # Lock files stay: unlinking one while another process waits on it would let a third one in.
+        self.builds.mkdir(parents=True, exist_ok=True)
+        with open(self.builds / f"{build_id}.lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                progress(0.0, f"waiting for another build of {build_id}")
+                fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _quiet(fraction: float, message: str) -> None:
+    pass
+
+
+def _check_id(build_id: str) -> None:
+    if not isinstance(build_id, str) or not re.fullmatch(f"[0-9a-f]{{{ID_LENGTH}}}", build_id):
+        raise EngineError(f"'{build_id}' is not a build id ({ID_LENGTH} hex digits)")
+
+
+def _read_manifest(directory: Path) -> dict | None:
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and "id" in manifest else None
+
+
+def _ready(directory: Path, build_id: str) -> dict | None:
+    manifest = _read_manifest(directory)
+    return manifest if manifest and manifest["id"] == build_id and manifest.get("status") == "ready" else None
+
+
+def _files(directory: Path) -> dict[str, int]:
+    out = {}
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            path = Path(parent) / name
+            rel = path.relative_to(directory).as_posix()
+            if rel != MANIFEST:
+                out[rel] = path.stat().st_size
+    return dict(sorted(out.items()))
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _fsync_tree(directory: Path) -> None:
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            fd = os.open(Path(parent) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(parent))
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _dir_bytes(path: str) -> int | None:
+    p = Path(path)
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else None
+
+
+def _model_dir(name: str, engines: Path) -> str:
+    """Where models.locate puts or finds `name`, without preparing it."""
+    if name in models.ALIASES or name in models.DRAFT_ALIASES:
+        return str(engines / "models" / name)
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.is_dir() else name
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def builder_for(spec: BuildSpec, engines: Path) -> Builder:
+    if spec.backend == "transformers":
+        return transformers_builder(spec, engines)
+    if spec.backend == "tensorrt_llm":
+        return trtllm_builder(spec, engines)
+    raise EngineError(f"the {spec.backend} backend has nothing to build")
+
+
+def _transformers_kind(mode: str) -> str:
+    return "transformers-heads" if mode in ARTIFACT_MODES else "transformers-draft" if mode == "draft_target" else "transformers-model"
+
+
+def transformers_builder(spec: BuildSpec, engines: Path) -> Builder:
+    """The prepared model cache (+ a verified copy of the trained artifact, + the prepared draft model)."""
+    spec = resolve(spec)
+
+    def build(out: Path, progress: Progress) -> dict:
+        steps = 2 if spec.mode in (*ARTIFACT_MODES, "draft_target") else 1
+        progress(0.0, f"preparing the model {spec.model}")
+        where = models.locate(spec.model, engines)
+        source: dict[str, Any] = {"model": spec.model, "model_path": where, "model_bytes": _dir_bytes(where)}
+        if spec.mode in ARTIFACT_MODES:
+            src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, spec.mode))
+            progress(1 / steps, f"copying the {spec.mode} artifact from {src}")
+            _check_artifact_fits(src, where, spec.mode)
+            shutil.copytree(src, out / spec.mode)
+            digest = tree_sha256(out / spec.mode)
+            if digest != spec.config["speculative_model_sha256"]:
+                raise BuildError(f"the {spec.mode} artifact at {src} changed while it was being built from: build again")
+            source.update(speculative_model=str(src), speculative_model_sha256=digest)
+        elif spec.mode == "draft_target":
+            draft = spec.config["speculative_model"]
+            progress(1 / steps, f"preparing the draft model {draft}")
+            draft_where = models.locate(draft, engines)
+            source.update(speculative_model=draft, speculative_model_path=draft_where, speculative_model_bytes=_dir_bytes(draft_where))
+        return {"kind": _transformers_kind(spec.mode), "source": source}
+
+    return build
+
+
+def _check_artifact_fits(artifact: Path, model_dir: str, mode: str) -> None:
+    """Compare sizes from the two config.json files (no model load): a wrong-model artifact fails at build time."""
+    model_config = Path(model_dir) / "config.json"
+    if not model_config.is_file():
+        return  # a hub id: checked when the heads are loaded next to the model
+    target, made = json.loads(model_config.read_text()), json.loads((artifact / "config.json").read_text())
+    for key in ("hidden_size", "vocab_size"):
+        if key in made and made[key] != target.get(key):
+            raise BuildError(f"the {mode} artifact at {artifact} was made for {key} {made[key]} but the model has {target.get(key)}")
+
+
+def _request(spec: BuildSpec) -> DecodeRequest:
+    """The checked DecodeRequest a tensorrt_llm spec was derived from (its build-relevant part)."""
+    cfg = spec.config
+    fields = dict(cfg.get("speculative_config") or {"decoding_type": configs.MODE_TYPES[spec.mode]})
+    if "speculative_model" in cfg:
+        fields["speculative_model"] = cfg["speculative_model"]
+    request = DecodeRequest(speculative_config=fields, backend="tensorrt_llm", trtllm_backend=cfg.get("trtllm_backend"))
+    request.check()
+    return request
+
+
+def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict:
+    """The TensorRT-LLM build of `spec` as pure data (TRTLLM.md sections 4 and 6). "{build_dir}" stands for the
+    build directory, "{checkpoint_dir}" for a TensorRT-LLM checkpoint converted from the model."""
+    if spec.backend != "tensorrt_llm":
+        raise EngineError(f"a TensorRT-LLM plan needs a tensorrt_llm spec, not {spec.backend}")
+    spec = resolve(spec)
+    request = _request(spec)
+    flavour = spec.config.get("trtllm_backend") or configs.TRTLLM_BACKENDS[spec.mode][0]
+    model_dir = _model_dir(spec.model, engines)
+    llm: dict[str, Any] = {"model": model_dir, "tensor_parallel_size": spec.config.get("tensor_parallel_size", 1)}
+    prepare = []
+    speculative = configs.trtllm_speculative_config(request)
+    if speculative is not None:
+        given = spec.config.get("speculative_model")
+        # resolve() made sure an artifact mode has one
+        src = given or (str(models.default_artifact(spec.model, spec.mode)) if spec.mode in ARTIFACT_MODES else None)
+        if spec.mode == "medusa" and src and _is_our_medusa(Path(src)):
+            # TensorRT-LLM reads Medusa's own heads layout (medusa_lm_head.safetensors), not our artifact.
+            prepare.append({"step": "export_medusa", "from": src, "to": "{build_dir}/medusa"})
+            src = "{build_dir}/medusa"
+        if "speculative_model" in speculative:
+            speculative["speculative_model"] = src
+        llm["speculative_config"] = {k: v for k, v in speculative.items() if v is not None}
+    plan: dict[str, Any] = {"backend": "tensorrt_llm", "trtllm_backend": flavour, "llm_class": trt.LLM_CLASSES[flavour],
+                            "prepare": prepare, "llm": llm, "save": None, "trtllm_build": None}
+    if flavour == "tensorrt":
+        decoding_type = request.speculative_config.decoding_type
+        build = {**TRT_BUILD_DEFAULTS, **spec.config.get("build_config", {}),
+                 "speculative_decoding_mode": trt.ENGINE_MODES.get(decoding_type, "NONE"),
+                 "max_draft_len": request.speculative_config.max_draft_len}
+        llm["build_config"] = build
+        plan["save"] = "{build_dir}/engine"
+        command = configs.trtllm_build_plan(request, "{checkpoint_dir}", "{build_dir}/engine", build["max_batch_size"])
+        command += ["--max_seq_len", str(build["max_seq_len"]), "--max_num_tokens", str(build["max_num_tokens"])]
+        plan["trtllm_build"] = {
+            "command": command,
+            "checkpoint_dir": f"a TensorRT-LLM checkpoint converted from {model_dir} by its model family's "
+            "convert_checkpoint.py" + (" with --medusa_model_dir <the heads>" if spec.mode == "medusa" else ""),
+        }
+    else:
+        plan["note"] = "TensorRT-LLM's PyTorch backend builds no engine: LLM(**llm) loads the checkpoint at run time"
+    return plan
+
+
+def _is_our_medusa(path: Path) -> bool:
+    try:
+        return json.loads((path / "config.json").read_text()).get("architecture") == "medusa"
+    except (OSError, ValueError):
+        return False
+
+
+def _fill(value: Any, build_dir: Path) -> Any:
+    if isinstance(value, str):
+        return value.replace("{build_dir}", str(build_dir))
+    if isinstance(value, dict):
+        return {k: _fill(v, build_dir) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, build_dir) for v in value]
+    return value
+
+
+def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
+    """Writes plan.json first, then runs it through TensorRT-LLM's LLM API and saves the engine."""
+    spec = resolve(spec)
+
+    def build(out: Path, progress: Progress) -> dict:
+        plan = trtllm_plan(spec, engines)
+        _write_json(out / PLAN, plan)
+        progress(0.05, "wrote the build plan")
+        state = trt.probe()
+        if not state.available:
+            raise BuildError(f"TensorRT-LLM cannot build here: {state.reason}; the build plan is in {out / PLAN}")
+        where = models.locate(spec.model, engines)
+        source = {"model": spec.model, "model_path": where, "model_bytes": _dir_bytes(where),
+                  "speculative_model": spec.config.get("speculative_model"),
+                  "tensorrt_llm": library_versions("tensorrt_llm")["tensorrt_llm"]}
+        for step in plan["prepare"]:
+            progress(0.1, f"exporting the Medusa heads from {step['from']}")
+            _export_medusa(Path(step["from"]), Path(where), Path(_fill(step["to"], out)), spec.model)
+        progress(0.2, f"building with {plan['llm_class']} (this takes minutes)")
+        try:
+            kwargs = trt.llm_objects(_fill(plan["llm"], out))
+        except ConfigError as err:
+            raise BuildError(str(err)) from err
+        llm = trt.import_object(plan["llm_class"])(**kwargs)
+        try:
+            if plan["save"]:
+                progress(0.9, "saving the engine")
+                llm.save(_fill(plan["save"], out))
+        finally:
+            llm.shutdown()
+        kind = "tensorrt-engine" if plan["save"] else "tensorrt-pytorch"
+        return {"kind": kind, "source": source, "plan": PLAN}
+
+    return build
+
+
+def _export_medusa(src: Path, model_dir: Path, out: Path, base_model: str) -> None:
+    from safetensors import safe_open
+
+    from app.heads import medusa
+
+    heads = medusa.load(src)
+    # Heads share the target's LM head; read just that tensor (a tied model has only the embedding).
+    for name in ("lm_head.weight", "model.embed_tokens.weight"):
+        for file in sorted(model_dir.glob("*.safetensors")):
+            with safe_open(str(file), "pt") as f:
+                if name in f.keys():
+                    medusa.export_trtllm(heads, f.get_tensor(name), out, base_model)
+                    return
+    raise BuildError(f"no LM head weight in {model_dir}: the Medusa heads cannot be exported for TensorRT-LLM")
+

@@ -1,0 +1,248 @@
+"""Trace events -> Plotly figures for the web UI (pure: data in, a go.Figure out).
+
+Every builder takes the step events a run streamed (dicts, see app.decoding.types.StepEvent) and
+returns a figure 300 px high with large fonts (projectors), transparent backgrounds and mid-grey
+text (light and dark pages), hex colours only (Gradio draws with plotly.js 3), plain Python lists
+(plotly 6+ would base64-encode numpy arrays), and uirevision="keep" so zoom survives streaming.
+With no steps, a builder returns an empty figure carrying an explanatory annotation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from app.ui.learn import MODE_LABELS
+from app.ui.render import infer_mode
+
+HEIGHT = 300
+_TEMPLATE = pio.templates["none"]  # the object: naming it makes plotly look it up and copy it per figure
+FONT = "#777777"
+GRID = "rgba(128,128,128,0.25)"
+# Okabe-Ito, colour-blind safe; the baseline is grey and dashed.
+COLORS = {
+    "autoregressive": "#999999",
+    "draft_target": "#0072B2",
+    "prompt_lookup": "#E69F00",
+    "lookahead": "#009E73",
+    "medusa": "#CC79A7",
+    "eagle": "#D55E00",
+}
+ACCEPTED, ADDED, DRAFT, VERIFY, TAU = "#56B4E9", "#E69F00", "#CC79A7", "#0072B2", "#D55E00"
+EMPTY = "No steps yet: run a prompt."
+
+
+def mode_key(name: str) -> str:
+    """A mode key from a key or its label ("Prompt lookup" -> "prompt_lookup"); unknown names pass through."""
+    return name if name in MODE_LABELS else {v: k for k, v in MODE_LABELS.items()}.get(name, name)
+
+
+def _steps(events: Iterable[Any] | None) -> list[dict]:
+    return [e for e in (events or []) if isinstance(e, dict) and e.get("type", "step") == "step"]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
+    """The shared look. Built as one layout dict in the constructor: plotly's update_layout with nested
+    keys costs ~15 ms a figure, and the UI redraws while the model generates in the same process."""
+    def axis(text: str) -> dict:
+        return dict(title=dict(text=text, font=dict(size=15)), tickfont=dict(size=14), rangemode="tozero",
+                    gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+
+    layout: dict[str, Any] = dict(
+        template=_TEMPLATE,
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=18)),
+        height=HEIGHT,
+        margin=dict(l=64, r=16, t=48, b=52),
+        paper_bgcolor="rgba(0,0,0,0)",
+        plot_bgcolor="rgba(0,0,0,0)",
+        font=dict(size=15, color=FONT),
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom", font=dict(size=14)),
+        xaxis=axis(xtitle),
+        yaxis=axis(ytitle),
+        uirevision="keep",
+        transition=dict(duration=0),
+    )
+    for key, value in fig.layout.to_plotly_json().items():  # what the caller set (barmode, dtick, ...) wins
+        if key == "template":  # plotly's default template, filled in by go.Figure(): ours replaces it
+            continue
+        layout[key] = {**layout[key], **value} if isinstance(value, dict) and isinstance(layout.get(key), dict) else value
+    return go.Figure(data=fig.data, layout=layout)
+
+
+def _empty(title: str, message: str = EMPTY) -> go.Figure:
+    fig = go.Figure(layout=dict(
+        xaxis=dict(visible=False), yaxis=dict(visible=False),
+        annotations=[dict(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16))],
+    ))
+    return _layout(fig, title, "", "")
+
+
+def _label(events: list[dict], label: str | None) -> tuple[str, str]:
+    """(trace name, colour) for a run: the given label, else the mode read off the trace."""
+    mode = infer_mode(events)
+    return label or MODE_LABELS.get(mode or "", "This run"), COLORS.get(mode or "", "#0072B2")
+
+
+def _cumulative(events: list[dict]) -> list[tuple[float | None, float]]:
+    """(elapsed_s, new_tokens so far) after each step; totals when present, else counted."""
+    points, count = [], 0.0
+    for e in events:
+        count += len(e.get("tokens") or [])
+        totals = e.get("totals") or {}
+        new = _number(totals.get("new_tokens"))
+        points.append((_number(totals.get("elapsed_s")), new if new is not None else count))
+    return points
+
+
+def _markers(n: int) -> str:
+    return "lines+markers" if n <= 120 else "lines"
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def race(events: list[dict], baseline: list | None = None, *, label: str | None = None,
+         baseline_label: str | None = None) -> go.Figure:
+    """Cumulative tokens against wall time for this run and, when given, the autoregressive
+    baseline on the same axes. `baseline`: a list of (elapsed_s, new_tokens) points or of step events."""
+    title = "Race: tokens over time"
+    events = _steps(events)
+    base: list[tuple[float | None, float]] = []
+    base_name, base_color = baseline_label or "Autoregressive", COLORS["autoregressive"]
+    if baseline:
+        if isinstance(baseline[0], Mapping):
+            base_events = _steps(baseline)
+            base = _cumulative(base_events)
+            base_name = baseline_label or MODE_LABELS.get(infer_mode(base_events) or "", base_name)
+        else:
+            base = [(_number(p[0]), _number(p[1]) or 0.0) for p in baseline if isinstance(p, (list, tuple)) and len(p) >= 2]
+    if not events and not base:
+        return _empty(title)
+    fig = go.Figure()
+    if base:
+        fig.add_trace(go.Scatter(x=[p[0] for p in base], y=[p[1] for p in base], name=base_name,
+                                 mode=_markers(len(base)), line=dict(color=base_color, width=3, dash="dash", shape="hv")))
+    if events:
+        name, color = _label(events, label)
+        points = _cumulative(events)
+        fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], name=name,
+                                 mode=_markers(len(points)), line=dict(color=color, width=4, shape="hv")))
+    return _layout(fig, title, "wall time (s)", "tokens generated")
+
+
+def race_runs(runs: Mapping[str, list[dict]]) -> go.Figure:
+    """The Compare tab's race: cumulative tokens against wall time for several runs of one prompt
+    on shared axes. `runs` maps a mode (key or label) to its step events; the baseline is dashed."""
+    title = "Race: tokens over time"
+    curves = [(name, _steps(events)) for name, events in (runs or {}).items()]
+    curves = [(name, events) for name, events in curves if events]
+    if not curves:
+        return _empty(title, "No runs yet: compare runs one prompt through each mode in turn.")
+    fig = go.Figure()
+    for name, events in curves:
+        mode = mode_key(str(name))
+        points = _cumulative(events)
+        baseline = mode == "autoregressive"
+        fig.add_trace(go.Scatter(
+            x=[p[0] for p in points], y=[p[1] for p in points], name=MODE_LABELS.get(mode, str(name)),
+            mode=_markers(len(points)),
+            line=dict(color=COLORS.get(mode, "#0072B2"), width=3, dash="dash" if baseline else "solid", shape="hv"),
+        ))
+    return _layout(fig, title, "wall time (s)", "tokens generated")
+
+
+def tokens_per_step(events: list[dict]) -> go.Figure:
+    """Tokens committed by each target pass (accepted drafts + the target's own token, stacked)
+    and the running mean τ."""
+    title = "Tokens per target pass"
+    events = _steps(events)
+    if not events:
+        return _empty(title)
+    x = [e.get("step", i) for i, e in enumerate(events)]
+    committed = [len(e.get("tokens") or []) for e in events]
+    accepted = [min(len(e.get("accepted_tokens") or []), c) for e, c in zip(events, committed)]
+    added = [c - a for c, a in zip(committed, accepted)]
+    tau, total = [], 0
+    for i, c in enumerate(committed):
+        total += c
+        tau.append(total / (i + 1))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=x, y=accepted, name="accepted draft", marker=dict(color=ACCEPTED)))
+    fig.add_trace(go.Bar(x=x, y=added, name="target's token", marker=dict(color=ADDED, pattern=dict(shape="/"))))
+    fig.add_trace(go.Scatter(x=x, y=tau, name=f"τ (mean) = {tau[-1]:.2f}", mode="lines", line=dict(color=TAU, width=3)))
+    fig.update_layout(barmode="stack", bargap=0.15)
+    return _layout(fig, title, "step", "tokens")
+
+
+def tokens_per_step_hist(events: list[dict]) -> go.Figure:
+    """How often a target pass committed 1, 2, 3… tokens."""
+    title = "Tokens per pass: distribution"
+    events = _steps(events)
+    if not events:
+        return _empty(title)
+    counts = [len(e.get("tokens") or []) for e in events]
+    tau = sum(counts) / len(counts)
+    fig = go.Figure(go.Histogram(x=counts, xbins=dict(start=-0.5, end=max(counts) + 0.5, size=1),
+                                 marker=dict(color=ACCEPTED, line=dict(color=VERIFY, width=1)), name="passes"))
+    fig.update_layout(showlegend=False, bargap=0.1)
+    fig.update_xaxes(dtick=1)
+    return _layout(fig, f"{title} (τ = {tau:.2f})", "tokens committed in one pass", "target passes")
+
+
+def throughput(events: list[dict], *, label: str | None = None) -> go.Figure:
+    """Running tokens per second: tokens so far / wall time so far, after each step."""
+    title = "Throughput"
+    events = _steps(events)
+    if not events:
+        return _empty(title)
+    points = _cumulative(events)
+    rate = [n / t if t else None for t, n in points]
+    name, color = _label(events, label)
+    fig = go.Figure(go.Scatter(x=[p[0] for p in points], y=rate, name=name, mode=_markers(len(points)),
+                               line=dict(color=color, width=3)))
+    fig.update_layout(showlegend=False)
+    return _layout(fig, title, "wall time (s)", "tokens/s (running)")
+
+
+def timing(events: list[dict]) -> go.Figure:
+    """Draft time and verify (target pass) time per step, stacked, in milliseconds."""
+    title = "Time per step: draft vs verify"
+    events = _steps(events)
+    if not events:
+        return _empty(title)
+    x = [e.get("step", i) for i, e in enumerate(events)]
+
+    def ms(key: str) -> list[float | None]:
+        return [None if _number(e.get(key)) is None else _number(e.get(key)) * 1000 for e in events]
+
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=x, y=ms("draft_time_s"), name="draft", marker=dict(color=DRAFT, pattern=dict(shape="x"))))
+    fig.add_trace(go.Bar(x=x, y=ms("verify_time_s"), name="verify", marker=dict(color=VERIFY)))
+    fig.update_layout(barmode="stack", bargap=0.15)
+    return _layout(fig, title, "step", "ms")
+
+
+def compare(rows: list[dict]) -> go.Figure:
+    """Speedup over autoregressive per mode (the Compare tab), with the 1× line."""
+    title = "Speedup vs autoregressive"
+    rows = [r for r in (rows or []) if isinstance(r, Mapping)]
+    if not rows:
+        return _empty(title, "No comparison yet: run one prompt through several modes.")
+    modes = [mode_key(str(r.get("mode", ""))) for r in rows]
+    speedup = [_number(r.get("speedup")) for r in rows]
+    fig = go.Figure(go.Bar(
+        x=[MODE_LABELS.get(m, m) for m in modes], y=speedup,
+        marker=dict(color=[COLORS.get(m, "#0072B2") for m in modes]),
+        text=["" if s is None else f"{s:.2f}×" for s in speedup], textposition="outside", cliponaxis=False,
+        name="speedup",
+    ))
+    fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
+    fig.update_layout(showlegend=False)
+    return _layout(fig, title, "", "× autoregressive tokens/s")

@@ -1,0 +1,171 @@
+"""The "Learn" texts: what each decoding mode does, its parameters (TensorRT-LLM names), whether it
+is lossless, and why it is or is not fast on a small CPU. Markdown; facts from
+/work/shared/design/ALGORITHMS.md and TRTLLM.md. The CPU numbers are the bundled SmolLM2-135M on
+2 cores: a target pass costs about 40 ms, each extra position verified in it about 2 ms."""
+
+MODE_LABELS = {
+    "autoregressive": "Autoregressive",
+    "draft_target": "Draft-target",
+    "prompt_lookup": "Prompt lookup",
+    "lookahead": "Lookahead",
+    "medusa": "Medusa",
+    "eagle": "EAGLE",
+}
+
+OVERVIEW = """\
+### Speculative decoding in one paragraph
+A language model writes one token per forward pass, and on small batches that pass is limited by
+reading the weights, not by arithmetic: checking several positions costs barely more than one.
+Speculative decoding exploits this. Something cheap **drafts** a few tokens (or a tree of
+alternatives); the target model **verifies** them all in one pass and keeps the longest prefix it
+agrees with, plus one token of its own: a **correction** where a draft token was rejected, or a
+**bonus** when the whole draft path was accepted. So every pass yields at least one token.
+
+**Lossless.** With greedy decoding the output is identical, token for token, to plain
+autoregressive decoding; with sampling, exact rejection rules keep the target's distribution.
+The one exception here is Medusa's optional *typical acceptance*.
+
+**Two numbers.** τ (tokens per target pass) says how good the drafts are; the **speedup**
+(tokens/s against autoregressive) is what you get after paying for drafting and for the larger
+verify pass. On this 2-core CPU a pass costs about 40 ms plus about 2 ms per extra verified
+position, so roughly: speedup ≈ τ · 40 / (40 + 2 · positions + draft ms).
+
+**Reading the token view.** Underlined: accepted draft token. Struck through: rejected draft.
+Boxed (c): the target's correction. Dashed box (+): bonus token. Plain: the target's next token
+with nothing drafted. Thin bars with small numbers: one step = one target pass.
+"""
+
+LEARN = {
+    "autoregressive": """\
+### Autoregressive (the baseline)
+One target pass per token: feed the last token, pick the next (argmax, or a sample), append, repeat.
+Nothing is drafted, so τ = 1 token per pass, and every other mode is measured against this one:
+same prompt, same sampling settings, tokens per second compared.
+
+**Parameters:** only generation settings (`max_new_tokens`, temperature, top-k / top-p, seed).
+TensorRT-LLM: `speculative_config=None`. On a lookahead engine a request with (w, n, g) = (1, 1, 0)
+also decodes autoregressively.
+
+**Lossless:** it is the reference. Under greedy decoding every speculative mode must reproduce this
+output exactly.
+
+**On a 2-core CPU:** a pass of the bundled 135M model takes about 40 ms, mostly streaming the
+weights through the cores for a single position. Adding positions to the same pass costs only about
+2 ms each. That spare capacity is what the other modes spend: guess several tokens, check them all
+in one pass.
+""",
+    "draft_target": """\
+### Draft-target (speculative sampling)
+A small **draft model** with the target's vocabulary proposes γ tokens one after another (it keeps
+its own KV cache and rewinds it after each step). The target runs one pass over
+[root, d₁ … d_γ]. Greedy: keep draft tokens while they equal the target's argmax. Sampling: keep
+dᵢ with probability min(1, p(dᵢ)/q(dᵢ)); at the first rejection the target samples a
+**correction** from norm(max(0, p − q)); if all γ pass it adds a **bonus** token (Leviathan et al.,
+Chen et al.).
+
+**Parameters** (TensorRT-LLM `DraftTargetDecodingConfig`, PyTorch backend): `max_draft_len` γ
+(> 0, here default 4, at most 256) and `speculative_model`, the draft, which must share the target's
+vocabulary.
+
+**Lossless:** yes, under greedy and under exact rejection sampling.
+
+**Expected gain:** with per-token acceptance α, a pass yields (1 − α^(γ+1)) / (1 − α) tokens on
+average, and each of them costs a draft forward.
+
+**On a 2-core CPU:** verifying 4 extra tokens adds only about 8 ms to a 40 ms pass, but drafting is
+sequential, γ draft passes per step. The draft must be far cheaper than the target and agree with it
+often. A 135M target leaves little room for a smaller draft, so this mode is usually slower here. It
+pays with big targets: StarCoder-15B with a 164M draft on a Xeon got about 3.3× from assisted
+generation.
+""",
+    "prompt_lookup": """\
+### Prompt lookup (n-gram)
+No draft model. Take the last n tokens of the text (n from `max_matching_ngram_size` down to 1),
+find an earlier occurrence in the prompt or the output, and propose the tokens that followed it
+there. The target verifies that chain in one pass and commits the agreeing prefix plus its own
+next token.
+
+**Parameters** (TensorRT-LLM `NGramDecodingConfig`, PyTorch backend): `max_draft_len` (> 0, here
+default 10; `prompt_lookup_num_tokens` in the older engine flow), `max_matching_ngram_size`
+(≥ 1, default 2), `is_use_oldest` (the earliest match wins, default true). specdec adds
+`max_candidates` (verify several matches as one tree) and `ngram_draft_lens` (shorter drafts after
+short matches).
+
+**Lossless:** yes, under greedy and exact sampling (the draft is deterministic).
+
+**When it helps:** when the answer copies from its input: summaries, retrieval-augmented answers,
+code edits, quotes. Published: about 2.4× on CNN/DM summarisation (Mistral-7B, A100); Spec-Bench
+1.66× overall and 2.66× on summarisation.
+
+**On a 2-core CPU:** drafting is a search over token ids (well under a millisecond) and each drafted
+token adds only about 2 ms to a 40 ms pass, so a good match is nearly free speed and a bad one costs
+little. On free text that shares nothing with the prompt there is nothing to draft, and it runs at
+baseline speed.
+""",
+    "lookahead": """\
+### Lookahead (Jacobi window + n-gram pool)
+No draft model either. Each target pass does two jobs. The **lookahead branch** refines a 2D window
+of guesses (N − 1 levels by W columns) by Jacobi iteration; every column yields an n-gram for the
+**pool**. The **verification branch** checks up to G pooled n-grams that start with the current
+token; the longest agreeing one wins, plus the target's token. The window shifts one column a step.
+
+**Parameters** (TensorRT-LLM `LookaheadDecodingConfig`, TensorRT engine backend only):
+`max_window_size` W (≥ 1, default 4), `max_ngram_size` N (≥ 1, default 3),
+`max_verification_set_size` G (≥ 0, default 4; the LLM API class requires ≥ 1). N = 1 requires W = 1
+and G = 0: (1, 1, 0) is plain autoregressive, (2, 2, 1) the smallest real setting. A request's
+(w, n, g) must not exceed (W, N, G).
+
+**Draft budget:** `max_draft_len = (0 if N == 1 else N − 2) + (W − 1 + G)(N − 1)`: 15 for
+(4, 3, 4), 23 for (4, 4, 4), 83 for (7, 7, 7), 0 for (1, 1, 0). TensorRT-LLM needs exactly this value.
+
+**Lossless:** yes: greedy match, or recursive rejection with deterministic drafts when sampling.
+
+**On a 2-core CPU:** the default window and candidates add 15 positions, about 30 ms on a 40 ms pass,
+so a step must commit about 1.75 tokens to break even, and it commits at most N (N − 1 drafted plus
+the target's). On GPUs, where extra positions are nearly free, it pays far more (1.5–2.3× published).
+""",
+    "medusa": """\
+### Medusa (extra decoding heads)
+K small **heads** read the target's last hidden state; head k (from 0) guesses the token k + 2
+places ahead, the target's own head gives the next one. Each head is a residual block
+(x + SiLU(Wx)) and a vocabulary projection, trained with the target frozen. The heads' top-ranked
+tokens fill a **static tree** of rank paths (`medusa_choices` such as [0], [0, 0], [1], …; the
+reference tree has 63 nodes). One target pass verifies the whole tree under a tree attention mask;
+the longest accepted path wins, plus the target's token.
+
+**Parameters** (TensorRT-LLM `MedusaDecodingConfig`, TensorRT engine backend only):
+`medusa_choices` (rank paths; depth ≤ number of heads), `num_medusa_heads` (from the checkpoint when
+unset), `max_draft_len` (> 0, the number of tree nodes; the examples use 63). Typical acceptance
+(specdec `typical_acceptance`): `posterior_threshold` ε = 0.09, `posterior_alpha` δ = 0.3. TensorRT-LLM's
+Medusa does token matching only.
+
+**Lossless:** with greedy matching or exact rejection sampling, yes. **Typical acceptance is NOT
+lossless**: it accepts x when p(x) > min(ε, δ·exp(−H(p))), trading exactness for longer accepted
+runs under sampling.
+
+**On a 2-core CPU:** every head ends in a vocabulary-sized projection, as large as the target's own
+output layer, and every tree node is a verified position: 16 nodes add about 32 ms to a 40 ms pass,
+63 nodes about 125 ms. Trees must stay small here. Published GPU speedups: 2.2–3.6×.
+""",
+    "eagle": """\
+### EAGLE (draft on the target's features)
+A tiny draft model, one decoder layer, predicts the target's next **feature** (its final hidden
+state) from the current feature and the next token, then a small LM head turns features into
+tokens. Features are easier to extrapolate than tokens, so drafts are accepted often. EAGLE-2 grows
+a **dynamic tree**: for `depth` levels, expand the top_k most confident nodes; score each node by
+its path's cumulative log-probability; keep the best total_tokens − 1 nodes. One target pass verifies
+the tree.
+
+**Parameters** (TensorRT-LLM `EagleDecodingConfig` / `Eagle3DecodingConfig`): `max_draft_len` (the
+tree nodes, eagle_total_tokens − 1; > 0 and ≤ 256; here 23), `num_eagle_layers` (the depth, here 5;
+EAGLE-2 uses 7), `dynamic_tree_max_topK` (top_k, here 4; EAGLE-2 uses 10), `use_dynamic_tree`, or a
+static tree in `eagle_choices`; `speculative_model` (the draft) is required. TensorRT-LLM's PyTorch
+backend runs EAGLE-3 checkpoints only; the engine backend runs static or dynamic trees.
+
+**Lossless:** yes: greedy match, or recursive rejection sampling with deterministic drafts.
+
+**On a 2-core CPU:** the draft layer is cheap, but it runs `depth` small passes in sequence, and each
+tree node costs about 2 ms to verify: 23 nodes add about 46 ms to a 40 ms pass, so a step must commit
+more than about 2 tokens to win. Published GPU results: EAGLE-2 3.05–4.26×, EAGLE-3 up to 6.5×.
+""",
+}

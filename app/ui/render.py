@@ -1,0 +1,698 @@
+"""Trace events -> HTML for the web UI: the token stream, one step in detail, token trees, the
+Compare table and a status line.
+
+Pure functions: data in, a string out (no gradio, no I/O, no state). Every piece of model text goes
+through `esc`: html.escape plus `$ { } backtick` as character references, so token text can neither
+close a tag or an attribute nor reach a template engine (gr.HTML evaluates its template as a JS
+template literal, UX.md section 2). A browser shows the references as the original characters.
+
+Stable CSS classes, all under the root class `specdec` (tests and the browser test use them):
+  legend          the key to the marks; its samples use lg-* classes, never tok-*
+  step            one target pass in the stream: data-step="N", title = its details
+  tok             every token span (data-tok = token id); plus one of
+  tok-accepted    a draft token the target accepted: tinted and underlined
+  tok-rejected    a draft token not committed: struck through and faded
+  tok-added       the token the target added itself; plus one of
+    tok-next        plain next token (no draft, or no draft child at that node): no mark
+    tok-correction  replaces a rejected draft token: solid box, superscript "c"
+    tok-bonus       the whole draft path was accepted: dashed box, superscript "+"
+  more-rejected   "+k": draft nodes rejected in other branches of a tree (not shown inline)
+  special         a special token such as <|im_end|>;  ws  a visible whitespace mark (↵ ⇥ ∅)
+  sd-finish       why the generation stopped;  sd-empty  the empty state;  sd-view  the stream's root
+Step detail: sd-detail, sd-draft, sd-source, tok-root; prompt lookup context: ctx (data-pos = index
+in prompt + output), ctx-ngram (the matched n-gram), ctx-cont (the continuation copied as the draft),
+ctx-key (the context's last n tokens), ctx-out (output, not prompt); lookahead: sd-grid, grid-root,
+cand, cand-accepted; draft-target: sd-probs, bar. Tree SVG: sd-tree, root, node (+ accepted |
+rejected), edge (+ accepted), tree-note. Table: sd-table, best, identical-yes / identical-no.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from app.ui.learn import MODE_LABELS
+
+MAX_TREE_NODES = 64
+# Tree SVG node looks (group attributes, box attributes, label weight): the accepted path is thick,
+# tinted and bold; the other nodes are dimmed with a dashed outline (a cue that is not colour).
+NODE_ON_PATH = ('class="node accepted"', 'fill="#56B4E9" fill-opacity="0.35" stroke="#0072B2" stroke-width="3"',
+                ' font-weight="700"')
+NODE_OFF_PATH = ('class="node rejected" opacity="0.7"',
+                 'fill="#8c8c8c" fill-opacity="0.12" stroke="#8c8c8c" stroke-width="1" stroke-dasharray="4 3"', "")
+ADDED_KINDS = ("next", "correction", "bonus")
+
+# Okabe-Ito colours (colour-blind safe); every colour also has a non-colour cue (underline, strike,
+# box, superscript). Backgrounds are translucent tints so the text keeps the page's own colour on
+# light and dark themes; the thin marks switch to lighter shades on dark pages.
+STYLE = """<style>
+.specdec{--sd-acc:#0072B2;--sd-rej:#D55E00;--sd-cor:#B87E00;--sd-bon:#009E73;--sd-line:rgba(128,128,128,.55);
+--sd-acc-bg:rgba(86,180,233,.28);--sd-rej-bg:rgba(213,94,0,.12);--sd-cor-bg:rgba(230,159,0,.24);--sd-bon-bg:rgba(0,158,115,.2);
+line-height:1.9;font-size:1.05em}
+.dark .specdec{--sd-acc:#56B4E9;--sd-rej:#F0864A;--sd-cor:#E69F00;--sd-bon:#35C79B}
+@media (prefers-color-scheme:dark){.specdec{--sd-acc:#56B4E9;--sd-rej:#F0864A;--sd-cor:#E69F00;--sd-bon:#35C79B}}
+.specdec .sd-text{white-space:pre-wrap;overflow-wrap:anywhere;font-size:1.2em}
+.specdec .step{border-left:1px solid var(--sd-line);padding-left:1px}
+.specdec .step::before{content:attr(data-step);font-size:.6em;vertical-align:super;opacity:.7;margin-right:1px}
+.specdec .tok{border-radius:3px}
+.specdec .tok+.tok{margin-left:1px}
+.specdec .tok-accepted,.specdec .lg-accepted{background:var(--sd-acc-bg);border-bottom:3px solid var(--sd-acc)}
+.specdec .tok-rejected,.specdec .lg-rejected{background:var(--sd-rej-bg);text-decoration:line-through 2px var(--sd-rej);opacity:.75}
+.specdec .tok-correction,.specdec .lg-correction{background:var(--sd-cor-bg);outline:2px solid var(--sd-cor);outline-offset:-1px}
+.specdec .tok-bonus,.specdec .lg-bonus{background:var(--sd-bon-bg);outline:2px dashed var(--sd-bon);outline-offset:-1px}
+.specdec .tok-correction::after,.specdec .lg-correction::after{content:"c";font-size:.6em;vertical-align:super;font-weight:700;color:var(--sd-cor)}
+.specdec .tok-bonus::after,.specdec .lg-bonus::after{content:"+";font-size:.7em;vertical-align:super;font-weight:700;color:var(--sd-bon)}
+.specdec .lg-next{border-bottom:1px dotted var(--sd-line)}
+.specdec .special{opacity:.6;font-size:.85em}
+.specdec .ws{opacity:.55}
+.specdec .more-rejected{font-size:.6em;vertical-align:super;color:var(--sd-rej);opacity:.8}
+.specdec .legend{display:flex;flex-wrap:wrap;gap:.3em 1.2em;font-size:.85em;margin-bottom:.5em;line-height:1.6}
+.specdec .legend .lg-item{white-space:nowrap}
+.specdec .legend .lg-step{border-left:1px solid var(--sd-line);padding-left:2px}
+.specdec .legend .lg-step::before{content:"7";font-size:.6em;vertical-align:super;opacity:.6}
+.specdec .sd-finish{font-size:.75em;opacity:.75;border:1px solid var(--sd-line);border-radius:3px;padding:0 .3em;margin-left:.4em}
+.specdec .sd-empty,.specdec .tree-note,.specdec .sd-note{opacity:.7;font-style:italic}
+.specdec p{margin:.3em 0}
+.specdec .sd-detail h4{margin:.2em 0}.specdec .sd-detail h5{margin:.6em 0 .2em 0;font-size:.9em;opacity:.85}
+.specdec .sd-row{white-space:pre-wrap;overflow-wrap:anywhere}
+.specdec .tok-root{outline:1px dotted var(--sd-line);outline-offset:-1px}
+.specdec .ctx-ngram{outline:2px solid var(--sd-cor);outline-offset:-1px;background:var(--sd-cor-bg)}
+.specdec .ctx-key{outline:2px dashed var(--sd-cor);outline-offset:-1px}
+.specdec .ctx-cont{background:var(--sd-acc-bg);border-bottom:3px solid var(--sd-acc)}
+.specdec .ctx-out{font-style:italic}
+.specdec table.sd-grid,.specdec table.sd-probs,.specdec table.sd-table{border-collapse:collapse;line-height:1.4}
+.specdec .sd-grid td,.specdec .sd-grid th{border:1px solid var(--sd-line);padding:.1em .35em;text-align:center;white-space:pre}
+.specdec .sd-grid th{font-weight:400;font-size:.75em;opacity:.7}
+.specdec .sd-probs td{padding:.1em .4em}
+.specdec .bar{display:inline-block;height:.8em;background:var(--sd-acc);opacity:.75;vertical-align:middle}
+.specdec .cand{margin:.1em 0}.specdec .cand-accepted{font-weight:700}
+.specdec .sd-tree{overflow:auto;max-height:80vh}
+.specdec .sd-table th,.specdec .sd-table td{padding:.25em .7em;border-bottom:1px solid var(--sd-line);text-align:right}
+.specdec .sd-table th:first-child,.specdec .sd-table td:first-child{text-align:left}
+.specdec .sd-table tr.best td{font-weight:700}
+</style>"""
+
+LEGEND = (
+    '<div class="legend" role="note" aria-label="legend">'
+    '<span class="lg-item"><span class="lg-accepted">token</span> accepted draft (underlined)</span>'
+    '<span class="lg-item"><span class="lg-rejected">token</span> rejected draft (struck through)</span>'
+    '<span class="lg-item"><span class="lg-correction">token</span> target\'s correction (box, c)</span>'
+    '<span class="lg-item"><span class="lg-bonus">token</span> bonus after a fully accepted draft (dashed box, +)</span>'
+    '<span class="lg-item"><span class="lg-next">token</span> target\'s next token, nothing drafted (plain)</span>'
+    '<span class="lg-item"><span class="lg-step">&#8203;</span>step boundary and number (one target pass)</span>'
+    "</div>"
+)
+
+
+# ----------------------------------------------------------------------------- text helpers
+
+
+def esc(text: Any) -> str:
+    """html.escape, plus the characters template engines act on ($ { } `) as character references."""
+    return (
+        html.escape(str(text), quote=True)
+        .replace("$", "&#36;")
+        .replace("{", "&#123;")
+        .replace("}", "&#125;")
+        .replace("`", "&#96;")
+    )
+
+
+def norm_texts(texts: Mapping[Any, str] | None) -> dict[int, str]:
+    """Token id -> text piece; JSON turns the int keys into strings, so accept both."""
+    out: dict[int, str] = {}
+    for key, value in (texts or {}).items():
+        try:
+            out[int(key)] = str(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _piece(tid: Any, texts: dict[int, str]) -> str:
+    try:
+        return texts.get(int(tid), f"⟨{int(tid)}⟩")
+    except (TypeError, ValueError):
+        return "⟨?⟩"
+
+
+def _show(piece: str) -> str:
+    """Escaped piece with whitespace made visible: ↵ and a real line break for a newline, ⇥ for a tab."""
+    if piece == "":
+        return '<span class="ws">∅</span>'
+    out = esc(piece)
+    if "\n" in out or "\t" in out or "\r" in out:
+        out = (
+            out.replace("\r", "")
+            .replace("\t", '<span class="ws">⇥</span>\t')
+            .replace("\n", '<span class="ws">↵</span><br>')
+        )
+    return out
+
+
+def _is_special(piece: str) -> bool:
+    return piece.startswith("<|") and piece.endswith("|>")
+
+
+def _tok(tid: Any, texts: dict[int, str], cls: str = "", attrs: str = "") -> str:
+    piece = _piece(tid, texts)
+    classes = "tok" + (" " + cls if cls else "") + (" special" if _is_special(piece) else "")
+    return f'<span class="{classes}" data-tok="{esc(tid)}"{attrs}>{_show(piece)}</span>'
+
+
+def _quote(tid: Any, texts: dict[int, str]) -> str:
+    """A token's text for a tooltip or a sentence: quoted, with whitespace spelled out."""
+    piece = _piece(tid, texts).replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
+    return f"“{piece}”"
+
+
+def _ms(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "–"
+    ms = seconds * 1000
+    return f"{ms:.1f} ms" if ms < 10 else f"{ms:.0f} ms"
+
+
+def _num(value: Any, fmt: str = "{:.2f}") -> str:
+    return fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "–"
+
+
+def _wrap(body: str, cls: str = "") -> str:
+    return f'<div class="specdec{" " + cls if cls else ""}">{STYLE}{body}</div>'
+
+
+def _step_events(events: Iterable[Any] | None) -> list[dict]:
+    """Step events only: the service's stream also carries "start" and "end" messages."""
+    return [e for e in (events or []) if isinstance(e, dict) and e.get("type", "step") == "step"]
+
+
+# ----------------------------------------------------------------------------- tree helpers
+
+
+def _clean_parents(parents: list[Any], n: int) -> list[int]:
+    # A parent must precede its child (anything else hangs off the root); missing ones make a chain.
+    out = [p if isinstance(p, int) and -1 <= p < i else -1 for i, p in enumerate(parents[:n])]
+    return out + [i - 1 for i in range(len(out), n)]
+
+
+def _parents(event: Mapping) -> tuple[list[int], list[int]]:
+    proposed = event.get("proposed") or {}
+    tokens = list(proposed.get("tokens") or [])
+    return tokens, _clean_parents(list(proposed.get("parents") or []), len(tokens))
+
+
+def _children(parents: list[int]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    return kids
+
+
+def _is_chain(parents: list[int]) -> bool:
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def _depths(parents: list[int]) -> list[int]:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
+
+
+def rejected_branch(parents: list[int], accepted: list[int], rejected: Iterable[int]) -> list[int]:
+    """The draft nodes shown struck through inline: from the deepest accepted node (or the root),
+    its first rejected child, then that child's first rejected child, and so on. For a chain this
+    is every rejected node; for a tree, the drafter's best-ranked branch at the first rejection."""
+    rej = set(rejected)
+    kids = _children(parents)
+    branch: list[int] = []
+    node = accepted[-1] if accepted else -1
+    while True:
+        nxt = next((c for c in kids.get(node, ()) if c in rej), None)
+        if nxt is None:
+            return branch
+        branch.append(nxt)
+        node = nxt
+
+
+def _split(event: Mapping) -> tuple[list[int], list[int], str]:
+    """(accepted draft tokens, tokens the target added, added kind), both cut to what was committed."""
+    tokens = list(event.get("tokens") or [])
+    n_acc = min(len(event.get("accepted_tokens") or []), len(tokens))
+    kind = event.get("added_kind")
+    return tokens[:n_acc], tokens[n_acc:], kind if kind in ADDED_KINDS else "next"
+
+
+# ----------------------------------------------------------------------------- step view
+
+
+def _step_title(event: Mapping, texts: dict[int, str], number: Any) -> str:
+    tokens, parents = _parents(event)
+    accepted, added, kind = _split(event)
+    lines = [f"Step {number} · {event.get('kind') or 'decode'}"]
+    if event.get("kind") != "prefill":
+        lines.append(f"drafted {len(tokens)} · accepted {len(accepted)} · rejected {len(event.get('rejected') or [])}")
+    if added:
+        lines.append(f"target added {_quote(added[0], texts)} ({kind})")
+    elif event.get("added_token") is None and event.get("tokens"):
+        lines.append("nothing added: the output ended inside the accepted draft")
+    lines.append(f"draft {_ms(event.get('draft_time_s'))} · verify {_ms(event.get('verify_time_s'))}")
+    if event.get("finish_reason"):
+        lines.append(f"finished: {event['finish_reason']}")
+    return esc("\n".join(lines))
+
+
+def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
+    """The output with every target pass marked: accepted drafts, the first rejected branch struck
+    through, the target's own token (next / correction / bonus), one `step` element per pass."""
+    texts = norm_texts(texts)
+    events = _step_events(events)
+    if not events:
+        return _wrap(LEGEND + '<div class="sd-empty">No tokens yet. Run a prompt: every target pass '
+                     "appears here as a numbered step.</div>", "sd-view")
+    parts: list[str] = []
+    for i, event in enumerate(events):
+        number = event.get("step", i)
+        accepted, added, kind = _split(event)
+        inner = [_tok(t, texts, "tok-accepted") for t in accepted]
+        tokens, parents = _parents(event)
+        rejected = [r for r in (event.get("rejected") or []) if isinstance(r, int) and 0 <= r < len(tokens)]
+        branch = rejected_branch(parents, list(event.get("accepted") or []), rejected)
+        inner += [_tok(tokens[r], texts, "tok-rejected") for r in branch]
+        if len(rejected) > len(branch):
+            more = len(rejected) - len(branch)
+            inner.append(f'<span class="more-rejected" title="{more} more draft tokens rejected in other '
+                         f'branches of the tree">+{more}</span>')
+        inner += [_tok(t, texts, f"tok-added tok-{kind}") for t in added]
+        if not event.get("tokens") and event.get("text"):
+            inner.append(f'<span class="tok tok-text">{_show(str(event["text"]))}</span>')
+        parts.append(f'<span class="step" data-step="{esc(number)}" title="{_step_title(event, texts, number)}">'
+                     f'{"".join(inner)}</span>')
+    finish = events[-1].get("finish_reason")
+    if finish:
+        parts.append(f'<span class="sd-finish" title="why the generation stopped">■ {esc(finish)}</span>')
+    return _wrap(LEGEND + '<div class="sd-text">' + "".join(parts) + "</div>", "sd-view")
+
+
+# ----------------------------------------------------------------------------- step detail
+
+
+def infer_mode(events: Iterable[Any] | Mapping | None) -> str | None:
+    """The decoding mode a trace came from, read off its `source` provenance; None if it cannot tell."""
+    if isinstance(events, Mapping):
+        events = [events]
+    saw_decode = False
+    for event in _step_events(events):
+        source = event.get("source") or {}
+        if "draft_probs" in source:
+            return "draft_target"
+        if "match" in source or "matches" in source:
+            return "prompt_lookup"
+        if "candidates" in source or "window" in source:
+            return "lookahead"
+        if "tree" in source:
+            return "medusa" if "heads" in source or "paths" in (source.get("tree") or {}) else "eagle"
+        if event.get("kind") == "decode":
+            saw_decode = True
+            if (event.get("proposed") or {}).get("tokens") or source:
+                return None
+    return "autoregressive" if saw_decode else None
+
+
+def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: list[int] | None,
+                history_ids: list[int] | None) -> str:
+    """One target pass in detail: the draft (chain or tree) with the accepted path and the rejected
+    nodes, what was committed, and where the draft came from (per mode). `history_ids` = the output
+    before this step, so the context the drafter saw is prompt_ids + history_ids."""
+    texts = norm_texts(texts)
+    if not event or not isinstance(event, Mapping):
+        return _wrap('<div class="sd-empty">Pick a step to see its draft, what the target accepted, '
+                     "and where the draft came from.</div>", "sd-detail")
+    context = list(prompt_ids or []) + list(history_ids or [])
+    number = event.get("step", "?")
+    tokens, parents = _parents(event)
+    accepted_nodes = [a for a in (event.get("accepted") or []) if isinstance(a, int) and 0 <= a < len(tokens)]
+    accepted, added, kind = _split(event)
+    source = event.get("source") or {}
+    mode = infer_mode([event])
+
+    out = [f"<h4>Step {esc(number)} · {esc(event.get('kind') or 'decode')}</h4>"]
+    summary = [f"drafted {len(tokens)}", f"accepted {len(accepted)}"]
+    summary.append(f"draft {_ms(event.get('draft_time_s'))}, verify {_ms(event.get('verify_time_s'))}")
+    out.append(f'<p class="sd-summary">{esc(" · ".join(summary))}</p>')
+
+    committed = [_tok(t, texts, "tok-accepted") for t in accepted]
+    committed += [_tok(t, texts, f"tok-added tok-{kind}") for t in added]
+    what = {"correction": "the target's correction replaces the first rejected draft token",
+            "bonus": "every draft token on the path was accepted, so the target's next token comes free",
+            "next": "the target's own next token"}[kind] if added else "the output ended inside the accepted draft"
+    out.append(f'<div class="sd-row">Committed: {"".join(committed) or "nothing"} '
+               f'<span class="sd-note">({esc(what)})</span></div>')
+
+    out.append('<section class="sd-draft"><h5>Draft</h5>')
+    root = context[-1] if context else None
+    if event.get("kind") == "prefill":
+        out.append('<p class="sd-note">The prefill pass runs the whole prompt and gives the first token; '
+                   "nothing is drafted.</p>")
+    elif not tokens:
+        out.append('<p class="sd-note">Nothing drafted this step: one target pass, one token.</p>')
+    elif _is_chain(parents):
+        acc = set(accepted_nodes)
+        row = [_tok(root, texts, "tok-root") + " → "] if root is not None else []
+        row += [_tok(t, texts, "tok-accepted" if i in acc else "tok-rejected") for i, t in enumerate(tokens)]
+        out.append(f'<div class="sd-row">{"".join(row)}</div>')
+    else:
+        scores = (source.get("tree") or {}).get("scores") if mode in ("medusa", "eagle") else None
+        out.append(tree_svg(tokens, parents, accepted_nodes, texts, scores=scores, root=root))
+    out.append("</section>")
+
+    out.append('<section class="sd-source"><h5>Where the draft came from</h5>')
+    out.append(_source_html(mode, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
+    out.append("</section>")
+    return _wrap("".join(out), "sd-detail")
+
+
+def _source_html(mode, event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
+    if source.get("not_visible"):
+        hidden = ", ".join(str(x) for x in source["not_visible"])
+        return f'<p class="sd-note">This backend does not expose: {esc(hidden)}. Only the committed tokens are known.</p>'
+    if event.get("kind") == "prefill":
+        return '<p class="sd-note">Prefill: no draft yet.</p>'
+    if mode == "prompt_lookup":
+        return _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents)
+    if mode == "lookahead":
+        return _lookahead_html(source, texts, context, accepted)
+    if mode == "draft_target":
+        return _draft_probs_html(source, texts, tokens, event)
+    if mode == "medusa":
+        heads = source.get("heads")
+        rule = ("typical acceptance: accept x if p(x) &gt; min(ε, δ·exp(−H(p))) — <b>not lossless</b>"
+                if source.get("acceptance") == "typical" else "greedy match / exact rejection sampling (lossless)")
+        return (f'<p>Medusa: {esc(heads if heads is not None else "?")} heads read the target\'s last hidden state; '
+                "a node at depth d is head d's rank-r guess for the token d places after the root (the tree "
+                "choices list these rank paths). Scores are the heads' probabilities.</p>"
+                f"<p>Verification: {rule}.</p>")
+    if mode == "eagle":
+        if source.get("static_nodes"):
+            shape = f"a static tree of {esc(source['static_nodes'])} rank paths"
+        else:
+            shape = (f"an EAGLE-2 dynamic tree: depth {esc(source.get('depth', '?'))}, top_k "
+                     f"{esc(source.get('top_k', '?'))}, the best {esc(source.get('total_tokens', '?'))} − 1 nodes kept")
+        return (f"<p>EAGLE: a one-layer draft model reads the target's features and grows {shape}. "
+                "A node's score is the cumulative log q of its path (the draft's confidence); "
+                "verification is greedy match or recursive rejection (lossless).</p>")
+    if mode == "autoregressive":
+        return '<p class="sd-note">Autoregressive: no draft; every target pass gives one token.</p>'
+    return '<p class="sd-note">No provenance for this step.</p>'
+
+
+def _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents) -> str:
+    match = source.get("match")
+    if not match:
+        return ('<p class="sd-note">No n-gram at the end of the text occurs earlier in the prompt or the '
+                "output, so nothing was drafted.</p>")
+    ngram = list(match.get("ngram") or [])
+    n, pos = len(ngram), match.get("position")
+    cont = match.get("continuation_position", (pos or 0) + n)
+    if not isinstance(pos, int) or pos < 0 or pos + n > len(context) or context[pos : pos + n] != ngram:
+        key = "".join(_tok(t, texts, "ctx-key") for t in ngram)
+        return f'<p>Matched n-gram {key} (its context is not available here).</p>'
+    if not isinstance(cont, int):
+        cont = pos + n
+    draft_len = 0  # how much of the draft's first branch copies the context after the match
+    while (draft_len < len(tokens) and cont + draft_len < len(context) and parents[draft_len] == draft_len - 1
+           and tokens[draft_len] == context[cont + draft_len]):
+        draft_len += 1
+    lo = max(0, pos - 10)
+    hi = min(len(context), max(lo + 30, cont + draft_len + 2), lo + 40)
+    size = len(context)
+    classes: dict[int, str] = {i: "ctx-key" for i in range(size - n, size)}
+    classes.update({i: "ctx-cont" for i in range(cont, cont + draft_len)})
+    classes.update({i: "ctx-ngram" for i in range(pos, pos + n)})
+    where = "the prompt" if match.get("in_prompt") else "the output so far"
+    row = ['<span class="sd-note">… </span>' if lo > 0 else ""]
+    for i in range(lo, hi):
+        cls = " ".join(c for c in ("ctx", classes.get(i), "ctx-out" if i >= prompt_len else None) if c)
+        row.append(_tok(context[i], texts, cls, f' data-pos="{i}"'))
+    if hi < size:
+        row.append('<span class="sd-note"> …</span>')
+    key = "".join(_tok(t, texts, "ctx-key") for t in context[size - n :])
+    others = [m.get("position") for m in (source.get("matches") or [])[1:] if isinstance(m, Mapping)]
+    extra = (f'<p class="sd-note">{len(others)} more match(es) at positions '
+             f'{esc(", ".join(str(p) for p in others))} were drafted as other branches.</p>') if others else ""
+    return (f"<p>Prompt lookup: the last {n} token(s) of the text, {key}, occur earlier in {where} at "
+            f"position {esc(pos)}. The draft copies the {draft_len} token(s) that followed there.</p>"
+            f'<div class="sd-row">{"".join(row)}</div>'
+            '<p class="sd-note">boxed: the matched n-gram · underlined: the continuation copied as the draft · '
+            "dashed box: the end of the text it matched</p>" + extra)
+
+
+def _lookahead_html(source, texts, context, accepted) -> str:
+    out = []
+    window = source.get("window")
+    root = context[-1] if context else None
+    if window:
+        rows = [list(r) for r in window]
+        width = max([len(rows[0]) + 1] + [level + len(r) for level, r in enumerate(rows) if level > 0])
+        head = "".join(f"<th>t+{c}</th>" for c in range(width))
+        body = []
+        for level, row in enumerate(rows):
+            offset = 1 if level == 0 else level  # level 0 starts after the root; level l at t + l
+            cells = ["<td></td>"] * width
+            if level == 0 and root is not None:
+                cells[0] = f'<td class="grid-root">{_tok(root, texts, "tok-root")}</td>'
+            for i, t in enumerate(row):
+                if offset + i < width:
+                    cells[offset + i] = f"<td>{_tok(t, texts)}</td>"
+            body.append(f"<tr><th>level {level}</th>{''.join(cells)}</tr>")
+        out.append("<p>Jacobi window: each column is a trajectory of guesses at a position; one pass "
+                   "refines every level, and each column's tokens become new n-grams for the pool.</p>"
+                   f'<table class="sd-grid"><tr><th></th>{head}</tr>{"".join(body)}</table>')
+    else:
+        out.append('<p class="sd-note">No Jacobi window in this pass (warming up, or no room left).</p>')
+    candidates = [list(c) for c in (source.get("candidates") or [])]
+    if not candidates:
+        out.append('<p class="sd-note">The n-gram pool had no candidate starting with the current token.</p>')
+        return "".join(out)
+
+    def agree(c: list[int]) -> int:
+        k = 0
+        while k < min(len(c), len(accepted)) and c[k] == accepted[k]:
+            k += 1
+        return k
+
+    best = max(range(len(candidates)), key=lambda j: (agree(candidates[j]), -j))
+    if not agree(candidates[best]):
+        best = None
+    key = _tok(root, texts, "tok-root") if root is not None else "the current token"
+    out.append(f"<p>Pool candidates verified for {key} (n-grams that followed it before):</p>")
+    for j, cand in enumerate(candidates):
+        if j == best:
+            k = agree(cand)
+            toks = [_tok(t, texts, "tok-accepted" if i < k else "tok-rejected") for i, t in enumerate(cand)]
+            out.append(f'<div class="cand cand-accepted">✓ {"".join(toks)} <span class="sd-note">'
+                       f"accepted {k} of {len(cand)}</span></div>")
+        else:
+            out.append(f'<div class="cand">· {"".join(_tok(t, texts) for t in cand)}</div>')
+    return "".join(out)
+
+
+def _draft_probs_html(source, texts, tokens, event) -> str:
+    probs = list(source.get("draft_probs") or [])
+    acc = set(event.get("accepted") or [])
+    rows = []
+    for i, t in enumerate(tokens):
+        p = probs[i] if i < len(probs) and isinstance(probs[i], (int, float)) else None
+        bar = f'<span class="bar" style="width:{max(0.0, min(1.0, p)) * 8:.2f}em"></span>' if p is not None else ""
+        cls = "tok-accepted" if i in acc else "tok-rejected"
+        rows.append(f"<tr><td>{i + 1}</td><td>{_tok(t, texts, cls)}</td><td>{bar}</td><td>{_num(p, '{:.3f}')}</td></tr>")
+    return ("<p>Draft-target: the small draft model proposed these tokens one by one; q is its probability for "
+            "each. The target accepts a token when it agrees (greedy) or with probability min(1, p/q).</p>"
+            f'<table class="sd-probs"><tr><th>#</th><th>token</th><th></th><th>q</th></tr>{"".join(rows)}</table>')
+
+
+# ----------------------------------------------------------------------------- tree SVG
+
+
+def _label(piece: str, limit: int = 12) -> str:
+    text = piece.replace("\n", "↵").replace("\t", "⇥").replace("\r", "").replace(" ", "␣")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _keep(parents: list[int], accepted: list[int], limit: int) -> list[int]:
+    """At most `limit` nodes, ancestor-closed: the accepted path, then nodes in order (parents come
+    before children, so every prefix of the node list is ancestor-closed)."""
+    keep = set(accepted)
+    for i in range(len(parents)):
+        if len(keep) >= limit:
+            break
+        keep.add(i)
+    # Close under ancestors in case `accepted` was not a root path.
+    for i in list(keep):
+        p = parents[i]
+        while p >= 0 and p not in keep:
+            keep.add(p)
+            p = parents[p]
+    return sorted(keep)
+
+
+def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: Mapping[Any, str],
+             scores: list[float] | None = None, *, root: int | None = None) -> str:
+    """An inline SVG of a token tree: root at the left, one column per depth, one row per leaf.
+    The accepted path is drawn thick with ✓; other nodes are faded with a dashed outline.
+    Trees over MAX_TREE_NODES nodes are cut to the accepted path plus the first-ranked nodes."""
+    texts = norm_texts(texts)
+    tokens = list(tokens or [])
+    if not tokens:
+        return '<div class="sd-tree tree-empty sd-note">No draft tree this step.</div>'
+    parents = _clean_parents(list(parents or []), len(tokens))
+    acc_path = [a for a in (accepted or []) if isinstance(a, int) and 0 <= a < len(tokens)]
+    acc = set(acc_path)
+    keep = _keep(parents, acc_path, MAX_TREE_NODES)
+    kids: dict[int, list[int]] = {}
+    for i in keep:
+        kids.setdefault(parents[i], []).append(i)
+    depth = _depths(parents)
+    rows, y = _rows(kids)
+
+    scores = list(scores) if scores else []
+    logs = any(isinstance(s, (int, float)) and s < 0 for s in scores)
+    score = {i: (f"{scores[i]:.1f}" if logs else f"{scores[i]:.2f}") for i in keep
+             if i < len(scores) and isinstance(scores[i], (int, float))}
+
+    char, pad, node_h, pitch, gap, root_w, x0 = 7.9, 10, 24, 32, 36, 54, 8
+    labels = {i: ("✓ " if i in acc else "") + _label(_piece(tokens[i], texts)) for i in keep}
+    widths = {i: (len(labels[i]) + (len(score[i]) + 1 if i in score else 0)) * char + 2 * pad for i in keep}
+    col = max(widths.values()) + gap
+    width = int(x0 + root_w + gap + max(depth[i] for i in keep) * col)
+    height = int(max(rows, 1) * pitch + 12)
+
+    def cx(d: int) -> float:
+        return x0 + root_w + gap + (d - 1) * col
+
+    def cy(node: int) -> float:
+        return 6 + y[node] * pitch + pitch / 2
+
+    edges, nodes = [], []
+    for i in keep:
+        on_path = i in acc
+        p = parents[i]
+        x1, y1 = (x0 + root_w if p < 0 else cx(depth[p]) + widths[p]), cy(p)
+        x2, y2 = cx(depth[i]), cy(i)
+        mid = (x1 + x2) / 2
+        look = ('class="edge accepted" stroke="#0072B2" stroke-width="3.5"' if on_path
+                else 'class="edge" stroke="#8c8c8c" stroke-width="1.2" opacity="0.6"')
+        curve = f"M{x1:.1f},{y1:.1f} C{mid:.1f},{y1:.1f} {mid:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
+        edges.append(f'<path {look} fill="none" d="{curve}"/>')
+    for i in keep:
+        on_path = i in acc
+        x, yy = cx(depth[i]), cy(i)
+        tip = f"node {i} · depth {depth[i]} · {_quote(tokens[i], texts)}"
+        tip += (f" · score {score[i]}" if i in score else "") + (" · accepted" if on_path else " · not accepted")
+        group, box, weight = NODE_ON_PATH if on_path else NODE_OFF_PATH
+        extra = f'<tspan font-size="11" opacity="0.75"> {esc(score[i])}</tspan>' if i in score else ""
+        nodes.append(
+            f'<g {group} data-node="{i}"><title>{esc(tip)}</title>'
+            f'<rect x="{x:.1f}" y="{yy - node_h / 2:.1f}" width="{widths[i]:.1f}" height="{node_h}" rx="5" {box}/>'
+            f'<text x="{x + pad:.1f}" y="{yy + 4.5:.1f}" font-size="13" fill="currentColor"{weight}>'
+            f"{esc(labels[i])}{extra}</text></g>"
+        )
+    root_tip = "root: the last committed token" + (f" {_quote(root, texts)}" if root is not None else "")
+    root_label = _label(_piece(root, texts), 6) if root is not None else "root"
+    root_svg = (f'<g class="root"><title>{esc(root_tip)}</title>'
+                f'<rect x="{x0}" y="{cy(-1) - node_h / 2:.1f}" width="{root_w}" height="{node_h}" rx="12" '
+                'fill="none" stroke="currentColor" stroke-width="1.5"/>'
+                f'<text x="{x0 + root_w / 2}" y="{cy(-1) + 4.5:.1f}" font-size="12" text-anchor="middle" '
+                f'fill="currentColor">{esc(root_label)}</text></g>')
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" class="sd-tree-svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" font-family="ui-monospace,Menlo,Consolas,monospace" '
+           f'aria-label="draft token tree: {len(keep)} nodes, {len(acc)} accepted">'
+           f'{"".join(edges)}{root_svg}{"".join(nodes)}</svg>')
+    note = ""
+    if len(keep) < len(tokens):
+        note = (f'<div class="tree-note">Showing {len(keep)} of {len(tokens)} nodes: the accepted path and '
+                "the first-ranked nodes.</div>")
+    return f'<div class="sd-tree">{svg}{note}</div>'
+
+
+def _rows(kids: dict[int, list[int]]) -> tuple[int, dict[int, float]]:
+    """Vertical slots: leaves take rows in depth-first order; a parent sits midway between its
+    first and last child, so a chain draws as a straight line."""
+    y: dict[int, float] = {}
+    rows = 0
+    stack: list[tuple[int, bool]] = [(-1, False)]
+    while stack:
+        node, done = stack.pop()
+        children = kids.get(node, [])
+        if not children:
+            y[node] = rows
+            rows += 1
+        elif done:
+            y[node] = (y[children[0]] + y[children[-1]]) / 2
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(children))
+    return rows, y
+
+# ----------------------------------------------------------------------------- compare table and status
+
+
+def summary_table(rows: list[dict] | None) -> str:
+    """The Compare tab's table: one row per mode; ✓ / ✗ = output identical to autoregressive."""
+    rows = [r for r in (rows or []) if isinstance(r, Mapping)]
+    if not rows:
+        return _wrap('<div class="sd-empty">No comparison yet. Run one prompt through several modes to '
+                     "compare their speed.</div>", "sd-compare")
+    speedups = [r.get("speedup") for r in rows if isinstance(r.get("speedup"), (int, float))]
+    best = max(speedups) if speedups else None
+    head = ("<tr><th>Mode</th><th>tokens/s</th><th>speedup</th><th>τ (tokens/step)</th>"
+            "<th>acceptance</th><th>identical to AR</th><th>new tokens</th><th>time (s)</th></tr>")
+    body = []
+    for r in rows:
+        mode = str(r.get("mode", ""))
+        mode = {v: k for k, v in MODE_LABELS.items()}.get(mode, mode)  # a label works as well as a key
+        label = MODE_LABELS.get(mode, mode)
+        identical = r.get("identical")
+        mark = {True: '<span class="identical-yes" title="identical">✓</span>',
+                False: '<span class="identical-no" title="differs">✗</span>'}.get(identical, "–")
+        rate = r.get("acceptance_rate")
+        rate_text = f"{rate * 100:.0f}%" if isinstance(rate, (int, float)) and not isinstance(rate, bool) else "–"
+        speed = r.get("speedup")
+        is_best = best is not None and speed == best and len(rows) > 1
+        best_attr = ' class="best"' if is_best else ""
+        body.append(
+            f'<tr data-mode="{esc(mode)}"{best_attr}>'
+            f"<td>{esc(label)}{' ★' if is_best else ''}</td><td>{_num(r.get('tokens_per_s'), '{:.1f}')}</td>"
+            f"<td>{_num(speed, '{:.2f}×')}</td><td>{_num(r.get('tau'))}</td><td>{rate_text}</td>"
+            f"<td>{mark}</td><td>{_num(r.get('new_tokens'), '{:.0f}')}</td>"
+            f"<td>{_num(r.get('elapsed_s'))}</td></tr>"
+        )
+    return _wrap(f'<table class="sd-table">{head}{"".join(body)}</table>', "sd-compare")
+
+
+def totals_line(event: Mapping | None) -> str:
+    """A one-line plain-text status: tokens, target passes, τ, acceptance, time, tokens/s, finish."""
+    if not event or not isinstance(event, Mapping):
+        return "Ready."
+    t = event.get("totals") or {}
+    parts = []
+    new, steps = t.get("new_tokens"), t.get("target_steps")
+    if isinstance(new, (int, float)):
+        parts.append(f"{new:.0f} tokens")
+    if isinstance(steps, (int, float)) and steps:
+        parts.append(f"{steps:.0f} target passes")
+        if isinstance(new, (int, float)):
+            parts.append(f"τ {new / steps:.2f} tokens/pass")
+    drafted, accepted = t.get("drafted"), t.get("accepted")
+    if isinstance(drafted, (int, float)) and drafted:
+        rate = f" ({accepted / drafted:.0%})" if isinstance(accepted, (int, float)) else ""
+        parts.append(f"accepted {accepted}/{drafted:.0f} drafted{rate}")
+    elapsed = t.get("elapsed_s")
+    if isinstance(elapsed, (int, float)) and elapsed > 0:
+        parts.append(f"{elapsed:.2f} s")
+        if isinstance(new, (int, float)):
+            parts.append(f"{new / elapsed:.1f} tokens/s")
+    if event.get("finish_reason"):
+        parts.append(f"finished: {event['finish_reason']}")
+    return " · ".join(parts) if parts else "Running…"

@@ -1,0 +1,550 @@
+"""The web app (Gradio 6): Run, Compare, Learn and Engines tabs, all through the service.
+
+Nothing here touches tensors or tokenizers: the service streams JSON-like messages with token
+texts, `render` turns them into escaped HTML and `charts` into Plotly figures. Drawing happens
+once per batch of messages (Job.batches), so a fast generation is never slowed by its own display.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import gradio as gr
+
+from app import bench
+from app.config import MODES, ConfigError
+from app.models import ModelError
+from app.service.api import Service
+from app.service.configs import MODE_TYPES, LookaheadDecodingConfig
+from app.service.jobs import QueueFull
+from app.ui import charts, learn, render
+
+REDRAW_S = 0.75
+TREES = ("default", "small", "chain", "greedy_63")
+DYNAMIC = "dynamic (EAGLE-2)"
+# Every control of the Run tab, by name; handlers receive their values in this order.
+CONTROLS = (
+    "max_new_tokens", "temperature", "top_p", "top_k", "seed",
+    "pl_num_tokens", "pl_ngram", "pl_draft_lens", "pl_candidates",
+    "la_W", "la_N", "la_G", "la_w", "la_n", "la_g",
+    "dt_model", "dt_len",
+    "md_tree", "md_typical", "md_threshold", "md_alpha",
+    "eg_total", "eg_depth", "eg_topk", "eg_tree",
+    "backend",
+)
+
+
+def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
+    """The service's DecodeRequest data for the Run tab's control values (TensorRT-LLM names)."""
+    if mode not in MODES:
+        raise ConfigError(f"unknown mode '{mode}'")
+    spec: dict[str, Any] = {"decoding_type": MODE_TYPES[mode]}
+    if mode == "prompt_lookup":
+        lens = str(v["pl_draft_lens"] or "").replace(" ", "")
+        try:
+            draft_lens = [int(x) for x in lens.split(",") if x]
+        except ValueError:
+            raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{v['pl_draft_lens']}'") from None
+        spec.update(max_draft_len=int(v["pl_num_tokens"]), max_matching_ngram_size=int(v["pl_ngram"]),
+                    ngram_draft_lens=draft_lens, max_candidates=int(v["pl_candidates"]))
+    elif mode == "lookahead":
+        spec.update(max_window_size=int(v["la_W"]), max_ngram_size=int(v["la_N"]), max_verification_set_size=int(v["la_G"]),
+                    request=[int(v["la_w"]), int(v["la_n"]), int(v["la_g"])])
+    elif mode == "draft_target":
+        spec.update(max_draft_len=int(v["dt_len"]), speculative_model=v["dt_model"] or None)
+    elif mode == "medusa":
+        spec.update(medusa_choices=v["md_tree"], typical_acceptance=bool(v["md_typical"]),
+                    posterior_threshold=float(v["md_threshold"]), posterior_alpha=float(v["md_alpha"]))
+    elif mode == "eagle":
+        static = v["eg_tree"] not in (None, "", DYNAMIC)
+        spec.update(max_draft_len=int(v["eg_total"]) - 1, num_eagle_layers=int(v["eg_depth"]),
+                    dynamic_tree_max_topK=int(v["eg_topk"]), use_dynamic_tree=not static,
+                    eagle_choices=v["eg_tree"] if static else None)
+    seed = v["seed"]
+    return {
+        "speculative_config": spec,
+        "sampling": {"temperature": float(v["temperature"]), "top_p": float(v["top_p"]), "top_k": int(v["top_k"]),
+                     "seed": None if seed in (None, "") or float(seed) < 0 else int(seed)},
+        "max_new_tokens": int(v["max_new_tokens"]),
+        "backend": v["backend"],
+    }
+
+
+def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
+    """The line shown under the controls: the service's verdict on these settings, before anything runs."""
+    info = {m["mode"]: m for m in service.modes(backend=v["backend"])}[mode]
+    if not info["available"]:
+        return f"⛔ **{learn.MODE_LABELS[mode]} is unavailable on {v['backend']}:** {info['reason']}"
+    try:
+        request = service.request(request_from(mode, v))
+    except ConfigError as err:
+        return f"⚠️ **Invalid:** {err}"
+    c = request.speculative_config
+    extra = ""
+    if isinstance(c, LookaheadDecodingConfig):
+        extra = f" · engine max_draft_len = (N−2) + (W−1+G)(N−1) = **{c.max_draft_len}**"
+    elif mode != "autoregressive":
+        extra = f" · verifies up to **{c.max_draft_len}** draft tokens per step"
+    return f"✅ Valid · {info['lossless']}{extra}"
+
+
+class Run:
+    """What the display needs of one generation, built from service messages (JSON-like, deep-copyable)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.prompt_ids: list[int] = []
+        self.texts: dict[int, str] = {}
+        self.events: list[dict[str, Any]] = []
+        self.end: dict[str, Any] | None = None
+
+    def add(self, message: dict[str, Any]) -> None:
+        self.texts.update(message.get("texts") or {})
+        if message["type"] == "start":
+            self.prompt_ids = message["prompt_ids"]
+        elif message["type"] == "step":
+            self.events.append({k: v for k, v in message.items() if k not in ("texts", "type")})
+        else:
+            self.end = message
+
+    def record(self) -> dict[str, Any]:
+        return {"mode": self.mode, "prompt_ids": self.prompt_ids, "texts": self.texts, "events": self.events, "end": self.end}
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for e in self.events for t in e["tokens"]]
+
+
+def summary_row(mode: str, run: Run, baseline: Run | None) -> dict[str, Any]:
+    t = run.events[-1]["totals"] if run.events else {}
+    tps = t.get("new_tokens", 0) / t["elapsed_s"] if t.get("elapsed_s") else 0.0
+    base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
+    base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
+    return {"mode": learn.MODE_LABELS[mode], "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
+            "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
+            "identical": None if baseline is None else run.token_ids == baseline.token_ids,
+            "new_tokens": t.get("new_tokens", 0), "elapsed_s": t.get("elapsed_s")}
+
+
+class Pace:
+    """Redraw only when due: at most every REDRAW_S, and rarely enough that drawing takes at most
+    about 5% of the wall time (the generation thread shares the interpreter and the cores with it)."""
+
+    def __init__(self) -> None:
+        self.last_at = -1e9
+        self.cost = 0.0
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.last_at >= max(REDRAW_S, 19 * self.cost)
+
+    def __enter__(self) -> None:
+        self.last_at = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.cost = time.perf_counter() - self.last_at
+
+
+def _paced(parts, draw):
+    """draw(part) for the parts that come when a redraw is due (see Pace)."""
+    pace = Pace()
+    for part in parts:
+        if pace.due():
+            with pace:
+                outputs = draw(part)
+            yield outputs
+
+
+class Studio:
+    """The app around one Service: per-session active jobs (for Stop), and the Blocks."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._lock = threading.Lock()
+        self._active: dict[str, Any] = {}  # session -> running job, so Stop can cancel it
+
+    # ------------------------------------------------------------------ jobs
+    def _start(self, session: str, mode: str, values: dict[str, Any], prompt: str):
+        try:
+            job = self.service.submit(request_from(mode, values), prompt)
+        except (ConfigError, ModelError, QueueFull) as err:
+            raise gr.Error(str(err), duration=None) from None
+        with self._lock:
+            self._active[session] = job
+        return job
+
+    def stop(self, request: gr.Request) -> str:
+        with self._lock:
+            job = self._active.get(request.session_hash)
+        if job is None:
+            return "Nothing is running."
+        job.cancel()
+        return "⏹ Stopping after the current step…"
+
+    def _stream(self, session: str, mode: str, values: dict[str, Any], prompt: str, run: Run):
+        job = self._start(session, mode, values, prompt)
+        try:
+            for batch in job.batches(REDRAW_S):
+                for message in batch:
+                    run.add(message)
+                yield run
+        finally:
+            job.cancel()
+            with self._lock:
+                if self._active.get(session) is job:
+                    del self._active[session]
+        if run.end and run.end.get("error"):
+            raise gr.Error(f"generation failed: {run.end['error']}")
+
+    # ------------------------------------------------------------------ Run tab
+    def run(self, request: gr.Request, prompt: str, mode: str, race: bool, baselines: dict, *values):
+        v = dict(zip(CONTROLS, values))
+        session = request.session_hash if request is not None else "local"
+        baseline: Run | None = None
+        key = json.dumps([prompt, request_from("autoregressive", v)], sort_keys=True)
+        if race and mode != "autoregressive":
+            if key in baselines:
+                baseline = _from_record(baselines[key])
+            else:
+                baseline = Run("autoregressive")
+                yield from _paced(self._stream(session, "autoregressive", v, prompt, baseline), lambda part: self._run_outputs(
+                    Run(mode), part, "Racing… first the autoregressive baseline", baselines, final=False))
+                if baseline.end and baseline.end.get("finish_reason") == "cancelled":
+                    yield self._run_outputs(Run(mode), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
+                    return
+                baselines = {**baselines, key: baseline.record()}
+        run = Run(mode)
+        yield from _paced(self._stream(session, mode, v, prompt, run),
+                          lambda part: self._run_outputs(part, baseline, _status(part), baselines, final=False))
+        if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
+            baselines = {**baselines, key: run.record()}
+        yield self._run_outputs(run, baseline, _status(run), baselines, final=True)
+
+    def _run_outputs(self, run: Run, baseline: Run | None, status: str, baselines: dict, final: bool):
+        events = run.events
+        last = len(events) - 1
+        history = [t for e in events[:-1] for t in e["tokens"]]
+        detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history) if events else ""
+        return (
+            render.step_view(events, run.texts),
+            status,
+            gr.update(maximum=max(last, 1), value=max(last, 0), interactive=final and last > 0),
+            detail,
+            charts.race(events, baseline.events if baseline else None),
+            charts.tokens_per_step(events),
+            # The browser redraws every chart it is sent, on the cores the model runs on: while generating,
+            # only the race and the per-step bars are live; the rest are drawn once at the end.
+            charts.tokens_per_step_hist(events) if final else gr.skip(),
+            charts.throughput(events) if final else gr.skip(),
+            charts.timing(events) if final else gr.skip(),
+            run.record() if final else gr.skip(),
+            baselines,
+        )
+
+    def inspect(self, step: float, record: dict) -> str:
+        if not record or not record.get("events"):
+            return ""
+        events = record["events"]
+        i = min(max(int(step), 0), len(events) - 1)
+        history = [t for e in events[:i] for t in e["tokens"]]
+        return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
+
+    # ------------------------------------------------------------------ Compare tab
+    def compare(self, prompt: str, modes: list[str], max_new_tokens: float, request: gr.Request):
+        session = request.session_hash if request is not None else "local"
+        defaults = dict(DEFAULTS, max_new_tokens=max_new_tokens, backend="transformers")
+        chosen = ["autoregressive"] + [m for m in MODES if m in (modes or []) and m != "autoregressive"]
+        available = {m["mode"]: m for m in self.service.modes(backend="transformers")}
+        runs: dict[str, Run] = {}
+        rows: list[dict[str, Any]] = []
+        notes = []
+        for mode in chosen:
+            if not available[mode]["available"]:
+                notes.append(f"{learn.MODE_LABELS[mode]} skipped: {available[mode]['reason']}")
+                continue
+            run = runs[mode] = Run(mode)
+
+            def draw(part: Run, mode=mode) -> tuple:
+                current = rows + [summary_row(mode, part, runs.get("autoregressive") if mode != "autoregressive" else None)]
+                return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
+                        f"Running {learn.MODE_LABELS[mode]}…")
+
+            yield from _paced(self._stream(session, mode, defaults, prompt, run), draw)
+            if run.end and run.end.get("finish_reason") == "cancelled":
+                notes.append("⏹ Stopped.")
+                break
+            rows.append(summary_row(mode, run, runs.get("autoregressive") if mode != "autoregressive" else None))
+        done = "Done. " + " ".join(notes) if notes else "Done: every mode ran the same prompt with the same settings, one after another."
+        yield render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), done
+
+    # ------------------------------------------------------------------ Engines tab
+    def engines_table(self) -> list[list[Any]]:
+        rows = []
+        for m in self.service.engine_list():
+            spec = m["spec"]
+            rows.append([m["id"], spec["model"], spec["mode"], spec["backend"], m["kind"], m["created"][:19],
+                         round(m["duration_s"], 1), round(sum(m.get("files", {}).values()) / 2**20, 1)])
+        return rows
+
+    def engine_build(self, progress=gr.Progress(), mode: str = "autoregressive", *values):
+        v = dict(zip(CONTROLS, values))
+        try:
+            manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg))
+        except (ConfigError, ModelError, ValueError) as err:
+            return f"⚠️ {err}", gr.update(value=self.engines_table()), gr.update(choices=self._ids())
+        return (f"✅ Build `{manifest['id']}` ready ({manifest['kind']}, {manifest['duration_s']:.1f} s).",
+                gr.update(value=self.engines_table()), gr.update(choices=self._ids()))
+
+    def engine_plan(self, mode: str, *values) -> str:
+        v = dict(zip(CONTROLS, values))
+        try:
+            return json.dumps(self.service.engine_plan(request_from(mode, v)), indent=1)
+        except (ConfigError, ModelError, ValueError) as err:
+            return f"# {err}"
+
+    def engine_remove(self, build_id: str):
+        try:
+            self.service.engine_remove(build_id or "")
+            message = f"Removed `{build_id}`."
+        except ValueError as err:
+            message = f"⚠️ {err}"
+        return message, gr.update(value=self.engines_table()), gr.update(choices=self._ids(), value=None)
+
+    def _ids(self) -> list[str]:
+        return [m["id"] for m in self.service.engine_list()]
+
+    # ------------------------------------------------------------------ layout
+    def blocks(self) -> gr.Blocks:
+        service = self.service
+        availability = service.availability()
+        examples = _examples()
+        with gr.Blocks(title="SpecDec Studio") as demo:
+            gr.Markdown(
+                f"# SpecDec Studio\nWatch speculative decoding step by step on **{service.model}** — what was drafted, "
+                "what the target accepted, what it added, and whether it is faster than plain decoding."
+            )
+            baselines = gr.State({})
+            record = gr.State({})
+            with gr.Tab("Run", id="run"):
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=340):
+                        prompt = gr.Textbox(label="Prompt", lines=5, value=examples[0][1], elem_id="prompt")
+                        example = gr.Dropdown([(f"{c}: {t[:60]}…", t) for c, t in examples], label="Spec-Bench examples",
+                                              value=None, elem_id="examples")
+                        mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value="prompt_lookup", label="Decoding mode",
+                                        elem_id="mode")
+                        modes_note = gr.Markdown(_modes_note(service, "transformers"), elem_id="modes-note")
+                        c = self._controls(service, availability)
+                        race = gr.Checkbox(value=True, label="Race against autoregressive (runs the baseline once per prompt)")
+                        check = gr.Markdown(check_message(service, "prompt_lookup", DEFAULTS), elem_id="check")
+                        with gr.Row():
+                            run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                        explain = gr.Markdown(learn.LEARN["prompt_lookup"], elem_id="learn-mode")
+                    with gr.Column(scale=2):
+                        status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
+                        view = gr.HTML(render.step_view([], {}), elem_id="step-view")
+                        step = gr.Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
+                        detail = gr.HTML("", elem_id="step-detail")
+                        with gr.Row():
+                            race_plot = gr.Plot(label="Race: tokens vs time", elem_id="race")
+                            tps_plot = gr.Plot(label="Tokens per target step", elem_id="tokens-per-step")
+                        with gr.Row():
+                            hist_plot = gr.Plot(label="Tokens per step: histogram", elem_id="histogram")
+                            speed_plot = gr.Plot(label="Tokens/s", elem_id="throughput")
+                            time_plot = gr.Plot(label="Draft vs verify time", elem_id="timing")
+            with gr.Tab("Compare", id="compare"):
+                gr.Markdown("One prompt through several modes, one after another, with the default settings of each mode "
+                            "and greedy decoding: speed, tokens per target step, and whether the output is identical to "
+                            "autoregressive decoding.")
+                with gr.Row():
+                    cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], scale=3, elem_id="cmp-prompt")
+                    with gr.Column(scale=2):
+                        cmp_modes = gr.CheckboxGroup([(learn.MODE_LABELS[m], m) for m in MODES if m != "autoregressive"],
+                                                     value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
+                                                     elem_id="cmp-modes")
+                        cmp_tokens = gr.Slider(8, 256, value=64, step=8, label="max_new_tokens")
+                with gr.Row():
+                    cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")
+                    cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+                cmp_status = gr.Markdown("", elem_id="cmp-status")
+                cmp_table = gr.HTML(render.summary_table([]), elem_id="cmp-table")
+                with gr.Row():
+                    cmp_race = gr.Plot(label="Race", elem_id="cmp-race")
+                    cmp_bars = gr.Plot(label="Speedup", elem_id="cmp-speedup")
+            with gr.Tab("Learn", id="learn"):
+                gr.Markdown(learn.OVERVIEW)
+                gr.HTML(_example_tree(), elem_id="learn-tree")
+                for m in MODES:
+                    with gr.Accordion(learn.MODE_LABELS[m], open=False):
+                        gr.Markdown(learn.LEARN[m])
+            with gr.Tab("Engines", id="engines"):
+                gr.Markdown("Builds are content-addressed directories under `engines/builds/`: built once, reused, "
+                            "built atomically. **Build** prepares what the Run tab's current mode and settings need on "
+                            "the chosen backend; **Plan** shows what a TensorRT-LLM build would run.")
+                eng_status = gr.Markdown("", elem_id="eng-status")
+                eng_table = gr.Dataframe(self.engines_table(), headers=["id", "model", "mode", "backend", "kind", "created",
+                                                                        "build s", "MB"], interactive=False, elem_id="eng-table")
+                with gr.Row():
+                    eng_build = gr.Button("Build for the Run tab's settings", variant="primary", elem_id="eng-build")
+                    eng_plan_btn = gr.Button("Plan", elem_id="eng-plan")
+                with gr.Row():
+                    eng_id = gr.Dropdown(self._ids(), label="Build", value=None, elem_id="eng-id")
+                    eng_rm = gr.Button("Remove", variant="stop", elem_id="eng-rm")
+                eng_plan = gr.Code(language="json", label="Plan", elem_id="eng-plan-out")
+
+            inputs = [c[name] for name in CONTROLS]
+            # Validation before anything runs: every control change re-checks the settings.
+            for comp in [mode, *inputs]:
+                comp.change(lambda m, *vals: check_message(service, m, dict(zip(CONTROLS, vals))), [mode, *inputs], check,
+                            queue=False, show_progress="hidden", api_visibility="private")
+            mode.change(lambda m: (learn.LEARN[m], *_visible(m)), mode, [explain, *c["groups"]], queue=False, show_progress="hidden",
+                        api_visibility="private")
+            c["backend"].change(lambda b: _modes_note(service, b), c["backend"], modes_note, queue=False, show_progress="hidden",
+                                api_visibility="private")
+            example.change(lambda t: t or gr.update(), example, prompt, queue=False, show_progress="hidden", api_visibility="private")
+            outputs = [view, status, step, detail, race_plot, tps_plot, hist_plot, speed_plot, time_plot, record, baselines]
+            run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run",
+                                    show_progress="hidden", concurrency_id="generate")
+            stop_btn.click(self.stop, None, status, queue=False, api_name="stop")
+            step.change(self.inspect, [step, record], detail, queue=False, show_progress="hidden", api_name="inspect")
+            cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens], [cmp_table, cmp_race, cmp_bars, cmp_status],
+                                    api_name="compare", show_progress="hidden", concurrency_id="generate")
+            cmp_stop.click(self.stop, None, cmp_status, queue=False, api_name="compare_stop")
+            eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
+            eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
+            eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
+            del run_evt, cmp_evt
+        return demo
+
+    def _controls(self, service: Service, availability) -> dict[str, Any]:
+        c: dict[str, Any] = {}
+        d = DEFAULTS
+        with gr.Accordion("Sampling and length", open=False):
+            c["max_new_tokens"] = gr.Slider(1, service.limits.max_new_tokens, value=d["max_new_tokens"], step=1, label="max_new_tokens")
+            c["temperature"] = gr.Slider(0, 2, value=d["temperature"], step=0.05, label="temperature (0 = greedy)")
+            c["top_p"] = gr.Slider(0.05, 1, value=d["top_p"], step=0.05, label="top_p")
+            c["top_k"] = gr.Slider(0, 100, value=d["top_k"], step=1, label="top_k (0 = off)")
+            c["seed"] = gr.Number(value=d["seed"], precision=0, label="seed (-1 = random)")
+        with gr.Group(visible=False) as g_pl:
+            gr.Markdown("**Prompt lookup** (TensorRT-LLM `NGramDecodingConfig`)")
+            c["pl_num_tokens"] = gr.Slider(1, 32, value=d["pl_num_tokens"], step=1, label="max_draft_len (prompt_lookup_num_tokens)")
+            c["pl_ngram"] = gr.Slider(1, 6, value=d["pl_ngram"], step=1, label="max_matching_ngram_size")
+            c["pl_draft_lens"] = gr.Textbox(value=d["pl_draft_lens"], label="draft caps after a 1-gram, 2-gram… match (empty = none)")
+            c["pl_candidates"] = gr.Slider(1, 4, value=d["pl_candidates"], step=1, label="matches verified together (tree)")
+        with gr.Group(visible=False) as g_la:
+            gr.Markdown("**Lookahead** (`LookaheadDecodingConfig`): engine maxima (W, N, G) and this request's (w, n, g) ≤ them")
+            with gr.Row():
+                c["la_W"] = gr.Slider(1, 8, value=d["la_W"], step=1, label="max_window_size W")
+                c["la_N"] = gr.Slider(1, 6, value=d["la_N"], step=1, label="max_ngram_size N")
+                c["la_G"] = gr.Slider(0, 8, value=d["la_G"], step=1, label="max_verification_set_size G")
+            with gr.Row():
+                c["la_w"] = gr.Slider(1, 8, value=d["la_w"], step=1, label="w")
+                c["la_n"] = gr.Slider(1, 6, value=d["la_n"], step=1, label="n")
+                c["la_g"] = gr.Slider(0, 8, value=d["la_g"], step=1, label="g")
+        with gr.Group(visible=False) as g_dt:
+            gr.Markdown("**Draft-target** (`DraftTargetDecodingConfig`)")
+            c["dt_model"] = gr.Dropdown(_draft_choices(service), value=None, allow_custom_value=False,
+                                        label="speculative_model (registry names only)")
+            c["dt_len"] = gr.Slider(1, 16, value=d["dt_len"], step=1, label="max_draft_len")
+        with gr.Group(visible=False) as g_md:
+            gr.Markdown("**Medusa** (`MedusaDecodingConfig`)")
+            c["md_tree"] = gr.Dropdown(list(TREES), value=d["md_tree"], label="medusa_choices (tree)")
+            c["md_typical"] = gr.Checkbox(value=False, label="typical acceptance (sampling only — NOT lossless)")
+            c["md_threshold"] = gr.Slider(0.01, 1, value=d["md_threshold"], step=0.01, label="posterior_threshold")
+            c["md_alpha"] = gr.Slider(0, 1, value=d["md_alpha"], step=0.05, label="posterior_alpha")
+        with gr.Group(visible=False) as g_eg:
+            gr.Markdown("**EAGLE** (`EagleDecodingConfig`): EAGLE-2 dynamic tree or a static tree")
+            c["eg_total"] = gr.Slider(2, 64, value=d["eg_total"], step=1, label="total tokens (max_draft_len + 1)")
+            c["eg_depth"] = gr.Slider(1, 8, value=d["eg_depth"], step=1, label="depth (num_eagle_layers)")
+            c["eg_topk"] = gr.Slider(1, 10, value=d["eg_topk"], step=1, label="top-k (dynamic_tree_max_topK)")
+            c["eg_tree"] = gr.Dropdown([DYNAMIC, *TREES], value=DYNAMIC, label="tree (eagle_choices)")
+        c["backend"] = gr.Dropdown(
+            [(name if state.available else f"{name} (unavailable)", name) for name, state in availability.items()],
+            value="transformers", label="Backend", elem_id="backend",
+            info="; ".join(f"{n}: {s.reason}" for n, s in availability.items() if not s.available) or None,
+        )
+        c["groups"] = [g_pl, g_la, g_dt, g_md, g_eg]
+        # The initial mode is prompt lookup: show its group.
+        g_pl.visible = True
+        return c
+
+
+DEFAULTS: dict[str, Any] = {
+    "max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0,
+    "pl_num_tokens": 10, "pl_ngram": 2, "pl_draft_lens": "2,5", "pl_candidates": 1,
+    "la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4,
+    "dt_model": None, "dt_len": 4,
+    "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3,
+    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC,
+    "backend": "transformers",
+}
+
+
+def _visible(mode: str):
+    return [gr.update(visible=mode == m) for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle")]
+
+
+def _status(run: Run) -> str:
+    label = learn.MODE_LABELS[run.mode]
+    if not run.events:
+        return f"**{label}:** loading and prefilling…"
+    line = render.totals_line(run.events[-1])
+    if run.end is None:
+        return f"**{label}** · {line}"
+    reason = run.end.get("finish_reason")
+    word = {"eos": "finished (end of sequence)", "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
+            "timeout": "⏱ stopped by the time limit"}.get(reason, str(reason))
+    return f"**{label}** {word} · {line}"
+
+
+def _from_record(record: dict) -> Run:
+    run = Run(record["mode"])
+    run.prompt_ids, run.texts, run.events, run.end = record["prompt_ids"], record["texts"], record["events"], record["end"]
+    return run
+
+
+def _curves(runs: dict[str, Run]) -> dict[str, list[dict]]:
+    return {learn.MODE_LABELS[m]: r.events for m, r in runs.items()}
+
+
+def _modes_note(service: Service, backend: str) -> str:
+    lines = []
+    for m in service.modes(backend=backend):
+        mark = "✓" if m["available"] else "✗"
+        why = f" — {m['reason']}" if m["reason"] else ""
+        lines.append(f"{mark} {learn.MODE_LABELS[m['mode']]}{why}")
+    return "<small>" + " · ".join(lines) + "</small>"
+
+
+def _draft_choices(service: Service) -> list[str]:
+    from app import models
+
+    return [name for name, (base, _) in models.DRAFT_ALIASES.items() if base == service.model]
+
+
+def _examples() -> list[tuple[str, str]]:
+    """One Spec-Bench prompt per category (first turns)."""
+    return [(r["category"], r["text"]) for r in bench.load_prompts(None, None, 1)]
+
+
+def _example_tree() -> str:
+    """Medusa's default tree, drawn as data: each node is (head depth, top-k rank)."""
+    from app.config import medusa_choices
+    from app.decoding.tree import from_paths
+
+    paths = medusa_choices("default")
+    parents = from_paths(paths)
+    texts = {i: f"h{len(p)}:top{p[-1] + 1}" for i, p in enumerate(paths)}
+    path = [paths.index(p) for p in ([0], [0, 0], [0, 0, 0]) if p in paths]  # the top-1 chain, as if accepted
+    return render.tree_svg(list(range(len(paths))), parents, path, texts)
+
+
+def launch(service: Service, host: str | None = None, port: int | None = None, **kwargs):
+    """Serve the app; host/port None = Gradio's own defaults (GRADIO_SERVER_NAME/PORT, else 127.0.0.1:7860)."""
+    studio = Studio(service)
+    demo = studio.blocks()
+    demo.queue(max_size=service.limits.max_queue, default_concurrency_limit=service.limits.max_concurrency)
+    return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], **kwargs)

@@ -1,0 +1,186 @@
+"""app.ui.charts: Plotly figures from real traces (tests/data/traces), empty and one-step input."""
+
+import json
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+from app.ui import charts
+from app.ui.learn import MODE_LABELS
+
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
+MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle"]
+STEP_CHARTS = [charts.race, charts.tokens_per_step, charts.tokens_per_step_hist, charts.throughput, charts.timing]
+
+
+def load(mode):
+    return json.loads((TRACES / f"{mode}.json").read_text())
+
+
+def _common(fig):
+    assert isinstance(fig, go.Figure)
+    assert fig.layout.height == charts.HEIGHT
+    text = fig.to_json()
+    assert "bdata" not in text, "plain lists, not base64 typed arrays"
+    for trace in fig.data:
+        color = (trace.line.color if hasattr(trace, "line") and trace.line and trace.line.color else None) or (
+            trace.marker.color if hasattr(trace, "marker") and trace.marker else None)
+        colors = color if isinstance(color, (list, tuple)) else [color]
+        assert all(c is None or (isinstance(c, str) and c.startswith("#")) for c in colors), colors
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_race_points_and_last_value(mode):
+    steps = load(mode)["steps"]
+    fig = charts.race(steps)
+    _common(fig)
+    assert len(fig.data) == 1
+    run = fig.data[0]
+    assert run.name == MODE_LABELS[mode]
+    assert len(run.x) == len(run.y) == len(steps)
+    assert run.y[-1] == steps[-1]["totals"]["new_tokens"]
+    assert run.x[-1] == pytest.approx(steps[-1]["totals"]["elapsed_s"])
+    assert list(run.y) == sorted(run.y)
+    assert not fig.layout.annotations
+
+
+@pytest.mark.parametrize("mode", ["eagle", "prompt_lookup"])
+def test_race_with_baseline(mode):
+    steps, base = load(mode)["steps"], load("autoregressive")["steps"]
+    for baseline in (base, [(s["totals"]["elapsed_s"], s["totals"]["new_tokens"]) for s in base]):
+        fig = charts.race(steps, baseline)
+        _common(fig)
+        names = [t.name for t in fig.data]
+        assert names == ["Autoregressive", MODE_LABELS[mode]]
+        assert len(fig.data[0].x) == len(base)
+        assert fig.data[0].y[-1] == base[-1]["totals"]["new_tokens"]
+        assert len(fig.data[1].x) == len(steps)
+    only_baseline = charts.race([], base)
+    assert len(only_baseline.data) == 1 and only_baseline.data[0].name == "Autoregressive"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tokens_per_step(mode):
+    steps = load(mode)["steps"]
+    fig = charts.tokens_per_step(steps)
+    _common(fig)
+    bars = [t for t in fig.data if t.type == "bar"]
+    line = [t for t in fig.data if t.type == "scatter"][0]
+    assert len(bars) == 2 and all(len(b.y) == len(steps) for b in bars)
+    accepted, added = bars
+    assert list(accepted.y) == [len(s["accepted_tokens"]) for s in steps]
+    assert [a + b for a, b in zip(accepted.y, added.y)] == [len(s["tokens"]) for s in steps]
+    assert sum(accepted.y) + sum(added.y) == steps[-1]["totals"]["new_tokens"]
+    assert len(line.y) == len(steps)
+    assert line.y[-1] == pytest.approx(steps[-1]["totals"]["tokens_per_step"])
+    assert fig.layout.barmode == "stack"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tokens_per_step_hist(mode):
+    steps = load(mode)["steps"]
+    fig = charts.tokens_per_step_hist(steps)
+    _common(fig)
+    assert len(fig.data) == 1 and fig.data[0].type == "histogram"
+    assert sorted(fig.data[0].x) == sorted(len(s["tokens"]) for s in steps)
+    assert f"{steps[-1]['totals']['tokens_per_step']:.2f}" in fig.layout.title.text
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_throughput(mode):
+    steps = load(mode)["steps"]
+    fig = charts.throughput(steps)
+    _common(fig)
+    trace = fig.data[0]
+    assert len(trace.x) == len(trace.y) == len(steps)
+    t = steps[-1]["totals"]
+    assert trace.y[-1] == pytest.approx(t["new_tokens"] / t["elapsed_s"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_timing(mode):
+    steps = load(mode)["steps"]
+    fig = charts.timing(steps)
+    _common(fig)
+    draft, verify = fig.data
+    assert (draft.name, verify.name) == ("draft", "verify")
+    assert len(draft.y) == len(verify.y) == len(steps)
+    assert verify.y[0] == pytest.approx(steps[0]["verify_time_s"] * 1000)
+    assert sum(draft.y) == pytest.approx(steps[-1]["totals"]["draft_time_s"] * 1000, rel=1e-6)
+    assert fig.layout.barmode == "stack"
+
+
+def test_timing_with_unknown_times():
+    steps = load("lookahead")["steps"]
+    hidden = [{**s, "draft_time_s": None, "verify_time_s": None} for s in steps]
+    fig = charts.timing(hidden)
+    assert list(fig.data[0].y) == [None] * len(steps)
+
+
+def test_compare():
+    rows = [{"mode": "autoregressive", "speedup": 1.0}, {"mode": "prompt_lookup", "speedup": 1.62},
+            {"mode": "medusa", "speedup": None}]
+    fig = charts.compare(rows)
+    _common(fig)
+    bar = fig.data[0]
+    assert list(bar.x) == ["Autoregressive", "Prompt lookup", "Medusa"]
+    assert list(bar.y) == [1.0, 1.62, None]
+    assert list(bar.text) == ["1.00×", "1.62×", ""]
+    assert fig.layout.shapes and fig.layout.shapes[0].y0 == 1
+
+
+@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare])
+def test_empty_input_gives_annotated_figure(build):
+    for empty in ([], None):
+        fig = build(empty)
+        assert isinstance(fig, go.Figure)
+        assert not fig.data
+        assert fig.layout.annotations and fig.layout.annotations[0].text
+        assert fig.layout.height == charts.HEIGHT
+
+
+@pytest.mark.parametrize("build", STEP_CHARTS)
+def test_one_event(build):
+    one = load("medusa")["steps"][:1]
+    fig = build(one)
+    _common(fig)
+    assert fig.data and not fig.layout.annotations
+    assert all(len(t.x) == 1 for t in fig.data)
+
+
+def test_long_run_has_one_point_per_step():
+    base = load("lookahead")["steps"][2]
+    steps = []
+    for i in range(2000):
+        s = json.loads(json.dumps(base))
+        s["step"] = i
+        s["totals"] = {**s["totals"], "new_tokens": 3 * (i + 1), "elapsed_s": 0.1 * (i + 1)}
+        steps.append(s)
+    for build in STEP_CHARTS:
+        fig = build(steps)
+        assert all(len(t.x) == 2000 for t in fig.data), build.__name__
+    assert charts.race(steps).data[0].y[-1] == 6000
+
+
+def test_race_runs_shares_axes_across_modes():
+    runs = {m: load(m)["steps"] for m in ("autoregressive", "prompt_lookup", "eagle")}
+    fig = charts.race_runs(runs)
+    _common(fig)
+    assert [t.name for t in fig.data] == ["Autoregressive", "Prompt lookup", "EAGLE"]
+    for trace, steps in zip(fig.data, runs.values()):
+        assert len(trace.x) == len(steps)
+        assert trace.y[-1] == steps[-1]["totals"]["new_tokens"]
+    assert fig.data[0].line.dash == "dash" and fig.data[1].line.dash == "solid"
+    by_label = charts.race_runs({MODE_LABELS[m]: s for m, s in runs.items()})
+    assert [t.line.color for t in by_label.data] == [t.line.color for t in fig.data]
+    empty = charts.race_runs({})
+    assert not empty.data and empty.layout.annotations
+    assert charts.race_runs({"medusa": []}).layout.annotations
+
+
+def test_compare_accepts_labels():
+    by_key = charts.compare([{"mode": "lookahead", "speedup": 1.2}])
+    by_label = charts.compare([{"mode": "Lookahead", "speedup": 1.2}])
+    assert by_key.data[0].marker.color == by_label.data[0].marker.color
+    assert list(by_label.data[0].x) == ["Lookahead"]

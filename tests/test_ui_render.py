@@ -1,0 +1,522 @@
+"""app.ui.render and app.ui.learn: token HTML from real traces (one per mode, recorded from the
+bundled model in tests/data/traces), escaping, empty and huge traces, the tree SVG."""
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from app.ui import learn, render
+
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
+MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle"]
+VOID = {"br", "hr", "img", "input", "meta", "link", "wbr"}
+
+
+class Node:
+    def __init__(self, tag, attrs, parent=None):
+        self.tag, self.attrs, self.parent = tag, dict(attrs), parent
+        self.children, self.parts = [], []
+
+    @property
+    def classes(self):
+        return (self.attrs.get("class") or "").split()
+
+    def text(self):
+        return "".join(p if isinstance(p, str) else p.text() for p in self.parts)
+
+    def iter(self):
+        for child in self.children:
+            yield child
+            yield from child.iter()
+
+    def find(self, cls=None, tag=None):
+        return [n for n in self.iter() if (cls is None or cls in n.classes) and (tag is None or n.tag == tag)]
+
+
+class TreeBuilder(HTMLParser):
+    """A tiny DOM from the stdlib parser: enough to count classes and read text and attributes."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.root = self.current = Node("#root", {})
+
+    def handle_starttag(self, tag, attrs):
+        node = Node(tag, attrs, self.current)
+        self.current.children.append(node)
+        self.current.parts.append(node)
+        if tag not in VOID:
+            self.current = node
+
+    def handle_startendtag(self, tag, attrs):
+        node = Node(tag, attrs, self.current)
+        self.current.children.append(node)
+        self.current.parts.append(node)
+
+    def handle_endtag(self, tag):
+        node = self.current
+        while node is not self.root and node.tag != tag:
+            node = node.parent
+        assert node is not self.root, f"unbalanced </{tag}>"
+        self.current = node.parent
+
+    def handle_data(self, data):
+        self.current.parts.append(data)
+
+
+def parse(html_text):
+    builder = TreeBuilder()
+    builder.feed(html_text)
+    builder.close()
+    assert builder.current is builder.root, f"unclosed <{builder.current.tag}>"
+    return builder.root
+
+
+def load(mode):
+    return json.loads((TRACES / f"{mode}.json").read_text())
+
+
+def first_rejected_branch(parents, accepted, rejected):
+    """The test's own reading of "the rejected branch of the first rejection"."""
+    node, branch = (accepted[-1] if accepted else -1), []
+    while True:
+        kids = [i for i, p in enumerate(parents) if p == node and i in set(rejected)]
+        if not kids:
+            return branch
+        node = kids[0]
+        branch.append(node)
+
+
+# ----------------------------------------------------------------------------- step_view on real traces
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_step_view_counts_match_trace(mode):
+    trace = load(mode)
+    steps = trace["steps"]
+    dom = parse(render.step_view(steps, trace["texts"]))
+    totals = steps[-1]["totals"]
+
+    accepted = dom.find("tok-accepted")
+    added = dom.find("tok-added")
+    rejected = dom.find("tok-rejected")
+    assert len(accepted) == sum(len(s["accepted_tokens"]) for s in steps) == totals["accepted"]
+    assert len(added) == sum(len(s["tokens"]) - len(s["accepted_tokens"]) for s in steps)
+    assert len(accepted) + len(added) == totals["new_tokens"] == len(trace["token_ids"])
+    expected_rejected = sum(
+        len(first_rejected_branch(s["proposed"]["parents"], s["accepted"], s["rejected"])) for s in steps
+    )
+    assert len(rejected) == expected_rejected
+    if mode in ("draft_target", "prompt_lookup"):  # chains: every rejected draft token is shown
+        assert len(rejected) == sum(len(s["rejected"]) for s in steps)
+
+    # Committed tokens appear in output order, each inside its step.
+    committed = [n for n in dom.iter() if {"tok-accepted", "tok-added"} & set(n.classes)]
+    assert [int(n.attrs["data-tok"]) for n in committed] == trace["token_ids"]
+    step_nodes = dom.find("step")
+    assert [int(n.attrs["data-step"]) for n in step_nodes] == [s["step"] for s in steps]
+    for node, step in zip(step_nodes, steps):
+        assert f"Step {step['step']}" in node.attrs["title"]
+        assert len(node.find("tok-accepted")) + len(node.find("tok-added")) == len(step["tokens"])
+
+    kinds = {k: len(dom.find(f"tok-{k}")) for k in ("next", "correction", "bonus")}
+    for k, count in kinds.items():
+        assert count == sum(1 for s in steps if s["added_kind"] == k and len(s["tokens"]) > len(s["accepted_tokens"]))
+
+    legend = dom.find("legend")
+    assert len(legend) == 1
+    assert not [n for n in legend[0].iter() if any(c.startswith("tok-") for c in n.classes)]
+    assert "<style>" in render.step_view(steps, trace["texts"])
+    assert dom.find("sd-finish")[0].text().endswith(steps[-1]["finish_reason"])
+
+
+def test_step_view_accepts_int_and_str_text_keys():
+    trace = load("prompt_lookup")
+    as_str = render.step_view(trace["steps"], trace["texts"])
+    as_int = render.step_view(trace["steps"], {int(k): v for k, v in trace["texts"].items()})
+    assert as_str == as_int
+    assert " cat" in parse(as_str).text()
+
+
+def test_newlines_are_visible():
+    steps = [_event(0, [], [], [], 10, "next", kind="prefill"), _event(1, [], [], [], 11, "next")]
+    dom = parse(render.step_view(steps, {10: "a\nb", 11: "\t"}))
+    text = dom.text()
+    assert "a↵b" in text and "⇥" in text
+    assert dom.find(tag="br"), "a newline must also break the line"
+
+
+# ----------------------------------------------------------------------------- escaping
+
+NASTY = {
+    5: "<script>alert(1)</script>",
+    6: '" onmouseover="alert(1)',
+    7: "${alert(1)}",
+    8: "{{x}}",
+    9: "`tick`",
+    10: "<img src=x onerror=alert(1)>",
+}
+
+
+def _assert_safe(html_text):
+    lowered = html_text.lower()
+    assert "<script" not in lowered
+    assert "<img" not in lowered
+    assert "${" not in html_text and "{{" not in html_text and "`" not in html_text
+    dom = parse(html_text)
+    for node in dom.iter():
+        assert not any(name.startswith("on") for name in node.attrs), (node.tag, node.attrs)
+    return dom
+
+
+def _event(step, tokens, parents, accepted, added, added_kind, *, rejected=None, source=None, kind="decode"):
+    accepted_tokens = [tokens[i] for i in accepted]
+    committed = accepted_tokens + ([added] if added is not None else [])
+    return {
+        "step": step, "kind": kind, "proposed": {"tokens": tokens, "parents": parents},
+        "accepted": accepted,
+        "rejected": rejected if rejected is not None else [i for i in range(len(tokens)) if i not in accepted],
+        "accepted_tokens": accepted_tokens, "added_token": added, "added_kind": added_kind,
+        "tokens": committed, "source": source or {}, "draft_time_s": 0.001, "verify_time_s": 0.04,
+        "totals": {"new_tokens": step + 1, "target_steps": step + 1, "drafted": 0, "accepted": 0,
+                   "draft_time_s": 0.0, "verify_time_s": 0.0, "elapsed_s": 0.05 * (step + 1), "tokens_per_step": 1.0},
+        "finish_reason": None,
+    }
+
+
+def _nasty_event(source):
+    return _event(1, [5, 6, 7, 8], [-1, 0, 1, 2], [0, 1], 9, "correction", source=source)
+
+
+def test_step_view_escapes_token_text():
+    events = [_nasty_event({}), _event(2, [], [], [], 10, "next")]
+    dom = _assert_safe(render.step_view(events, NASTY))
+    text = dom.text()
+    for piece in (NASTY[5], NASTY[6], NASTY[7], NASTY[9]):
+        assert piece in text, "escaped text must still read as the original"
+    titles = " ".join(n.attrs.get("title", "") for n in dom.find("step"))
+    assert NASTY[9] in titles  # the added token is named in the tooltip, as text
+
+
+@pytest.mark.parametrize("source", [
+    {"draft_probs": [0.5, 0.25, 0.125, 0.1]},
+    {"candidates": [[5, 6, 7, 8], [5, 8]], "window": [[5, 6, 7], [8, 9, 10, 5]]},
+    {"tree": {"paths": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]], "scores": [0.9, 0.8, 0.1, 0.1]}, "heads": 4},
+    {"match": {"ngram": [7], "position": 2, "in_prompt": True, "continuation_position": 3},
+     "matches": [{"ngram": [7], "position": 2, "in_prompt": True, "continuation_position": 3}]},
+])
+def test_step_detail_escapes_token_text(source):
+    event = _nasty_event(source)
+    html_text = render.step_detail(event, NASTY, [5, 6, 7, 8, 9, 10], [7])
+    dom = _assert_safe(html_text)
+    assert NASTY[5] in dom.text()
+
+
+def test_tree_svg_escapes_token_text():
+    html_text = render.tree_svg([5, 6, 7, 8, 9, 10], [-1, -1, 0, 0, 1, 2], [0, 2], NASTY, scores=[-1, -2, -3, -4, -5, -6])
+    dom = _assert_safe(html_text)
+    titles = " ".join(n.text() for n in dom.find(tag="title"))
+    assert NASTY[5] in titles and NASTY[6] in titles
+
+
+def test_summary_table_escapes_mode_names():
+    rows = [{"mode": NASTY[5], "tokens_per_s": 1.0, "speedup": 1.0, "tau": 1.0, "acceptance_rate": 0.5,
+             "identical": None, "new_tokens": 3, "elapsed_s": 3.0},
+            {"mode": NASTY[6], "tokens_per_s": 2.0, "speedup": 2.0, "tau": 2.0, "acceptance_rate": None,
+             "identical": True, "new_tokens": 3, "elapsed_s": 1.5}]
+    dom = _assert_safe(render.summary_table(rows))
+    assert NASTY[5] in dom.text()
+
+
+# ----------------------------------------------------------------------------- empty, one step, huge
+
+
+def test_empty_inputs_give_friendly_states():
+    for html_text in (render.step_view([], {}), render.step_view(None, None)):
+        dom = parse(html_text)
+        assert dom.find("sd-empty") and dom.find("legend") and not dom.find("step")
+    assert parse(render.step_detail(None, {}, [], [])).find("sd-empty")
+    assert parse(render.step_detail({}, {}, None, None)).find("sd-empty")
+    assert "tree-empty" in render.tree_svg([], [], [], {})
+    assert parse(render.summary_table([])).find("sd-empty")
+    assert render.totals_line(None) and render.totals_line({})
+
+
+def test_one_step_trace_prefill_only():
+    trace = load("medusa")
+    prefill = trace["steps"][:1]
+    dom = parse(render.step_view(prefill, trace["texts"]))
+    assert len(dom.find("step")) == 1
+    assert len(dom.find("tok-added")) == 1 and len(dom.find("tok-next")) == 1
+    assert not dom.find("tok-accepted") and not dom.find("tok-rejected")
+    detail = parse(render.step_detail(prefill[0], trace["texts"], trace["prompt_ids"], []))
+    assert "prefill" in detail.text().lower()
+    assert "1 tokens" in render.totals_line(prefill[0])
+
+
+def test_stream_messages_other_than_steps_are_ignored():
+    trace = load("lookahead")
+    stream = [{"type": "start", "prompt_ids": trace["prompt_ids"]}] + [{"type": "step", **s} for s in trace["steps"]]
+    stream.append({"type": "end", "finish_reason": "eos", "text": trace["text"]})
+    assert render.step_view(stream, trace["texts"]) == render.step_view(trace["steps"], trace["texts"])
+
+
+def test_two_thousand_steps():
+    texts = {i: f"w{i}" for i in range(50)}
+    events = []
+    for step in range(2000):
+        if step % 3 == 0:
+            events.append(_event(step, [1, 2, 3, 4], [-1, 0, 1, 2], [0, 1, 2, 3], 5, "bonus"))
+        else:
+            events.append(_event(step, [6, 7, 8], [-1, 0, 1], [0], 9, "correction"))
+    html_text = render.step_view(events, texts)
+    assert len(html_text) < 2000 * 1500
+    dom = parse(html_text)
+    assert len(dom.find("step")) == 2000
+    assert len(dom.find("tok-added")) == 2000
+    assert len(dom.find("tok-bonus")) == 667
+    assert len(dom.find("tok-accepted")) == 667 * 4 + 1333
+    assert len(dom.find("tok-rejected")) == 1333 * 2
+
+
+# ----------------------------------------------------------------------------- step detail per mode
+
+
+def _with_history(trace):
+    history = []
+    for step in trace["steps"]:
+        yield step, list(history)
+        history += step["tokens"]
+
+
+def test_prompt_lookup_highlights_exactly_the_matched_ngram():
+    trace = load("prompt_lookup")
+    checked = 0
+    for step, history in _with_history(trace):
+        match = step["source"].get("match")
+        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history))
+        if not match:
+            assert not dom.find("ctx-ngram")
+            continue
+        context = trace["prompt_ids"] + history
+        n, pos = len(match["ngram"]), match["position"]
+        assert context[pos : pos + n] == match["ngram"]  # the fixture itself
+        ngram = dom.find("ctx-ngram")
+        assert [int(x.attrs["data-pos"]) for x in ngram] == list(range(pos, pos + n))
+        assert [int(x.attrs["data-tok"]) for x in ngram] == match["ngram"]
+        cont = dom.find("ctx-cont")
+        draft = step["proposed"]["tokens"]
+        assert [int(x.attrs["data-tok"]) for x in cont] == draft
+        assert [int(x.attrs["data-pos"]) for x in cont] == list(range(match["continuation_position"],
+                                                                      match["continuation_position"] + len(draft)))
+        shown = dom.find("ctx")
+        assert 0 < len(shown) <= 40 < len(context), "a window around the match, not the whole prompt"
+        checked += 1
+    assert checked >= 3
+
+
+def test_prompt_lookup_highlight_follows_the_match_position():
+    trace = load("prompt_lookup")
+    step, history = [(s, h) for s, h in _with_history(trace) if s["source"].get("match")][0]
+    moved = json.loads(json.dumps(step))
+    context = trace["prompt_ids"] + history
+    ngram = moved["source"]["match"]["ngram"]
+    others = [i for i in range(len(context) - len(ngram)) if context[i : i + len(ngram)] == ngram]
+    assert len(others) >= 2, "the fixture's n-gram occurs more than once"
+    new_pos = others[-1]
+    moved["source"]["match"].update(position=new_pos, continuation_position=new_pos + len(ngram))
+    dom = parse(render.step_detail(moved, trace["texts"], trace["prompt_ids"], history))
+    assert [int(x.attrs["data-pos"]) for x in dom.find("ctx-ngram")] == list(range(new_pos, new_pos + len(ngram)))
+
+
+def test_lookahead_detail_shows_window_and_accepted_candidate():
+    trace = load("lookahead")
+    seen_accept = False
+    for step, history in _with_history(trace):
+        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history))
+        source = step["source"]
+        if step["kind"] == "prefill":
+            continue
+        if source.get("window"):
+            grid = dom.find("sd-grid")[0]
+            body_rows = [r for r in grid.find(tag="tr")][1:]
+            assert len(body_rows) == len(source["window"])
+            grid_tokens = [int(t.attrs["data-tok"]) for t in grid.find("tok") if "tok-root" not in t.classes]
+            assert grid_tokens == [t for row in source["window"] for t in row]
+        cands = dom.find("cand")
+        assert len(cands) == len(source["candidates"])
+        winners = dom.find("cand-accepted")
+        if step["accepted_tokens"]:
+            seen_accept = True
+            assert len(winners) == 1
+            toks = [int(t.attrs["data-tok"]) for t in winners[0].find("tok-accepted")]
+            assert toks == step["accepted_tokens"]
+    assert seen_accept
+
+
+def test_draft_target_detail_shows_probabilities():
+    trace = load("draft_target")
+    step, history = [(s, h) for s, h in _with_history(trace) if s["kind"] == "decode"][0]
+    dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history))
+    table = dom.find("sd-probs")[0]
+    assert len(table.find(tag="tr")) == 1 + len(step["proposed"]["tokens"])
+    assert len(table.find("bar")) == len(step["source"]["draft_probs"])
+    assert f"{step['source']['draft_probs'][0]:.3f}" in table.text()
+
+
+@pytest.mark.parametrize("mode", ["medusa", "eagle"])
+def test_tree_modes_detail_draws_the_tree(mode):
+    trace = load(mode)
+    for step, history in _with_history(trace):
+        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history))
+        if step["kind"] == "prefill":
+            assert not dom.find("node")
+            continue
+        nodes = dom.find("node", tag="g")
+        assert len(nodes) == len(step["proposed"]["tokens"])
+        assert sorted(int(n.attrs["data-node"]) for n in nodes if "accepted" in n.classes) == step["accepted"]
+
+
+# ----------------------------------------------------------------------------- tree SVG
+
+
+def _rects(dom):
+    out = {}
+    for g in dom.find("node", tag="g"):
+        rect = g.find(tag="rect")[0]
+        out[int(g.attrs["data-node"])] = tuple(float(rect.attrs[k]) for k in ("x", "y", "width", "height"))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["medusa", "eagle", "lookahead"])
+def test_tree_svg_one_node_per_token_and_accepted_path(mode):
+    trace = load(mode)
+    for step in trace["steps"]:
+        tokens, parents = step["proposed"]["tokens"], step["proposed"]["parents"]
+        if not tokens:
+            continue
+        dom = parse(render.tree_svg(tokens, parents, step["accepted"], trace["texts"]))
+        nodes = dom.find("node", tag="g")
+        assert len(nodes) == len(tokens)
+        assert [int(n.attrs["data-node"]) for n in nodes] == list(range(len(tokens)))
+        marked = [int(n.attrs["data-node"]) for n in nodes if "accepted" in n.classes]
+        assert marked == step["accepted"]
+        assert all("✓" in n.text() for n in nodes if "accepted" in n.classes)
+        assert len([e for e in dom.find("edge") if "accepted" in e.classes]) == len(step["accepted"])
+        assert len(dom.find("edge")) == len(tokens)
+        assert len(dom.find("root")) == 1
+
+
+def test_tree_svg_nodes_do_not_overlap_at_64():
+    # A Medusa-like tree: 8 children of the root, each with a chain and side branches.
+    parents = []
+    for i in range(64):
+        parents.append(-1 if i < 8 else (i - 8 if i < 40 else i - 32))
+    tokens = list(range(64))
+    html_text = render.tree_svg(tokens, parents, [0, 8, 16], {i: f"tok{i}" for i in range(64)},
+                                scores=[0.5] * 64)
+    dom = parse(html_text)
+    rects = _rects(dom)
+    assert len(rects) == 64 and not dom.find("tree-note")
+    boxes = list(rects.values())
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            overlap_x = a[0] < b[0] + b[2] and b[0] < a[0] + a[2]
+            overlap_y = a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+            assert not (overlap_x and overlap_y)
+    assert all(float(t.attrs.get("font-size", 13)) >= 12 for t in dom.find(tag="text")), "legible labels"
+
+
+def test_tree_svg_truncates_large_trees_but_keeps_the_accepted_path():
+    n = 150
+    parents = [-1] + [i - 1 if i % 5 else -1 for i in range(1, n)]
+    path = [145, 146, 147, 148, 149]  # a chain hanging off the root near the end
+    assert parents[145] == -1 and all(parents[i] == i - 1 for i in path[1:])
+    dom = parse(render.tree_svg(list(range(n)), parents, path, {}))
+    nodes = dom.find("node", tag="g")
+    assert len(nodes) == render.MAX_TREE_NODES
+    assert [int(g.attrs["data-node"]) for g in nodes if "accepted" in g.classes] == path
+    assert "150" in dom.find("tree-note")[0].text()
+
+
+# ----------------------------------------------------------------------------- table, status line, learn
+
+
+def test_summary_table_marks_identical_and_best():
+    rows = [
+        {"mode": "autoregressive", "tokens_per_s": 10.0, "speedup": 1.0, "tau": 1.0, "acceptance_rate": None,
+         "identical": None, "new_tokens": 40, "elapsed_s": 4.0},
+        {"mode": "prompt_lookup", "tokens_per_s": 18.0, "speedup": 1.8, "tau": 2.1, "acceptance_rate": 0.42,
+         "identical": True, "new_tokens": 40, "elapsed_s": 2.2},
+        {"mode": "medusa", "tokens_per_s": 8.0, "speedup": 0.8, "tau": 1.3, "acceptance_rate": 0.1,
+         "identical": False, "new_tokens": 40, "elapsed_s": 5.0},
+    ]
+    dom = parse(render.summary_table(rows))
+    body = dom.find(tag="tr")[1:]
+    assert [r.attrs["data-mode"] for r in body] == ["autoregressive", "prompt_lookup", "medusa"]
+    assert len(dom.find("identical-yes")) == 1 and len(dom.find("identical-no")) == 1
+    assert dom.find("identical-yes")[0].text() == "✓" and dom.find("identical-no")[0].text() == "✗"
+    best = [r for r in body if "best" in r.classes]
+    assert [r.attrs["data-mode"] for r in best] == ["prompt_lookup"]
+    assert "Prompt lookup" in best[0].text() and "1.80×" in best[0].text() and "42%" in best[0].text()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_totals_line(mode):
+    last = load(mode)["steps"][-1]
+    line = render.totals_line(last)
+    t = last["totals"]
+    assert f"{t['new_tokens']} tokens" in line and f"{t['target_steps']} target passes" in line
+    assert f"τ {t['new_tokens'] / t['target_steps']:.2f}" in line
+    assert "eos" in line and "<" not in line
+
+
+def test_infer_mode_from_fixtures():
+    for mode in MODES:
+        assert render.infer_mode(load(mode)["steps"]) == mode
+    assert render.infer_mode([]) is None
+
+
+def test_learn_texts():
+    assert set(learn.LEARN) == set(learn.MODE_LABELS) == set(MODES)
+    assert learn.MODE_LABELS["eagle"] == "EAGLE" and learn.MODE_LABELS["draft_target"] == "Draft-target"
+    for mode, text in learn.LEARN.items():
+        assert len(text.split()) < 280, mode
+        assert "lossless" in text.lower(), mode
+    assert "NOT" in learn.LEARN["medusa"] and "typical" in learn.LEARN["medusa"].lower()
+    for name in ("max_window_size", "max_ngram_size", "max_verification_set_size"):
+        assert name in learn.LEARN["lookahead"]
+    for (w, n, g) in [(4, 3, 4), (4, 4, 4), (7, 7, 7), (1, 1, 0)]:
+        budget = (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
+        assert re.search(rf"\b{budget} for\s+\({w}, {n}, {g}\)", learn.LEARN["lookahead"]), (w, n, g, budget)
+    assert "max_matching_ngram_size" in learn.LEARN["prompt_lookup"]
+    assert "medusa_choices" in learn.LEARN["medusa"] and "speculative_model" in learn.LEARN["eagle"]
+    assert learn.OVERVIEW.strip()
+
+
+def test_backends_that_hide_the_draft():
+    # TensorRT-LLM: only the committed tokens per iteration; a remote text stream: only text deltas.
+    trt = {"type": "step", "step": 1, "kind": "decode", "proposed": {"tokens": [11, 12], "parents": [-1, 0]},
+           "accepted": [0, 1], "rejected": [], "accepted_tokens": [11, 12], "added_token": 13, "added_kind": "next",
+           "tokens": [11, 12, 13], "source": {"observed": "token stream", "not_visible": ["draft tree"]},
+           "draft_time_s": None, "verify_time_s": None,
+           "totals": {"new_tokens": 4, "target_steps": 2, "drafted": None, "accepted": 2, "elapsed_s": 0.5},
+           "finish_reason": None}
+    remote = {"type": "step", "step": 0, "kind": "decode", "proposed": {"tokens": [], "parents": []}, "accepted": [],
+              "rejected": [], "accepted_tokens": [], "added_token": None, "added_kind": "next", "tokens": [],
+              "text": "Hello <b>", "source": {"not_visible": ["draft tree"]}, "draft_time_s": None,
+              "verify_time_s": None, "totals": {"target_steps": 1, "elapsed_s": 0.1}, "finish_reason": None}
+    texts = {11: "a", 12: "b", 13: "c"}
+    dom = parse(render.step_view([remote, trt], texts))
+    assert "Hello <b>" in dom.text() and len(dom.find("tok-accepted")) == 2 and len(dom.find("tok-added")) == 1
+    detail = parse(render.step_detail(trt, texts, [1, 2], [3]))
+    assert "draft tree" in detail.text()
+    assert "tokens/s" in render.totals_line(trt)
+
+
+def test_summary_table_accepts_labels():
+    dom = parse(render.summary_table([{"mode": "Prompt lookup", "speedup": 1.5, "identical": True}]))
+    row = dom.find(tag="tr")[1]
+    assert row.attrs["data-mode"] == "prompt_lookup" and "Prompt lookup" in row.text()
