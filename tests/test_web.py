@@ -1,0 +1,290 @@
+"""The web app end to end: `python -m app` started as a real server on the bundled model, driven through
+its public API (gradio_client) and in a real browser (Playwright + Debian's chromium, headless).
+
+Screenshots of every tab go to assets/screenshots/ (used by the README) and to the test artifacts."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.bundled
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "assets" / "screenshots"
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", ROOT / "test-artifacts"))
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+PROMPT = "Repeat this list exactly: apples, pears, plums, apples, pears, plums."
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    port = free_port()
+    tmp = tmp_path_factory.mktemp("gradio")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(tmp),
+           "GRADIO_EXAMPLES_CACHE": str(tmp / "examples")}
+    log = open(tmp / "app.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--max-concurrency", "1"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    # "Running on local URL" is printed before the server answers: poll the API info instead.
+    while True:
+        try:
+            urllib.request.urlopen(url + "/gradio_api/info", timeout=2).read()
+            break
+        except (urllib.error.URLError, OSError):
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"the app did not start:\n{(tmp / 'app.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+# ----------------------------------------------------------------------------- API level (gradio_client)
+
+
+def test_the_server_binds_to_loopback_only(app_url):
+    assert app_url.startswith("http://127.0.0.1:")
+    info = json.load(urllib.request.urlopen(app_url + "/gradio_api/info", timeout=10))
+    endpoints = set(info["named_endpoints"])
+    assert {"/run", "/stop", "/inspect", "/compare", "/engine_build", "/engine_plan", "/engine_remove"} <= endpoints
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    from gradio_client import Client
+
+    return Client(app_url, verbose=False, download_files=False)
+
+
+def run_args(mode, prompt=PROMPT, race=False, **overrides):
+    from app.ui.web import CONTROLS, DEFAULTS
+
+    values = {**DEFAULTS, "max_new_tokens": 32, **overrides}
+    return [prompt, mode, race] + [values[k] for k in CONTROLS]
+
+
+def committed_text(html):
+    """The output as the step view shows it: accepted draft tokens and added tokens, in order."""
+    from html.parser import HTMLParser
+
+    class P(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.depth, self.out = 0, []
+
+        def handle_starttag(self, tag, attrs):
+            cls = dict(attrs).get("class") or ""
+            if self.depth:
+                self.depth += 1
+            elif "tok-accepted" in cls.split() or "tok-added" in cls.split():
+                self.depth = 1
+
+        def handle_endtag(self, tag):
+            if self.depth:
+                self.depth -= 1
+
+        def handle_data(self, data):
+            if self.depth:
+                self.out.append(data)
+
+    p = P()
+    p.feed(html)
+    return "".join(p.out)
+
+
+@pytest.mark.parametrize("mode", ["autoregressive", "prompt_lookup", "lookahead", "medusa", "eagle"])
+def test_api_run_streams_and_every_mode_commits_the_autoregressive_output(client, mode):
+    job = client.submit(*run_args(mode), api_name="/run")
+    updates = list(job)
+    view, status = job.result()[:2]
+    assert len(updates) >= 1
+    assert "finished" in status, status
+    assert view.count("tok-added") >= 1 and 'data-step="0"' in view
+    reference = client.predict(*run_args("autoregressive"), api_name="/run")[0]
+    assert committed_text(view) == committed_text(reference) != ""
+    # The session's record (gr.State) is kept between calls: inspect a step of this run.
+    detail = client.predict(1, api_name="/inspect")
+    assert "Step 1" in detail
+
+
+def test_api_reports_invalid_settings_and_unavailable_modes(client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="exceeds the engine"):
+        client.predict(*run_args("lookahead", la_w=8), api_name="/run")
+    with pytest.raises(AppError, match="draft"):
+        client.predict(*run_args("draft_target"), api_name="/run")
+    with pytest.raises(AppError, match="prompt is empty"):
+        client.predict(*run_args("autoregressive", prompt="  "), api_name="/run")
+    assert client.predict(api_name="/stop") == "Nothing is running."
+
+
+def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
+    table, race, bars, status = client.predict(PROMPT, ["prompt_lookup", "medusa"], 24, api_name="/compare")
+    assert "Done" in status
+    for label in ("Autoregressive", "Prompt lookup", "Medusa"):
+        assert label in table
+    assert table.count("identical-yes") == 2  # both speculative modes reproduce the greedy output
+    assert race["type"] == "plotly" and bars["type"] == "plotly"
+
+
+def test_api_engines_plan_build_and_remove(client):
+    args = run_args("lookahead")[1:2] + run_args("lookahead")[3:]
+    plan = json.loads(client.predict(*args, api_name="/engine_plan"))
+    assert plan["backend"] == "transformers" and plan["model"] == "smollm2-135m-instruct"
+    status, table, ids = client.predict(*args, api_name="/engine_build")
+    assert "ready" in status, status
+    build_id = status.split("`")[1]
+    assert build_id in json.dumps(table)  # the table lists it
+    status, table, _ = client.predict(build_id, api_name="/engine_remove")
+    assert "Removed" in status and build_id not in json.dumps(table)
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="not in the list of choices"):  # only listed builds can be named
+        client.predict("../../etc", api_name="/engine_remove")
+
+
+# ----------------------------------------------------------------------------- in a real browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("chromium is missing: scripts/test.sh installs Debian's chromium package")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    page = context.new_page()
+    dialogs, errors = [], []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    yield page
+    assert not dialogs, f"the page opened dialogs (unescaped script?): {dialogs}"
+    assert not errors, f"JavaScript errors: {errors}"
+    context.close()
+
+
+def screenshot(page, name):
+    for folder in (SHOTS, ARTIFACTS / "screenshots"):
+        folder.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+
+
+def set_number(page, label, value):
+    box = page.get_by_label(f"number input for {label}", exact=True)
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def wait_status(page, pattern, timeout=180_000):
+    page.wait_for_function(
+        "p => { const s = document.querySelector('#status'); return s && new RegExp(p).test(s.innerText); }",
+        arg=pattern, timeout=timeout,
+    )
+    return page.inner_text("#status")
+
+
+def test_page_names_every_mode_and_says_why_one_is_unavailable(page):
+    for label in ("Autoregressive", "Draft-target", "Prompt lookup", "Lookahead", "Medusa", "EAGLE"):
+        assert page.get_by_label(label, exact=True).count() == 1, label
+    note = page.inner_text("#modes-note")
+    assert "✗ Draft-target" in note and "no draft model ships" in note
+    assert "TensorRT-LLM is not installed" in page.inner_text("body")
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "lookahead", "medusa", "eagle", "autoregressive"])
+def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode):
+    from app.ui.learn import MODE_LABELS
+
+    page.get_by_label(MODE_LABELS[mode], exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(mode == "prompt_lookup")
+    page.click("#run")
+    status = wait_status(page, "finished")
+    assert MODE_LABELS[mode] in status
+    view = page.locator("#step-view")
+    assert view.locator(".tok-added").count() >= 1
+    assert view.locator(".step").count() == view.locator(".tok-added").count() + view.locator(".step:not(:has(.tok-added))").count()
+    if mode != "autoregressive":
+        assert view.locator(".tok-accepted").count() + view.locator(".tok-rejected").count() >= 1
+    assert view.locator(".legend").count() == 1
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5")
+    assert page.locator("#step-detail").inner_text().strip() != ""
+    if mode == "prompt_lookup":
+        assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
+        screenshot(page, "run")
+    if mode in ("medusa", "eagle"):
+        assert page.locator("#step-detail .sd-tree svg").count() == 1
+        screenshot(page, f"run-{mode}")
+
+
+def test_browser_shows_a_validation_error_before_anything_runs(page):
+    page.get_by_label("Lookahead", exact=True).check()
+    set_number(page, "w", 8)
+    page.wait_for_function("/Invalid/.test(document.querySelector('#check').innerText)")
+    assert "exceeds" in page.inner_text("#check")
+    set_number(page, "w", 2)
+    page.wait_for_function("/Valid/.test(document.querySelector('#check').innerText)")
+
+
+def test_browser_stop_cancels_a_run(page):
+    page.get_by_label("Autoregressive", exact=True).check()
+    page.click("text=Sampling and length")
+    set_number(page, "max_new_tokens", 400)
+    page.fill("#prompt textarea", "Write a very long story about a dragon who learns to read.")
+    page.click("#run")
+    page.wait_for_function("document.querySelectorAll('#step-view .step').length >= 3", timeout=120_000)
+    page.click("#stop")
+    status = wait_status(page, "stopped")
+    steps = page.locator("#step-view .step").count()
+    assert 3 <= steps < 400
+
+
+def test_browser_compare_tab_and_screenshots_of_every_tab(page):
+    page.get_by_role("tab", name="Compare").click()
+    page.fill("#cmp-prompt textarea", PROMPT)
+    page.click("#compare-run")
+    page.wait_for_function("/Done/.test(document.querySelector('#cmp-status').innerText)", timeout=240_000)
+    table = page.inner_text("#cmp-table")
+    assert "Prompt lookup" in table and "Lookahead" in table and "✓" in table
+    page.wait_for_function("document.querySelectorAll('#cmp-race .js-plotly-plot, #cmp-speedup .js-plotly-plot').length == 2")
+    screenshot(page, "compare")
+    page.get_by_role("tab", name="Learn").click()
+    page.wait_for_selector("#learn-tree svg")
+    screenshot(page, "learn")
+    page.get_by_role("tab", name="Engines").click()
+    page.wait_for_selector("#eng-table")
+    screenshot(page, "engines")
