@@ -1,4 +1,6 @@
-# SpecDec Studio, CPU only. Build: docker build -t specdec-studio .   Run: docker run --rm specdec-studio
+# SpecDec Studio web app, CPU only (also the Hugging Face Space: sdk docker, app_port 7860).
+#   docker build -t specdec-studio .
+#   docker run --rm -p 7860:7860 specdec-studio        # then open http://localhost:7860
 FROM python:3.11-slim
 
 # torch from the CPU wheel index: requirements.txt pins torch==2.13.0, which there resolves to
@@ -6,13 +8,21 @@ FROM python:3.11-slim
 ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
     PIP_NO_CACHE_DIR=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    GRADIO_ANALYTICS_ENABLED=False \
+    # Inside a container the app must listen on all interfaces to be reachable through -p / the Space proxy.
+    GRADIO_SERVER_NAME=0.0.0.0 \
+    GRADIO_SERVER_PORT=7860
 
 RUN useradd --create-home --uid 1000 app
 WORKDIR /home/app/specdec-studio
 COPY --chown=1000:1000 . .
 USER 1000
 
-RUN bash scripts/setup.sh
+RUN bash scripts/setup.sh \
+    # dequantize the bundled model at build time, not on the first visit
+    && .venv/bin/python -c "from app import models; models.locate(models.BUNDLED)"
 
-CMD ["bash", "scripts/start.sh"]
+EXPOSE 7860
+CMD [".venv/bin/python", "-m", "app"]

@@ -52,6 +52,7 @@ def _add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", *configs.BACKENDS],
                    help="auto: a reachable --remote-url, else TensorRT-LLM where installed, else transformers")
     p.add_argument("--remote-url", default=None, help="remote backend: an OpenAI-compatible server (python -m app serve, trtllm-serve)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="tensorrt_llm backend: GPUs per model")
 
 
 def _int_list(text: str, what: str) -> tuple[int, ...]:
@@ -127,7 +128,8 @@ def _service(args: argparse.Namespace, **limits):
     from app.service.jobs import Limits
 
     return Service(_engines(args), model=args.model, dtype=args.dtype, backend=getattr(args, "backend", "auto") or "auto",
-                   remote_url=getattr(args, "remote_url", None), limits=Limits(**limits))
+                   remote_url=getattr(args, "remote_url", None), limits=Limits(**limits),
+                   tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -154,7 +156,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     finally:
         service.close()
     if end.get("error"):
-        raise RuntimeError(end["error"])
+        print(f"error: generation failed: {end['error']}", file=sys.stderr)
+        return 1
     if args.json:
         keep = ("type", "texts", "text")
         out = {"text": end["text"], "token_ids": end["token_ids"], "prompt_ids": start.get("prompt_ids", []),
@@ -177,8 +180,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from app.ui import web
 
     service = _service(args, max_concurrency=args.max_concurrency, max_queue=args.max_queue, time_limit_s=args.time_limit)
-    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
-    service.backends["transformers"].model(args.model)  # fail here, not on the first click
+    if service.default_backend() == "transformers":
+        print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+        service.backends["transformers"].model(args.model)  # fail here, not on the first click
     try:
         web.launch(service, host=args.host, port=args.port)
     finally:

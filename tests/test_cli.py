@@ -166,3 +166,63 @@ def test_first_load_message_does_not_pollute_stdout(tmp_path, monkeypatch, capsy
         models.load(models.BUNDLED, engines=tmp_path)
     out = capsys.readouterr().out
     assert out == "", f"stdout: {out!r}"
+
+
+# ----------------------------------------------------------------------------- serve and engines
+
+
+def test_serve_rejects_an_invalid_default_config_before_loading(tmp_path):
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    proc = run_cli("serve", "--port", "1", "--mode", "lookahead", "--lookahead-config", "2,1,0", "--engines-dir", str(engines), timeout=120)
+    assert proc.returncode == 2 and "n-gram size of 1" in error_line(proc.stderr)
+    assert not any(engines.iterdir())
+
+
+@pytest.fixture
+def engines_dir(tmp_path):
+    """An empty build store that shares the bundled model's converted copy (not rebuilt)."""
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
+    return engines
+
+
+@pytest.mark.bundled
+def test_engines_build_list_show_rm(bundled, engines_dir):
+    proc = run_cli("engines", "build", "--mode", "medusa", "--engines-dir", str(engines_dir), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads(proc.stdout)
+    assert manifest["status"] == "ready" and manifest["kind"] == "transformers-heads"
+    assert "[build" in proc.stderr  # progress
+    again = run_cli("engines", "build", "--mode", "medusa", "--medusa-choices", "small", "--engines-dir", str(engines_dir))
+    assert json.loads(again.stdout)["id"] == manifest["id"]  # the tree is a runtime setting here: the build is reused
+    listed = json.loads(run_cli("engines", "list", "--json", "--engines-dir", str(engines_dir)).stdout)
+    assert [m["id"] for m in listed] == [manifest["id"]]
+    shown = json.loads(run_cli("engines", "show", manifest["id"], "--engines-dir", str(engines_dir)).stdout)
+    assert shown == manifest
+    assert run_cli("engines", "rm", manifest["id"], "--engines-dir", str(engines_dir)).returncode == 0
+    assert json.loads(run_cli("engines", "list", "--json", "--engines-dir", str(engines_dir)).stdout) == []
+    gone = run_cli("engines", "rm", manifest["id"], "--engines-dir", str(engines_dir))
+    assert gone.returncode == 2 and "no build" in error_line(gone.stderr)
+
+
+@pytest.mark.bundled
+def test_engines_tensorrt_llm_plan_and_a_clear_failure_here(bundled, engines_dir):
+    plan = run_cli("engines", "build", "--backend", "tensorrt_llm", "--mode", "lookahead", "--lookahead-config", "4,3,4",
+                   "--plan", "--engines-dir", str(engines_dir))
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    data = json.loads(plan.stdout)
+    assert data["llm_class"] == "tensorrt_llm._tensorrt_engine.LLM"
+    assert data["llm"]["build_config"]["max_draft_len"] == 15  # (N-2) + (W-1+G)(N-1)
+    cmd = data["trtllm_build"]["command"]
+    assert cmd[cmd.index("--speculative_decoding_mode") + 1] == "lookahead_decoding"
+    try:
+        import tensorrt_llm  # noqa: F401
+        pytest.skip("TensorRT-LLM is installed here")
+    except (ImportError, OSError):
+        pass
+    build = run_cli("engines", "build", "--backend", "tensorrt_llm", "--mode", "lookahead", "--engines-dir", str(engines_dir))
+    assert build.returncode == 2
+    assert "TensorRT-LLM cannot build here" in error_line(build.stderr.splitlines()[-1] + "\n")
+    assert json.loads(run_cli("engines", "list", "--json", "--engines-dir", str(engines_dir)).stdout) == []

@@ -45,6 +45,8 @@ class Service:
     ) -> None:
         if backend not in ("auto", *configs.BACKENDS):
             raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(configs.BACKENDS)}")
+        if tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be at least 1, got {tensor_parallel_size}")
         self.engines = Path(engines)
         self.model = model
         self.limits = limits
@@ -119,8 +121,9 @@ class Service:
             job.cancel()
 
     # ------------------------------------------------------------------ engine builds
-    def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, tensor_parallel_size: int = 1) -> BuildSpec:
-        return spec_for(self.request(data), model or self.model, tensor_parallel_size=tensor_parallel_size)
+    def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> BuildSpec:
+        tp = self.backends["tensorrt_llm"].tensor_parallel_size
+        return spec_for(self.request(data), model or self.model, tensor_parallel_size=tp)
 
     def engine_plan(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> dict[str, Any]:
         return self.store.plan(self.engine_spec(data, model))

@@ -254,9 +254,10 @@ class Studio:
     # ------------------------------------------------------------------ Compare tab
     def compare(self, prompt: str, modes: list[str], max_new_tokens: float, request: gr.Request):
         session = request.session_hash if request is not None else "local"
-        defaults = dict(DEFAULTS, max_new_tokens=max_new_tokens, backend="transformers")
+        backend = self.service.default_backend("lookahead")
+        defaults = dict(DEFAULTS, max_new_tokens=max_new_tokens, backend=backend)
         chosen = ["autoregressive"] + [m for m in MODES if m in (modes or []) and m != "autoregressive"]
-        available = {m["mode"]: m for m in self.service.modes(backend="transformers")}
+        available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         runs: dict[str, Run] = {}
         rows: list[dict[str, Any]] = []
         notes = []
@@ -335,10 +336,11 @@ class Studio:
                                               value=None, elem_id="examples")
                         mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value="prompt_lookup", label="Decoding mode",
                                         elem_id="mode")
-                        modes_note = gr.Markdown(_modes_note(service, "transformers"), elem_id="modes-note")
+                        modes_note = gr.Markdown(_modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
                         c = self._controls(service, availability)
                         race = gr.Checkbox(value=True, label="Race against autoregressive (runs the baseline once per prompt)")
-                        check = gr.Markdown(check_message(service, "prompt_lookup", DEFAULTS), elem_id="check")
+                        check = gr.Markdown(check_message(service, "prompt_lookup", dict(DEFAULTS, backend=service.default_backend("lookahead"))),
+                                            elem_id="check")
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
@@ -463,7 +465,7 @@ class Studio:
             c["eg_tree"] = gr.Dropdown([DYNAMIC, *TREES], value=DYNAMIC, label="tree (eagle_choices)")
         c["backend"] = gr.Dropdown(
             [(name if state.available else f"{name} (unavailable)", name) for name, state in availability.items()],
-            value="transformers", label="Backend", elem_id="backend",
+            value=service.default_backend("lookahead"), label="Backend", elem_id="backend",
             info="; ".join(f"{n}: {s.reason}" for n, s in availability.items() if not s.available) or None,
         )
         c["groups"] = [g_pl, g_la, g_dt, g_md, g_eg]

@@ -79,6 +79,11 @@ class TransformersBackend:
             )
         configs.check_context(len(prompt_ids), request.max_new_tokens, _context(target))
         companion = self.companion(target, cfg)
+        try:
+            # What only the loaded artifact can tell (a Medusa tree deeper than its heads) fails here, not in the job.
+            cfg.drafter(target.model, companion)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
 
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
             yield {"type": "start", "backend": self.name, "model": model, "mode": cfg.mode,
