@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import json
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -127,6 +128,25 @@ def steps_from_diffs(diffs: Iterable[tuple[list[int], float, str | None]]) -> It
         }
 
 
+def iteration_stats(raw: Iterable[Any]) -> dict[str, Any]:
+    """Totals of `llm.get_stats()` entries (dicts, or JSON strings in older versions): drafted and accepted
+    tokens from each iteration's specDecodingStats, and the mean acceptance length over iterations that drafted.
+    TRTLLM.md section 5: the PyTorch backend fills these when enable_iter_perf_stats is on."""
+    drafted = accepted = iterations = 0
+    lengths: list[float] = []
+    for entry in raw or []:
+        if isinstance(entry, (str, bytes)):
+            entry = json.loads(entry)
+        iterations += 1
+        spec = entry.get("specDecodingStats") or {}
+        drafted += int(spec.get("numDraftTokens", 0) or 0)
+        accepted += int(spec.get("numAcceptedTokens", 0) or 0)
+        if spec.get("numRequestsWithDraftTokens"):
+            lengths.append(float(spec.get("acceptanceLength", 0.0)))
+    return {"iterations": iterations, "drafted": drafted, "accepted": accepted,
+            "acceptance_length": sum(lengths) / len(lengths) if lengths else None}
+
+
 class TensorRTLLMBackend:
     name = "tensorrt_llm"
 
@@ -174,8 +194,13 @@ class TensorRTLLMBackend:
                 ids += step["tokens"]
                 finish = step["finish_reason"]
                 yield {**step, "texts": _texts(llm, step["tokens"])}
+            try:
+                stats = iteration_stats(llm.get_stats(timeout=2))
+            except Exception as err:  # stats are a bonus: a version without them must not fail the generation
+                stats = {"unavailable": f"{type(err).__name__}: {err}"}
             yield {"type": "end", "finish_reason": finish or ("cancelled" if cancel.is_set() else None),
-                   "text": llm.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids, "totals": {}, "error": None}
+                   "text": llm.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids, "totals": {},
+                   "iteration_stats": stats, "error": None}
 
         return work
 
