@@ -5,9 +5,17 @@ Kept free of pytest fixtures so test modules can import it directly (`import hel
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,6 +24,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
 from app.decoding.tree import children
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def tiny_llama(
@@ -188,3 +198,57 @@ def marginal(dist: dict, length: int) -> dict:
     for k, v in dist.items():
         out[k[:length]] = out.get(k[:length], 0.0) + v
     return out
+
+
+# ----------------------------------------------------------------------------- servers and stand-in packages
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(args: list[str], ready_path: str, port: int, log: Path, env: dict | None = None, timeout: float = 240):
+    """`python -m app ARGS` as a real server on 127.0.0.1:port; yields its URL once `ready_path` answers
+    (servers print their URL before they answer), and stops it afterwards."""
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(url + ready_path, timeout=2).read()
+                break
+            except (urllib.error.URLError, OSError):
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"the server did not start:\n{log.read_text()[-3000:]}") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def stand_in_package(root: Path, name: str, files: dict[str, str]):
+    """A stand-in package importable as `name` (e.g. a fake tensorrt_llm to run glue code without a GPU);
+    removed from sys.path and sys.modules afterwards."""
+    (root / name).mkdir(parents=True)
+    for filename, text in files.items():
+        (root / name / filename).write_text(text)
+    sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(root))
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]

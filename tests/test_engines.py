@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from app.service.engines import (
     spec_for,
     tree_sha256,
 )
-from helpers import tiny_llama
+from helpers import stand_in_package, tiny_llama
 
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 SPEC = BuildSpec("tiny", "autoregressive", versions={"test": "1"})
@@ -468,15 +467,9 @@ class MedusaDecodingConfig(BaseModel):
 @pytest.fixture
 def fake_trtllm(tmp_path, monkeypatch):
     """A stand-in `tensorrt_llm` package on sys.path, and a 'visible' GPU, to run the builder's glue code."""
-    root = tmp_path / "fake-site"
-    (root / "tensorrt_llm").mkdir(parents=True)
-    for name, text in FAKE_TRTLLM.items():
-        (root / "tensorrt_llm" / name).write_text(text)
-    monkeypatch.syspath_prepend(str(root))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    yield
-    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
-        del sys.modules[name]
+    with stand_in_package(tmp_path / "fake-site", "tensorrt_llm", FAKE_TRTLLM):
+        yield
 
 
 def test_the_tensorrt_llm_builder_runs_its_plan(tmp_path, tiny_dir, fake_trtllm):

@@ -4,7 +4,6 @@ and the remote backend against it, and the TensorRT-LLM backend's pure parts."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from app.service.backends import tensorrt_llm as trt
 from app.service.backends.base import Prompt
 from app.service.backends.remote import RemoteBackend, RemoteError, body_for
 from app.service.jobs import JobManager, Limits, QueueFull
+from helpers import free_port, running_server, stand_in_package
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "List the days of the week, then list them again in the same order."
@@ -267,35 +267,11 @@ def test_auto_backend_falls_back_to_transformers_and_says_why_others_are_unavail
 # ----------------------------------------------------------------------------- the HTTP server and the remote backend
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--port", str(port), "--mode", "prompt_lookup", "--max-new-tokens", "32",
-         "--max-concurrency", "1"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while True:
-        try:
-            urllib.request.urlopen(url + "/v1/models", timeout=2).read()
-            break
-        except (urllib.error.URLError, OSError):
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"server did not start:\n{proc.stdout.read()[-3000:]}")
-            time.sleep(0.5)
-    yield url
-    proc.terminate()
-    proc.wait(30)
+def server(tmp_path_factory):
+    args = ["serve", "--port", str(port := free_port()), "--mode", "prompt_lookup", "--max-new-tokens", "32", "--max-concurrency", "1"]
+    with running_server(args, "/v1/models", port, tmp_path_factory.mktemp("serve") / "serve.log", env={"HF_HUB_OFFLINE": "1"}) as url:
+        yield url
 
 
 def post(url, path, body, stream=False):
@@ -588,15 +564,9 @@ class LookaheadDecodingConfig(BaseModel):
 def fake_trtllm(tmp_path, monkeypatch):
     import torch
 
-    root = tmp_path / "fake-site"
-    (root / "tensorrt_llm").mkdir(parents=True)
-    for name, text in FAKE_TRTLLM.items():
-        (root / "tensorrt_llm" / name).write_text(text)
-    monkeypatch.syspath_prepend(str(root))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    yield
-    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
-        del sys.modules[name]
+    with stand_in_package(tmp_path / "fake-site", "tensorrt_llm", FAKE_TRTLLM):
+        yield
 
 
 def test_trtllm_backend_glue_against_a_stand_in_package(fake_trtllm, tmp_path):

@@ -6,15 +6,13 @@ Screenshots of every tab go to assets/screenshots/ (used by the README) and to t
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from app.ui.learn import MODE_LABELS
+from helpers import free_port, running_server
 
 pytestmark = pytest.mark.bundled
 
@@ -27,39 +25,15 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 PROMPT = "Repeat this list exactly: apples, pears, plums, apples, pears, plums."
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    port = free_port()
     tmp = tmp_path_factory.mktemp("gradio")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(tmp),
+    env = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(tmp),
            "GRADIO_EXAMPLES_CACHE": str(tmp / "examples")}
-    log = open(tmp / "app.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--max-concurrency", "1"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    # "Running on local URL" is printed before the server answers: poll the API info instead.
-    while True:
-        try:
-            urllib.request.urlopen(url + "/gradio_api/info", timeout=2).read()
-            break
-        except (urllib.error.URLError, OSError):
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"the app did not start:\n{(tmp / 'app.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    port = free_port()
+    # Gradio prints "Running on local URL" before it answers: wait for its API info instead.
+    with running_server(["--port", str(port), "--max-concurrency", "1"], "/gradio_api/info", port, tmp / "app.log", env) as url:
+        yield url
 
 
 # ----------------------------------------------------------------------------- API level (gradio_client)
@@ -140,6 +114,7 @@ def test_api_reports_invalid_settings_and_unavailable_modes(client):
     with pytest.raises(AppError, match="prompt is empty"):
         client.predict(*run_args("autoregressive", prompt="  "), api_name="/run")
     assert client.predict(api_name="/stop") == "Nothing is running."
+    assert client.predict(api_name="/compare_stop") == "Nothing is running."
 
 
 def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
@@ -227,8 +202,7 @@ def test_page_names_every_mode_and_says_why_one_is_unavailable(page):
 
 @pytest.mark.parametrize("mode", ["prompt_lookup", "lookahead", "medusa", "eagle", "autoregressive"])
 def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode):
-    from app.ui.learn import MODE_LABELS
-
+    
     page.get_by_label(MODE_LABELS[mode], exact=True).check()
     page.fill("#prompt textarea", PROMPT)
     page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(mode == "prompt_lookup")
@@ -268,7 +242,7 @@ def test_browser_stop_cancels_a_run(page):
     page.click("#run")
     page.wait_for_function("document.querySelectorAll('#step-view .step').length >= 3", timeout=120_000)
     page.click("#stop")
-    status = wait_status(page, "stopped")
+    wait_status(page, "stopped")
     steps = page.locator("#step-view .step").count()
     assert 3 <= steps < 400
 
