@@ -21,7 +21,7 @@ from app.models import LoadedModel, ModelError
 def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES):
     """What cfg.mode drafts with, or None. Explicit paths/names win; otherwise the model's shipped default."""
     if cfg.mode == "draft_target":
-        name = cfg.draft_model or _default_draft(target.name)
+        name = cfg.draft_model or default_draft(target.name)
         draft = models.load(name, dtype=target.dtype, engines=engines)
         models.check_compatible(target, draft)
         return draft
@@ -36,7 +36,7 @@ def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = mod
     return None
 
 
-def _default_draft(target_name: str) -> str:
+def default_draft(target_name: str) -> str:
     for alias, (base, layers) in models.DRAFT_ALIASES.items():
         if base == target_name and (layers / "config.json").exists():
             return alias

@@ -172,6 +172,7 @@ def collect(messages):
 @pytest.mark.parametrize("spec", [
     {"decoding_type": "Autoregressive"},
     {"decoding_type": "NGram", "max_draft_len": 6},
+    {"decoding_type": "Draft_Target", "max_draft_len": 4},
     {"decoding_type": "Lookahead", "max_window_size": 3, "max_ngram_size": 3, "max_verification_set_size": 3},
     {"decoding_type": "Medusa"},
     {"decoding_type": "Eagle", "max_draft_len": 11, "num_eagle_layers": 4, "dynamic_tree_max_topK": 3},

@@ -169,7 +169,7 @@ def resolve(spec: BuildSpec) -> BuildSpec:
         from app import runner
 
         try:
-            cfg["speculative_model"] = runner._default_draft(spec.model)
+            cfg["speculative_model"] = runner.default_draft(spec.model)
         except ConfigError as err:
             raise EngineError(str(err)) from None
     return replace(spec, config=cfg)

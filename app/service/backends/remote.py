@@ -33,18 +33,25 @@ class RemoteError(ModelError):
 class RemoteBackend:
     name = "remote"
 
-    def __init__(self, url: str | None, timeout_s: float = 300.0) -> None:
+    def __init__(self, url: str | None, timeout_s: float = 300.0, recheck_s: float = 10.0) -> None:
         self.url = url.rstrip("/") if url else None
         self.timeout_s = timeout_s
+        self.recheck_s = recheck_s
+        self._checked: tuple[float, Availability] | None = None
 
     def availability(self) -> Availability:
+        """Whether the server answers; remembered for `recheck_s`, since a UI asks on every settings change."""
         if not self.url:
             return Availability(False, "no remote server configured (start with --remote-url http://HOST:PORT)")
+        if self._checked is not None and time.monotonic() - self._checked[0] < self.recheck_s:
+            return self._checked[1]
         try:
             self.served()
+            state = Availability(True)
         except RemoteError as err:
-            return Availability(False, str(err))
-        return Availability(True)
+            state = Availability(False, str(err))
+        self._checked = (time.monotonic(), state)
+        return state
 
     def supports(self, mode: str, model: str | None = None) -> str | None:
         state = self.availability()
