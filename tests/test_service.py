@@ -599,3 +599,49 @@ def test_trtllm_backend_glue_against_a_stand_in_package(fake_trtllm, tmp_path):
     assert len(CREATED) == 1 and llm.generations[-1].aborted
     assert got[-1]["finish_reason"] == "cancelled" and len(got[-1]["token_ids"]) < 7
     s.close()
+
+
+def test_remote_backend_against_a_server_that_is_not_ours(tmp_path):
+    """A `trtllm-serve`-like server (a stand-in here: it answers like one, text chunks only): its own launch-time
+    config runs, we send no `specdec`, and each chunk becomes a step whose draft is said to be invisible."""
+    import http.server
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = json.dumps({"object": "list", "data": [{"id": "big-model", "object": "model", "owned_by": "tensorrt_llm"}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def do_POST(self):
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for i, piece in enumerate(["Hello", " there", ", friend"]):
+                chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": "stop" if i == 2 else None}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        s = Service(engines=tmp_path, backend="remote", remote_url=f"http://127.0.0.1:{httpd.server_address[1]}")
+        data = {"speculative_config": {"decoding_type": "Lookahead"}, "sampling": {"top_k": 5}, "max_new_tokens": 9}
+        start, steps, end = collect(s.stream(data, "hi", model="big-model"))
+        assert "specdec" not in seen[0] and seen[0]["messages"] == [{"role": "user", "content": "hi"}]
+        assert seen[0]["max_tokens"] == 9 and seen[0]["top_k"] == 5
+        assert [x["text"] for x in steps] == ["Hello", " there", ", friend"]
+        assert all("draft tree" in x["source"]["not_visible"] for x in steps)
+        assert end["text"] == "Hello there, friend" and end["finish_reason"] == "eos"
+        with pytest.raises(RemoteError, match="does not serve 'smollm2-135m-instruct'"):
+            s.submit({}, "hi")
+        s.close()
+    finally:
+        httpd.shutdown()
