@@ -1,5 +1,7 @@
-"""Decoding configs for the CLI and (later) the service: validation and drafter construction.
+"""The runtime decoding config of the transformers backend, and drafter construction from it.
 
+A plain record: users' settings are validated once, by the service's typed configs
+(app/service/configs.py: parse, then to_runtime); drafters still guard their own invariants.
 Field names follow TensorRT-LLM where it has them.
 """
 
@@ -9,7 +11,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.decoding.drafters import lookahead
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.lookahead import Lookahead
@@ -17,7 +18,6 @@ from app.decoding.drafters.prompt_lookup import PromptLookup
 from app.decoding.sampling import SamplingParams
 
 MODES = ("autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle")
-AVAILABLE = MODES
 CHOICES_DIR = Path(__file__).resolve().parent.parent / "assets" / "medusa_choices"
 
 
@@ -56,49 +56,6 @@ class DecodingConfig:
     # generation
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams()
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"unknown mode '{self.mode}': choose one of {', '.join(MODES)}")
-        if self.mode not in AVAILABLE:
-            raise ConfigError(f"mode '{self.mode}' is not available yet on this backend")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.mode == "lookahead":
-            try:
-                lookahead.check(*self.lookahead_config)
-                if self.lookahead_request is not None:
-                    lookahead.check(*self.lookahead_request, limits=self.lookahead_config)
-            except ValueError as err:
-                raise ConfigError(str(err)) from err
-        if self.mode == "prompt_lookup":
-            if self.prompt_lookup_num_tokens < 1:
-                raise ConfigError(f"prompt_lookup_num_tokens must be at least 1, got {self.prompt_lookup_num_tokens}")
-            if self.max_matching_ngram_size < 1:
-                raise ConfigError(f"max_matching_ngram_size must be at least 1, got {self.max_matching_ngram_size}")
-            if any(k < 0 for k in self.ngram_draft_lens):
-                raise ConfigError(f"ngram_draft_lens must be non-negative, got {list(self.ngram_draft_lens)}")
-            if self.max_candidates < 1:
-                raise ConfigError(f"max_candidates must be at least 1, got {self.max_candidates}")
-        if self.mode == "draft_target":
-            if self.max_draft_len < 1:
-                raise ConfigError(f"max_draft_len must be at least 1, got {self.max_draft_len}")
-
-        if self.mode == "medusa":
-            medusa_choices(self.medusa_choices)
-            if not 0 < self.posterior_threshold <= 1 or self.posterior_alpha < 0:
-                raise ConfigError(
-                    f"posterior_threshold must be in (0, 1] and posterior_alpha >= 0, "
-                    f"got {self.posterior_threshold} and {self.posterior_alpha}"
-                )
-        if self.mode == "eagle":
-            if self.eagle_choices is not None:
-                medusa_choices(self.eagle_choices)
-            for name in ("eagle_total_tokens", "eagle_depth", "eagle_top_k"):
-                if getattr(self, name) < 1:
-                    raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-            if self.eagle_total_tokens > 256:
-                raise ConfigError(f"eagle_total_tokens is at most 256 (TensorRT-LLM's max_draft_len), got {self.eagle_total_tokens}")
 
     def drafter(self, target=None, companion=None):
         """A fresh drafter for one generation. `target` is the target torch model; `companion` what

@@ -73,7 +73,6 @@ def run(
     companion=None,
     cancel: threading.Event | None = None,
 ) -> Iterator[StepEvent]:
-    cfg.validate()
     try:
         # What only the loaded artifact can tell, e.g. a Medusa tree deeper than the heads it has.
         drafter = cfg.drafter(target.model, companion)

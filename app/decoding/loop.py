@@ -12,7 +12,7 @@ from app.decoding import acceptance
 from app.decoding.drafters.base import Drafter
 from app.decoding.sampling import SamplingParams, probs, sample
 from app.decoding.target import Target
-from app.decoding.types import Forward, Proposal, StepEvent, Totals, Verdict
+from app.decoding.types import Proposal, StepEvent, Totals, Verdict
 
 
 class ContextError(ValueError):

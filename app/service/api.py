@@ -105,6 +105,8 @@ class Service:
         then queue the generation. Raises ConfigError / ModelError / QueueFull before anything is queued."""
         request = self.request(data)
         prompt = prompt if isinstance(prompt, Prompt) else Prompt(prompt)
+        if not any(text.strip() for text in [m["content"] for m in prompt.messages] or [prompt.text]):
+            raise ConfigError("the prompt is empty: type something to continue")
         backend = self.backends[request.backend]
         state = backend.availability()
         if not state.available:

@@ -316,9 +316,7 @@ def to_runtime(request: DecodeRequest) -> DecodingConfig:
         spec = c.eagle_choices
         fields.update(eagle_model=c.speculative_model, eagle_total_tokens=c.max_draft_len + 1, eagle_depth=c.num_eagle_layers,
                       eagle_top_k=c.dynamic_tree_max_topK, eagle_choices=None if spec is None else (spec if isinstance(spec, str) else _json(spec)))
-    cfg = DecodingConfig(**fields)
-    cfg.validate()
-    return cfg
+    return DecodingConfig(**fields)
 
 
 def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:

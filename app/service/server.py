@@ -108,8 +108,6 @@ def _prompt(body: dict[str, Any], chat: bool) -> Prompt:
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
                 raise ConfigError("each message needs a role (system, user or assistant) and text content")
             turns.append({"role": m["role"], "content": m["content"]})
-        if not any(t["content"].strip() for t in turns):
-            raise ConfigError("the prompt is empty: type something to continue")
         return Prompt(text=turns[-1]["content"], messages=turns)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:

@@ -65,8 +65,6 @@ class RemoteBackend:
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         if not self.url:
             raise ConfigError("the remote backend needs a server URL (--remote-url http://HOST:PORT)")
-        if not prompt.messages and not prompt.text.strip():
-            raise ConfigError("the prompt is empty: type something to continue")
         served = self.served()
         if model not in served:
             raise RemoteError(f"the server at {self.url} does not serve '{model}'; it serves: {', '.join(served) or 'nothing'}")

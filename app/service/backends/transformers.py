@@ -71,8 +71,6 @@ class TransformersBackend:
             prompt_ids = target.encode_chat(prompt.messages)
         else:
             prompt_ids = target.encode(prompt.text, chat=not prompt.raw)
-        if not prompt.messages and not prompt.text.strip():
-            raise ConfigError("the prompt is empty: type something to continue")
         if len(prompt_ids) > limits.max_prompt_tokens:
             raise ConfigError(
                 f"the prompt has {len(prompt_ids)} tokens; this server takes at most {limits.max_prompt_tokens}: shorten it"
