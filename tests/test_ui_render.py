@@ -148,6 +148,12 @@ def test_newlines_are_visible():
     assert dom.find(tag="br"), "a newline must also break the line"
 
 
+def test_a_rejected_newline_is_shown_but_does_not_break_the_line():
+    steps = [_event(0, [], [], [], 10, "next", kind="prefill"), _event(1, [12, 12], [-1, 0], [], 11, "correction")]
+    html = render.step_view(steps, {10: "a", 11: "b", 12: "\n"})
+    assert html.count("↵") == 2 and "<br>" not in html
+
+
 # ----------------------------------------------------------------------------- escaping
 
 NASTY = {

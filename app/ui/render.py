@@ -137,8 +137,9 @@ def _piece(tid: Any, texts: dict[int, str]) -> str:
         return "⟨?⟩"
 
 
-def _show(piece: str) -> str:
-    """Escaped piece with whitespace made visible: ↵ and a real line break for a newline, ⇥ for a tab."""
+def _show(piece: str, breaks: bool = False) -> str:
+    """Escaped piece with whitespace made visible: ↵ for a newline (plus a real line break where the text is
+    the output, `breaks`; a rejected or drafted newline must not break the line), ⇥ for a tab."""
     if piece == "":
         return '<span class="ws">∅</span>'
     out = esc(piece)
@@ -146,7 +147,7 @@ def _show(piece: str) -> str:
         out = (
             out.replace("\r", "")
             .replace("\t", '<span class="ws">⇥</span>\t')
-            .replace("\n", '<span class="ws">↵</span><br>')
+            .replace("\n", '<span class="ws">↵</span>' + ("<br>" if breaks else ""))
         )
     return out
 
@@ -155,10 +156,10 @@ def _is_special(piece: str) -> bool:
     return piece.startswith("<|") and piece.endswith("|>")
 
 
-def _tok(tid: Any, texts: dict[int, str], cls: str = "", attrs: str = "") -> str:
+def _tok(tid: Any, texts: dict[int, str], cls: str = "", attrs: str = "", breaks: bool = False) -> str:
     piece = _piece(tid, texts)
     classes = "tok" + (" " + cls if cls else "") + (" special" if _is_special(piece) else "")
-    return f'<span class="{classes}" data-tok="{esc(tid)}"{attrs}>{_show(piece)}</span>'
+    return f'<span class="{classes}" data-tok="{esc(tid)}"{attrs}>{_show(piece, breaks)}</span>'
 
 
 def _quote(tid: Any, texts: dict[int, str]) -> str:
@@ -275,7 +276,7 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
     for i, event in enumerate(events):
         number = event.get("step", i)
         accepted, added, kind = _split(event)
-        inner = [_tok(t, texts, "tok-accepted") for t in accepted]
+        inner = [_tok(t, texts, "tok-accepted", breaks=True) for t in accepted]
         tokens, parents = _parents(event)
         rejected = [r for r in (event.get("rejected") or []) if isinstance(r, int) and 0 <= r < len(tokens)]
         branch = rejected_branch(parents, list(event.get("accepted") or []), rejected)
@@ -284,9 +285,9 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
             more = len(rejected) - len(branch)
             inner.append(f'<span class="more-rejected" title="{more} more draft tokens rejected in other '
                          f'branches of the tree">+{more}</span>')
-        inner += [_tok(t, texts, f"tok-added tok-{kind}") for t in added]
+        inner += [_tok(t, texts, f"tok-added tok-{kind}", breaks=True) for t in added]
         if not event.get("tokens") and event.get("text"):
-            inner.append(f'<span class="tok tok-text">{_show(str(event["text"]))}</span>')
+            inner.append(f'<span class="tok tok-text">{_show(str(event["text"]), breaks=True)}</span>')
         parts.append(f'<span class="step" data-step="{esc(number)}" title="{_step_title(event, texts, number)}">'
                      f'{"".join(inner)}</span>')
     finish = events[-1].get("finish_reason")

@@ -448,7 +448,8 @@ class Studio:
                 c["la_g"] = gr.Slider(0, 8, value=d["la_g"], step=1, label="g")
         with gr.Group(visible=False) as g_dt:
             gr.Markdown("**Draft-target** (`DraftTargetDecodingConfig`)")
-            c["dt_model"] = gr.Dropdown(_draft_choices(service), value=None, allow_custom_value=False,
+            drafts = _draft_choices(service)
+            c["dt_model"] = gr.Dropdown(drafts, value=drafts[0] if drafts else None, allow_custom_value=False,
                                         label="speculative_model (registry names only)")
             c["dt_len"] = gr.Slider(1, 16, value=d["dt_len"], step=1, label="max_draft_len")
         with gr.Group(visible=False) as g_md:
