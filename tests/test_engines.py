@@ -29,6 +29,7 @@ from app.service.engines import (
     EngineStore,
     spec_for,
     tree_sha256,
+    trtllm_serve_kwargs,
 )
 from helpers import stand_in_package, tiny_llama
 
@@ -496,6 +497,26 @@ def test_the_tensorrt_llm_builder_runs_its_plan(tmp_path, tiny_dir, fake_trtllm)
     kwargs = json.loads((tmp_path / "engines" / "builds" / lookahead["id"] / "engine" / "kwargs.json").read_text())
     assert kwargs["speculative_config"] == {"max_window_size": 2, "max_ngram_size": 2, "max_verification_set_size": 1}
     assert kwargs["build_config"]["max_draft_len"] == 2
+
+
+def test_serving_on_tensorrt_llm_uses_the_stores_build(tmp_path, tiny_dir, fake_trtllm):
+    """The backend's LLM(...) arguments: an engine mode loads the saved engine (built once, then reused), with the
+    model's tokenizer; the PyTorch backend loads the checkpoint and builds nothing."""
+    store = EngineStore(tmp_path / "engines")
+    heads = make_heads(tmp_path / "heads")
+    spec = spec_for(request({"decoding_type": "Medusa", "speculative_model": str(heads)}, backend="tensorrt_llm"), str(tiny_dir))
+    kwargs = trtllm_serve_kwargs(store, spec)
+    build = tmp_path / "engines" / "builds" / spec.key()
+    assert kwargs["model"] == str(build / "engine") and (build / "engine" / "rank0.engine").is_file()
+    assert kwargs["tokenizer"] == str(tiny_dir) and "build_config" not in kwargs
+    assert kwargs["speculative_config"]["speculative_model"] == str(build / "medusa")
+    assert (build / "medusa" / "medusa_lm_head.safetensors").is_file()
+    created = store.get(spec.key())["created"]
+    assert trtllm_serve_kwargs(store, spec) == kwargs and store.get(spec.key())["created"] == created
+    ngram = spec_for(request({"decoding_type": "NGram", "max_draft_len": 5}, backend="tensorrt_llm"), str(tiny_dir))
+    kwargs = trtllm_serve_kwargs(store, ngram)
+    assert kwargs["model"] == str(tiny_dir) and kwargs["enable_iter_perf_stats"] and kwargs["disable_overlap_scheduler"]
+    assert [m["id"] for m in store.list()] == [spec.key()]
 
 
 # ----------------------------------------------------------------------------- real builds

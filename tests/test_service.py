@@ -20,6 +20,7 @@ from app.models import ModelError
 from app.runner import output_ids, run
 from app.service import configs
 from app.service.api import Service
+from app.service.engines import BuildError, EngineStore, spec_for, trtllm_serve_kwargs
 from app.service.backends import tensorrt_llm as trt
 from app.service.backends.base import Prompt
 from app.service.backends.remote import RemoteBackend, RemoteError, body_for
@@ -398,26 +399,24 @@ def test_remote_request_body_carries_the_config_only_to_our_server():
 # ----------------------------------------------------------------------------- TensorRT-LLM backend: pure parts
 
 
-def test_trtllm_llm_class_and_arguments_follow_the_support_matrix():
+def test_trtllm_llm_class_and_arguments_follow_the_support_matrix(tmp_path):
+    store = EngineStore(tmp_path)
     la = configs.parse({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3,
                                                "max_verification_set_size": 4}, "backend": "tensorrt_llm"})
     assert trt.trtllm_backend(la) == "tensorrt"
-    kw = trt.llm_kwargs(la, "meta-llama/Llama-3.1-8B", tensor_parallel_size=2)
     assert trt.LLM_CLASSES["tensorrt"] == "tensorrt_llm._tensorrt_engine.LLM"
-    assert kw["speculative_config"]["decoding_type"] == "Lookahead"
-    assert kw["build_config"] == {"max_beam_width": 1, "max_draft_len": 15, "speculative_decoding_mode": "LOOKAHEAD_DECODING"}  # (N-2) + (W-1+G)(N-1)
-    assert kw["tensor_parallel_size"] == 2
+    # An engine is the store's build: here it cannot be made, and serving says so instead of pretending.
+    with pytest.raises(BuildError, match="TensorRT-LLM cannot build here"):
+        trtllm_serve_kwargs(store, spec_for(la, "meta-llama/Llama-3.1-8B", tensor_parallel_size=2))
     ng = configs.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4}, "backend": "tensorrt_llm"})
-    kw = trt.llm_kwargs(ng, "m")
-    assert trt.trtllm_backend(ng) == "pytorch" and "build_config" not in kw
-    assert kw["disable_overlap_scheduler"] and kw["enable_iter_perf_stats"]
+    kw = trtllm_serve_kwargs(store, spec_for(ng, "m", tensor_parallel_size=2))
+    assert trt.trtllm_backend(ng) == "pytorch" and "build_config" not in kw and kw["model"] == "m"
+    assert kw["disable_overlap_scheduler"] and kw["enable_iter_perf_stats"] and kw["tensor_parallel_size"] == 2
     assert kw["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2,
                                         "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
+    assert store.list() == [], "the PyTorch backend loads the checkpoint itself: nothing is built"
     ar = configs.parse({"backend": "tensorrt_llm"})
-    assert "speculative_config" not in trt.llm_kwargs(ar, "m")
-    md = configs.parse({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "small"}, "backend": "tensorrt_llm"})
-    kw = trt.llm_kwargs(md, "m", engine_dir="/engines/x")
-    assert kw["model"] == "/engines/x" and kw["tokenizer"] == "m" and "build_config" not in kw
+    assert "speculative_config" not in trtllm_serve_kwargs(store, spec_for(ar, "m"))
 
 
 def test_trtllm_sampling_arguments():
@@ -442,7 +441,10 @@ def test_trtllm_steps_from_streamed_diffs():
 
 
 def test_trtllm_backend_is_unavailable_here_with_the_reason():
-    backend = trt.TensorRTLLMBackend()
+    def never(model, request):
+        raise AssertionError("an unavailable backend builds nothing")
+
+    backend = trt.TensorRTLLMBackend(never)
     state = backend.availability()
     if state.available:
         pytest.skip("TensorRT-LLM runs on this machine")

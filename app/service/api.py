@@ -19,7 +19,7 @@ from app.service.backends.remote import RemoteBackend
 from app.service.backends.tensorrt_llm import TensorRTLLMBackend
 from app.service.backends.transformers import TransformersBackend
 from app.service.configs import DecodeRequest
-from app.service.engines import BuildSpec, EngineStore, Progress, spec_for
+from app.service.engines import BuildSpec, EngineStore, Progress, spec_for, trtllm_serve_kwargs
 from app.service.jobs import Job, JobManager, Limits
 
 LOSSLESS = {
@@ -51,13 +51,14 @@ class Service:
         self.model = model
         self.limits = limits
         self.backend = backend
+        self.store = EngineStore(self.engines)
+        self.tensor_parallel_size = tensor_parallel_size
         self.backends = {
             "transformers": TransformersBackend(self.engines, dtype),
-            "tensorrt_llm": TensorRTLLMBackend(tensor_parallel_size),
+            "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
         }
         self.jobs = JobManager(limits)
-        self.store = EngineStore(self.engines)
 
     # ------------------------------------------------------------------ what can run
     def availability(self) -> dict[str, Availability]:
@@ -124,8 +125,11 @@ class Service:
 
     # ------------------------------------------------------------------ engine builds
     def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> BuildSpec:
-        tp = self.backends["tensorrt_llm"].tensor_parallel_size
-        return spec_for(self.request(data), model or self.model, tensor_parallel_size=tp)
+        return spec_for(self.request(data), model or self.model, tensor_parallel_size=self.tensor_parallel_size)
+
+    def _trtllm_kwargs(self, model: str, request: DecodeRequest) -> dict[str, Any]:
+        """What the TensorRT-LLM backend passes to LLM(...): the store's build of the request's spec."""
+        return trtllm_serve_kwargs(self.store, spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size))
 
     def engine_plan(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> dict[str, Any]:
         return self.store.plan(self.engine_spec(data, model))

@@ -501,6 +501,27 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
     return plan
 
 
+def trtllm_serve_kwargs(store: EngineStore, spec: BuildSpec) -> dict:
+    """LLM(...) arguments, as plain data, that serve `spec`. What the plan builds (a TensorRT engine, Medusa heads
+    in TensorRT-LLM's layout) comes from the store: built on first use, reused after. The PyTorch backend
+    otherwise loads the checkpoint itself."""
+    spec = resolve(spec)
+    plan = trtllm_plan(spec, store.root)
+    llm = dict(plan["llm"])
+    if plan["save"] or plan["prepare"]:
+        build_dir = store.builds / store.build(spec)["id"]
+        llm = _fill(llm, build_dir)
+        if plan["save"]:
+            # The engine bakes in the build settings; the tokenizer still comes from the model.
+            llm.pop("build_config", None)
+            llm.update(model=_fill(plan["save"], build_dir), tokenizer=plan["llm"]["model"])
+    if plan["trtllm_backend"] == "pytorch":
+        llm["enable_iter_perf_stats"] = True  # specDecodingStats per iteration (TRTLLM.md section 5)
+        if spec.mode in ("prompt_lookup", "draft_target"):
+            llm["disable_overlap_scheduler"] = True  # as the NGram / DraftTarget examples do
+    return llm
+
+
 def _is_our_medusa(path: Path) -> bool:
     try:
         return json.loads((path / "config.json").read_text()).get("architecture") == "medusa"

@@ -18,7 +18,7 @@ import importlib.util
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from app.config import ConfigError
@@ -60,29 +60,6 @@ def probe() -> Availability:
 def trtllm_backend(request: DecodeRequest) -> str:
     """'pytorch' or 'tensorrt': the one asked for, or the first that runs the mode (configs.TRTLLM_BACKENDS)."""
     return request.trtllm_backend or configs.TRTLLM_BACKENDS[request.mode][0]
-
-
-def llm_kwargs(request: DecodeRequest, model: str, tensor_parallel_size: int = 1, engine_dir: str | None = None) -> dict[str, Any]:
-    """Keyword arguments of LLM(...) for a checked request; `speculative_config` still as plain data."""
-    flavour = trtllm_backend(request)
-    kwargs: dict[str, Any] = {"model": engine_dir or model, "tensor_parallel_size": tensor_parallel_size}
-    spec = configs.trtllm_speculative_config(request)
-    if spec is not None:
-        kwargs["speculative_config"] = spec
-    if flavour == "pytorch":
-        kwargs["enable_iter_perf_stats"] = True  # specDecodingStats per iteration (TRTLLM.md section 5)
-        if request.mode in ("prompt_lookup", "draft_target"):
-            kwargs["disable_overlap_scheduler"] = True  # as the NGram / DraftTarget examples do
-    elif engine_dir is None:
-        c = request.speculative_config
-        if spec is not None:
-            kwargs["build_config"] = {"max_beam_width": 1, "max_draft_len": c.max_draft_len,
-                                      "speculative_decoding_mode": ENGINE_MODES[spec["decoding_type"]]}
-        if tensor_parallel_size > 1:
-            kwargs["tokenizer"] = model
-    if engine_dir is not None and flavour == "tensorrt":
-        kwargs["tokenizer"] = model
-    return kwargs
 
 
 def sampling_kwargs(request: DecodeRequest) -> dict[str, Any]:
@@ -150,8 +127,9 @@ def iteration_stats(raw: Iterable[Any]) -> dict[str, Any]:
 class TensorRTLLMBackend:
     name = "tensorrt_llm"
 
-    def __init__(self, tensor_parallel_size: int = 1) -> None:
-        self.tensor_parallel_size = tensor_parallel_size
+    def __init__(self, llm_kwargs: Callable[[str, DecodeRequest], dict[str, Any]]) -> None:
+        # (model, request) -> LLM(...) arguments as plain data; the service's engine store builds what they need.
+        self.llm_kwargs = llm_kwargs
         self._lock = threading.Lock()
         self._llms: dict[tuple, Any] = {}
         self._availability: Availability | None = None
@@ -209,10 +187,8 @@ class TensorRTLLMBackend:
         key = (model, request.speculative_config.model_dump_json(), request.trtllm_backend)
         with self._lock:
             if key not in self._llms:
-                kwargs = llm_kwargs(request, model, self.tensor_parallel_size)
-                cls = import_object(LLM_CLASSES[trtllm_backend(request)])
-                kwargs = llm_objects(kwargs)
-                self._llms[key] = cls(**kwargs)
+                kwargs = llm_objects(self.llm_kwargs(model, request))
+                self._llms[key] = import_object(LLM_CLASSES[trtllm_backend(request)])(**kwargs)
             return self._llms[key]
 
 
