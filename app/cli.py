@@ -45,6 +45,10 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle-depth", type=int, default=5)
     p.add_argument("--eagle-top-k", type=int, default=4)
     p.add_argument("--eagle-choices", default=None, help="EAGLE static tree (rank paths) instead of the dynamic tree")
+    p.add_argument(
+        "--min-path-prob", type=float, default=0.0,
+        help="Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower (0 = keep all)",
+    )
     p.add_argument("--engines-dir", default=None, help="artifact store (default: engines/ in the repository)")
 
 
@@ -80,11 +84,12 @@ def request_data(args: argparse.Namespace, mode: str) -> dict:
     elif mode == "medusa":
         spec = {"medusa_choices": args.medusa_choices, "speculative_model": args.medusa_model,
                 "typical_acceptance": args.typical_acceptance, "posterior_threshold": args.posterior_threshold,
-                "posterior_alpha": args.posterior_alpha}
+                "posterior_alpha": args.posterior_alpha, "min_path_prob": args.min_path_prob}
     elif mode == "eagle":
         spec = {"max_draft_len": args.eagle_total_tokens - 1, "num_eagle_layers": args.eagle_depth,
                 "dynamic_tree_max_topK": args.eagle_top_k, "speculative_model": args.eagle_model,
-                "use_dynamic_tree": args.eagle_choices is None, "eagle_choices": args.eagle_choices}
+                "use_dynamic_tree": args.eagle_choices is None, "eagle_choices": args.eagle_choices,
+                "min_path_prob": args.min_path_prob}
     else:
         spec = {}
     data = {

@@ -47,12 +47,14 @@ class DecodingConfig:
     typical_acceptance: bool = False  # under sampling only; NOT lossless
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
+    medusa_min_path_prob: float = 0.0  # prune tree nodes whose heads' path probability is lower
     # eagle: module directory (None = shipped default); EAGLE-2 dynamic tree, or a static tree of rank paths
     eagle_model: str | None = None
     eagle_total_tokens: int = 24
     eagle_depth: int = 5
     eagle_top_k: int = 4
     eagle_choices: str | None = None
+    eagle_min_path_prob: float = 0.0  # prune dynamic-tree nodes whose draft path probability is lower
     # generation
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams()
@@ -79,7 +81,7 @@ class DecodingConfig:
             return Medusa(
                 companion, target.get_output_embeddings(), medusa_choices(self.medusa_choices),
                 posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
-                typical=self.typical_acceptance,
+                typical=self.typical_acceptance, min_path_prob=self.medusa_min_path_prob,
             )
         if self.mode == "eagle":
             from app.decoding.drafters.eagle import Eagle
@@ -88,6 +90,7 @@ class DecodingConfig:
             return Eagle(
                 companion, target.get_input_embeddings(), total_tokens=self.eagle_total_tokens,
                 depth=self.eagle_depth, top_k=self.eagle_top_k, static_choices=static,
+                min_path_prob=self.eagle_min_path_prob,
             )
         return Autoregressive()
 

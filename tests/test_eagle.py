@@ -203,6 +203,25 @@ def test_dynamic_tree_limits():
     assert sorted(dynamic_tree(root, table_expand(TABLE, []), depth=1, top_k=10, max_nodes=10).tokens) == [0, 1, 2, 3]
 
 
+def test_dynamic_tree_prunes_unlikely_paths_and_stops_drafting_early():
+    # Same tables as above. At 0.2 the candidates kept are (0) .5, (1) .3, (0,1) .275, (0,1,0) .2475, (1,0) .21;
+    # (0,2) .125 is dropped although it would fit, and so is the frontier's weaker child.
+    calls = []
+    tree = dynamic_tree(ROOT, table_expand(TABLE, calls), depth=3, top_k=2, max_nodes=6, min_score=math.log(0.2))
+    assert [_path(tree, i) for i in range(len(tree.tokens))] == [(0,), (1,), (0, 1), (0, 1, 0), (1, 0)]
+    assert calls == [[(0,), (1,)], [(0, 1), (1, 0)]]
+    # At 0.26 only (0,1) reaches level 3's frontier; at 0.4 level 2 is never drafted; at 0.6 nothing is.
+    calls.clear()
+    tree = dynamic_tree(ROOT, table_expand(TABLE, calls), depth=3, top_k=2, max_nodes=6, min_score=math.log(0.26))
+    assert [_path(tree, i) for i in range(len(tree.tokens))] == [(0,), (1,), (0, 1)] and calls == [[(0,), (1,)], [(0, 1)]]
+    calls.clear()
+    tree = dynamic_tree(ROOT, table_expand(TABLE, calls), depth=3, top_k=2, max_nodes=6, min_score=math.log(0.4))
+    assert tree.tokens == [0] and calls == [[(0,)]]
+    calls.clear()
+    assert dynamic_tree(ROOT, table_expand(TABLE, calls), depth=3, top_k=2, max_nodes=6, min_score=math.log(0.6)).tokens == []
+    assert calls == []
+
+
 def test_dynamic_tree_is_ancestor_closed_and_best_first():
     gen = torch.Generator().manual_seed(0)
 
@@ -255,6 +274,23 @@ def test_greedy_dynamic_tree_equals_autoregressive(tiny_model, random_module, sh
     check_proposals(rec.calls, max_nodes=total - 1, max_depth=depth, top_k=top_k)
     candidates = top_k + (depth - 1) * top_k**2
     assert any(len(prop.tokens) == min(total - 1, room, candidates) for _, room, prop in rec.calls)
+
+
+@pytest.mark.parametrize("prompt", ["repeat", "random_a"])
+def test_greedy_pruned_dynamic_tree_equals_autoregressive(tiny_model, trained, prompt):
+    ref = ar_reference(tiny_model, PROMPTS[prompt])
+    sizes = {}
+    for p in (0.0, 1e-4, 0.003, 0.03):
+        rec = Recording(Eagle(trained, tiny_model.get_input_embeddings(), 16, 4, 3, min_path_prob=p))
+        out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
+        assert out == ref, f"min_path_prob {p}: differs at {first_difference(out, ref)}"
+        check_proposals(rec.calls, max_nodes=15, max_depth=4, top_k=3)
+        for _, _, prop in rec.calls:
+            assert all(s >= math.log(p) for s in prop.source["tree"]["scores"]) if p else True
+        sizes[p] = sum(len(prop.tokens) for _, _, prop in rec.calls) / len(rec.calls)
+    assert sizes[0.03] < sizes[0.003] < sizes[1e-4] < sizes[0.0]
+    with pytest.raises(ValueError, match="min_path_prob"):
+        Eagle(trained, tiny_model.get_input_embeddings(), min_path_prob=-0.1)
 
 
 @pytest.mark.parametrize("prompt", ["repeat", "random_b"])

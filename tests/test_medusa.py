@@ -158,6 +158,36 @@ def test_propose_trims_to_room_keeping_an_ancestor_closed_prefix(tiny_model, tre
         assert all(-1 <= p < i for i, p in enumerate(prop.parents))
 
 
+@pytest.mark.parametrize("threshold", [0.02, 0.1, 0.3, 0.9])
+def test_pruning_drops_nodes_whose_path_probability_is_low(tiny_model, oracle_heads, threshold):
+    hidden = torch.randn(3, H, generator=torch.Generator().manual_seed(4))
+    props = {}
+    for heads_kind, heads in (("random", random_heads(std=1.0)), ("oracle", oracle_heads)):
+        for p in (0.0, threshold):
+            d = drafter(tiny_model, heads, "wide", min_path_prob=p)
+            d.start([1, 2, 3], SamplingParams(), torch.Generator(), Forward(torch.zeros(1, V), hidden))
+            props[heads_kind, p] = d.propose([1, 2, 3, 4], room=100)
+        full, pruned = props[heads_kind, 0.0], props[heads_kind, threshold]
+        product = {}
+        for path, score in zip(full.source["tree"]["paths"], full.source["tree"]["scores"]):
+            product[tuple(path)] = score * product.get(tuple(path[:-1]), 1.0)
+        kept = [list(p) for p in product if product[p] >= threshold]
+        assert pruned.source["tree"]["paths"] == kept
+        assert pruned.parents == from_paths(kept) and len(pruned.tokens) == len(kept)
+        assert pruned.tokens == [t for t, p in zip(full.tokens, full.source["tree"]["paths"]) if list(p) in kept]
+    with pytest.raises(ValueError, match="min_path_prob"):
+        drafter(tiny_model, random_heads(), min_path_prob=1.0)
+
+
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_pruned_trees_stay_lossless(tiny_model, oracle_heads, prompt):
+    for p in (0.05, 0.5):
+        out, events = run(tiny_model, drafter(tiny_model, oracle_heads, "wide", min_path_prob=p), PROMPTS[prompt],
+                          max_new_tokens=MAX_NEW)
+        assert out == ar_reference(tiny_model, PROMPTS[prompt])
+        assert any(len(e.proposed["tokens"]) < len(TREES["wide"]) for e in events[1:])
+
+
 @pytest.mark.parametrize(
     "choices, match",
     [

@@ -161,6 +161,7 @@ class MedusaDecodingConfig(_Config):
     typical_acceptance: bool = False  # sampling only; NOT lossless
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
+    min_path_prob: float = 0.0  # ours (transformers backend): prune nodes the heads find unlikely
     mode: ClassVar[str] = "medusa"
 
     def paths(self) -> list[list[int]]:
@@ -181,6 +182,7 @@ class MedusaDecodingConfig(_Config):
                 raise ConfigError(f"the Medusa tree is {deepest} deep but there are only {self.num_medusa_heads} heads")
         if not 0 < self.posterior_threshold <= 1 or self.posterior_alpha < 0:
             raise ConfigError("posterior_threshold must be in (0, 1] and posterior_alpha >= 0")
+        _check_min_path_prob(self.min_path_prob)
 
 
 class EagleDecodingConfig(_Config):
@@ -193,6 +195,7 @@ class EagleDecodingConfig(_Config):
     use_dynamic_tree: bool = True
     dynamic_tree_max_topK: int = 4
     num_eagle_layers: int = 5  # tree depth
+    min_path_prob: float = 0.0  # ours (transformers backend): prune dynamic-tree nodes the draft finds unlikely
     mode: ClassVar[str] = "eagle"
 
     def check(self) -> None:
@@ -204,6 +207,9 @@ class EagleDecodingConfig(_Config):
             raise ConfigError(f"dynamic_tree_max_topK (eagle_top_k) must be at least 1, got {self.dynamic_tree_max_topK}")
         if self.num_eagle_layers < 1:
             raise ConfigError(f"num_eagle_layers (the tree depth, eagle_depth) must be at least 1, got {self.num_eagle_layers}")
+        _check_min_path_prob(self.min_path_prob)
+        if self.min_path_prob > 0 and not self.use_dynamic_tree:
+            raise ConfigError("min_path_prob prunes the dynamic tree; a static tree (eagle_choices) keeps its shape")
         if self.use_dynamic_tree == (self.eagle_choices is not None):
             raise ConfigError("EAGLE needs either use_dynamic_tree or eagle_choices (a static tree), not both or neither")
         if self.eagle_choices is not None:
@@ -211,6 +217,11 @@ class EagleDecodingConfig(_Config):
             paths = medusa_choices(spec if isinstance(spec, str) else _json(spec))
             if len(paths) > self.max_draft_len:
                 raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_draft_len is {self.max_draft_len}")
+
+
+def _check_min_path_prob(p: float) -> None:
+    if not 0 <= p < 1:
+        raise ConfigError(f"min_path_prob must be in [0, 1) (0 = no pruning), got {p}")
 
 
 SpeculativeConfig = Annotated[
@@ -271,6 +282,8 @@ class DecodeRequest(_Config):
             if self.mode in ("eagle", "draft_target") and self.speculative_config.speculative_model is None:
                 what = "an EAGLE-3 checkpoint" if self.mode == "eagle" else "a draft model"
                 raise ConfigError(f"TensorRT-LLM needs {what} for {self.mode}: set speculative_model")
+            if getattr(self.speculative_config, "min_path_prob", 0):
+                raise ConfigError("min_path_prob (tree pruning) is this app's own: TensorRT-LLM has no such setting, use 0")
             if self.mode == "medusa" and not self.sampling.temperature == 0:
                 raise ConfigError("TensorRT-LLM's Medusa verifies by token match only: use temperature 0")
 
@@ -311,11 +324,12 @@ def to_runtime(request: DecodeRequest) -> DecodingConfig:
         spec = c.medusa_choices
         fields.update(medusa_model=c.speculative_model, medusa_choices=spec if isinstance(spec, str) else _json(spec),
                       typical_acceptance=c.typical_acceptance, posterior_threshold=c.posterior_threshold,
-                      posterior_alpha=c.posterior_alpha)
+                      posterior_alpha=c.posterior_alpha, medusa_min_path_prob=c.min_path_prob)
     elif isinstance(c, EagleDecodingConfig):
         spec = c.eagle_choices
         fields.update(eagle_model=c.speculative_model, eagle_total_tokens=c.max_draft_len + 1, eagle_depth=c.num_eagle_layers,
-                      eagle_top_k=c.dynamic_tree_max_topK, eagle_choices=None if spec is None else (spec if isinstance(spec, str) else _json(spec)))
+                      eagle_top_k=c.dynamic_tree_max_topK, eagle_choices=None if spec is None else (spec if isinstance(spec, str) else _json(spec)),
+                      eagle_min_path_prob=c.min_path_prob)
     return DecodingConfig(**fields)
 
 

@@ -69,7 +69,8 @@ ENGINE_KINDS = {
 TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120}
 # Fields of our configs that only steer a run, never what is built (per decoding_type).
 RUNTIME_FIELDS = {"Lookahead": {"request", "pool_from_prompt"}, "NGram": {"max_candidates", "ngram_draft_lens"},
-                  "Medusa": {"typical_acceptance", "posterior_threshold", "posterior_alpha"}}
+                  "Medusa": {"typical_acceptance", "posterior_threshold", "posterior_alpha", "min_path_prob"},
+                  "Eagle": {"min_path_prob"}}
 ARTIFACT_MODES = ("medusa", "eagle")
 
 

@@ -25,14 +25,16 @@ from app.ui import charts, learn, render
 REDRAW_S = 0.75
 TREES = ("default", "small", "chain", "greedy_63")
 DYNAMIC = "dynamic (EAGLE-2)"
+PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
+
 # Every control of the Run tab, by name; handlers receive their values in this order.
 CONTROLS = (
     "max_new_tokens", "temperature", "top_p", "top_k", "seed",
     "pl_num_tokens", "pl_ngram", "pl_draft_lens", "pl_candidates",
     "la_W", "la_N", "la_G", "la_w", "la_n", "la_g",
     "dt_model", "dt_len",
-    "md_tree", "md_typical", "md_threshold", "md_alpha",
-    "eg_total", "eg_depth", "eg_topk", "eg_tree",
+    "md_tree", "md_typical", "md_threshold", "md_alpha", "md_prune",
+    "eg_total", "eg_depth", "eg_topk", "eg_tree", "eg_prune",
     "backend",
 )
 
@@ -57,12 +59,13 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
         spec.update(max_draft_len=int(v["dt_len"]), speculative_model=v["dt_model"] or None)
     elif mode == "medusa":
         spec.update(medusa_choices=v["md_tree"], typical_acceptance=bool(v["md_typical"]),
-                    posterior_threshold=float(v["md_threshold"]), posterior_alpha=float(v["md_alpha"]))
+                    posterior_threshold=float(v["md_threshold"]), posterior_alpha=float(v["md_alpha"]),
+                    min_path_prob=float(v["md_prune"]))
     elif mode == "eagle":
         static = v["eg_tree"] not in (None, "", DYNAMIC)
         spec.update(max_draft_len=int(v["eg_total"]) - 1, num_eagle_layers=int(v["eg_depth"]),
                     dynamic_tree_max_topK=int(v["eg_topk"]), use_dynamic_tree=not static,
-                    eagle_choices=v["eg_tree"] if static else None)
+                    eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else float(v["eg_prune"]))
     seed = v["seed"]
     return {
         "speculative_config": spec,
@@ -458,12 +461,14 @@ class Studio:
             c["md_typical"] = gr.Checkbox(value=False, label="typical acceptance (sampling only — NOT lossless)")
             c["md_threshold"] = gr.Slider(0.01, 1, value=d["md_threshold"], step=0.01, label="posterior_threshold")
             c["md_alpha"] = gr.Slider(0, 1, value=d["md_alpha"], step=0.05, label="posterior_alpha")
+            c["md_prune"] = gr.Slider(0, 0.5, value=d["md_prune"], step=0.01, label=PRUNE_LABEL)
         with gr.Group(visible=False) as g_eg:
             gr.Markdown("**EAGLE** (`EagleDecodingConfig`): EAGLE-2 dynamic tree or a static tree")
             c["eg_total"] = gr.Slider(2, 64, value=d["eg_total"], step=1, label="total tokens (max_draft_len + 1)")
             c["eg_depth"] = gr.Slider(1, 8, value=d["eg_depth"], step=1, label="depth (num_eagle_layers)")
             c["eg_topk"] = gr.Slider(1, 10, value=d["eg_topk"], step=1, label="top-k (dynamic_tree_max_topK)")
             c["eg_tree"] = gr.Dropdown([DYNAMIC, *TREES], value=DYNAMIC, label="tree (eagle_choices)")
+            c["eg_prune"] = gr.Slider(0, 0.5, value=d["eg_prune"], step=0.01, label=PRUNE_LABEL + ", dynamic tree")
         c["backend"] = gr.Dropdown(
             [(name if state.available else f"{name} (unavailable)", name) for name, state in availability.items()],
             value=service.default_backend("lookahead"), label="Backend", elem_id="backend",
@@ -480,8 +485,8 @@ DEFAULTS: dict[str, Any] = {
     "pl_num_tokens": 10, "pl_ngram": 2, "pl_draft_lens": "2,5", "pl_candidates": 1,
     "la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4,
     "dt_model": None, "dt_len": 4,
-    "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3,
-    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC,
+    "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": 0.0,
+    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": 0.0,
     "backend": "transformers",
 }
 

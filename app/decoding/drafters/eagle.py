@@ -11,6 +11,7 @@ output) and attends to the committed entries, its ancestors and itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,8 +47,8 @@ def _topk(rows: torch.Tensor, k: int):
     return values, ids
 
 
-def best_nodes(cand: DraftTree, n: int) -> DraftTree:
-    """The n best-scoring candidates, best first, parents re-indexed.
+def best_nodes(cand: DraftTree, n: int, min_score: float = float("-inf")) -> DraftTree:
+    """The n best-scoring candidates scoring at least `min_score`, best first, parents re-indexed.
 
     A node ranks by the lowest score on its path, ties to the lower index, which a parent always
     has: so it ranks after its parent and any best-n set is ancestor-closed. With real log-
@@ -56,7 +57,8 @@ def best_nodes(cand: DraftTree, n: int) -> DraftTree:
     rank_score: list[float] = []
     for i, p in enumerate(cand.parents):
         rank_score.append(cand.scores[i] if p < 0 else min(cand.scores[i], rank_score[p]))
-    order = sorted(range(len(cand.tokens)), key=lambda i: (-rank_score[i], i))[: max(0, n)]
+    kept = [i for i in range(len(cand.tokens)) if rank_score[i] >= min_score]
+    order = sorted(kept, key=lambda i: (-rank_score[i], i))[: max(0, n)]
     new_index: dict[int, int] = {}
     out = DraftTree()
     for i in order:
@@ -65,19 +67,27 @@ def best_nodes(cand: DraftTree, n: int) -> DraftTree:
     return out
 
 
-def dynamic_tree(root_logq: torch.Tensor, expand: Expand, *, depth: int, top_k: int, max_nodes: int) -> DraftTree:
+def dynamic_tree(root_logq: torch.Tensor, expand: Expand, *, depth: int, top_k: int, max_nodes: int,
+                 min_score: float = float("-inf")) -> DraftTree:
     """EAGLE-2's tree: level 1 = top_k of the root's log q; then, up to `depth` levels, each frontier
     node proposes top_k children (score = parent score + log q), all of them are candidates and the
     best top_k become the next frontier (fed in one expand call). Returns the `max_nodes` best
-    candidates over all levels (`best_nodes`)."""
+    candidates over all levels (`best_nodes`).
+
+    `min_score` (a log path probability) prunes as it goes: no frontier node or returned node scores
+    below it, so a level whose candidates all fall short ends the drafting early. A node's path
+    probability estimates its chance of acceptance, and every node costs target compute, so when the
+    draft is unsure the tree shrinks instead of paying for guesses."""
     if max_nodes <= 0 or depth <= 0:
         return DraftTree()
     cand = DraftTree()
     values, ids = _topk(root_logq, top_k)
     for v, t in zip(values.tolist(), ids.tolist()):
         cand.add(t, -1, v)
-    frontier = list(range(len(cand.tokens)))
+    frontier = [i for i in range(len(cand.tokens)) if cand.scores[i] >= min_score]
     for _ in range(min(depth, max_nodes) - 1):
+        if not frontier:
+            break
         values, ids = _topk(expand(cand, frontier), top_k)
         scores = values + torch.tensor([cand.scores[f] for f in frontier], dtype=torch.float64)[:, None]
         first = len(cand.tokens)
@@ -85,8 +95,8 @@ def dynamic_tree(root_logq: torch.Tensor, expand: Expand, *, depth: int, top_k: 
             for v, t in zip(scores[r].tolist(), ids[r].tolist()):
                 cand.add(t, f, v)
         best = torch.argsort(-scores.flatten(), stable=True)[:top_k]
-        frontier = [first + int(b) for b in best]
-    return best_nodes(cand, max_nodes)
+        frontier = [first + int(b) for b in best if cand.scores[first + int(b)] >= min_score]
+    return best_nodes(cand, max_nodes, min_score)
 
 
 def static_tree(root_logq: torch.Tensor, expand: Expand, paths: list[list[int]], max_nodes: int) -> DraftTree:
@@ -119,9 +129,11 @@ class Eagle:
     name = "eagle"
 
     def __init__(self, module, embed: torch.nn.Module, total_tokens: int = 24, depth: int = 5, top_k: int = 4,
-                 static_choices: list[list[int]] | None = None) -> None:
+                 static_choices: list[list[int]] | None = None, min_path_prob: float = 0.0) -> None:
         if total_tokens < 2 or depth < 1 or top_k < 1:
             raise ValueError(f"EAGLE needs total_tokens >= 2, depth >= 1, top_k >= 1 (got {total_tokens}, {depth}, {top_k})")
+        if not 0.0 <= min_path_prob < 1.0:
+            raise ValueError(f"min_path_prob must be in [0, 1), got {min_path_prob}")
         if static_choices is not None:
             if not static_choices or any(not p or min(p) < 0 for p in static_choices):
                 raise ValueError("static_choices must be a non-empty list of non-empty rank paths, e.g. [[0], [0, 0], [1]]")
@@ -131,6 +143,7 @@ class Eagle:
         self.module, self.embed = module, embed
         self.total_tokens, self.depth, self.top_k = total_tokens, depth, top_k
         self.static = [list(p) for p in static_choices] if static_choices is not None else None
+        self.min_score = math.log(min_path_prob) if min_path_prob > 0 else float("-inf")
 
     def start(self, prompt, sampling, gen, prefill) -> None:
         config = self.module.model.config
@@ -189,7 +202,7 @@ class Eagle:
         if self.static is not None:
             tree = static_tree(root_logq, expand, self.static, room)
         else:
-            tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.total_tokens - 1, room))
+            tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.total_tokens - 1, room), min_score=self.min_score)
         if fed:
             self.cache.crop(-len(fed))  # the tree's entries were drafts on drafted features: drop them
         tokens = target_ids[tree.tokens].tolist() if tree.tokens else []

@@ -31,6 +31,7 @@ class Medusa:
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
         typical: bool = False,
+        min_path_prob: float = 0.0,
     ) -> None:
         paths = sorted({tuple(int(r) for r in p) for p in medusa_choices}, key=lambda p: (len(p), p))
         num_heads = heads.config.medusa_num_heads
@@ -56,6 +57,9 @@ class Medusa:
             raise ValueError(f"posterior_threshold must be in (0, 1], got {posterior_threshold}")
         if posterior_alpha < 0:
             raise ValueError(f"posterior_alpha must be >= 0, got {posterior_alpha}")
+        if not 0.0 <= min_path_prob < 1.0:
+            raise ValueError(f"min_path_prob must be in [0, 1), got {min_path_prob}")
+        self.min_path_prob = float(min_path_prob)
         self.heads, self.lm_head = heads, lm_head
         self.num_heads = num_heads
         self.typical_args = {
@@ -84,12 +88,26 @@ class Medusa:
             for p in paths:
                 tokens.append(int(top.indices[len(p) - 1, p[-1]]))
                 scores.append(round(float(top.values[len(p) - 1, p[-1]]), 5))
+            if self.min_path_prob > 0:
+                paths, parents, tokens, scores = self._pruned(paths, parents, tokens, scores)
         use_typical = self.typical and not self.sampling.greedy
         source = {"tree": {"paths": paths, "scores": scores}, "heads": self.num_heads}
         if use_typical:
             source["acceptance"] = "typical"
         rule = dict(self.typical_args) if use_typical else None
         return Proposal(tokens, list(parents), source=source, acceptance=rule)
+
+    def _pruned(self, paths, parents, tokens, scores):
+        """Drop the nodes whose path probability (the product of the heads' probabilities along it)
+        is below min_path_prob: each node costs target compute, and that product estimates its chance
+        of acceptance. A child's product never exceeds its parent's, so what is kept stays a tree."""
+        prob: list[float] = []
+        for i, p in enumerate(parents):
+            prob.append(scores[i] * (prob[p] if p >= 0 else 1.0))
+        kept = [i for i in range(len(paths)) if prob[i] >= self.min_path_prob]
+        index = {old: new for new, old in enumerate(kept)}
+        return ([paths[i] for i in kept], [index[parents[i]] if parents[i] >= 0 else -1 for i in kept],
+                [tokens[i] for i in kept], [scores[i] for i in kept])
 
     def observe(self, proposal, verdict, out) -> None:
         # The next root is the token added after the accepted path; it came from the logits of the
