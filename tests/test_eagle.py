@@ -286,6 +286,7 @@ def test_greedy_pruned_dynamic_tree_equals_autoregressive(tiny_model, trained, p
         assert out == ref, f"min_path_prob {p}: differs at {first_difference(out, ref)}"
         check_proposals(rec.calls, max_nodes=15, max_depth=4, top_k=3)
         for _, _, prop in rec.calls:
+            assert prop.source.get("min_path_prob", 0.0) == pytest.approx(p)
             assert all(s >= math.log(p) for s in prop.source["tree"]["scores"]) if p else True
         sizes[p] = sum(len(prop.tokens) for _, _, prop in rec.calls) / len(rec.calls)
     assert sizes[0.03] < sizes[0.003] < sizes[1e-4] < sizes[0.0]

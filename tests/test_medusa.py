@@ -172,7 +172,8 @@ def test_pruning_drops_nodes_whose_path_probability_is_low(tiny_model, oracle_he
         for path, score in zip(full.source["tree"]["paths"], full.source["tree"]["scores"]):
             product[tuple(path)] = score * product.get(tuple(path[:-1]), 1.0)
         kept = [list(p) for p in product if product[p] >= threshold]
-        assert pruned.source["tree"]["paths"] == kept
+        assert pruned.source["tree"]["paths"] == kept and pruned.source["min_path_prob"] == threshold
+        assert "min_path_prob" not in full.source
         assert pruned.parents == from_paths(kept) and len(pruned.tokens) == len(kept)
         assert pruned.tokens == [t for t, p in zip(full.tokens, full.source["tree"]["paths"]) if list(p) in kept]
     with pytest.raises(ValueError, match="min_path_prob"):

@@ -212,6 +212,8 @@ class Eagle:
         scores = [round(max(s, -1e9), 4) for s in tree.scores]  # JSON has no -inf
         source = {"tree": {"tokens": tokens, "parents": tree.parents, "scores": scores},
                   "depth": self.depth, "top_k": self.top_k, "total_tokens": self.total_tokens}
+        if self.min_score > float("-inf"):
+            source["min_path_prob"] = round(math.exp(self.min_score), 6)
         if self.static is not None:
             source["static_nodes"] = len(self.static)
         return source

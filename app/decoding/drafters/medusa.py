@@ -92,6 +92,8 @@ class Medusa:
                 paths, parents, tokens, scores = self._pruned(paths, parents, tokens, scores)
         use_typical = self.typical and not self.sampling.greedy
         source = {"tree": {"paths": paths, "scores": scores}, "heads": self.num_heads}
+        if self.min_path_prob > 0:
+            source["min_path_prob"] = self.min_path_prob
         if use_typical:
             source["acceptance"] = "typical"
         rule = dict(self.typical_args) if use_typical else None
