@@ -143,7 +143,7 @@ class Eagle:
         self.module, self.embed = module, embed
         self.total_tokens, self.depth, self.top_k = total_tokens, depth, top_k
         self.static = [list(p) for p in static_choices] if static_choices is not None else None
-        self.min_score = math.log(min_path_prob) if min_path_prob > 0 else float("-inf")
+        self.min_path_prob = min_path_prob
 
     def start(self, prompt, sampling, gen, prefill) -> None:
         config = self.module.model.config
@@ -202,7 +202,8 @@ class Eagle:
         if self.static is not None:
             tree = static_tree(root_logq, expand, self.static, room)
         else:
-            tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.total_tokens - 1, room), min_score=self.min_score)
+            tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.total_tokens - 1, room),
+                                min_score=math.log(self.min_path_prob) if self.min_path_prob else float("-inf"))
         if fed:
             self.cache.crop(-len(fed))  # the tree's entries were drafts on drafted features: drop them
         tokens = target_ids[tree.tokens].tolist() if tree.tokens else []
@@ -212,8 +213,8 @@ class Eagle:
         scores = [round(max(s, -1e9), 4) for s in tree.scores]  # JSON has no -inf
         source = {"tree": {"tokens": tokens, "parents": tree.parents, "scores": scores},
                   "depth": self.depth, "top_k": self.top_k, "total_tokens": self.total_tokens}
-        if self.min_score > float("-inf"):
-            source["min_path_prob"] = round(math.exp(self.min_score), 6)
+        if self.min_path_prob:
+            source["min_path_prob"] = self.min_path_prob
         if self.static is not None:
             source["static_nodes"] = len(self.static)
         return source
