@@ -11,11 +11,13 @@ from typing import TextIO
 import torch
 
 from app.config import DecodingConfig
-from app.models import LoadedModel
+from app.decoding.target import TransformersTarget
+from app.models import LoadedModel, fast_bf16
 from app.runner import output_ids, run as run_mode
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_bench" / "question.jsonl"
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def load_prompts(path: str | None, categories: list[str] | None, limit: int | None) -> list[dict]:
@@ -136,7 +138,33 @@ def run(
                     file=progress,
                     flush=True,
                 )
-    return {"settings": _settings(target, configs, draft), "summary": summarize(runs), "runs": runs}
+    cost = verify_cost(target, target.encode(prompts[0]["text"]) if prompts else warm)
+    return {"settings": _settings(target, configs, draft), "summary": summarize(runs), "verify_cost": cost, "runs": runs}
+
+
+def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5) -> dict:
+    """Milliseconds of one target pass over k new tokens after `prompt_ids` (a verify step of k - 1
+    drafted tokens), the median of `repeats`, and each relative to k = 1.
+
+    This curve decides what speculation can earn on a machine: a step that verifies k tokens pays
+    only when it yields more than relative[k] tokens. It differs a lot between CPUs (bfloat16
+    without native instructions grows about linearly in k), so the bench records it with its results.
+    """
+    session = TransformersTarget(target.model)
+    session.prefill(prompt_ids)
+    times: dict[int, list[float]] = {k: [] for k in sizes}
+    for r in range(repeats + 1):  # round-robin over sizes, so drift of the machine hits all alike; round 0 warms up
+        for k in sizes:
+            tokens = [prompt_ids[i % len(prompt_ids)] for i in range(k - 1)]
+            t = time.perf_counter()
+            session.forward(prompt_ids[-1], tokens, list(range(-1, k - 2)))
+            elapsed = time.perf_counter() - t
+            session.commit([])  # keep only the root: the context grows by one token per pass
+            if r:
+                times[k].append(elapsed)
+    ms = {k: 1000 * sorted(v)[len(v) // 2] for k, v in times.items()}
+    return {"tokens": list(sizes), "ms": [round(ms[k], 2) for k in sizes],
+            "relative": [round(ms[k] / ms[sizes[0]], 2) for k in sizes], "context": len(prompt_ids)}
 
 
 def _common_prefix(a: list[int], b: list[int] | None) -> int:
@@ -156,6 +184,8 @@ def _settings(target, configs, draft) -> dict:
         "draft_model": draft.name if draft else None,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "fast_bf16": fast_bf16(),
         "configs": cfgs,
     }
 
@@ -189,6 +219,11 @@ def summarize(runs: list[dict]) -> dict:
         else:
             summary[mode].setdefault("categories", {})[cat] = s
     return dict(summary)
+
+
+def format_verify_cost(cost: dict) -> str:
+    pairs = "  ".join(f"{k}: {r:.1f}x" for k, r in zip(cost["tokens"], cost["relative"]))
+    return f"verify pass of k tokens vs one ({cost['ms'][0]:.1f} ms): {pairs}"
 
 
 def format_table(summary: dict) -> str:

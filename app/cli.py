@@ -9,7 +9,7 @@ import sys
 from app.config import MODES, ConfigError, DecodingConfig, parse_triple
 from app.service import configs
 from app.decoding.loop import ContextError
-from app.models import BUNDLED, DTYPES, ModelError
+from app.models import BUNDLED, DTYPES, ModelError, fast_bf16
 from app.service.engines import EngineError
 from app.training.export import ExportError
 
@@ -281,8 +281,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if draft is None and args.peers and args.draft_model:
         draft = _companions(args, target, {"draft_target": _config(args, "draft_target")})["draft_target"]
     prompts = bench.load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+    if target.dtype == "bfloat16" and not fast_bf16():
+        print("note: this CPU has no native bfloat16 matrix multiply, so a bfloat16 pass over k tokens costs about "
+              "k one-token passes and speculative modes can hardly pay; see the verify cost below, or use --dtype float32",
+              file=sys.stderr)
     result = bench.run(target, configs, prompts, companions=companions, draft=draft, peers=args.peers, progress=sys.stderr)
     print(bench.format_table(result["summary"]))
+    print(bench.format_verify_cost(result["verify_cost"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -297,7 +302,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.epochs <= 0:
         raise ConfigError(f"--epochs must be positive, got {args.epochs}")
+    if args.answer_tokens <= 0:
+        raise ConfigError(f"--answer-tokens must be positive, got {args.answer_tokens}")
     settings = recipes.TrainSettings(
+        data_source=args.data_source, answer_tokens=args.answer_tokens,
         data_offset=args.data_offset, data_limit=args.data_limit, max_len=args.max_len, epochs=args.epochs,
         lr=args.lr, batch_size=args.batch_size, save_steps=args.save_steps, seed=args.seed,
         medusa_num_heads=args.medusa_num_heads, medusa_num_layers=args.medusa_num_layers,
@@ -394,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output-dir", default=None, help="default: engines/trained/<model>-<mode>")
     t.add_argument("--data-offset", type=int, default=0, help="first ShareGPT conversation used")
     t.add_argument("--data-limit", type=int, default=800, help="ShareGPT conversations used")
+    t.add_argument("--data-source", default="self", choices=["self", "sharegpt"],
+                   help="self: the model's own greedy answers to the user turns (the seed's way); sharegpt: the dataset's answers")
+    t.add_argument("--answer-tokens", type=int, default=128, help="self: new tokens generated per answer (at most half of --max-len)")
     t.add_argument("--max-len", type=int, default=256, help="tokens kept per conversation")
     t.add_argument("--epochs", type=float, default=1.0)
     t.add_argument("--lr", type=float, default=None, help="default: 1e-3 for heads, 3e-4 for the draft")

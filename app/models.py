@@ -38,6 +38,21 @@ class ModelError(ValueError):
     """A model that cannot be used: unknown, unsupported, or incompatible with its partner."""
 
 
+def fast_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX-512 BF16 / AMX via oneDNN).
+
+    Without it torch falls back to a kernel whose cost grows about linearly with the rows, so a
+    17-token bfloat16 forward costs ~8x a one-token one (float32: ~2x): speculative verification,
+    which relies on many tokens costing about one, does not pay in bfloat16 on such a CPU.
+    """
+    if torch.cuda.is_available():
+        return True
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 @dataclass
 class LoadedModel:
     name: str

@@ -87,13 +87,19 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     proc = run_cli(
         "train", "--mode", kind, "--engines-dir", str(engines), "--output-dir", str(out), "--data-limit", "6",
         "--max-len", "48", "--batch-size", "3", "--epochs", "1", "--eval-prompts", "1", "--draft-layers", "1",
-        "--draft-vocab-size", "2048", "--dtype", "float32",
+        "--draft-vocab-size", "2048", "--dtype", "float32", "--answer-tokens", "16",
+        # the draft reads the dataset's answers, the heads the model's own
+        "--data-source", "sharegpt" if kind == "draft" else "self",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["steps"] >= 1 and summary["eval"]["mean_accepted_tokens"] >= 1.0
     assert (out / "config.json").exists() and (out / "train.json").exists()
     assert list((engines / "data").glob("*/shard-*.safetensors")), "features are cached for the next run"
+    assert summary["settings"]["data_source"] == ("sharegpt" if kind == "draft" else "self")
+    if kind != "draft":
+        (answers,) = (engines / "data").glob("self-*/")
+        assert json.loads((answers / "key.json").read_text())["dtype"] == "torch.float32"
     exported = tmp_path / f"{kind}-export"
     proc = run_cli("export", str(out), "--output-dir", str(exported))
     assert proc.returncode == 0, proc.stderr[-3000:]

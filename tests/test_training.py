@@ -93,6 +93,56 @@ def test_cached_features_resume_after_an_interruption(tiny_model, tmp_path, monk
     assert not list((tmp_path / "data").glob("*/*.tmp"))
 
 
+def test_batched_greedy_answers_equal_one_prompt_at_a_time(tiny_model):
+    """Left padding and length-sorted batches do not change any answer; an answer ends at its first EOS."""
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 9, 2, 30, 11)]
+    solo = [tiny_model.generate(input_ids=torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
+            for p in prompts]
+    batched = data_mod.generate_answers(tiny_model, None, prompts, max_new_tokens=12, eos_token_ids=[], pad_token_id=0, batch_size=4)
+    assert batched == solo
+    eos = solo[0][len(prompts[0]) + 3]  # a token the first answer produces
+    cut = data_mod.generate_answers(tiny_model, None, prompts, max_new_tokens=12, eos_token_ids=[eos], pad_token_id=0, batch_size=4)
+    for p, full, got in zip(prompts, solo, cut):
+        answer = full[len(p):]
+        want = answer[: answer.index(eos) + 1] if eos in answer else answer
+        assert got == p + want
+
+
+def test_self_distilled_data_is_cached_resumable_and_trains(tiny_model, tmp_path, monkeypatch):
+    calls = []
+    real = data_mod.generate_answers
+
+    def counting(model, tok, prompts, **kw):
+        calls.append(len(prompts))
+        return real(model, tok, prompts, **kw)
+
+    monkeypatch.setattr(data_mod, "generate_answers", counting)
+    kw = dict(offset=0, limit=5, max_len=40, max_new_tokens=8, eos_token_ids=[], shard=2)
+    seqs = data_mod.self_distilled_sequences("tiny", tiny_model, CharTokenizer(), tmp_path, **kw)
+    assert calls == [2, 2, 1] and len(seqs) == 5
+    prompts = data_mod._prompts(CharTokenizer(), sharegpt_conversations(0, 5), 32)
+    for p, q in zip(prompts, seqs):
+        assert len(p) <= 32 and q[: len(p)] == p and len(q) == len(p) + 8  # no EOS: every answer is full length
+        assert q == tiny_model.generate(input_ids=torch.tensor([p]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0].tolist()
+    shards = sorted((tmp_path / "data").glob("self-*/shard-*.json"))
+    assert len(shards) == 3
+    shards[2].unlink()
+    calls.clear()
+    assert data_mod.self_distilled_sequences("tiny", tiny_model, CharTokenizer(), tmp_path, **kw) == seqs and calls == [1]
+    fs = data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, offset=0, limit=5, max_len=40,
+                                  source="self", sequences=seqs)
+    assert [x.tolist() for x in fs.ids] == seqs
+    with pytest.raises(ValueError, match="needs its token sequences"):
+        data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, source="self")
+
+
+def test_long_prompts_keep_their_head_and_their_end():
+    long = [{"role": "user", "content": "".join(chr(65 + i % 26) for i in range(100))}]
+    (ids,) = data_mod._prompts(CharTokenizer(), [long], 40)
+    full = CharTokenizer().encode(long[0]["content"])
+    assert ids == full[:32] + full[-8:]
+
+
 # ----------------------------------------------------------------------------- fit
 
 

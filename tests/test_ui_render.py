@@ -385,6 +385,18 @@ def test_tree_modes_detail_draws_the_tree(mode):
         assert sorted(int(n.attrs["data-node"]) for n in nodes if "accepted" in n.classes) == step["accepted"]
 
 
+@pytest.mark.parametrize("mode", ["medusa", "eagle"])
+def test_tree_detail_says_when_and_how_the_tree_was_pruned(mode):
+    trace = load(mode)
+    step, history = next((s, h) for s, h in _with_history(trace) if s["kind"] != "prefill")
+    plain = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history)).text()
+    assert "Pruned" not in plain
+    pruned = {**step, "source": {**step["source"], "min_path_prob": 0.05}}
+    text = parse(render.step_detail(pruned, trace["texts"], trace["prompt_ids"], history)).text()
+    assert "min_path_prob = 0.05" in text and "not verified" in text
+    assert ("heads" if mode == "medusa" else "cumulative draft probability") in text.split("Pruned", 1)[1]
+
+
 # ----------------------------------------------------------------------------- tree SVG
 
 

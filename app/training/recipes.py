@@ -15,16 +15,20 @@ from pathlib import Path
 
 import torch
 
-from app.models import LoadedModel
-from app.training.data import cached_features, print_progress
+from app.models import LoadedModel, fast_bf16
+from app.training.data import cached_features, print_progress, self_distilled_sequences
 from app.training.trainer import fit
 
 KINDS = ("medusa", "eagle", "draft")
+DATA_SOURCES = ("self", "sharegpt")
 
 
 @dataclass
 class TrainSettings:
-    # data: ShareGPT conversations [data_offset, data_offset + data_limit), cut to max_len tokens
+    # data: ShareGPT conversations [data_offset, data_offset + data_limit), cut to max_len tokens;
+    # "self": their user turns answered by the target itself (greedy, float32), "sharegpt": the dataset's answers
+    data_source: str = "self"
+    answer_tokens: int = 128  # self: new tokens generated per answer
     data_offset: int = 0
     data_limit: int = 800
     max_len: int = 256
@@ -61,11 +65,16 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     """Train one artifact into `out_dir`; returns a summary (losses, sizes, times) also written as train.json."""
     if kind not in KINDS:
         raise ValueError(f"unknown training mode '{kind}': choose one of {', '.join(KINDS)}")
+    if settings.data_source not in DATA_SOURCES:
+        raise ValueError(f"unknown data source '{settings.data_source}': choose one of {', '.join(DATA_SOURCES)}")
     t0 = time.perf_counter()
+    sequences = None
+    if settings.data_source == "self":
+        sequences = _self_distilled(target, settings, engines)
     features = cached_features(
         target.name, target.model, target.tokenizer, engines,
         offset=settings.data_offset, limit=settings.data_limit, max_len=settings.max_len,
-        progress=print_progress("features"),
+        source=settings.data_source, sequences=sequences, progress=print_progress("features"),
     )
     t_data = time.perf_counter() - t0
     train_set, eval_set = features.split(min(settings.holdout, len(features) // 5))
@@ -77,7 +86,7 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     t1 = time.perf_counter()
     losses = fit(
         module, loss_fn, train_set, epochs=settings.epochs, lr=lr, batch_size=settings.batch_size,
-        seq_len=settings.max_len, seed=settings.seed, bf16=True, save_steps=settings.save_steps,
+        seq_len=settings.max_len, seed=settings.seed, bf16=fast_bf16(), save_steps=settings.save_steps,
         save_fn=lambda step: save(out_dir / f"checkpoint-{step}"), progress=_stderr_progress(kind, t1),
     )
     t_train = time.perf_counter() - t1
@@ -89,11 +98,25 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
         "train_sequences": len(train_set), "train_tokens": train_set.num_tokens, "eval_sequences": len(eval_set),
         "trainable_params": sum(p.numel() for p in module.parameters() if p.requires_grad),
         "first_loss": losses[0], "last_loss": losses[-1], "eval_loss": eval_loss, "steps": len(losses),
-        "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1),
+        "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1), "bf16_autocast": fast_bf16(),
         "lm_head_params": lm_head.weight.numel(),
     }
     (out_dir / "train.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _self_distilled(target: LoadedModel, settings: TrainSettings, engines: Path) -> list[list[int]]:
+    """The seed's data: the target's greedy answers, generated in float32 whatever the training dtype
+    (the reference numerics, and batched bfloat16 matmuls are several times slower on CPUs without
+    bfloat16 instructions)."""
+    from app import models
+
+    generator = target if target.dtype == "float32" else models.load(target.name, dtype="float32", engines=engines)
+    return self_distilled_sequences(
+        target.name, generator.model, target.tokenizer, engines, offset=settings.data_offset, limit=settings.data_limit,
+        max_len=settings.max_len, max_new_tokens=settings.answer_tokens, eos_token_ids=target.eos_token_ids,
+        progress=print_progress("self-distil"),
+    )
 
 
 def _mean_loss(loss_fn, features, settings: TrainSettings) -> float:

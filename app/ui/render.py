@@ -393,6 +393,7 @@ def _source_html(mode, event, source, texts, context, prompt_len, tokens, parent
         return (f'<p>Medusa: {esc(heads if heads is not None else "?")} heads read the target\'s last hidden state; '
                 "a node at depth d is head d's rank-r guess for the token d places after the root (the tree "
                 "choices list these rank paths). Scores are the heads' probabilities.</p>"
+                f"{_pruning_html(source, 'the product of the heads’ probabilities along it')}"
                 f"<p>Verification: {rule}.</p>")
     if mode == "eagle":
         if source.get("static_nodes"):
@@ -402,10 +403,20 @@ def _source_html(mode, event, source, texts, context, prompt_len, tokens, parent
                      f"{esc(source.get('top_k', '?'))}, the best {esc(source.get('total_tokens', '?'))} − 1 nodes kept")
         return (f"<p>EAGLE: a one-layer draft model reads the target's features and grows {shape}. "
                 "A node's score is the cumulative log q of its path (the draft's confidence); "
-                "verification is greedy match or recursive rejection (lossless).</p>")
+                "verification is greedy match or recursive rejection (lossless).</p>"
+                + _pruning_html(source, "its cumulative draft probability; a level with no such node ends the drafting"))
     if mode == "autoregressive":
         return '<p class="sd-note">Autoregressive: no draft; every target pass gives one token.</p>'
     return '<p class="sd-note">No provenance for this step.</p>'
+
+
+def _pruning_html(source, measure: str) -> str:
+    threshold = source.get("min_path_prob")
+    if not threshold:
+        return ""
+    return (f'<p class="sd-note">Pruned: nodes whose path probability ({esc(measure)}) is below '
+            f"min_path_prob = {esc(threshold)} were not verified — fewer nodes, a cheaper target pass; "
+            "verification itself is unchanged, so the output is too.</p>")
 
 
 def _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents) -> str:

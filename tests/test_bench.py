@@ -1,0 +1,88 @@
+"""`python -m app bench`: the summary arithmetic, the verify-cost curve, and the command's JSON contract end to end."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app import bench
+from app.models import LoadedModel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def record(mode, category, tok_s, new, steps, identical=True, prefix=None):
+    return {"mode": mode, "category": category, "tokens_per_s": tok_s, "new_tokens": new, "target_steps": steps,
+            "identical": identical, "identical_prefix": new if prefix is None else prefix}
+
+
+def test_summary_is_a_ratio_of_means_per_category_and_overall():
+    runs = [
+        record("autoregressive", "rag", 10.0, 8, 8), record("autoregressive", "rag", 20.0, 8, 8),
+        record("autoregressive", "math", 30.0, 8, 8),
+        record("prompt_lookup", "rag", 30.0, 8, 4), record("prompt_lookup", "rag", 30.0, 8, 2, identical=False, prefix=2),
+        record("prompt_lookup", "math", 30.0, 8, 8),
+    ]
+    s = bench.summarize(runs)
+    pl = s["prompt_lookup"]
+    assert pl["categories"]["rag"]["speedup"] == pytest.approx(30.0 / 15.0)
+    assert pl["categories"]["math"]["speedup"] == pytest.approx(1.0)
+    assert pl["speedup"] == pytest.approx(30.0 / 20.0)
+    assert pl["mean_accepted_tokens"] == pytest.approx(24 / 14)
+    assert pl["identical_share"] == pytest.approx(2 / 3)
+    assert pl["identical_prefix_share"] == pytest.approx(18 / 24)
+    assert s["autoregressive"]["speedup"] == 1.0 and s["autoregressive"]["mean_accepted_tokens"] == 1.0
+    table = bench.format_table(s)
+    assert "rag" in table and "1.50x" in table and "2.00x" in table
+
+
+def test_verify_cost_times_every_size_on_a_real_model(tiny_model):
+    target = LoadedModel(name="tiny", model=tiny_model, tokenizer=None, dtype="float32")
+    cost = bench.verify_cost(target, list(range(1, 20)), sizes=(1, 3, 9), repeats=3)
+    assert cost["tokens"] == [1, 3, 9] and cost["context"] == 19
+    assert len(cost["ms"]) == 3 and all(ms > 0 for ms in cost["ms"])
+    assert cost["relative"][0] == 1.0
+    assert cost["relative"][2] == pytest.approx(cost["ms"][2] / cost["ms"][0], rel=0.02)
+    assert bench.format_verify_cost(cost).startswith("verify pass of k tokens vs one")
+
+
+def run_cli(*args, timeout=900):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.bundled
+def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run_cli(
+        "bench", "--categories", "summarization,rag", "--limit", "1", "--modes", "prompt_lookup,lookahead",
+        "--lookahead-config", "3,3,2", "--peers", "--max-new-tokens", "12", "--dtype", "float32", "--json", str(out),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    assert list(summary) == ["autoregressive", "prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"]
+    for mode, row in summary.items():
+        assert {"tokens_per_s", "speedup", "mean_accepted_tokens", "identical_share"} <= set(row), mode
+        assert set(row["categories"]) == {"summarization", "rag"}
+        assert row["tokens_per_s"] > 0
+    # float32: every lossless mode reproduces autoregressive exactly, and so does transformers' greedy generate
+    for mode in ("prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"):
+        assert summary[mode]["identical_share"] == 1.0, mode
+    assert summary["autoregressive"]["speedup"] == 1.0
+    assert len(result["runs"]) == 2 * 5 and {r["new_tokens"] for r in result["runs"]} == {12}
+    assert all(r["mean_accepted_tokens"] >= 1.0 for r in result["runs"])
+    cost = result["verify_cost"]
+    assert cost["tokens"] == list(bench.VERIFY_SIZES) and cost["relative"][0] == 1.0
+    assert {"cpu_capability", "fast_bf16", "threads"} <= set(result["settings"])
+    assert "verify pass of k tokens vs one" in proc.stdout and "summarization" in proc.stdout
+
+
+def test_bench_rejects_an_invalid_config_with_status_2():
+    proc = run_cli("bench", "--modes", "lookahead", "--lookahead-config", "0,3,2", "--limit", "1")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert lines[-1].startswith("error: ") and "lookahead" in lines[-1].lower(), proc.stderr
