@@ -282,8 +282,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft = _companions(args, target, {"draft_target": _config(args, "draft_target")})["draft_target"]
     prompts = bench.load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     if target.dtype == "bfloat16" and not fast_bf16():
-        print("note: this CPU has no native bfloat16 matrix multiply, so a bfloat16 pass over k tokens costs about "
-              "k one-token passes and speculative modes can hardly pay; see the verify cost below, or use --dtype float32",
+        print("note: this CPU has no native bfloat16 matrix multiply (AVX-512 BF16 or AMX), so a bfloat16 pass over "
+              "k tokens costs several one-token passes and speculative modes earn little; see the verify cost below, "
+              "or use --dtype float32",
               file=sys.stderr)
     result = bench.run(target, configs, prompts, companions=companions, draft=draft, peers=args.peers, progress=sys.stderr)
     print(bench.format_table(result["summary"]))
@@ -398,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train Medusa heads, an EAGLE module or a distilled draft on a frozen model")
     t.add_argument("--mode", required=True, choices=["medusa", "eagle", "draft"])
     t.add_argument("--model", default=BUNDLED, help="the frozen base (target) model")
-    t.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="dtype of the frozen base model")
+    t.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                   help="dtype of the frozen base model while its features are extracted (bfloat16 is slow on CPUs without native bfloat16)")
     t.add_argument("--output-dir", default=None, help="default: engines/trained/<model>-<mode>")
     t.add_argument("--data-offset", type=int, default=0, help="first ShareGPT conversation used")
     t.add_argument("--data-limit", type=int, default=800, help="ShareGPT conversations used")

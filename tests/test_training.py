@@ -132,6 +132,11 @@ def test_self_distilled_data_is_cached_resumable_and_trains(tiny_model, tmp_path
     fs = data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, offset=0, limit=5, max_len=40,
                                   source="self", sequences=seqs)
     assert [x.tolist() for x in fs.ids] == seqs
+    # other answers (another --answer-tokens) under the same slice get their own features, not the cached ones
+    shorter = [q[:-3] for q in seqs]
+    fs2 = data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, offset=0, limit=5, max_len=40,
+                                   source="self", sequences=shorter)
+    assert [x.tolist() for x in fs2.ids] == shorter
     with pytest.raises(ValueError, match="needs its token sequences"):
         data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, source="self")
 

