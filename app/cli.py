@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mode", required=True, choices=["medusa", "eagle", "draft"])
     t.add_argument("--model", default=BUNDLED, help="the frozen base (target) model")
     t.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                   help="dtype of the frozen base model while its features are extracted (bfloat16 is slow on CPUs without native bfloat16)")
+                   help="dtype of the frozen base model while it writes its answers (--data-source self) and its features are extracted; pick the dtype you deploy in (bfloat16 is slow on CPUs without native bfloat16)")
     t.add_argument("--output-dir", default=None, help="default: engines/trained/<model>-<mode>")
     t.add_argument("--data-offset", type=int, default=0, help="first ShareGPT conversation used")
     t.add_argument("--data-limit", type=int, default=800, help="ShareGPT conversations used")
@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--medusa-num-layers", type=int, default=1)
     t.add_argument("--eagle-num-layers", type=int, default=1)
     t.add_argument("--eagle-steps", type=int, default=1, help="EAGLE: training-time-test unroll steps")
-    t.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE: most frequent tokens its head predicts")
+    t.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE and Medusa: the most frequent tokens they rank (the vocabulary size = all)")
     t.add_argument("--draft-layers", type=int, default=3, help="draft: target layers kept (evenly spaced)")
     t.add_argument("--eval-prompts", type=int, default=13, help="Spec-Bench prompts (one per category) for the final acceptance check; 0 = skip")
     t.add_argument("--engines-dir", default=None)

@@ -55,3 +55,37 @@ def test_prefill_is_causal():
     q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
     out, _ = sdpa_fp32(Layer(2), q, k, v, None)
     torch.testing.assert_close(out, reference(q, k, v, None, True), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("q_len", [1, 5, 200])
+def test_a_row_with_no_allowed_key_stays_finite(q_len):
+    """Left padding: a padding query attends to nothing; its output is garbage but not NaN."""
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 4, q_len, 8), torch.randn(2, 2, q_len + 3, 8), torch.randn(2, 2, q_len + 3, 8)
+    allowed = torch.ones(2, 1, q_len, q_len + 3, dtype=torch.bool)
+    allowed[1, :, 0] = False
+    out, _ = sdpa_fp32(Layer(2), q, k, v, allowed)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[0], reference(q[:1], k[:1], v[:1], None, False)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_left_padded_batch_equals_single_rows():
+    """A batch of left-padded prompts through a model on this attention: every real row's last
+    hidden state equals that prompt's own unpadded run (a NaN from a padding row would spread)."""
+    from app.decoding import attention
+    from helpers import tiny_llama
+
+    model = tiny_llama(layers=3, seed=4)
+    model.config._attn_implementation = attention.register()
+    decoder = model.get_decoder()
+    prompts = [[5, 6, 7], list(range(3, 40)), [9] * 12]
+    s = max(map(len, prompts))
+    x = torch.zeros(len(prompts), s, dtype=torch.long)
+    attn = torch.zeros_like(x)
+    for r, p in enumerate(prompts):
+        x[r, s - len(p):], attn[r, s - len(p):] = torch.tensor(p), 1
+    with torch.no_grad():
+        batched = decoder(input_ids=x, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_min(0)).last_hidden_state
+        for r, p in enumerate(prompts):
+            alone = decoder(input_ids=torch.tensor([p])).last_hidden_state
+            torch.testing.assert_close(batched[r, -1], alone[0, -1], atol=1e-5, rtol=1e-5)

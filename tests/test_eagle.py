@@ -19,6 +19,7 @@ from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.eagle import DraftTree, Eagle, best_nodes, dynamic_tree, static_tree
 from app.decoding.tree import depths, from_paths
 from app.heads import eagle as E
+from app.heads import vocab
 from app.heads.eagle import EagleConfig, EagleError, EagleModule
 from helpers import Recording, run
 from test_sampling_exactness import PROMPT as SAMPLING_PROMPT
@@ -487,13 +488,13 @@ def test_forward_shapes_and_feature_space(tiny_model):
 
 def test_draft_vocab_from_counts():
     counts = torch.tensor([5, 0, 9, 9, 1, 3])
-    assert E.draft_vocab_from_counts(counts, 3).tolist() == [0, 1, 1]  # ids 0, 2, 3
-    assert E.draft_vocab_from_counts(counts, 3, include=[4]).tolist() == [2, 2, 2]  # ids 2, 3, 4
-    assert E.draft_vocab_from_counts(counts, 6).tolist() == [0] * 6
-    assert E.draft_vocab_from_counts(counts, 99).tolist() == [0] * 6
-    with pytest.raises(EagleError):
-        E.draft_vocab_from_counts(counts, 0)
-    d2t = E.draft_vocab_from_counts(counts, 4)
+    assert vocab.from_counts(counts, 3).tolist() == [0, 1, 1]  # ids 0, 2, 3
+    assert vocab.from_counts(counts, 3, include=[4]).tolist() == [2, 2, 2]  # ids 2, 3, 4
+    assert vocab.from_counts(counts, 6).tolist() == [0] * 6
+    assert vocab.from_counts(counts, 99).tolist() == [0] * 6
+    with pytest.raises(ValueError, match="at least one token"):
+        vocab.from_counts(counts, 0)
+    d2t = vocab.from_counts(counts, 4)
     cfg = EagleConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
                       vocab_size=6, draft_vocab_size=4)
     assert EagleModule(cfg, d2t).target_ids.tolist() == [0, 2, 3, 5]

@@ -12,6 +12,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from app.decoding.acceptance import greedy, typical
 from app.decoding.drafters.autoregressive import Autoregressive
@@ -22,6 +23,7 @@ from app.decoding.tree import ancestor_mask, depths, from_paths, leaf_paths
 from app.decoding.types import Forward, Proposal
 from app.config import ConfigError, medusa_choices
 from app.heads import medusa as mh
+from app.heads import vocab
 from app.heads.medusa import MedusaConfig, MedusaError, MedusaHeads, medusa_loss
 from helpers import Recording, run, tiny_llama
 
@@ -240,6 +242,27 @@ def test_greedy_equals_autoregressive(tiny_model, oracle_heads, prompt, tree, he
     for e in events[1:]:
         assert len(e.proposed["tokens"]) == len(TREES[tree])
         json.dumps(e.to_dict())
+
+
+def reduced_heads(heads, size, seed=0):
+    """`heads` ranking `size` random tokens of the vocabulary."""
+    ids = sorted(random.Random(seed).sample(range(V), size))
+    d2t = torch.tensor(ids) - torch.arange(size)
+    reduced = MedusaHeads(MedusaConfig(H, V, heads.config.medusa_num_heads, heads.config.medusa_num_layers,
+                                       draft_vocab_size=size), d2t)
+    reduced.load_state_dict({**heads.state_dict(), "d2t": d2t})
+    return reduced.eval()
+
+
+@pytest.mark.parametrize("size", [12, 40])
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_greedy_with_a_draft_vocabulary_equals_autoregressive(tiny_model, oracle_heads, prompt, size):
+    heads = reduced_heads(oracle_heads, size)
+    allowed = set(heads.target_ids.tolist())
+    out, events = run(tiny_model, drafter(tiny_model, heads, "wide"), PROMPTS[prompt], max_new_tokens=MAX_NEW)
+    assert out == ar_reference(tiny_model, PROMPTS[prompt])
+    assert all(set(e.proposed["tokens"]) <= allowed for e in events[1:])
+    assert len(events) - 1 < len(out) or size == 12  # the oracle's drafts still land with 40 of 96 tokens
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=1.0, seed=2)], ids=["greedy", "t1"])
@@ -504,24 +527,37 @@ def test_fresh_heads_are_the_identity():
     assert all(not p.detach().any() for p in heads.parameters())
 
 
-def test_logits_use_one_lm_head_call(tiny_model):
+def test_logits_of_every_head_through_the_shared_lm_head(tiny_model):
     heads = random_heads()
     lm_head = tiny_model.get_output_embeddings()
-    calls = []
-    handle = lm_head.register_forward_hook(lambda m, i, o: calls.append(i[0].shape))
-    try:
-        x = torch.randn(7, H)
-        logits = heads.logits(x, lm_head)
-    finally:
-        handle.remove()
-    assert calls == [(3, 7, H)] and logits.shape == (3, 7, V) and logits.dtype == torch.float32
+    x = torch.randn(7, H)
+    logits = heads.logits(x, lm_head)
+    assert logits.shape == (3, 7, V) and logits.dtype == torch.float32 and heads.target_ids is None
     with torch.no_grad():
-        assert torch.allclose(logits[1], lm_head(heads.medusa_head[1](x)), atol=1e-6)
+        for k in range(3):
+            assert torch.allclose(logits[k], lm_head(heads.medusa_head[k](x)), atol=1e-6)
 
 
-def reference_loss(heads, lm_head, hidden, mask, weights):
-    """Per position and head, by hand."""
+def test_a_draft_vocabulary_ranks_only_its_tokens(tiny_model):
+    """Column j of a reduced head's logits is target token target_ids[j], the same value as the full head's."""
+    lm_head = tiny_model.get_output_embeddings()
+    full = random_heads()
+    d2t = vocab.from_counts(torch.arange(V).flip(0), 10)  # the 10 lowest ids "most frequent"
+    reduced = MedusaHeads(MedusaConfig(H, V, 3, 1, draft_vocab_size=10), d2t)
+    reduced.load_state_dict({**full.state_dict(), "d2t": d2t})
+    assert reduced.target_ids.tolist() == list(range(10))
+    x = torch.randn(5, H)
+    assert torch.allclose(reduced.logits(x, lm_head), full.logits(x, lm_head)[..., :10], atol=1e-6)
+    with pytest.raises(MedusaError, match="outside the target vocabulary"):
+        MedusaHeads(MedusaConfig(H, V, draft_vocab_size=2), torch.tensor([0, V]))
+    with pytest.raises(MedusaError, match="draft_vocab_size must be"):
+        MedusaConfig(H, V, draft_vocab_size=V + 1)
+
+
+def reference_loss(heads, lm_head, hidden, mask, weights, ids=None):
+    """Per position and head, by hand; `ids`: the ranked tokens (teacher renormalised over them)."""
     total, norm = 0.0, sum(weights)
+    ids = list(range(lm_head.weight.shape[0])) if ids is None else ids
     with torch.no_grad():
         for k in range(heads.config.medusa_num_heads):
             terms = []
@@ -529,8 +565,8 @@ def reference_loss(heads, lm_head, hidden, mask, weights):
                 for i in range(hidden.shape[1] - k - 1):
                     if not (mask[b, i] and mask[b, i + k + 1]):
                         continue
-                    teacher = lm_head(hidden[b, i + k + 1]).softmax(-1)
-                    student = lm_head(heads.medusa_head[k](hidden[b, i])).log_softmax(-1)
+                    teacher = lm_head(hidden[b, i + k + 1])[ids].softmax(-1)
+                    student = lm_head(heads.medusa_head[k](hidden[b, i]))[ids].log_softmax(-1)
                     terms.append(float(-(teacher * student).sum()))
             if terms:
                 total += weights[k] / norm * sum(terms) / len(terms)
@@ -550,6 +586,12 @@ def test_medusa_loss_matches_a_per_position_reference():
     assert float(custom.detach()) == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="head_weights"):
         medusa_loss(heads, lm_head, None, hidden, mask, head_weights=[1.0])
+    ids = [2, 5, 7, 11, 30, 64, 90]
+    d2t = torch.tensor(ids) - torch.arange(len(ids))
+    reduced = MedusaHeads(MedusaConfig(H, V, 3, 1, draft_vocab_size=len(ids)), d2t)
+    reduced.load_state_dict({**heads.state_dict(), "d2t": d2t})
+    loss = medusa_loss(reduced, lm_head, None, hidden, mask)
+    assert float(loss.detach()) == pytest.approx(reference_loss(heads, lm_head, hidden, mask, [1.0, 0.8, 0.64], ids), rel=1e-5)
 
 
 def test_medusa_loss_ignores_padding():
@@ -645,6 +687,21 @@ def test_save_load_round_trip(tmp_path, tiny_model):
     with torch.no_grad():
         assert torch.equal(loaded.logits(x, lm), heads.logits(x, lm))
     mh.check_compatible(loaded, tiny_model)
+
+
+def test_save_load_round_trip_with_a_draft_vocabulary(tmp_path, tiny_model):
+    heads = reduced_heads(random_heads(), 20, seed=3)
+    mh.save(heads, tmp_path / "r", base_model="tiny")
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["draft_vocab_size"] == 20
+    loaded = mh.load(tmp_path / "r")
+    assert torch.equal(loaded.target_ids, heads.target_ids)
+    x = torch.randn(4, H)
+    lm = tiny_model.get_output_embeddings()
+    with torch.no_grad():
+        assert torch.equal(loaded.logits(x, lm), heads.logits(x, lm))
+    mh.check_compatible(loaded, tiny_model)
+    out = mh.export_trtllm(loaded, lm.weight, tmp_path / "x", base_model="tiny")
+    assert "d2t" not in load_file(str(out / mh.TRTLLM_WEIGHTS))  # TensorRT-LLM's layout ranks the whole vocabulary
 
 
 def test_load_errors(tmp_path, tiny_model):

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from app.decoding import attention
 from app.training import data as data_mod
 from app.training.data import FeatureSet, compute_features, sharegpt_conversations
 from app.training.draft import distill_loss, make_draft, pick_layers, read_layers, rebuild, save_layers
@@ -93,8 +94,13 @@ def test_cached_features_resume_after_an_interruption(tiny_model, tmp_path, monk
     assert not list((tmp_path / "data").glob("*/*.tmp"))
 
 
-def test_batched_greedy_answers_equal_one_prompt_at_a_time(tiny_model):
-    """Left padding and length-sorted batches do not change any answer; an answer ends at its first EOS."""
+@pytest.mark.parametrize("attn", ["sdpa", "specdec"])
+def test_batched_greedy_answers_equal_one_prompt_at_a_time(attn):
+    """Left padding and length-sorted batches do not change any answer; an answer ends at its first EOS.
+    "specdec": on the float32 attention the registry loads models with."""
+    tiny_model = tiny_llama(vocab=96, hidden=32, layers=2, max_pos=256, seed=0)
+    if attn == "specdec":
+        tiny_model.config._attn_implementation = attention.register()
     prompts = [list(range(3, 3 + n)) for n in (5, 17, 9, 2, 30, 11)]
     solo = [tiny_model.generate(input_ids=torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
             for p in prompts]

@@ -38,7 +38,9 @@ def sdpa_fp32(module, query, key, value, attention_mask, scaling=None, **kwargs)
     if attention_mask is not None:
         scores = scores.view(b, kv_heads, group, q, kv)
         mask = attention_mask[:, :, -q:, -kv:].unsqueeze(1)  # (b, 1, 1, q, kv) over (kv_heads, group)
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+        # The lowest finite value, not -inf: a row with no allowed key (a left-padding query of a
+        # batch) must stay finite, or its NaN becomes the next layer's keys and reaches every row.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask.float()
     out = scores.view(b, kv_heads, group * q, kv).softmax(-1) @ value.float()
     return out.view(b, heads, q, d).transpose(1, 2).contiguous().to(query.dtype), None
 

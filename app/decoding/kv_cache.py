@@ -34,6 +34,14 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = self._k[..., :end, :], self._v[..., :end, :]
         return self.keys, self.values
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only these batch rows (the buffers too, so later updates write into the kept rows)."""
+        if self._k is None:
+            return
+        end = self.get_seq_length()
+        self._k, self._v = self._k[indices], self._v[indices]
+        self.keys, self.values = self._k[..., :end, :], self._v[..., :end, :]
+
     @staticmethod
     def _bigger(old: torch.Tensor | None, like: torch.Tensor, length: int, capacity: int, dtype) -> torch.Tensor:
         new = torch.empty((*like.shape[:-2], capacity, like.shape[-1]), dtype=dtype, device=like.device)

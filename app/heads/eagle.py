@@ -26,7 +26,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaModel
 from transformers.cache_utils import DynamicCache
 
-from app.heads import artifact
+from app.heads import artifact, vocab
 
 ARCHITECTURE = "eagle"
 WEIGHTS = artifact.WEIGHTS
@@ -126,7 +126,7 @@ class EagleModule(nn.Module):
     @property
     def target_ids(self) -> torch.Tensor:
         """(draft_vocab_size,) the target id of every draft id."""
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+        return vocab.target_ids(self.d2t)
 
     def hidden_states(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None) -> torch.Tensor:
         """(b, s, H) the draft's output features (after the final norm). embeds = target embedding of
@@ -150,28 +150,9 @@ class EagleModule(nn.Module):
 
 
 def _check_d2t(d2t: torch.Tensor, config: EagleConfig) -> None:
-    if d2t.shape != (config.draft_vocab_size,):
-        raise EagleError(f"d2t has shape {tuple(d2t.shape)}, expected ({config.draft_vocab_size},)")
-    ids = torch.arange(len(d2t)) + d2t.cpu()
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size):
-        raise EagleError(f"d2t maps draft ids outside the target vocabulary [0, {config.vocab_size})")
-    if len(torch.unique(ids)) != len(ids):
-        raise EagleError("d2t maps two draft ids to the same target id")
-
-
-def draft_vocab_from_counts(counts: torch.Tensor, size: int, include: list[int] | tuple[int, ...] = ()) -> torch.Tensor:
-    """d2t for a draft vocabulary of the `size` most frequent target tokens (ties: lower id first),
-    plus `include` (e.g. EOS ids, which must stay draftable). Draft ids follow target id order, so
-    d2t is non-decreasing; size >= len(counts) gives the full vocabulary (d2t all zeros)."""
-    vocab = len(counts)
-    if size < 1:
-        raise EagleError(f"the draft vocabulary needs at least one token, got size {size}")
-    if size >= vocab:
-        return torch.zeros(vocab, dtype=torch.long)
-    score = counts.double().clone()
-    score[list(include)] = float("inf")
-    chosen = torch.argsort(-score, stable=True)[:size].sort().values
-    return chosen - torch.arange(size)
+    reason = vocab.problem(d2t, config.draft_vocab_size, config.vocab_size)
+    if reason:
+        raise EagleError(reason)
 
 
 @torch.no_grad()

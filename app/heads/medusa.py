@@ -4,7 +4,9 @@ Head k (0-based) reads the hidden state at position i (the one that produced the
 i+1) and guesses token i+k+2. Every head is `medusa_num_layers` ResBlocks followed by an LM head.
 Here all heads share the target's own LM head, frozen and passed in at call time, so an artifact
 holds only the ResBlocks (a few MB instead of K vocabulary-sized matrices); the TensorRT-LLM export
-writes a copy of it per head, as Medusa's checkpoints have.
+writes a copy of it per head, as Medusa's checkpoints have. With `draft_vocab_size` the heads rank
+only the target's most frequent tokens (`d2t`, see vocab.py): the rows of that shared head that the
+target actually writes, a sixth of the cost per call for the bundled model.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+import torch.nn.functional as F
 from torch import nn
 
-from app.heads import artifact
+from app.heads import artifact, vocab
 
 ARCHITECTURE = "medusa"
 WEIGHTS = artifact.WEIGHTS
@@ -39,11 +42,14 @@ class MedusaConfig:
     vocab_size: int
     medusa_num_heads: int = 3
     medusa_num_layers: int = 1
+    draft_vocab_size: int | None = None  # rank only this many tokens (d2t); None = the whole vocabulary
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "vocab_size", "medusa_num_heads", "medusa_num_layers"):
             if int(getattr(self, name)) < 1:
                 raise MedusaError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise MedusaError(f"draft_vocab_size must be in [1, {self.vocab_size}], got {self.draft_vocab_size}")
 
 
 class ResBlock(nn.Module):
@@ -61,23 +67,48 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    def __init__(self, config: MedusaConfig) -> None:
+    def __init__(self, config: MedusaConfig, d2t: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = config
         self.medusa_head = nn.ModuleList(
             nn.Sequential(*[ResBlock(config.hidden_size) for _ in range(config.medusa_num_layers)])
             for _ in range(config.medusa_num_heads)
         )
+        if config.draft_vocab_size is not None:
+            d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long) if d2t is None else torch.as_tensor(d2t, dtype=torch.long)
+            reason = vocab.problem(d2t, config.draft_vocab_size, config.vocab_size)
+            if reason:
+                raise MedusaError(reason)
+            self.register_buffer("d2t", d2t.clone())
+        elif d2t is not None:
+            raise MedusaError("d2t given but the config has no draft_vocab_size")
+
+    @property
+    def target_ids(self) -> torch.Tensor | None:
+        """The target id of every token the heads rank, in order; None = the whole vocabulary."""
+        return vocab.target_ids(self.d2t) if self.config.draft_vocab_size is not None else None
+
+    def head_rows(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) of the shared LM head restricted to the ranked tokens (a copy when reduced):
+        take it once per generation, not per call."""
+        bias = getattr(lm_head, "bias", None)
+        ids = self.target_ids
+        if ids is None:
+            return lm_head.weight, bias
+        ids = ids.to(lm_head.weight.device)
+        return lm_head.weight[ids], (bias[ids] if bias is not None else None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(num_heads, *hidden.shape): each head's transformed hidden state."""
         hidden = hidden.to(self.medusa_head[0][0].linear.weight.dtype)
         return torch.stack([head(hidden) for head in self.medusa_head])
 
-    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """(num_heads, *hidden.shape[:-1], vocab) float32: all heads through the shared LM head in one call."""
-        out = self(hidden)
-        return lm_head(out.to(lm_head.weight.dtype)).float()
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module, rows=None) -> torch.Tensor:
+        """(num_heads, *hidden.shape[:-1], ranked tokens) float32: all heads through the shared LM head
+        in one call; column j is target token `target_ids[j]` (j itself for the whole vocabulary).
+        `rows`: head_rows(lm_head), when the caller keeps them."""
+        weight, bias = rows if rows is not None else self.head_rows(lm_head)
+        return F.linear(self(hidden).to(weight.dtype), weight, bias).float()
 
 
 # ----------------------------------------------------------------------------- artifacts
@@ -85,7 +116,8 @@ class MedusaHeads(nn.Module):
 
 def save(heads: MedusaHeads, directory: str | Path, base_model: str) -> Path:
     """Write config.json + model.safetensors (bfloat16, ResBlocks only: the LM head is the target's)."""
-    config = {"architecture": ARCHITECTURE, **asdict(heads.config), "base_model": base_model, "shared_lm_head": True}
+    sizes = {k: v for k, v in asdict(heads.config).items() if v is not None}
+    config = {"architecture": ARCHITECTURE, **sizes, "base_model": base_model, "shared_lm_head": True}
     return artifact.write(directory, config, heads.state_dict())
 
 
@@ -104,10 +136,12 @@ def load(directory: str | Path) -> MedusaHeads:
     if not (directory / WEIGHTS).is_file():
         raise MedusaError(f"no Medusa heads at {directory}: {WEIGHTS} is missing")
     try:
-        heads = MedusaHeads(MedusaConfig(**{k: int(config[k]) for k in _CONFIG_KEYS}))
+        sizes = {k: int(config[k]) for k in _CONFIG_KEYS}
     except KeyError as e:
         raise MedusaError(f"{directory}/config.json lacks {e.args[0]!r}") from e
-    _load_state(heads, load_file(str(directory / WEIGHTS)), directory)
+    tensors = load_file(str(directory / WEIGHTS))
+    heads = MedusaHeads(MedusaConfig(**sizes, draft_vocab_size=config.get("draft_vocab_size")), tensors.get("d2t"))
+    _load_state(heads, tensors, directory)
     return heads.eval()
 
 
@@ -122,7 +156,7 @@ def _load_state(heads: MedusaHeads, tensors: dict[str, torch.Tensor], source) ->
     for k, v in tensors.items():
         if v.shape != state[k].shape:
             raise MedusaError(f"{source}: {k} has shape {tuple(v.shape)}, expected {tuple(state[k].shape)}")
-    heads.load_state_dict({k: v.float() for k, v in tensors.items()})
+    heads.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
 
 
 def check_compatible(heads: MedusaHeads, target_model: nn.Module) -> None:
@@ -148,17 +182,20 @@ def medusa_loss(
     (hidden states are its final normed ones), so the heads learn what the target will say rather
     than the dataset's text; `ids` is not needed for it. Soft cross-entropy per head, averaged over
     positions where both i and i+k+1 are real tokens (mask), then weighted (default 0.8**k, normalised).
+    With a draft vocabulary both distributions are over its tokens (the teacher renormalised there),
+    which is what the heads rank at inference.
     hidden: (b, s, H) float; mask: (b, s) bool.
 
     `max_positions` draws that many random positions per head (torch's global RNG) instead of all:
-    both the teacher and the student need the full-vocabulary head (49k x 576 for the bundled model),
-    which is nearly all of the cost, while the heads themselves are tiny and learn from fewer positions.
+    both the teacher and the student need the vocabulary-sized head, which is nearly all of the
+    cost, while the heads themselves are tiny and learn from fewer positions.
     """
     k_heads = heads.config.medusa_num_heads
     weights = list(head_weights) if head_weights is not None else [0.8**k for k in range(k_heads)]
     if len(weights) != k_heads:
         raise ValueError(f"head_weights needs {k_heads} values, got {len(weights)}")
     norm = sum(weights)
+    weight, bias = heads.head_rows(lm_head)
     out = heads(hidden)
     total = out.sum() * 0.0  # keeps the graph when no position is usable
     for k in range(k_heads):
@@ -173,8 +210,8 @@ def medusa_loss(
             pick = torch.randperm(len(source), device=source.device)[:max_positions]
             source, later = source[pick], later[pick]
         with torch.no_grad():
-            target = lm_head(later.to(lm_head.weight.dtype)).float().softmax(-1)
-        student = lm_head(source.to(lm_head.weight.dtype)).float().log_softmax(-1)
+            target = F.linear(later.to(weight.dtype), weight, bias).float().softmax(-1)
+        student = F.linear(source.to(weight.dtype), weight, bias).float().log_softmax(-1)
         total = total + (weights[k] / norm) * -(target * student).sum(-1).mean()
     return total
 
@@ -185,7 +222,8 @@ def head_accuracy(
 ) -> list[list[float]]:
     """acc[k][r]: how often the rank-r guess of head k is the target's own argmax (the paper's a_k^(r)),
     measured on hidden states (b, s, H); the input of `greedy_tree`."""
-    logits = heads.logits(hidden, lm_head)  # (K, b, s, V)
+    logits = heads.logits(hidden, lm_head)  # (K, b, s, ranked tokens)
+    ids = heads.target_ids
     truth = lm_head(hidden.to(lm_head.weight.dtype)).argmax(-1)  # (b, s): the target's next token per position
     acc = []
     for k in range(heads.config.medusa_num_heads):
@@ -195,6 +233,8 @@ def head_accuracy(
             continue
         valid = mask[:, :-shift] & mask[:, shift:]
         top = logits[k][:, :-shift][valid].topk(max_rank, dim=-1).indices  # (n, max_rank)
+        if ids is not None:
+            top = ids.to(top.device)[top]
         hits = (top == truth[:, shift:][valid][:, None]).float()
         acc.append(hits.mean(0).tolist() if len(hits) else [0.0] * max_rank)
     return acc
@@ -230,7 +270,8 @@ def export_trtllm(
     conversion reads (`examples/medusa/convert_checkpoint.py --medusa_model_dir <directory>`):
     config.json (medusa_num_heads, medusa_num_layers, ...) and medusa_lm_head.safetensors with the
     state dict of Medusa's `medusa_head` ModuleList: "{k}.{layer}.linear.weight/bias" and
-    "{k}.{num_layers}.weight" (each head's LM head, here a copy of the shared one).
+    "{k}.{num_layers}.weight" (each head's LM head, here a copy of the shared one). A draft
+    vocabulary has no place in that layout: TensorRT-LLM ranks the whole vocabulary with these heads.
     """
     cfg = heads.config
     if tuple(lm_head_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
@@ -240,7 +281,8 @@ def export_trtllm(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {
-        k.removeprefix("medusa_head."): v.detach().to("cpu", dtype).contiguous() for k, v in heads.state_dict().items()
+        k.removeprefix("medusa_head."): v.detach().to("cpu", dtype).contiguous()
+        for k, v in heads.state_dict().items() if k != "d2t"
     }
     lm = lm_head_weight.detach().to("cpu", dtype)
     for k in range(cfg.medusa_num_heads):

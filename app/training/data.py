@@ -33,6 +33,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from app.decoding.attention import kv_dtype
+from app.decoding.kv_cache import new_cache
+
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
@@ -142,8 +145,9 @@ def compute_features(model: torch.nn.Module, sequences: list[list[int]], batch_s
         for r, seq in enumerate(rows):
             x[r, : len(seq)] = torch.tensor(seq)
             attn[r, : len(seq)] = 1
-        out = model(input_ids=x.to(device), attention_mask=attn.to(device), output_hidden_states=True, logits_to_keep=1)
-        h = out.hidden_states[-1].to("cpu", torch.bfloat16)
+        # The decoder alone: its output is the final normed hidden state, and no logits are needed.
+        out = model.get_decoder()(input_ids=x.to(device), attention_mask=attn.to(device))
+        h = out.last_hidden_state.to("cpu", torch.bfloat16)
         for r, seq in enumerate(rows):
             ids_out.append(torch.tensor(seq, dtype=torch.long))
             hidden_out.append(h[r, : len(seq)].clone())
@@ -162,32 +166,58 @@ def generate_answers(
     Prompts are batched by length and left-padded, so padding wastes little and every prompt's
     last token sits at the same column; greedy decoding makes the answer independent of the batch.
     """
-    device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[int] | None] = [None] * len(prompts)
-    eos = set(eos_token_ids)
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
-        s = max(len(prompts[i]) for i in rows)
-        x = torch.full((len(rows), s), pad_token_id, dtype=torch.long)
-        attn = torch.zeros(len(rows), s, dtype=torch.long)
-        for r, i in enumerate(rows):
-            x[r, s - len(prompts[i]) :] = torch.tensor(prompts[i])
-            attn[r, s - len(prompts[i]) :] = 1
-        gen = model.generate(
-            input_ids=x.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=sorted(eos), pad_token_id=pad_token_id,
-        )[:, s:].tolist()
-        for r, i in enumerate(rows):
-            answer = []
-            for t in gen[r]:
-                answer.append(t)
-                if t in eos:
-                    break
+        answers = greedy_batch(model, [prompts[i] for i in rows], max_new_tokens, set(eos_token_ids), pad_token_id)
+        for i, answer in zip(rows, answers):
             out[i] = list(prompts[i]) + answer
         if progress is not None:
             progress(min(start + batch_size, len(order)), len(order))
     return out  # type: ignore[return-value]
+
+
+def greedy_batch(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, eos: set[int], pad: int) -> list[list[int]]:
+    """Greedy answers of a left-padded batch, each cut after its first EOS.
+
+    Not generate(): its prefill multiplies a non-contiguous (batch, 1, hidden) slice by the LM head,
+    which torch turns into a batched matmul over a per-row copy of the whole head (seconds per
+    batch), and its cache copies itself every step. Here the cache grows in place and drops the
+    rows that finished, and the head sees one contiguous row per sequence.
+    """
+    device = next(model.parameters()).device
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    s = max(len(p) for p in prompts)
+    x = torch.full((len(prompts), s), pad, dtype=torch.long)
+    attn = torch.zeros(len(prompts), s, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        x[r, s - len(p) :] = torch.tensor(p)
+        attn[r, s - len(p) :] = 1
+    x, attn = x.to(device), attn.to(device)
+    positions = (attn.cumsum(-1) - 1).clamp_min(0)
+    cache = new_cache(model.config, kv_dtype(model.config))
+    answers: list[list[int]] = [[] for _ in prompts]
+    live = list(range(len(prompts)))  # batch row -> prompt index
+    for _ in range(max_new_tokens):
+        hidden = decoder(input_ids=x, attention_mask=attn, position_ids=positions, past_key_values=cache, use_cache=True)
+        nxt = lm_head(hidden.last_hidden_state[:, -1].contiguous()).argmax(-1)
+        keep = []
+        for r, tok in enumerate(nxt.tolist()):
+            answers[live[r]].append(tok)
+            if tok not in eos:
+                keep.append(r)
+        if not keep:
+            break
+        if len(keep) < len(live):
+            index = torch.tensor(keep, device=device)
+            cache.batch_select_indices(index)
+            nxt, attn, positions = nxt[index], attn[index], positions[index]
+            live = [live[r] for r in keep]
+        x = nxt[:, None]
+        attn = torch.cat([attn, attn.new_ones(len(live), 1)], dim=1)
+        positions = positions[:, -1:] + 1
+    return answers
 
 
 def _prompts(tokenizer, conversations: list[list[dict]], max_len: int, head: int = 32) -> list[list[int]]:

@@ -47,12 +47,13 @@ class Medusa:
         self.paths = [list(p) for p in paths]
         self.top_k = 1 + max((max(p) for p in paths), default=0)
         vocab, hidden = heads.config.vocab_size, heads.config.hidden_size
+        ranked = heads.config.draft_vocab_size or vocab
         if tuple(lm_head.weight.shape) != (vocab, hidden):
             raise ValueError(
                 f"the heads are for (vocab, hidden) = ({vocab}, {hidden}), the LM head is {tuple(lm_head.weight.shape)}"
             )
-        if self.top_k > vocab:
-            raise ValueError(f"medusa_choices uses rank {self.top_k - 1} but the vocabulary has {vocab} tokens")
+        if self.top_k > ranked:
+            raise ValueError(f"medusa_choices uses rank {self.top_k - 1} but the heads rank {ranked} tokens")
         if not 0 < posterior_threshold <= 1:
             raise ValueError(f"posterior_threshold must be in (0, 1], got {posterior_threshold}")
         if posterior_alpha < 0:
@@ -61,6 +62,8 @@ class Medusa:
             raise ValueError(f"min_path_prob must be in [0, 1), got {min_path_prob}")
         self.min_path_prob = float(min_path_prob)
         self.heads, self.lm_head = heads, lm_head
+        self.rows = heads.head_rows(lm_head)  # once: a reduced vocabulary's rows are a copy
+        self.ids = heads.target_ids
         self.num_heads = num_heads
         self.typical_args = {
             "rule": "typical",
@@ -83,11 +86,14 @@ class Medusa:
         scores: list[float] = []
         if n:
             depth = len(paths[-1])
-            probs = self.heads.logits(self.hidden, self.lm_head)[:depth].softmax(-1)  # (depth, V)
-            top = probs.topk(self.top_k, dim=-1)
+            probs = self.heads.logits(self.hidden, self.lm_head, self.rows)[:depth].softmax(-1)  # (depth, ranked)
+            values, indices = probs.topk(self.top_k, dim=-1)
+            if self.ids is not None:
+                indices = self.ids[indices]
+            indices, values = indices.tolist(), values.tolist()
             for p in paths:
-                tokens.append(int(top.indices[len(p) - 1, p[-1]]))
-                scores.append(round(float(top.values[len(p) - 1, p[-1]]), 5))
+                tokens.append(indices[len(p) - 1][p[-1]])
+                scores.append(round(values[len(p) - 1][p[-1]], 5))
             if self.min_path_prob > 0:
                 paths, parents, tokens, scores = self._pruned(paths, parents, tokens, scores)
         use_typical = self.typical and not self.sampling.greedy
