@@ -57,9 +57,10 @@ def ar_reference(model, prompt, max_new_tokens=MAX_NEW, **kwargs):
     return _AR[key][0]
 
 
-def make_module(target, seed=0, draft_vocab=None, scale=1.5, attn=None, layers=1) -> EagleModule:
-    """A module with random, non-trivial weights (and a random reduced vocabulary when asked)."""
-    config = EagleConfig.from_target(target.config, draft_vocab_size=draft_vocab, eagle_num_layers=layers)
+def make_module(target, seed=0, draft_vocab=None, scale=1.5, attn=None, layers=1, aux=None) -> EagleModule:
+    """A module with random, non-trivial weights (and a random reduced vocabulary, fused target
+    layers `aux`, when asked)."""
+    config = EagleConfig.from_target(target.config, draft_vocab_size=draft_vocab, eagle_num_layers=layers, aux_layers=aux)
     gen = torch.Generator().manual_seed(seed)
     d2t = None
     if draft_vocab and draft_vocab < config.vocab_size:
@@ -367,18 +368,23 @@ def independent_scores(module, target, context, proposal) -> tuple[list[float], 
     entries (embed(context[i+1]), f_i) for the committed context, then the node's ancestors one by
     one, each with the previous entry's draft output as its feature."""
     embed = target.get_input_embeddings()
-    features = target(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    states = target(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states
+    features = states[-1][0]
+    aux = torch.cat([states[i][0] for i in module.config.aux_layers], -1) if module.config.aux_layers else None
     t2d = {int(t): d for d, t in enumerate(module.target_ids)}
     memo: dict = {}
 
     def after(path):  # (draft output, log q) at the entry of the last token of `path`
         if path not in memo:
+            fused = None if aux is None else torch.cat([aux, torch.zeros(len(path), aux.shape[-1])])
             if not path:
                 tokens, feats = context[1:], features
             else:
                 tokens = context[1:] + list(path)
                 chain = [after(path[:i])[0] for i in range(len(path))]
                 feats = torch.cat([features, torch.stack(chain)])
+            if fused is not None:  # drafted entries have no target layers: fuse zeros (fc_aux has no bias)
+                feats = feats + module.fc_aux(fused)
             hidden, logits = module(embed(torch.tensor([tokens])), feats[None])
             memo[path] = (hidden[0, -1], logits[0, -1].float().log_softmax(-1))
         return memo[path]
@@ -390,12 +396,14 @@ def independent_scores(module, target, context, proposal) -> tuple[list[float], 
     return scores, after(())[1]
 
 
-@pytest.mark.parametrize("which", ["random", "trained", "reduced_vocab"])
+@pytest.mark.parametrize("which", ["random", "trained", "reduced_vocab", "fused_layers"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_drafts_match_an_independent_recomputation(tiny_model, random_module, trained, which, tree):
-    """Token shift, positions, tree masks, the draft cache and the pending features all agree with a
-    cache-free recomputation, at the first step and after several accepted paths."""
-    module = {"random": random_module, "trained": trained, "reduced_vocab": make_module(tiny_model, 9, 50)}[which]
+    """Token shift, positions, tree masks, the draft cache and the pending features (with their fused
+    target layers) all agree with a cache-free recomputation, at the first step and after several
+    accepted paths."""
+    module = {"random": random_module, "trained": trained, "reduced_vocab": make_module(tiny_model, 9, 50),
+              "fused_layers": make_module(tiny_model, 11, aux=[0, 1, 2])}[which]
     kwargs = dict(total_tokens=16, depth=4, top_k=3) if tree == "dynamic" else dict(static_choices=EAGLE1_TREE)
     rec = Recording(Eagle(module, tiny_model.get_input_embeddings(), **kwargs))
     run(tiny_model, rec, PROMPTS["random_b"], max_new_tokens=24)
@@ -570,6 +578,57 @@ def test_training_unroll_computes_what_tree_nodes_compute(tiny_model):
             h, logits = module(embeds[:, : i + 1], f[None])
             assert torch.allclose(outs[j - 1][0][0, i], h[0, -1], atol=1e-5), (j, i)
             assert torch.allclose(outs[j - 1][1][0, i], logits[0, -1], atol=1e-4), (j, i)
+
+
+@pytest.mark.parametrize("prompt", ["repeat", "random_a"])
+def test_greedy_with_fused_target_layers_equals_autoregressive(tiny_model, prompt):
+    module = make_module(tiny_model, seed=12, aux=[1, 2])
+    rec = Recording(Eagle(module, tiny_model.get_input_embeddings(), 12, 4, 3))
+    out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
+    assert out == ar_reference(tiny_model, PROMPTS[prompt])
+    check_proposals(rec.calls, max_nodes=11, max_depth=4, top_k=3)
+
+
+def test_fused_layers_start_as_eagle1_and_train(tiny_model):
+    """A fresh fc_aux is zero, so the module computes what EAGLE-1 does; trained, it uses the layers."""
+    plain = make_module(tiny_model, seed=13)
+    fused = EagleModule(EagleConfig.from_target(tiny_model.config, aux_layers=[1, 2]), None)
+    fused.load_state_dict({**plain.state_dict(), "fc_aux.weight": fused.fc_aux.weight}, strict=True)
+    ids = torch.randint(0, V, (4, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        states = tiny_model(input_ids=ids, output_hidden_states=True).hidden_states
+    hidden, aux = states[-1], torch.cat([states[1], states[2]], -1)
+    embeds = tiny_model.get_input_embeddings()(ids)
+    with torch.no_grad():
+        assert torch.equal(fused(embeds, hidden, aux=aux)[0], plain(embeds, hidden)[0])
+    embed, lm_head = tiny_model.get_input_embeddings(), tiny_model.get_output_embeddings()
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with pytest.raises(EagleError, match="aux must be given"):
+        E.eagle_loss(fused, embed, lm_head, ids, hidden, mask)
+    opt = torch.optim.AdamW(fused.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = E.eagle_loss(fused, embed, lm_head, ids, hidden, mask, steps=2, aux=aux)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0] and fused.fc_aux.weight.abs().sum() > 0
+
+
+def test_fused_layers_save_load_export_and_fit_the_target(tmp_path, tiny_model):
+    module = round_bf16(make_module(tiny_model, seed=14, aux=[0, 2]))
+    E.save(module, tmp_path / "m", "tiny")
+    loaded = E.load(tmp_path / "m")
+    assert loaded.config.aux_layers == [0, 2] and torch.equal(loaded.fc_aux.weight, module.fc_aux.weight)
+    back = E.read_export(E.export_trtllm(module, tmp_path / "x", "tiny"))
+    assert back.config.aux_layers == [0, 2] and torch.equal(back.fc_aux.weight, module.fc_aux.weight)
+    E.check_compatible(loaded, tiny_model)
+    too_deep = make_module(tiny_model, seed=14, aux=[0, 3])  # the tiny target has 2 layers
+    with pytest.raises(EagleError, match="fuses layers"):
+        E.check_compatible(too_deep, tiny_model)
+    with pytest.raises(EagleError, match="aux_layers"):
+        EagleConfig.from_target(tiny_model.config, aux_layers=[-1])
 
 
 def test_save_load_round_trip(tmp_path, tiny_model):

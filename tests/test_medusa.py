@@ -638,7 +638,7 @@ def test_medusa_loss_with_the_training_loop(bf16):
     lm_head = model.get_output_embeddings()
     feats = compute_features(model, [_random(s, 10 + 3 * s) for s in range(8)], batch_size=4)
     heads = MedusaHeads(MedusaConfig(H, V, 2, 1))
-    losses = fit(heads, lambda ids, hidden, mask: medusa_loss(heads, lm_head, ids, hidden, mask), feats,
+    losses = fit(heads, lambda b: medusa_loss(heads, lm_head, b.ids, b.hidden, b.mask), feats,
                  epochs=15, lr=1e-2, batch_size=4, seq_len=32, warmup=2, bf16=bf16)
     assert len(losses) == 30 and losses[-1] < losses[0] - 0.1, losses[::6]
 

@@ -44,11 +44,28 @@ def test_batched_features_equal_unpadded_single_runs(tiny_model):
         assert (logits.argmax(-1) == tiny_model(input_ids=torch.tensor([seq])).logits[0].argmax(-1)).float().mean() > 0.9
 
 
+def test_features_with_fused_layers(tiny_model, tmp_path):
+    """aux holds the requested layers' hidden states side by side, batched, saved and loaded back."""
+    seqs = random_sequences(5, 96, seed=3)
+    fs = compute_features(tiny_model, seqs, batch_size=2, aux_layers=(0, 2))
+    for seq, hidden, aux in zip(seqs, fs.hidden, fs.aux):
+        states = tiny_model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states
+        torch.testing.assert_close(aux.float(), torch.cat([states[0][0], states[2][0]], -1), atol=2e-2, rtol=2e-2)
+    batch = next(fs.batches(batch_size=5, seq_len=64))
+    assert batch.aux.shape == (*batch.ids.shape, 64) and not batch.aux[~batch.mask].any()
+    fs.save(tmp_path / "f.safetensors")
+    back = FeatureSet.load(tmp_path / "f.safetensors")
+    assert all(torch.equal(a, b) for a, b in zip(back.aux, fs.aux))
+    train, held = fs.split(2)
+    assert len(train.aux) == 3 and len(held.aux) == 2
+
+
 def test_batches_cover_every_sequence_once_with_a_correct_mask(tiny_model, tmp_path):
     seqs = random_sequences(11, 96, seed=1)
     fs = compute_features(tiny_model, seqs, batch_size=4)
     seen = []
-    for ids, hidden, mask in fs.batches(batch_size=3, seq_len=20, seed=4):
+    for ids, hidden, mask, aux in fs.batches(batch_size=3, seq_len=20, seed=4):
+        assert aux is None
         assert ids.shape == mask.shape and hidden.shape[:2] == ids.shape and hidden.dtype == torch.float32
         for row, m in zip(ids, mask):
             n = int(m.sum())
@@ -165,8 +182,8 @@ def test_fit_lowers_the_loss_and_saves_checkpoints(tiny_model):
     target.requires_grad_(False)
     saved = []
 
-    def loss_fn(ids, hidden, mask):
-        return ((probe(hidden) - target(hidden))[mask] ** 2).mean()
+    def loss_fn(b):
+        return ((probe(b.hidden) - target(b.hidden))[b.mask] ** 2).mean()
 
     losses = fit(probe, loss_fn, fs, epochs=30, lr=1e-2, batch_size=4, warmup=5, save_steps=40, save_fn=saved.append)
     assert len(losses) == 120
@@ -206,12 +223,12 @@ def test_distillation_brings_the_draft_closer_and_round_trips(tmp_path):
     fs = compute_features(target, random_sequences(24, 96, seed=5))
     draft = make_draft(target, 2)
     head = target.get_output_embeddings()
-    loss = lambda i, h, m: distill_loss(draft, head, i, h, m)  # noqa: E731
+    loss = lambda b: distill_loss(draft, head, b.ids, b.hidden, b.mask)  # noqa: E731
     with torch.no_grad():
-        before = sum(float(loss(*b)) for b in fs.batches(8, 64)) / 3
+        before = sum(float(loss(b)) for b in fs.batches(8, 64)) / 3
     fit(draft, loss, fs, epochs=25, lr=3e-3, batch_size=8, warmup=5)
     with torch.no_grad():
-        after = sum(float(loss(*b)) for b in fs.batches(8, 64)) / 3
+        after = sum(float(loss(b)) for b in fs.batches(8, 64)) / 3
     assert after < 0.7 * before, (before, after)
     save_layers(draft, tmp_path / "d", "tiny")
     meta, layers = read_layers(tmp_path / "d")

@@ -42,7 +42,7 @@ class TransformersTarget:
         x = torch.tensor([ids], device=self.model.device)
         out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
         self.length = len(ids)
-        return Forward(out.logits[0], out.hidden_states[-1][0])
+        return _forward(out)
 
     @torch.inference_mode()
     def forward(self, root: int, tokens: list[int], parents: list[int]) -> Forward:
@@ -52,7 +52,7 @@ class TransformersTarget:
         if is_chain(parents):
             # A chain is ordinary causal attention: let the model build its own (faster) mask.
             out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
-            return Forward(out.logits[0], out.hidden_states[-1][0])
+            return _forward(out)
         positions = torch.tensor([[0, *depths(parents)]], device=device) + self.length
         allowed = torch.cat(
             [torch.ones(self.fed, self.length, dtype=torch.bool), ancestor_mask(parents)], dim=1
@@ -67,7 +67,7 @@ class TransformersTarget:
             use_cache=True,
             output_hidden_states=True,
         )
-        return Forward(out.logits[0], out.hidden_states[-1][0])
+        return _forward(out)
 
     @torch.inference_mode()
     def commit(self, accepted: list[int]) -> None:
@@ -82,3 +82,8 @@ class TransformersTarget:
         self.cache.crop(-(self.fed - keep))
         self.length += keep
         self.fed = 0
+
+
+def _forward(out) -> Forward:
+    layers = tuple(h[0] for h in out.hidden_states)
+    return Forward(out.logits[0], layers[-1], layers)

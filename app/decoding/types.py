@@ -51,6 +51,9 @@ class Forward:
 
     logits: torch.Tensor  # (positions, vocab)
     hidden: torch.Tensor  # (positions, hidden_size)
+    # Every hidden state transformers returns, each (positions, hidden_size): 0 = the embeddings,
+    # i = the output of layer i (the last is `hidden`), for drafters that fuse several layers (EAGLE-3).
+    layers: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass

@@ -46,6 +46,10 @@ class EagleConfig:
     vocab_size: int  # the target's vocabulary (what d2t maps into)
     draft_vocab_size: int
     eagle_num_layers: int = 1
+    # EAGLE-3-style fusion: the target's hidden states after these layers (transformers' hidden_states
+    # indices, 0 = embeddings), concatenated, are mapped by `fc_aux` and added to the final feature of
+    # every committed position. None = EAGLE-1's input, the final feature alone.
+    aux_layers: list[int] | None = None
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
     rope_parameters: dict | None = None
@@ -58,9 +62,12 @@ class EagleConfig:
                 raise EagleError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.draft_vocab_size > self.vocab_size:
             raise EagleError(f"draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary {self.vocab_size}")
+        if self.aux_layers is not None and (not self.aux_layers or min(self.aux_layers) < 0):
+            raise EagleError(f"aux_layers must be a non-empty list of hidden-state indices >= 0, got {self.aux_layers}")
 
     @classmethod
-    def from_target(cls, target_config, draft_vocab_size: int | None = None, eagle_num_layers: int = 1) -> EagleConfig:
+    def from_target(cls, target_config, draft_vocab_size: int | None = None, eagle_num_layers: int = 1,
+                    aux_layers: list[int] | None = None) -> EagleConfig:
         """A draft shaped like one layer of the target (same attention heads, MLP width, RoPE)."""
         text = target_config.get_text_config(decoder=True)
         heads = text.num_attention_heads
@@ -74,6 +81,7 @@ class EagleConfig:
             vocab_size=text.vocab_size,
             draft_vocab_size=draft_vocab_size or text.vocab_size,
             eagle_num_layers=eagle_num_layers,
+            aux_layers=list(aux_layers) if aux_layers else None,
             rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
             max_position_embeddings=int(getattr(text, "max_position_embeddings", 2048) or 2048),
             rope_parameters=dict(rope) if rope else None,
@@ -116,6 +124,10 @@ class EagleModule(nn.Module):
         self.config = config
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
+        if config.aux_layers:
+            # Zero at start: the module begins as EAGLE-1 and learns what the other layers add.
+            self.fc_aux = nn.Linear(len(config.aux_layers) * h, h, bias=False)
+            nn.init.zeros_(self.fc_aux.weight)
         self.model = LlamaModel(config.llama_config(attn_implementation))
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long) if d2t is None else torch.as_tensor(d2t, dtype=torch.long)
@@ -128,12 +140,20 @@ class EagleModule(nn.Module):
         """(draft_vocab_size,) the target id of every draft id."""
         return vocab.target_ids(self.d2t)
 
-    def hidden_states(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None) -> torch.Tensor:
+    def aux_of(self, layers: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        """(positions, A*H) the fused layers' hidden states out of a target pass's `layers`, or None."""
+        return torch.cat([layers[i] for i in self.config.aux_layers], dim=-1) if self.config.aux_layers else None
+
+    def hidden_states(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None, aux=None) -> torch.Tensor:
         """(b, s, H) the draft's output features (after the final norm). embeds = target embedding of
-        the next tokens, features = target (or draft) features, both (b, s, H); attention_mask is
+        the next tokens, features = target (or draft) features, both (b, s, H); aux = the target's
+        fused layers (b, s, A*H) of committed positions (None for drafted ones); attention_mask is
         None (causal) or a 4D additive mask over [cache, new entries], like the target's tree pass."""
         dtype = self.fc.weight.dtype
-        x = self.fc(torch.cat([embeds.to(dtype), features.to(dtype)], dim=-1))
+        features = features.to(dtype)
+        if aux is not None:
+            features = features + self.fc_aux(aux.to(dtype))
+        x = self.fc(torch.cat([embeds.to(dtype), features], dim=-1))
         out = self.model(
             inputs_embeds=x,
             attention_mask=attention_mask,
@@ -143,9 +163,9 @@ class EagleModule(nn.Module):
         )
         return out.last_hidden_state
 
-    def forward(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None):
+    def forward(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None, aux=None):
         """(hidden (b, s, H), logits (b, s, draft_vocab_size))."""
-        hidden = self.hidden_states(embeds, features, past_key_values, position_ids, attention_mask)
+        hidden = self.hidden_states(embeds, features, past_key_values, position_ids, attention_mask, aux)
         return hidden, self.lm_head(hidden)
 
 
@@ -219,6 +239,9 @@ def check_compatible(module: EagleModule, target_model: nn.Module) -> None:
     embed = target_model.get_input_embeddings().weight
     if embed.shape[-1] != hidden or embed.shape[0] < int(module.target_ids.max()) + 1:
         raise EagleError(f"the target's input embedding {tuple(embed.shape)} cannot embed the EAGLE draft vocabulary")
+    layers = target_model.config.get_text_config(decoder=True).num_hidden_layers
+    if module.config.aux_layers and max(module.config.aux_layers) > layers:
+        raise EagleError(f"the EAGLE module{made_for} fuses layers {module.config.aux_layers} but the target has {layers}")
 
 
 # ----------------------------------------------------------------------------- training
@@ -238,17 +261,17 @@ def _unroll_mask(s: int, step: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 
 
-def unroll(module: EagleModule, embeds: torch.Tensor, features: torch.Tensor, steps: int = 1):
+def unroll(module: EagleModule, embeds: torch.Tensor, features: torch.Tensor, steps: int = 1, aux: torch.Tensor | None = None):
     """[(hidden, logits)] of unroll steps 1..steps over a whole sequence, each (b, s, ...).
 
-    Step 1 is the teacher-forced pass: entry i reads (embeds[i], features[i]). Step j > 1 (EAGLE-3's
+    Step 1 is the teacher-forced pass: entry i reads (embeds[i], features[i], aux[i]). Step j > 1 (EAGLE-3's
     training-time test) feeds the draft's own guess of f_i, step j-1's output at i-1, so its entry
     at i computes what a tree node j-1 levels deep computes at inference (see `_unroll_mask`);
     rows i < j-1 have no such input chain and are garbage.
     """
     s = embeds.shape[1]
     cache = DynamicCache() if steps > 1 else None
-    outs = [module(embeds, features, past_key_values=cache)]
+    outs = [module(embeds, features, past_key_values=cache, aux=aux)]
     for j in range(2, steps + 1):
         prev = outs[-1][0]
         shifted = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
@@ -269,6 +292,7 @@ def eagle_loss(
     noise: float = 0.2,
     steps: int = 1,
     step_decay: float = 0.8,
+    aux: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """EAGLE-1's loss: SmoothL1(f̂_{i+1}, f_{i+1}) + ce_weight * soft CE(draft logits, teacher).
 
@@ -279,8 +303,11 @@ def eagle_loss(
     learns from the draft's own features as a depth-j tree node does, weighted step_decay**(j-1)
     (the total is normalised).
     embed / lm_head: the target's frozen input embedding and LM head (teacher).
-    ids (b, s) long, hidden (b, s, H) float, mask (b, s) bool (False on padding).
+    ids (b, s) long, hidden (b, s, H) float, mask (b, s) bool (False on padding), aux (b, s, A*H) the
+    target's fused layers when the module has `aux_layers`.
     """
+    if (aux is None) != (module.config.aux_layers is None):
+        raise EagleError("aux must be given exactly when the module fuses aux_layers")
     if ids.shape[1] < 2:
         return module.fc.weight.sum() * 0.0
     dtype = module.fc.weight.dtype
@@ -295,7 +322,8 @@ def eagle_loss(
     if noise:
         features = features + (torch.rand_like(features) - 0.5) * noise
     total, norm = None, 0.0
-    for j, (out, logits) in enumerate(unroll(module, embeds, features, steps), start=1):
+    aux = aux[:, :-1] if aux is not None else None
+    for j, (out, logits) in enumerate(unroll(module, embeds, features, steps, aux), start=1):
         ok = valid.clone()
         ok[:, : j - 1] = False
         feature_loss = F.smooth_l1_loss(out.float(), target, reduction="none").mean(-1)
@@ -387,7 +415,9 @@ def export_trtllm(module: EagleModule, directory: str | Path, base_model: str, d
         "specdec": {
             "architecture": ARCHITECTURE,
             "base_model": base_model,
-            "fc_input": "cat(target input embedding of the next token, target final normed hidden state)",
+            "fc_input": "cat(target input embedding of the next token, target final normed hidden state"
+                        + (" + fc_aux(cat(target hidden states after aux_layers)))" if cfg.aux_layers else ")"),
+            "aux_layers": cfg.aux_layers,
         },
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -405,7 +435,7 @@ def read_export(directory: str | Path, attn_implementation: str | None = None) -
     tensors = load_file(str(directory / EXPORT_WEIGHTS))
     if "fc.weight" in tensors and tensors["fc.weight"].shape[-1] != 2 * int(data["hidden_size"]):
         raise EagleError(f"{directory}: fc takes {tensors['fc.weight'].shape[-1]} inputs, expected 2 x hidden_size")
-    config = _config_from({**data, "eagle_num_layers": 1}, directory)
+    config = _config_from({**data, "eagle_num_layers": 1, "aux_layers": data.get("specdec", {}).get("aux_layers")}, directory)
     tensors.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # optional: full vocabulary
     module = EagleModule(config, tensors["d2t"], attn_implementation)
     state = {}

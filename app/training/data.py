@@ -28,6 +28,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 import torch
@@ -75,12 +76,23 @@ def tokenize(tokenizer, conversations: list[list[dict]], max_len: int) -> list[l
     return out
 
 
+class Batch(NamedTuple):
+    """One training batch: sequences right-padded to a common length."""
+
+    ids: torch.Tensor  # (b, s) long
+    hidden: torch.Tensor  # (b, s, H) float32: the target's final normed hidden states
+    mask: torch.Tensor  # (b, s) bool, False on padding
+    aux: torch.Tensor | None = None  # (b, s, A*H) float32: the target's layers an EAGLE module fuses, if cached
+
+
 @dataclass
 class FeatureSet:
-    """Token sequences with the frozen target's final normed hidden states (its lm_head input)."""
+    """Token sequences with the frozen target's final normed hidden states (its lm_head input) and,
+    optionally, the hidden states of some of its layers side by side (`aux`, for EAGLE-3-style fusion)."""
 
     ids: list[torch.Tensor]  # each (s,) int64
     hidden: list[torch.Tensor]  # each (s, H) bfloat16
+    aux: list[torch.Tensor] | None = None  # each (s, A*H) bfloat16
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -89,14 +101,17 @@ class FeatureSet:
     def num_tokens(self) -> int:
         return sum(len(x) for x in self.ids)
 
+    def _subset(self, a: int, b: int) -> FeatureSet:
+        return FeatureSet(self.ids[a:b], self.hidden[a:b], self.aux[a:b] if self.aux is not None else None)
+
     def split(self, holdout: int) -> tuple[FeatureSet, FeatureSet]:
         """(train, eval): the last `holdout` sequences are held out."""
         k = len(self) - holdout
-        return FeatureSet(self.ids[:k], self.hidden[:k]), FeatureSet(self.ids[k:], self.hidden[k:])
+        return self._subset(0, k), self._subset(k, len(self))
 
-    def batches(self, batch_size: int, seq_len: int, seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """One epoch of (ids (b, s) long, hidden (b, s, H) float32, mask (b, s) bool), shuffled by `seed`,
-        sequences cut to `seq_len` and right-padded; similar lengths are batched together to waste less."""
+    def batches(self, batch_size: int, seq_len: int, seed: int = 0) -> Iterator[Batch]:
+        """One epoch of Batches, shuffled by `seed`, sequences cut to `seq_len` and right-padded;
+        similar lengths are batched together to waste less."""
         order = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed)).tolist()
         # Sort within shuffled chunks by length: less padding, still a different mix every epoch.
         chunk = batch_size * 16
@@ -105,16 +120,14 @@ class FeatureSet:
         for g in torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed + 1)).tolist():
             rows = groups[g]
             s = min(seq_len, max(len(self.ids[i]) for i in rows))
-            hsize = self.hidden[rows[0]].shape[-1]
             ids = torch.zeros(len(rows), s, dtype=torch.long)
-            hidden = torch.zeros(len(rows), s, hsize)
             mask = torch.zeros(len(rows), s, dtype=torch.bool)
             for r, i in enumerate(rows):
                 n = min(s, len(self.ids[i]))
                 ids[r, :n] = self.ids[i][:n]
-                hidden[r, :n] = self.hidden[i][:n].float()
                 mask[r, :n] = True
-            yield ids, hidden, mask
+            aux = _padded(self.aux, rows, s) if self.aux is not None else None
+            yield Batch(ids, _padded(self.hidden, rows, s), mask, aux)
 
     def token_counts(self, vocab_size: int) -> torch.Tensor:
         """How often each token id occurs (for a draft vocabulary of the most frequent tokens)."""
@@ -123,19 +136,38 @@ class FeatureSet:
     def save(self, path: Path) -> None:
         tensors = {f"ids.{i}": x for i, x in enumerate(self.ids)}
         tensors.update({f"hidden.{i}": h.contiguous() for i, h in enumerate(self.hidden)})
+        tensors.update({f"aux.{i}": a.contiguous() for i, a in enumerate(self.aux or [])})
         save_file(tensors, str(path))
 
     @classmethod
     def load(cls, path: Path) -> FeatureSet:
         t = load_file(str(path))
         n = sum(1 for k in t if k.startswith("ids."))
-        return cls([t[f"ids.{i}"] for i in range(n)], [t[f"hidden.{i}"] for i in range(n)])
+        aux = [t[f"aux.{i}"] for i in range(n)] if "aux.0" in t else None
+        return cls([t[f"ids.{i}"] for i in range(n)], [t[f"hidden.{i}"] for i in range(n)], aux)
+
+    @classmethod
+    def concat(cls, parts: list[FeatureSet]) -> FeatureSet:
+        aux = [a for p in parts for a in p.aux] if parts and all(p.aux is not None for p in parts) else None
+        return cls([x for p in parts for x in p.ids], [h for p in parts for h in p.hidden], aux)
+
+
+def _padded(tensors: list[torch.Tensor], rows: list[int], s: int) -> torch.Tensor:
+    """(len(rows), s, width) float32: the rows' tensors cut to s positions, zero-padded."""
+    out = torch.zeros(len(rows), s, tensors[rows[0]].shape[-1])
+    for r, i in enumerate(rows):
+        n = min(s, len(tensors[i]))
+        out[r, :n] = tensors[i][:n].float()
+    return out
 
 
 @torch.inference_mode()
-def compute_features(model: torch.nn.Module, sequences: list[list[int]], batch_size: int = 8, progress=None) -> FeatureSet:
-    """Run the frozen target over `sequences` (batched, right-padded); keep each real position's final hidden state."""
-    ids_out, hidden_out = [], []
+def compute_features(model: torch.nn.Module, sequences: list[list[int]], batch_size: int = 8, progress=None,
+                     aux_layers: tuple[int, ...] = ()) -> FeatureSet:
+    """Run the frozen target over `sequences` (batched, right-padded); keep each real position's final
+    hidden state, and with `aux_layers` (indices into transformers' `hidden_states`: 0 = the
+    embeddings, i = the output of layer i) those layers' hidden states side by side."""
+    ids_out, hidden_out, aux_out = [], [], []
     device = next(model.parameters()).device
     for start in range(0, len(sequences), batch_size):
         rows = sequences[start : start + batch_size]
@@ -146,14 +178,17 @@ def compute_features(model: torch.nn.Module, sequences: list[list[int]], batch_s
             x[r, : len(seq)] = torch.tensor(seq)
             attn[r, : len(seq)] = 1
         # The decoder alone: its output is the final normed hidden state, and no logits are needed.
-        out = model.get_decoder()(input_ids=x.to(device), attention_mask=attn.to(device))
+        out = model.get_decoder()(input_ids=x.to(device), attention_mask=attn.to(device), output_hidden_states=bool(aux_layers))
         h = out.last_hidden_state.to("cpu", torch.bfloat16)
+        a = torch.cat([out.hidden_states[i] for i in aux_layers], -1).to("cpu", torch.bfloat16) if aux_layers else None
         for r, seq in enumerate(rows):
             ids_out.append(torch.tensor(seq, dtype=torch.long))
             hidden_out.append(h[r, : len(seq)].clone())
+            if a is not None:
+                aux_out.append(a[r, : len(seq)].clone())
         if progress is not None:
             progress(min(start + batch_size, len(sequences)), len(sequences))
-    return FeatureSet(ids_out, hidden_out)
+    return FeatureSet(ids_out, hidden_out, aux_out if aux_layers else None)
 
 
 @torch.inference_mode()
@@ -304,9 +339,11 @@ def cached_features(
     shard: int = 100,
     source: str = "sharegpt",
     sequences: list[list[int]] | None = None,
+    aux_layers: tuple[int, ...] = (),
     progress=None,
 ) -> FeatureSet:
-    """The target's final hidden states over token sequences, cached under engines/data/.
+    """The target's final hidden states (and `aux_layers`, see compute_features) over token sequences,
+    cached under engines/data/.
 
     `source` "sharegpt": ShareGPT conversations [offset, offset+limit) as the dataset wrote them;
     otherwise `sequences` (for example the self-distilled ones) under that source's name.
@@ -322,6 +359,8 @@ def cached_features(
     if source != "sharegpt":
         # the sequences' own digest: they depend on more than this key (answer length, generator dtype)
         key["sequences"] = f"{source}:{hashlib.sha256(json.dumps(sequences).encode()).hexdigest()[:16]}"
+    if aux_layers:
+        key["aux_layers"] = list(aux_layers)
     root = _cache_dir(engines, "sharegpt" if source == "sharegpt" else f"features-{source}", key)
     parts = []
     for k, start in enumerate(range(0, len(sequences), shard)):
@@ -331,10 +370,11 @@ def cached_features(
                 if progress is not None:
                     progress(done + i, len(sequences))
 
-            part = compute_features(model, [q[:max_len] for q in sequences[start : start + shard]], progress=report)
+            part = compute_features(model, [q[:max_len] for q in sequences[start : start + shard]], progress=report,
+                                    aux_layers=tuple(aux_layers))
             _atomic_write(path, part.save)
         parts.append(FeatureSet.load(path))
-    return FeatureSet([x for p in parts for x in p.ids], [h for p in parts for h in p.hidden])
+    return FeatureSet.concat(parts)
 
 
 def remove_cache(engines: Path) -> None:

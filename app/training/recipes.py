@@ -47,6 +47,7 @@ class TrainSettings:
     draft_vocab_size: int = 8192  # EAGLE and Medusa rank the target's most frequent tokens only
     draft_layers: int = 3
     eagle_steps: int = 1  # EAGLE: training-time-test unroll (2 = also learn from its own predicted features)
+    eagle_aux_layers: tuple[int, ...] = ()  # EAGLE: target layers fused into its input (EAGLE-3 style); () = none
     max_positions: int | None = 1024  # medusa: positions per head and batch (the vocabulary-sized head is the cost)
 
 
@@ -76,6 +77,7 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
         target.name, target.model, target.tokenizer, engines,
         offset=settings.data_offset, limit=settings.data_limit, max_len=settings.max_len,
         source=settings.data_source, sequences=sequences, progress=print_progress("features"),
+        aux_layers=settings.eagle_aux_layers if kind == "eagle" else (),
     )
     t_data = time.perf_counter() - t0
     train_set, eval_set = features.split(min(settings.holdout, len(features) // 5))
@@ -117,19 +119,19 @@ def _self_distilled(target: LoadedModel, settings: TrainSettings, engines: Path)
 
 
 def _mean_loss(loss_fn, features, settings: TrainSettings) -> float:
-    values = [float(loss_fn(i, h, m)) for i, h, m in features.batches(settings.batch_size, settings.max_len, seed=0)]
+    values = [float(loss_fn(b)) for b in features.batches(settings.batch_size, settings.max_len, seed=0)]
     return sum(values) / max(1, len(values))
 
 
 def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
-    """(module to train, loss_fn(ids, hidden, mask), save(directory))."""
+    """(module to train, loss_fn(batch), save(directory))."""
     model = target.model
     lm_head = model.get_output_embeddings()
     if kind == "draft":
         from app.training.draft import distill_loss, make_draft, save_layers
 
         draft = make_draft(model, s.draft_layers)
-        return draft, lambda i, h, m: distill_loss(draft, lm_head, i, h, m), lambda d: save_layers(draft, d, target.name)
+        return draft, lambda b: distill_loss(draft, lm_head, b.ids, b.hidden, b.mask), lambda d: save_layers(draft, d, target.name)
     if kind == "medusa":
         from app.heads import medusa
 
@@ -139,19 +141,20 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
         heads = medusa.MedusaHeads(config, d2t)
         return (
             heads,
-            lambda i, h, m: medusa.medusa_loss(heads, lm_head, i, h, m, max_positions=s.max_positions),
+            lambda b: medusa.medusa_loss(heads, lm_head, b.ids, b.hidden, b.mask, max_positions=s.max_positions),
             lambda d: medusa.save(heads, d, target.name),
         )
     from app.heads import eagle
 
     d2t = vocab.from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size, include=target.eos_token_ids)
-    config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers)
+    config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers,
+                                           aux_layers=list(s.eagle_aux_layers) or None)
     module = eagle.EagleModule(config, d2t)
     eagle.init_lm_head(module, lm_head)  # warm start: the target's own rows for the draft vocabulary
     embed = model.get_input_embeddings()
     return (
         module,
-        lambda i, h, m: eagle.eagle_loss(module, embed, lm_head, i, h, m, steps=s.eagle_steps),
+        lambda b: eagle.eagle_loss(module, embed, lm_head, b.ids, b.hidden, b.mask, steps=s.eagle_steps, aux=b.aux),
         lambda d: eagle.save(module, d, target.name),
     )
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import torch
 
-from app.training.data import FeatureSet
+from app.training.data import Batch, FeatureSet
 
-LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+LossFn = Callable[[Batch], torch.Tensor]
 
 
 def fit(
@@ -33,7 +33,7 @@ def fit(
 ) -> list[float]:
     """AdamW with linear warm-up and cosine decay over the module's trainable parameters.
 
-    `loss_fn(ids, hidden, mask)` is called on each batch of `features.batches`; `epochs` may be
+    `loss_fn(batch)` is called on each Batch of `features.batches`; `epochs` may be
     fractional. `bf16` runs forward and backward under CPU autocast (about 2x faster here; the
     master weights stay float32). Returns the loss of every step.
     """
@@ -51,9 +51,9 @@ def fit(
     losses: list[float] = []
     step, epoch = 0, 0
     while step < total:
-        for ids, hidden, mask in features.batches(batch_size, seq_len, seed=seed + epoch):
+        for batch in features.batches(batch_size, seq_len, seed=seed + epoch):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = loss_fn(ids, hidden, mask)
+                loss = loss_fn(batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip:

@@ -149,7 +149,8 @@ class Eagle:
         config = self.module.model.config
         self.cache = new_cache(config, kv_dtype(config))
         self.committed = 0  # draft entries in the cache (positions 0 .. committed-1)
-        self.pending = [prefill.hidden]  # target features whose next token was not known yet
+        # Target features (final hidden, fused layers) of positions whose next token was not known yet.
+        self.pending = [(prefill.hidden, self.module.aux_of(prefill.layers))]
 
     def _embed(self, target_ids: list[int]) -> torch.Tensor:
         x = torch.tensor([target_ids], device=self.embed.weight.device)
@@ -158,12 +159,14 @@ class Eagle:
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Feed the pending features with their next tokens (the last one is the root); return the
         draft's output at the root's entry."""
-        features = torch.cat(self.pending).to(self.module.fc.weight.device)
+        device = self.module.fc.weight.device
+        features = torch.cat([h for h, _ in self.pending]).to(device)
+        aux = torch.cat([a for _, a in self.pending]).to(device)[None] if self.module.config.aux_layers else None
         n, start = features.shape[0], self.committed
         if start + n != len(context) - 1:
             raise RuntimeError(f"EAGLE drafter out of step: {start} + {n} entries for a context of {len(context)}")
         positions = torch.arange(start, start + n, device=features.device)[None]
-        hidden = self.module.hidden_states(self._embed(context[start + 1 :]), features[None], self.cache, positions)
+        hidden = self.module.hidden_states(self._embed(context[start + 1 :]), features[None], self.cache, positions, aux=aux)
         self.committed += n
         self.pending = []
         return hidden[0, -1]
@@ -222,4 +225,5 @@ class Eagle:
     def observe(self, proposal, verdict, out) -> None:
         # The committed positions' target features: the root's and each accepted node's.
         slots = [0] + [a + 1 for a in verdict.accepted]
-        self.pending.append(out.hidden[slots])
+        aux = self.module.aux_of(out.layers)
+        self.pending.append((out.hidden[slots], aux[slots] if aux is not None else None))
