@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eagle-steps", type=int, default=1, help="EAGLE: training-time-test unroll steps")
     t.add_argument("--eagle-aux-layers", default="",
                    help="EAGLE: target layers whose hidden states it fuses into its input, EAGLE-3 style (e.g. 2,15,27; default none)")
-    t.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE and Medusa: the most frequent tokens they rank (the vocabulary size = all)")
+    t.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE, Medusa and the draft: the most frequent tokens they rank (the vocabulary size = all)")
     t.add_argument("--draft-layers", type=int, default=3, help="draft: target layers kept (evenly spaced)")
     t.add_argument("--eval-prompts", type=int, default=13, help="Spec-Bench prompts (one per category) for the final acceptance check; 0 = skip")
     t.add_argument("--engines-dir", default=None)

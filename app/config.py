@@ -74,7 +74,7 @@ class DecodingConfig:
                 self.ngram_draft_lens,
             )
         if self.mode == "draft_target":
-            return DraftModel(companion.model, self.max_draft_len)
+            return DraftModel(companion.model, self.max_draft_len, d2t=companion.draft_vocab)
         if self.mode == "medusa":
             from app.decoding.drafters.medusa import Medusa
 

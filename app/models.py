@@ -6,7 +6,9 @@ and cached as safetensors + tokenizer under `engines/models/`, so later loads ta
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -61,6 +63,9 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     dtype: str
+    # A draft model's own draft vocabulary (d2t), when its directory ships one: draft_target then
+    # scores only those tokens (training/draft.py).
+    draft_vocab: torch.Tensor | None = None
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -130,11 +135,16 @@ def _bundled_dir(name: str, engines: Path) -> Path:
 
 
 def _save_atomically(target: Path, write) -> None:
-    """Run write(tmp_dir) and rename it to `target`; a concurrent builder that finished first wins."""
+    """Run write(tmp_dir) and rename it to `target` (a stale `target` is moved aside first); a
+    concurrent builder that finished first wins."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         write(tmp)
+        if target.exists():
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-stale-", dir=target.parent))
+            os.replace(target, stale / "old")
+            shutil.rmtree(stale, ignore_errors=True)
         os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -143,26 +153,28 @@ def _save_atomically(target: Path, write) -> None:
 
 
 def _draft_dir(name: str, engines: Path) -> Path:
-    """A shipped layer-draft rebuilt into a full model directory next to its base, once."""
+    """A shipped layer-draft rebuilt into a full model directory next to its base, once per version
+    of the shipped weights (a checkout with retrained ones rebuilds it)."""
     target = engines / "models" / name
-    if (target / "config.json").exists():
-        return target
     base_name, layers = DRAFT_ALIASES[name]
     if not (layers / "config.json").exists():
         raise ModelError(f"the draft '{name}' is not shipped in this checkout ({layers} is missing)")
+    digest = hashlib.sha256((layers / "model.safetensors").read_bytes()).hexdigest()
+    stamp = target / "specdec_source.json"
+    if (target / "config.json").exists() and stamp.exists() and json.loads(stamp.read_text()).get("sha256") == digest:
+        return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from app.training.draft import rebuild
+    from app.training.draft import write_model
 
     base_dir = locate(base_name, engines)
     print(f"[models] building the draft model {name} once into {target} ...", file=sys.stderr, flush=True)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    draft = rebuild(base, layers)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
 
     def write(tmp: Path) -> None:
-        draft.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        write_model(base, tokenizer, layers, tmp)
+        (tmp / stamp.name).write_text(json.dumps({"source": str(layers.relative_to(ROOT)), "sha256": digest}))
 
     _save_atomically(target, write)
     return target
@@ -206,7 +218,10 @@ def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engi
         raise ModelError(f"'{name}' ({arch}) is not a supported causal language model: {err}") from err
     tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
     model.to(resolve_device(device)).eval().requires_grad_(False)
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype)
+    from app.training.draft import read_draft_vocab
+
+    draft_vocab = read_draft_vocab(Path(where)) if Path(where).is_dir() else None
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, draft_vocab=draft_vocab)
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:

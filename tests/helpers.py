@@ -252,3 +252,15 @@ def stand_in_package(root: Path, name: str, files: dict[str, str]):
         sys.path.remove(str(root))
         for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[module]
+
+
+def tiny_tokenizer(vocab: int = 96):
+    """A word-level fast tokenizer of `vocab` single-character tokens ("t0".. as text), savable with
+    save_pretrained, so tiny models can be written as complete model directories."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0")

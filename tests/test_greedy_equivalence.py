@@ -138,6 +138,26 @@ def test_draft_target_self_draft(tiny_model, prompt, max_draft_len):
         assert e.added_kind == "bonus"
 
 
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+@pytest.mark.parametrize("size", [10, 60])
+def test_draft_target_with_a_draft_vocabulary(tiny_model, tiny_draft, prompt, size):
+    """The draft scores only `size` of the 96 tokens: its chain is its argmax among them, and the
+    output is still the target's own."""
+    ids = sorted(range(0, 96, 96 // size))[:size]
+    d2t = torch.tensor(ids) - torch.arange(size)
+    drafter = Recording(DraftModel(tiny_draft, 4, d2t=d2t))
+    out, events = run(tiny_model, drafter, PROMPTS[prompt], max_new_tokens=MAX_NEW)
+    assert_same(out, ar_reference(tiny_model, PROMPTS[prompt]), f"draft_target(vocab {size})")
+    with torch.inference_mode():
+        for context, _, prop in drafter.calls[:3]:
+            for i, tok in enumerate(prop.tokens):
+                logits = tiny_draft(input_ids=torch.tensor([context + prop.tokens[:i]])).logits[0, -1]
+                assert tok == ids[int(logits[ids].argmax())]
+            assert prop.source["draft_vocab"] == size
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        DraftModel(tiny_draft, 4, d2t=torch.tensor([0, 96]))
+
+
 def test_draft_target_rejections_rewind_the_draft_cache(tiny_model, tiny_draft):
     """A small draft gets rejected often; after each rejection its cache must be rewound."""
     prompt = PROMPTS["random_a"]

@@ -32,6 +32,8 @@ MODES = {
     "prompt_lookup": lambda m, d: PromptLookup(3, 2),
     "lookahead": lambda m, d: Lookahead(3, 3, 3),
     "draft_target": lambda m, d: DraftModel(d, 3),
+    # q is zero outside a 5-token draft vocabulary (ids 0, 2, 3, 5, 6 of 8): Leviathan stays exact
+    "draft_target_reduced_vocab": lambda m, d: DraftModel(d, 3, d2t=torch.tensor([0, 1, 1, 2, 2])),
 }
 
 
@@ -118,7 +120,7 @@ def test_speculative_sampling_matches_exact_and_autoregressive(small_vocab_model
     assert p_two > P_MIN, f"{mode} vs autoregressive samples: chi-square p {p_two:.1e}"
 
 
-@pytest.mark.parametrize("mode", ["draft_target", "prompt_lookup"])
+@pytest.mark.parametrize("mode", ["draft_target", "draft_target_reduced_vocab", "prompt_lookup"])
 def test_speculative_sampling_with_top_k_top_p(small_vocab_model, small_vocab_draft, mode):
     """temperature 0.8, top_k 5, top_p 0.9: target and draft distributions are both warped alike."""
     exact = cached("warped", lambda: exact_distribution(small_vocab_model, PROMPT, WARPED))

@@ -10,7 +10,7 @@ from app.training import data as data_mod
 from app.training.data import FeatureSet, compute_features, sharegpt_conversations
 from app.training.draft import distill_loss, make_draft, pick_layers, read_layers, rebuild, save_layers
 from app.training.trainer import fit
-from helpers import tiny_llama
+from helpers import tiny_llama, tiny_tokenizer
 
 
 # ----------------------------------------------------------------------------- data
@@ -215,7 +215,34 @@ def test_a_draft_keeping_every_layer_is_the_target():
     x = torch.tensor([[1, 5, 9, 2, 7]])
     torch.testing.assert_close(draft(input_ids=x).logits, target(input_ids=x).logits)
     trainable = {n for n, p in draft.named_parameters() if p.requires_grad}
-    assert trainable and all(".layers." in n for n in trainable)
+    assert trainable and all(".layers." in n or n == "model.norm.weight" for n in trainable)
+
+
+def test_distillation_over_a_draft_vocabulary(tmp_path):
+    """The loss with a draft vocabulary is KL over those tokens, both distributions renormalised there;
+    the draft's model directory carries the vocabulary and models.load hands it to draft_target."""
+    from app import models
+    from app.training.draft import DRAFT_VOCAB, write_model
+
+    target = tiny_llama(layers=3, seed=6, init=0.2)
+    fs = compute_features(target, random_sequences(4, 96, seed=7))
+    draft = make_draft(target, 1)
+    head = target.get_output_embeddings()
+    ids = [1, 4, 9, 16, 25, 36, 49, 64, 81]
+    d2t = torch.tensor(ids) - torch.arange(len(ids))
+    b = next(fs.batches(4, 64))
+    with torch.no_grad():
+        loss = float(distill_loss(draft, head, b.ids, b.hidden, b.mask, d2t=d2t))
+        student = draft(input_ids=b.ids, attention_mask=b.mask.long()).logits[b.mask][:, ids].log_softmax(-1)
+        teacher = head(b.hidden[b.mask])[:, ids].log_softmax(-1)
+        want = float((teacher.exp() * (teacher - student)).sum(-1).mean())
+    assert loss == pytest.approx(want, rel=1e-4)
+    save_layers(draft, tmp_path / "d", "tiny", d2t)
+    assert torch.equal(read_layers(tmp_path / "d")[2], d2t)
+    write_model(target, tiny_tokenizer(), tmp_path / "d", tmp_path / "model")
+    assert (tmp_path / "model" / DRAFT_VOCAB).is_file()
+    loaded = models.load(str(tmp_path / "model"))
+    assert torch.equal(loaded.draft_vocab, d2t)
 
 
 def test_distillation_brings_the_draft_closer_and_round_trips(tmp_path):
@@ -231,9 +258,10 @@ def test_distillation_brings_the_draft_closer_and_round_trips(tmp_path):
         after = sum(float(loss(b)) for b in fs.batches(8, 64)) / 3
     assert after < 0.7 * before, (before, after)
     save_layers(draft, tmp_path / "d", "tiny")
-    meta, layers = read_layers(tmp_path / "d")
+    meta, layers, d2t = read_layers(tmp_path / "d")
+    assert d2t is None
     assert meta["kept_layers"] == [0, 3] and meta["base_layers"] == 4 and meta["base_model"] == "tiny"
-    assert all(".layers." in k and v.dtype == torch.bfloat16 for k, v in layers.items())
+    assert all((".layers." in k or k == "model.norm.weight") and v.dtype == torch.bfloat16 for k, v in layers.items())
     back = rebuild(target, tmp_path / "d")
     x = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.inference_mode():

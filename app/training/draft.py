@@ -2,8 +2,10 @@
 
 The draft is an ordinary transformers causal LM (same architecture class, same tokenizer, fewer
 layers), so it loads like any other model. Its layers start as copies of evenly spaced target
-layers (first and last included); embeddings, final norm and LM head are the target's and stay
-frozen, so training only has to teach the kept layers to stand in for the dropped ones.
+layers (first and last included); embeddings and LM head are the target's and stay frozen, so
+training only has to teach the kept layers (and the final norm) to stand in for the dropped ones.
+With a draft vocabulary (`d2t`) the loss, like the drafter at inference, covers only the target's
+most frequent tokens, and the model directory carries it in DRAFT_VOCAB next to its weights.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
-from app.heads import artifact
+from app.heads import artifact, vocab
 
 ARCHITECTURE = "layer_draft"
+DRAFT_VOCAB = "draft_vocab.safetensors"  # in a draft model's directory: {"d2t": ...}, read by models.load
 
 
 def pick_layers(num_layers: int, keep: int) -> list[int]:
@@ -31,7 +34,7 @@ def pick_layers(num_layers: int, keep: int) -> list[int]:
 
 def make_draft(target: torch.nn.Module, keep: int | list[int]) -> torch.nn.Module:
     """A float32 copy of `target` that keeps `keep` of its decoder layers (a count or the indices);
-    only those layers train."""
+    only those layers and the final norm train."""
     layers = pick_layers(target.config.num_hidden_layers, keep) if isinstance(keep, int) else sorted(keep)
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = len(layers)
@@ -53,34 +56,49 @@ def make_draft(target: torch.nn.Module, keep: int | list[int]) -> torch.nn.Modul
     draft.requires_grad_(False)
     for layer in draft.get_decoder().layers:
         layer.requires_grad_(True)
+    draft.get_decoder().norm.requires_grad_(True)
     draft.config.specdec_draft = {"kept_layers": layers, "base_layers": target.config.num_hidden_layers}
     return draft
 
 
-def distill_loss(draft: torch.nn.Module, lm_head: torch.nn.Module, ids, hidden, mask, temperature: float = 1.0):
-    """KL(target || draft) per position over the full vocabulary; the target's logits are lm_head(hidden)."""
-    out = draft(input_ids=ids, attention_mask=mask.long())
-    logits = out.logits[mask].float()
+def distill_loss(draft: torch.nn.Module, lm_head: torch.nn.Module, ids, hidden, mask, temperature: float = 1.0,
+                 d2t: torch.Tensor | None = None):
+    """KL(target || draft) per position; the target's logits are lm_head(hidden). Over the full
+    vocabulary, or over the draft vocabulary `d2t` with both distributions renormalised there."""
+    weight = lm_head.weight if d2t is None else lm_head.weight[vocab.target_ids(d2t).to(lm_head.weight.device)]
+    out = draft.get_decoder()(input_ids=ids, attention_mask=mask.long()).last_hidden_state[mask]
+    logits = F.linear(out.to(weight.dtype), weight).float()
     with torch.no_grad():
-        teacher = F.log_softmax(lm_head(hidden[mask].to(lm_head.weight.dtype)).float() / temperature, -1)
+        teacher = F.log_softmax(F.linear(hidden[mask].to(weight.dtype), weight).float() / temperature, -1)
     student = F.log_softmax(logits / temperature, -1)
     return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
 
 
-def save_layers(draft: torch.nn.Module, directory: Path, base_model: str) -> None:
-    """The trained part only (the kept layers, bfloat16) plus what rebuilds the rest from the base model."""
+def _trained(key: str) -> bool:
+    return ".layers." in key or key.endswith(".norm.weight")
+
+
+def save_layers(draft: torch.nn.Module, directory: Path, base_model: str, d2t: torch.Tensor | None = None) -> None:
+    """The trained part only (the kept layers and final norm, bfloat16; the draft vocabulary) plus what
+    rebuilds the rest from the base model."""
     meta = {"architecture": ARCHITECTURE, "base_model": base_model, **draft.config.specdec_draft}
-    artifact.write(directory, meta, {k: v for k, v in draft.state_dict().items() if ".layers." in k})
+    tensors = {k: v for k, v in draft.state_dict().items() if _trained(k)}
+    if d2t is not None:
+        tensors["d2t"] = d2t
+    artifact.write(directory, meta, tensors)
 
 
-def read_layers(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_layers(directory: Path) -> tuple[dict, dict[str, torch.Tensor], torch.Tensor | None]:
+    """(meta, trained weights, d2t or None)."""
     meta = artifact.read_config(directory, ARCHITECTURE, f"a '{ARCHITECTURE}' draft", ValueError)
-    return meta, load_file(str(directory / artifact.WEIGHTS))
+    tensors = load_file(str(directory / artifact.WEIGHTS))
+    d2t = tensors.pop("d2t", None)
+    return meta, tensors, d2t
 
 
 def rebuild(base: torch.nn.Module, directory: Path) -> torch.nn.Module:
     """The full draft model: the base model's embeddings, norm and head with the checkpoint's layers."""
-    meta, layers = read_layers(directory)
+    meta, layers, _ = read_layers(directory)
     if meta["base_layers"] != base.config.num_hidden_layers:
         raise ValueError(
             f"the draft in {directory} was cut from a {meta['base_layers']}-layer model, "
@@ -92,3 +110,20 @@ def rebuild(base: torch.nn.Module, directory: Path) -> torch.nn.Module:
         raise ValueError(f"the draft checkpoint in {directory} lacks {sorted(missing)[:3]}...")
     draft.load_state_dict({k: v.float() for k, v in layers.items()}, strict=False)
     return draft.eval()
+
+
+def write_model(base: torch.nn.Module, tokenizer, directory: Path, out: Path) -> None:
+    """A complete Hugging Face model directory of the layer draft in `directory` (with its draft
+    vocabulary, if it has one), loadable by name like any model."""
+    draft = rebuild(base, directory)
+    draft.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    _, _, d2t = read_layers(directory)
+    if d2t is not None:
+        save_file({"d2t": d2t.contiguous()}, str(Path(out) / DRAFT_VOCAB))
+
+
+def read_draft_vocab(model_dir: Path) -> torch.Tensor | None:
+    """The d2t a draft model directory carries (DRAFT_VOCAB), or None."""
+    path = Path(model_dir) / DRAFT_VOCAB
+    return load_file(str(path))["d2t"] if path.is_file() else None

@@ -31,12 +31,10 @@ def export(source: Path, out: Path, base_model: str) -> Path:
 
         eagle.export_trtllm(eagle.load(source), out, base_model)
     elif arch == "layer_draft":
-        from app.training.draft import rebuild
+        from app.training.draft import write_model
 
         base = _base(base_model)
-        draft = rebuild(base.model, source)
-        draft.save_pretrained(out)
-        base.tokenizer.save_pretrained(out)
+        write_model(base.model, base.tokenizer, source, out)
     else:
         raise ExportError(f"{source} holds an unknown artifact '{arch}': expected medusa, eagle or layer_draft")
     return out

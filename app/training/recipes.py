@@ -127,15 +127,20 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
     """(module to train, loss_fn(batch), save(directory))."""
     model = target.model
     lm_head = model.get_output_embeddings()
+    # Every kind ranks the target's most frequent tokens of the training data (vocab.py).
+    d2t = vocab.from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size, include=target.eos_token_ids)
     if kind == "draft":
         from app.training.draft import distill_loss, make_draft, save_layers
 
         draft = make_draft(model, s.draft_layers)
-        return draft, lambda b: distill_loss(draft, lm_head, b.ids, b.hidden, b.mask), lambda d: save_layers(draft, d, target.name)
+        return (
+            draft,
+            lambda b: distill_loss(draft, lm_head, b.ids, b.hidden, b.mask, d2t=d2t),
+            lambda d: save_layers(draft, d, target.name, d2t),
+        )
     if kind == "medusa":
         from app.heads import medusa
 
-        d2t = vocab.from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size, include=target.eos_token_ids)
         config = medusa.MedusaConfig(model.config.hidden_size, lm_head.weight.shape[0], s.medusa_num_heads,
                                      s.medusa_num_layers, draft_vocab_size=len(d2t))
         heads = medusa.MedusaHeads(config, d2t)
@@ -146,7 +151,6 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
         )
     from app.heads import eagle
 
-    d2t = vocab.from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size, include=target.eos_token_ids)
     config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers,
                                            aux_layers=list(s.eagle_aux_layers) or None)
     module = eagle.EagleModule(config, d2t)
@@ -168,11 +172,12 @@ def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engi
 
     prompts = load_prompts(None, None, 1)[:n_prompts]
     if kind == "draft":
-        from app.training.draft import rebuild
+        from app.training.draft import read_layers, rebuild
 
         draft = rebuild(target.model, out_dir).to(target.model.dtype)
         cfg = DecodingConfig(mode="draft_target", max_new_tokens=max_new_tokens)
-        companion = LoadedModel(name=str(out_dir), model=draft, tokenizer=target.tokenizer, dtype=target.dtype)
+        companion = LoadedModel(name=str(out_dir), model=draft, tokenizer=target.tokenizer, dtype=target.dtype,
+                                draft_vocab=read_layers(out_dir)[2])
     else:
         cfg = DecodingConfig(mode=kind, max_new_tokens=max_new_tokens, **{f"{kind}_model": str(out_dir)})
         companion = load_companion(cfg, target, engines)

@@ -1,24 +1,41 @@
-"""Draft-target: a small model sharing the target's tokenizer drafts a chain, one token at a time."""
+"""Draft-target: a small model sharing the target's tokenizer drafts a chain, one token at a time.
+
+With a draft vocabulary (`d2t`, see heads/vocab.py) the draft scores only those tokens: its
+vocabulary-sized LM head is most of what a one- or two-layer draft costs per token, and the
+tokens outside are seldom drafted right. The draft's distribution q is then zero outside the
+draft vocabulary, which Leviathan's rule handles like any other q: still lossless.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from app.decoding.attention import kv_dtype
 from app.decoding.kv_cache import new_cache
-
 from app.decoding.sampling import probs, sample
 from app.decoding.types import Proposal
+from app.heads import vocab
 
 
 class DraftModel:
     name = "draft_target"
 
-    def __init__(self, model: torch.nn.Module, max_draft_len: int = 4) -> None:
+    def __init__(self, model: torch.nn.Module, max_draft_len: int = 4, d2t: torch.Tensor | None = None) -> None:
         if max_draft_len < 1:
             raise ValueError("max_draft_len must be >= 1")
         self.model = model
         self.max_draft_len = max_draft_len
+        head = model.get_output_embeddings()
+        self.vocab_size = head.weight.shape[0]
+        self.ids = None
+        if d2t is not None:
+            reason = vocab.problem(d2t, len(d2t), self.vocab_size)
+            if reason:
+                raise ValueError(f"the draft vocabulary: {reason}")
+            self.ids = vocab.target_ids(d2t).to(head.weight.device)
+            bias = getattr(head, "bias", None)
+            self.rows = (head.weight[self.ids], bias[self.ids] if bias is not None else None)  # once per generation
 
     def start(self, prompt, sampling, gen, prefill) -> None:
         self.sampling, self.gen = sampling, gen
@@ -38,6 +55,14 @@ class DraftModel:
             del self.fed[common:]
         return context[common:]
 
+    def _logits(self, feed: list[int]) -> torch.Tensor:
+        """The draft's next-token logits after `feed`: over its whole vocabulary, or the draft vocabulary's."""
+        x = torch.tensor([feed], device=self.model.device)
+        if self.ids is None:
+            return self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        hidden = self.model.get_decoder()(input_ids=x, past_key_values=self.cache, use_cache=True).last_hidden_state[0, -1]
+        return F.linear(hidden, *self.rows)
+
     @torch.inference_mode()
     def propose(self, context: list[int], room: int) -> Proposal:
         feed = self._rewind(context)
@@ -45,21 +70,26 @@ class DraftModel:
         qs: list[torch.Tensor] = []
         draft_probs: list[float] = []
         for _ in range(min(self.max_draft_len, room)):
-            x = torch.tensor([feed], device=self.model.device)
-            logits = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            logits = self._logits(feed)
             self.fed += feed
             if self.sampling.greedy:
-                tok = int(logits.argmax())
-                draft_probs.append(float(logits.float().softmax(-1)[tok]))
+                j = int(logits.argmax())
+                draft_probs.append(float(logits.float().softmax(-1)[j]))
             else:
                 q = probs(logits, self.sampling)
-                tok = sample(q, self.gen)
+                j = sample(q, self.gen)
+                draft_probs.append(float(q[j]))
+                if self.ids is not None:  # q over the whole vocabulary, zero outside the draft's
+                    q = torch.zeros(self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(0, self.ids, q)
                 qs.append(q)
-                draft_probs.append(float(q[tok]))
+            tok = int(self.ids[j]) if self.ids is not None else j
             tokens.append(tok)
             feed = [tok]
         q = torch.stack(qs) if qs else None
-        return Proposal(tokens, list(range(-1, len(tokens) - 1)), q=q, source={"draft_probs": draft_probs})
+        source = {"draft_probs": draft_probs}
+        if self.ids is not None:
+            source["draft_vocab"] = len(self.ids)
+        return Proposal(tokens, list(range(-1, len(tokens) - 1)), q=q, source=source)
 
     def observe(self, proposal, verdict, out) -> None:
         pass
