@@ -311,7 +311,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         lr=args.lr, batch_size=args.batch_size, save_steps=args.save_steps, seed=args.seed,
         medusa_num_heads=args.medusa_num_heads, medusa_num_layers=args.medusa_num_layers,
         eagle_num_layers=args.eagle_num_layers, draft_vocab_size=args.draft_vocab_size, draft_layers=args.draft_layers,
-        eagle_steps=args.eagle_steps, eagle_aux_layers=_int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
+        eagle_steps=args.eagle_steps, eagle_train_head=args.eagle_train_head,
+        eagle_aux_layers=() if args.eagle_aux_layers == "none" else
+        None if args.eagle_aux_layers == "auto" else _int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
     )
     engines = Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
     target = models.load(args.model, dtype=args.dtype, engines=engines)
@@ -417,8 +419,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--medusa-num-layers", type=int, default=1)
     t.add_argument("--eagle-num-layers", type=int, default=1)
     t.add_argument("--eagle-steps", type=int, default=1, help="EAGLE: training-time-test unroll steps")
-    t.add_argument("--eagle-aux-layers", default="",
-                   help="EAGLE: target layers whose hidden states it fuses into its input, EAGLE-3 style (e.g. 2,15,27; default none)")
+    t.add_argument("--eagle-aux-layers", default="auto",
+                   help="EAGLE: target layers whose hidden states it fuses into its input, EAGLE-3 style: 'auto' = 2, L/2, L-3 "
+                        "of an L-layer target (EAGLE-3's choice), a list such as 2,15,27, or 'none' (EAGLE-1's input)")
+    t.add_argument("--eagle-train-head", action="store_true",
+                   help="EAGLE: train its own LM head rows (default: the target's rows, frozen and not shipped)")
     t.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE, Medusa and the draft: the most frequent tokens they rank (the vocabulary size = all)")
     t.add_argument("--draft-layers", type=int, default=3, help="draft: target layers kept (evenly spaced)")
     t.add_argument("--eval-prompts", type=int, default=13, help="Spec-Bench prompts (one per category) for the final acceptance check; 0 = skip")

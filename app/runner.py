@@ -57,7 +57,7 @@ def _load_heads(kind: str, path: Path, target: LoadedModel):
         from app.decoding import attention
         from app.heads import eagle as heads
 
-        options = {"attn_implementation": attention.register()}
+        options = {"attn_implementation": attention.register(), "target_lm_head": target.model.get_output_embeddings()}
     try:
         module = heads.load(path, **options)
         heads.check_compatible(module, target.model)

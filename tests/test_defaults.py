@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from app import models
 from app.config import DecodingConfig
@@ -114,9 +115,13 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
 
         assert config["draft_vocab_size"] == 2048
         eagle.read_export(exported)
+        trained = json.loads((out / "config.json").read_text())
+        assert trained["aux_layers"] == [2, 15, 27] and trained["lm_head_from_target"]  # EAGLE-3's layers of 30
+        assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))
     else:
         loaded = models.load(str(exported), dtype="float32")
         assert loaded.model.config.num_hidden_layers == 1 and loaded.vocab_size == bundled.vocab_size
+        assert loaded.draft_vocab is not None and len(loaded.draft_vocab) == 2048
     again = run_cli("export", str(out), "--output-dir", str(exported))
     assert again.returncode == 2 and "not empty" in again.stderr
 

@@ -631,6 +631,29 @@ def test_fused_layers_save_load_export_and_fit_the_target(tmp_path, tiny_model):
         EagleConfig.from_target(tiny_model.config, aux_layers=[-1])
 
 
+def test_a_module_on_the_targets_lm_head_ships_without_it(tmp_path, tiny_model):
+    lm_head = tiny_model.get_output_embeddings()
+    config = EagleConfig.from_target(tiny_model.config, draft_vocab_size=50, lm_head_from_target=True)
+    source = make_module(tiny_model, seed=15, draft_vocab=50)
+    module = EagleModule(config, source.d2t)
+    module.load_state_dict(source.state_dict())
+    round_bf16(module)  # what is saved is bfloat16; the head is not saved, so it stays the target's float32 rows
+    E.init_lm_head(module, lm_head)
+    E.save(module, tmp_path / "m", "tiny")
+    assert "lm_head.weight" not in load_file(str(tmp_path / "m" / E.WEIGHTS))
+    with pytest.raises(EagleError, match="load it with the target"):
+        E.load(tmp_path / "m")
+    loaded = E.load(tmp_path / "m", target_lm_head=lm_head)
+    assert torch.equal(loaded.lm_head.weight, lm_head.weight[loaded.target_ids])
+    embeds, feats = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    for a, b in zip(module(embeds, feats), loaded(embeds, feats)):
+        assert torch.allclose(a, b, atol=1e-6)
+    with pytest.raises(EagleError, match="another model"):
+        E.load(tmp_path / "m", target_lm_head=torch.nn.Linear(32, 40, bias=False))
+    back = E.read_export(E.export_trtllm(loaded, tmp_path / "x", "tiny"))  # TensorRT-LLM's layout carries the head
+    assert torch.equal(back.lm_head.weight, loaded.lm_head.weight.bfloat16().float())
+
+
 def test_save_load_round_trip(tmp_path, tiny_model):
     module = round_bf16(make_module(tiny_model, seed=10, draft_vocab=50))
     E.save(module, tmp_path / "m", "tiny-target")

@@ -50,6 +50,9 @@ class EagleConfig:
     # indices, 0 = embeddings), concatenated, are mapped by `fc_aux` and added to the final feature of
     # every committed position. None = EAGLE-1's input, the final feature alone.
     aux_layers: list[int] | None = None
+    # EAGLE-1's head: the target's own rows for the draft vocabulary, frozen, so an artifact does not
+    # carry them (a quarter of the bundled model's module); `load` takes them from the target.
+    lm_head_from_target: bool = False
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
     rope_parameters: dict | None = None
@@ -67,7 +70,7 @@ class EagleConfig:
 
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int | None = None, eagle_num_layers: int = 1,
-                    aux_layers: list[int] | None = None) -> EagleConfig:
+                    aux_layers: list[int] | None = None, lm_head_from_target: bool = False) -> EagleConfig:
         """A draft shaped like one layer of the target (same attention heads, MLP width, RoPE)."""
         text = target_config.get_text_config(decoder=True)
         heads = text.num_attention_heads
@@ -82,6 +85,7 @@ class EagleConfig:
             draft_vocab_size=draft_vocab_size or text.vocab_size,
             eagle_num_layers=eagle_num_layers,
             aux_layers=list(aux_layers) if aux_layers else None,
+            lm_head_from_target=lm_head_from_target,
             rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
             max_position_embeddings=int(getattr(text, "max_position_embeddings", 2048) or 2048),
             rope_parameters=dict(rope) if rope else None,
@@ -186,10 +190,16 @@ def init_lm_head(module: EagleModule, target_lm_head: nn.Module) -> None:
 # ----------------------------------------------------------------------------- artifacts
 
 
+def _stored(module: EagleModule) -> dict[str, torch.Tensor]:
+    """The state an artifact holds: without the LM head when it is the target's."""
+    return {k: v for k, v in module.state_dict().items() if not (module.config.lm_head_from_target and k == "lm_head.weight")}
+
+
 def save(module: EagleModule, directory: str | Path, base_model: str) -> Path:
-    """config.json + model.safetensors (weights in bfloat16, d2t int64; the target's embedding is not saved)."""
+    """config.json + model.safetensors (weights in bfloat16, d2t int64; the target's embedding, and
+    its LM head rows when the module uses them, are not saved)."""
     config = {"architecture": ARCHITECTURE, **asdict(module.config), "base_model": base_model}
-    return artifact.write(directory, config, module.state_dict())
+    return artifact.write(directory, config, _stored(module))
 
 
 def load_config(directory: str | Path) -> dict:
@@ -204,8 +214,9 @@ def _config_from(data: dict, source) -> EagleConfig:
         raise EagleError(f"{source}: incomplete EAGLE config ({e})") from e
 
 
-def load(directory: str | Path, attn_implementation: str | None = None) -> EagleModule:
-    """A module written by `save`, in float32 and eval mode."""
+def load(directory: str | Path, attn_implementation: str | None = None, target_lm_head: nn.Module | None = None) -> EagleModule:
+    """A module written by `save`, in float32 and eval mode; `target_lm_head`: the target's LM head,
+    which a module with `lm_head_from_target` needs."""
     directory = Path(directory)
     data = load_config(directory)
     if not (directory / WEIGHTS).is_file():
@@ -215,20 +226,27 @@ def load(directory: str | Path, attn_implementation: str | None = None) -> Eagle
     if "d2t" not in tensors:
         raise EagleError(f"{directory}: {WEIGHTS} has no d2t")
     module = EagleModule(config, tensors["d2t"], attn_implementation)
+    if config.lm_head_from_target:
+        if target_lm_head is None:
+            raise EagleError(f"{directory}: the module uses its target's LM head; load it with the target")
+        if tuple(target_lm_head.weight.shape) != (config.vocab_size, config.hidden_size):
+            raise EagleError(f"{directory}: made for a ({config.vocab_size}, {config.hidden_size}) LM head, "
+                             f"the target's is {tuple(target_lm_head.weight.shape)}: it belongs to another model")
+        init_lm_head(module, target_lm_head)
     _load_state(module, tensors, directory)
     module.base_model = data.get("base_model")
     return module.eval()
 
 
 def _load_state(module: EagleModule, tensors: dict[str, torch.Tensor], source) -> None:
-    state = module.state_dict()
+    state = _stored(module)
     missing, unexpected = sorted(set(state) - set(tensors)), sorted(set(tensors) - set(state))
     if missing or unexpected:
         raise EagleError(f"{source}: weights do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})")
     for k, v in tensors.items():
         if v.shape != state[k].shape:
             raise EagleError(f"{source}: {k} has shape {tuple(v.shape)}, expected {tuple(state[k].shape)}")
-    module.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+    module.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, strict=False)
 
 
 def check_compatible(module: EagleModule, target_model: nn.Module) -> None:

@@ -29,7 +29,8 @@ def export(source: Path, out: Path, base_model: str) -> Path:
     elif arch == "eagle":
         from app.heads import eagle
 
-        eagle.export_trtllm(eagle.load(source), out, base_model)
+        module = eagle.load(source, target_lm_head=_base(base_model).model.get_output_embeddings())
+        eagle.export_trtllm(module, out, base_model)
     elif arch == "layer_draft":
         from app.training.draft import write_model
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from app.heads import vocab
 from app.models import LoadedModel, fast_bf16
-from app.training.data import cached_features, print_progress, self_distilled_sequences
+from app.training.data import FeatureSet, cached_features, print_progress, self_distilled_sequences
 from app.training.trainer import fit
 
 KINDS = ("medusa", "eagle", "draft")
@@ -47,7 +47,10 @@ class TrainSettings:
     draft_vocab_size: int = 8192  # EAGLE and Medusa rank the target's most frequent tokens only
     draft_layers: int = 3
     eagle_steps: int = 1  # EAGLE: training-time-test unroll (2 = also learn from its own predicted features)
-    eagle_aux_layers: tuple[int, ...] = ()  # EAGLE: target layers fused into its input (EAGLE-3 style); () = none
+    # EAGLE: target layers fused into its input (EAGLE-3 style); () = none, None = EAGLE-3's (2, L/2, L-3).
+    # Features are cached with these layers for every kind, so the three recipes share one extraction.
+    eagle_aux_layers: tuple[int, ...] | None = None
+    eagle_train_head: bool = False  # EAGLE: train its own LM head rows (else the target's, frozen and not shipped)
     max_positions: int | None = 1024  # medusa: positions per head and batch (the vocabulary-sized head is the cost)
 
 
@@ -73,13 +76,16 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     sequences = None
     if settings.data_source == "self":
         sequences = _self_distilled(target, settings, engines)
+    settings = replace(settings, eagle_aux_layers=resolve_aux_layers(settings.eagle_aux_layers, target.model))
     features = cached_features(
         target.name, target.model, target.tokenizer, engines,
         offset=settings.data_offset, limit=settings.data_limit, max_len=settings.max_len,
         source=settings.data_source, sequences=sequences, progress=print_progress("features"),
-        aux_layers=settings.eagle_aux_layers if kind == "eagle" else (),
+        aux_layers=settings.eagle_aux_layers,
     )
     t_data = time.perf_counter() - t0
+    if kind != "eagle":
+        features = FeatureSet(features.ids, features.hidden)  # only EAGLE fuses the other layers
     train_set, eval_set = features.split(min(settings.holdout, len(features) // 5))
     model = target.model
     lm_head = model.get_output_embeddings()
@@ -106,6 +112,14 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     }
     (out_dir / "train.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def resolve_aux_layers(layers: tuple[int, ...] | None, model: torch.nn.Module) -> tuple[int, ...]:
+    """The target layers EAGLE fuses: None = EAGLE-3's choice for an L-layer target, (2, L//2, L-3)."""
+    if layers is not None:
+        return tuple(layers)
+    n = model.config.get_text_config(decoder=True).num_hidden_layers
+    return tuple(sorted({min(2, n), n // 2, max(n - 3, 0)}))
 
 
 def _self_distilled(target: LoadedModel, settings: TrainSettings, engines: Path) -> list[list[int]]:
@@ -152,9 +166,10 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
     from app.heads import eagle
 
     config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers,
-                                           aux_layers=list(s.eagle_aux_layers) or None)
+                                           aux_layers=list(s.eagle_aux_layers) or None, lm_head_from_target=not s.eagle_train_head)
     module = eagle.EagleModule(config, d2t)
-    eagle.init_lm_head(module, lm_head)  # warm start: the target's own rows for the draft vocabulary
+    eagle.init_lm_head(module, lm_head)  # the target's own rows for the draft vocabulary (a warm start when trained)
+    module.lm_head.requires_grad_(s.eagle_train_head)
     embed = model.get_input_embeddings()
     return (
         module,
