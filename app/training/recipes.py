@@ -51,7 +51,7 @@ class TrainSettings:
     # Features are cached with these layers for every kind, so the three recipes share one extraction.
     eagle_aux_layers: tuple[int, ...] | None = None
     eagle_train_head: bool = False  # EAGLE: train its own LM head rows (else the target's, frozen and not shipped)
-    max_positions: int | None = 1024  # medusa: positions per head and batch (the vocabulary-sized head is the cost)
+    max_positions: int | None = None  # medusa: positions per head and batch (None = all; the ranked vocabulary is the cost)
 
 
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "draft": 3e-4}

@@ -1,7 +1,8 @@
 """The "Learn" texts: what each decoding mode does, its parameters (TensorRT-LLM names), whether it
 is lossless, and why it is or is not fast on a small CPU. Markdown; facts from
-/work/shared/design/ALGORITHMS.md and TRTLLM.md. The CPU numbers are the bundled SmolLM2-135M on
-2 cores: a target pass costs about 40 ms, each extra position verified in it about 2 ms."""
+/work/shared/design/ALGORITHMS.md and TRTLLM.md. The CPU numbers are the bundled SmolLM2-135M in
+bfloat16 on 2 cores: a target pass costs 20-50 ms depending on the CPU, each extra position verified
+in it 2-3 % of that where the CPU multiplies bfloat16 natively (`python -m app bench` records the curve)."""
 
 MODE_LABELS = {
     "autoregressive": "Autoregressive",
@@ -27,8 +28,8 @@ The one exception here is Medusa's optional *typical acceptance*.
 
 **Two numbers.** τ (tokens per target pass) says how good the drafts are; the **speedup**
 (tokens/s against autoregressive) is what you get after paying for drafting and for the larger
-verify pass. On this 2-core CPU a pass costs about 40 ms plus about 2 ms per extra verified
-position, so roughly: speedup ≈ τ · 40 / (40 + 2 · positions + draft ms).
+verify pass. On a 2-core CPU with native bfloat16 a pass costs about 20 ms plus about 0.5 ms per
+extra verified position, so roughly: speedup ≈ τ · 20 / (20 + 0.5 · positions + draft ms).
 
 **Reading the token view.** Underlined: accepted draft token. Struck through: rejected draft.
 Boxed (c): the target's correction. Dashed box (+): bonus token. Plain: the target's next token
@@ -49,9 +50,9 @@ also decodes autoregressively.
 **Lossless:** it is the reference. Under greedy decoding every speculative mode must reproduce this
 output exactly.
 
-**On a 2-core CPU:** a pass of the bundled 135M model takes about 40 ms, mostly streaming the
-weights through the cores for a single position. Adding positions to the same pass costs only about
-2 ms each. That spare capacity is what the other modes spend: guess several tokens, check them all
+**On a 2-core CPU:** a pass of the bundled 135M model takes 20-50 ms, mostly streaming the weights
+through the cores for a single position. Adding positions to the same pass costs only a few percent
+of that each (where the CPU multiplies bfloat16 natively). That spare capacity is what the other modes spend: guess several tokens, check them all
 in one pass.
 """,
     "draft_target": """\
@@ -72,7 +73,7 @@ vocabulary.
 **Expected gain:** with per-token acceptance α, a pass yields (1 − α^(γ+1)) / (1 − α) tokens on
 average, and each of them costs a draft forward.
 
-**On a 2-core CPU:** verifying 4 extra tokens adds only about 8 ms to a 40 ms pass, but drafting is
+**On a 2-core CPU:** verifying 4 extra tokens adds only about 10 % to a pass, but drafting is
 sequential, γ draft passes per step. The draft must be far cheaper than the target and agree with it
 often. A 135M target leaves little room for a smaller draft, so this mode is usually slower here. It
 pays with big targets: StarCoder-15B with a 164M draft on a Xeon got about 3.3× from assisted
@@ -98,7 +99,7 @@ code edits, quotes. Published: about 2.4× on CNN/DM summarisation (Mistral-7B, 
 1.66× overall and 2.66× on summarisation.
 
 **On a 2-core CPU:** drafting is a search over token ids (well under a millisecond) and each drafted
-token adds only about 2 ms to a 40 ms pass, so a good match is nearly free speed and a bad one costs
+token adds only a few percent to a pass, so a good match is nearly free speed and a bad one costs
 little. On free text that shares nothing with the prompt there is nothing to draft, and it runs at
 baseline speed.
 """,
@@ -120,8 +121,8 @@ and G = 0: (1, 1, 0) is plain autoregressive, (2, 2, 1) the smallest real settin
 
 **Lossless:** yes: greedy match, or recursive rejection with deterministic drafts when sampling.
 
-**On a 2-core CPU:** the default window and candidates add 15 positions, about 30 ms on a 40 ms pass,
-so a step must commit about 1.75 tokens to break even, and it commits at most N (N − 1 drafted plus
+**On a 2-core CPU:** the default window and candidates add 15 positions, 40 % or more to a pass,
+so a step must commit at least 1.4 tokens to break even, and it commits at most N (N − 1 drafted plus
 the target's). On GPUs, where extra positions are nearly free, it pays far more (1.5–2.3× published).
 """,
     "medusa": """\
@@ -143,17 +144,18 @@ Medusa does token matching only.
 lossless**: it accepts x when p(x) > min(ε, δ·exp(−H(p))), trading exactness for longer accepted
 runs under sampling.
 
-**On a 2-core CPU:** every head ends in a vocabulary-sized projection, as large as the target's own
-output layer, and every tree node is a verified position: 16 nodes add about 32 ms to a 40 ms pass,
-63 nodes about 125 ms. Trees must stay small here: `min path probability` (this app's own setting)
-drops every node whose product of head probabilities along its path is below it, so a step verifies
-only the guesses likely enough to pay for themselves. Published GPU speedups: 2.2–3.6×.
+**On a 2-core CPU:** every tree node is a verified position: 16 nodes add 40 % to a pass where the
+CPU multiplies bfloat16 natively, several times that elsewhere. The heads rank only the 8192 tokens
+the model writes most. `min path probability` (this app's own setting) drops every node whose
+product of head probabilities along its path is below it, so a step verifies only guesses likely
+enough to pay. Published GPU speedups: 2.2–3.6×.
 """,
     "eagle": """\
 ### EAGLE (draft on the target's features)
 A tiny draft model, one decoder layer, predicts the target's next **feature** (its final hidden
-state) from the current feature and the next token, then a small LM head turns features into
-tokens. Features are easier to extrapolate than tokens, so drafts are accepted often. EAGLE-2 grows
+state) from the current feature and the next token; the target's own output rows for the 8192
+tokens it writes most turn features into tokens. As in EAGLE-3, committed positions also bring the
+target's hidden states after a low, a middle and a high layer (2, 15, 27 of 30). EAGLE-2 grows
 a **dynamic tree**: for `depth` levels, expand the top_k most confident nodes; score each node by
 its path's cumulative log-probability; keep the best total_tokens − 1 nodes. One target pass verifies
 the tree.
@@ -166,11 +168,10 @@ backend runs EAGLE-3 checkpoints only; the engine backend runs static or dynamic
 
 **Lossless:** yes: greedy match, or recursive rejection sampling with deterministic drafts.
 
-**On a 2-core CPU:** the draft layer is cheap, but it runs `depth` small passes in sequence, and each
-tree node costs about 2 ms to verify: 23 nodes add about 46 ms to a 40 ms pass, so a step must commit
-more than about 2 tokens to win. `min path probability` (this app's own setting) prunes the tree to
-the nodes whose draft path probability reaches it and stops drafting deeper when a level has none:
-on this CPU, at 0.05, it took the shipped EAGLE from 0.99× autoregressive to about 1.3×.
+**On a 2-core CPU:** the draft layer is cheap, but it runs `depth` small passes in sequence, and 23
+verified nodes add 40–90 % to a pass with native bfloat16, far more without. `min path probability`
+(this app's own setting) prunes nodes whose draft path probability is lower and stops drafting
+deeper when a level has none, so unsure steps stay cheap.
 Published GPU results: EAGLE-2 3.05–4.26×, EAGLE-3 up to 6.5×.
 """,
 }
