@@ -79,7 +79,7 @@ def run(
     except ValueError as err:
         raise ConfigError(str(err)) from err
     return generate(
-        TransformersTarget(target.model),
+        TransformersTarget(target.model, hidden_states=drafter.needs_hidden),
         drafter,
         prompt_ids,
         sampling=cfg.sampling,

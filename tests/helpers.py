@@ -59,8 +59,8 @@ def tiny_llama(
 
 
 def run(model, drafter, prompt, **kwargs):
-    """(output tokens, events) of one generation."""
-    events = list(generate(TransformersTarget(model), drafter, prompt, **kwargs))
+    """(output tokens, events) of one generation (the target collects hidden states only for drafters that read them)."""
+    events = list(generate(TransformersTarget(model, hidden_states=drafter.needs_hidden), drafter, prompt, **kwargs))
     return [t for e in events for t in e.tokens], events
 
 
@@ -72,7 +72,7 @@ class Recording:
     """Wraps a drafter and records (context, room, proposal) of every propose() call."""
 
     def __init__(self, inner):
-        self.inner, self.name, self.calls = inner, inner.name, []
+        self.inner, self.name, self.needs_hidden, self.calls = inner, inner.name, inner.needs_hidden, []
 
     def start(self, prompt, sampling, gen, prefill):
         self.inner.start(prompt, sampling, gen, prefill)

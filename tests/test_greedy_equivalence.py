@@ -195,6 +195,7 @@ class OracleTree:
     commit() for non-prefix accepted paths."""
 
     name = "oracle_tree"
+    needs_hidden = False
 
     def __init__(self, prompt, reference, vocab, seed=0):
         self.prompt, self.ref, self.vocab = list(prompt), list(reference), vocab
@@ -240,6 +241,7 @@ class RandomTree:
     """Random junk trees: nothing should be accepted unless it happens to be right."""
 
     name = "random_tree"
+    needs_hidden = False
 
     def __init__(self, vocab, seed=0):
         self.vocab, self.rng = vocab, random.Random(seed)

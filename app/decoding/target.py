@@ -29,8 +29,10 @@ class Target(Protocol):
 class TransformersTarget:
     """One generation's session on a transformers causal LM (the model itself is shared and read-only)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, hidden_states: bool = True) -> None:
         self.model = model
+        # Feature-level drafters read the hidden states; the others spare transformers collecting them.
+        self.hidden_states = hidden_states
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
         self.cache = new_cache(model.config, kv_dtype(model.config))
@@ -40,7 +42,8 @@ class TransformersTarget:
     @torch.inference_mode()
     def prefill(self, ids: list[int]) -> Forward:
         x = torch.tensor([ids], device=self.model.device)
-        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
+        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=self.hidden_states)
         self.length = len(ids)
         return _forward(out)
 
@@ -51,7 +54,7 @@ class TransformersTarget:
         self.fed = x.shape[1]
         if is_chain(parents):
             # A chain is ordinary causal attention: let the model build its own (faster) mask.
-            out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
+            out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
             return _forward(out)
         positions = torch.tensor([[0, *depths(parents)]], device=device) + self.length
         allowed = torch.cat(
@@ -65,7 +68,7 @@ class TransformersTarget:
             position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,
-            output_hidden_states=True,
+            output_hidden_states=self.hidden_states,
         )
         return _forward(out)
 
@@ -85,5 +88,7 @@ class TransformersTarget:
 
 
 def _forward(out) -> Forward:
+    if out.hidden_states is None:
+        return Forward(out.logits[0], None)
     layers = tuple(h[0] for h in out.hidden_states)
     return Forward(out.logits[0], layers[-1], layers)

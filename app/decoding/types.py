@@ -50,7 +50,7 @@ class Forward:
     states under them, which feature-level drafters (Medusa heads, EAGLE) draft from."""
 
     logits: torch.Tensor  # (positions, vocab)
-    hidden: torch.Tensor  # (positions, hidden_size)
+    hidden: torch.Tensor | None  # (positions, hidden_size); None when the target was asked for logits only
     # Every hidden state transformers returns, each (positions, hidden_size): 0 = the embeddings,
     # i = the output of layer i (the last is `hidden`), for drafters that fuse several layers (EAGLE-3).
     layers: tuple[torch.Tensor, ...] = ()

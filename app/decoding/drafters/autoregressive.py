@@ -7,6 +7,7 @@ from app.decoding.types import Proposal
 
 class Autoregressive:
     name = "autoregressive"
+    needs_hidden = False
 
     def start(self, prompt, sampling, gen, prefill) -> None:
         pass

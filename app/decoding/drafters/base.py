@@ -12,6 +12,7 @@ from app.decoding.types import Forward, Proposal, Verdict
 
 class Drafter(Protocol):
     name: str
+    needs_hidden: bool  # drafts from the target's hidden states (Forward.hidden / .layers), not only its tokens
 
     def start(self, prompt: list[int], sampling: SamplingParams, gen: torch.Generator, prefill: Forward) -> None:
         """Reset per-generation state for a new prompt; `prefill` is the target's pass over it."""

@@ -20,6 +20,7 @@ from app.heads import vocab
 
 class DraftModel:
     name = "draft_target"
+    needs_hidden = False
 
     def __init__(self, model: torch.nn.Module, max_draft_len: int = 4, d2t: torch.Tensor | None = None) -> None:
         if max_draft_len < 1:

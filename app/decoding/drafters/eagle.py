@@ -127,6 +127,7 @@ class Eagle:
     Drafts are deterministic top-k picks, so Proposal.q stays None (recursive rejection, lossless)."""
 
     name = "eagle"
+    needs_hidden = True
 
     def __init__(self, module, embed: torch.nn.Module, total_tokens: int = 24, depth: int = 5, top_k: int = 4,
                  static_choices: list[list[int]] | None = None, min_path_prob: float = 0.0) -> None:

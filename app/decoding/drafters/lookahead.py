@@ -34,6 +34,7 @@ def check(w: int, n: int, g: int, limits: tuple[int, int, int] | None = None) ->
 
 class Lookahead:
     name = "lookahead"
+    needs_hidden = False
 
     def __init__(
         self,

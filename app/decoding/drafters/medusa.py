@@ -22,6 +22,7 @@ from app.heads.medusa import MedusaHeads
 
 class Medusa:
     name = "medusa"
+    needs_hidden = True
 
     def __init__(
         self,

@@ -34,6 +34,7 @@ def find_matches(context: np.ndarray, max_ngram: int, oldest: bool = True):
 
 class PromptLookup:
     name = "prompt_lookup"
+    needs_hidden = False
 
     def __init__(
         self,
