@@ -130,11 +130,13 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
 def test_a_tree_deeper_than_the_shipped_heads_is_a_clean_config_error(bundled, capsys):
     from app import cli
 
-    status = cli.main(["generate", "--prompt", "hi", "--mode", "medusa", "--medusa-choices", "greedy_63", "--max-new-tokens", "4"])
+    heads = json.loads((models.default_artifact(models.BUNDLED, "medusa") / "config.json").read_text())["medusa_num_heads"]
+    chain = json.dumps([[0] * depth for depth in range(1, heads + 2)])  # one level deeper than the heads reach
+    status = cli.main(["generate", "--prompt", "hi", "--mode", "medusa", "--medusa-choices", chain, "--max-new-tokens", "4"])
     err = capsys.readouterr().err
     # The model was loaded first (transformers' progress bar); then one error line, no traceback.
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert status == 2 and "Traceback" not in err and len(errors) == 1 and "3 heads" in errors[0], err
+    assert status == 2 and "Traceback" not in err and len(errors) == 1 and f"{heads} heads" in errors[0], err
 
 
 @pytest.mark.bundled
