@@ -161,8 +161,9 @@ its path's cumulative log-probability; keep the best total_tokens − 1 nodes. O
 the tree.
 
 **Parameters** (TensorRT-LLM `EagleDecodingConfig` / `Eagle3DecodingConfig`): `max_draft_len` (the
-tree nodes, eagle_total_tokens − 1; > 0 and ≤ 256; here 23), `num_eagle_layers` (the depth, here 5;
-EAGLE-2 uses 7), `dynamic_tree_max_topK` (top_k, here 4; EAGLE-2 uses 10), `use_dynamic_tree`, or a
+tree nodes, eagle_total_tokens − 1; > 0 and ≤ 256; the CLI's default 23, this app starts at 11),
+`num_eagle_layers` (the depth; 5 and 4; EAGLE-2 uses 7), `dynamic_tree_max_topK` (top_k; 4 and 3;
+EAGLE-2 uses 10), `use_dynamic_tree`, or a
 static tree in `eagle_choices`; `speculative_model` (the draft) is required. TensorRT-LLM's PyTorch
 backend runs EAGLE-3 checkpoints only; the engine backend runs static or dynamic trees.
 
