@@ -311,10 +311,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         lr=args.lr, batch_size=args.batch_size, save_steps=args.save_steps, seed=args.seed,
         medusa_num_heads=args.medusa_num_heads, medusa_num_layers=args.medusa_num_layers,
         eagle_num_layers=args.eagle_num_layers, draft_vocab_size=args.draft_vocab_size, draft_layers=args.draft_layers,
-        eagle_steps=args.eagle_steps, eagle_train_head=args.eagle_train_head,
+        eagle_steps=args.eagle_steps, eagle_train_head=args.eagle_train_head, init_from=args.init_from,
         eagle_aux_layers=() if args.eagle_aux_layers == "none" else
         None if args.eagle_aux_layers == "auto" else _int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
     )
+    if args.init_from:
+        try:
+            recipes.artifact_config(args.mode, args.init_from)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"--init-from: {err}") from err
     engines = Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
     target = models.load(args.model, dtype=args.dtype, engines=engines)
     out = Path(args.output_dir) if args.output_dir else engines / "trained" / f"{args.model.replace('/', '--')}-{args.mode}"
@@ -426,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="EAGLE: train its own LM head rows (default: the target's rows, frozen and not shipped)")
     t.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE, Medusa and the draft: the most frequent tokens they rank (the vocabulary size = all)")
     t.add_argument("--draft-layers", type=int, default=3, help="draft: target layers kept (evenly spaced)")
+    t.add_argument("--init-from", default=None, metavar="DIR",
+                   help="continue training this artifact of the same mode (a `train` output, e.g. a shipped default); "
+                        "its architecture and draft vocabulary replace the flags that describe them")
     t.add_argument("--eval-prompts", type=int, default=13, help="Spec-Bench prompts (one per category) for the final acceptance check; 0 = skip")
     t.add_argument("--engines-dir", default=None)
     t.set_defaults(func=cmd_train)

@@ -125,6 +125,32 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     again = run_cli("export", str(out), "--output-dir", str(exported))
     assert again.returncode == 2 and "not empty" in again.stderr
 
+    # Continue training it: the artifact's architecture wins over flags that disagree, and its first batch
+    # (the same batch as the first run's, by the fixed seed) scores better than it did from scratch.
+    more = tmp_path / f"{kind}-more"
+    proc = run_cli(
+        "train", "--mode", kind, "--engines-dir", str(engines), "--output-dir", str(more), "--data-limit", "6",
+        "--max-len", "48", "--batch-size", "3", "--epochs", "0.5", "--eval-prompts", "0", "--dtype", "float32",
+        "--answer-tokens", "16", "--data-source", "sharegpt" if kind == "draft" else "self", "--init-from", str(out),
+        "--medusa-num-heads", "2", "--draft-layers", "2", "--draft-vocab-size", "4096", "--eagle-aux-layers", "none",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    continued = json.loads(proc.stdout)
+    assert continued["settings"]["init_from"] == str(out)
+    assert continued["first_loss"] < summary["first_loss"]
+    assert continued["settings"]["draft_vocab_size"] == 2048
+    assert json.loads((more / "config.json").read_text()) == json.loads((out / "config.json").read_text())
+    if kind == "medusa":
+        assert continued["settings"]["medusa_num_heads"] == 3
+    elif kind == "eagle":
+        assert continued["settings"]["eagle_aux_layers"] == [2, 15, 27]
+    else:
+        assert continued["settings"]["draft_layers"] == 1
+    wrong = "eagle" if kind != "eagle" else "medusa"
+    proc = run_cli("train", "--mode", wrong, "--engines-dir", str(engines), "--init-from", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert any(line.startswith("error: --init-from:") for line in proc.stderr.splitlines()), proc.stderr
+
 
 @pytest.mark.bundled
 def test_a_tree_deeper_than_the_shipped_heads_is_a_clean_config_error(bundled, capsys):

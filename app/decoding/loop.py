@@ -23,7 +23,8 @@ def accept(proposal: Proposal, logits: torch.Tensor, sampling: SamplingParams, g
     tokens, parents = proposal.draft_tokens, proposal.draft_parents
     slots = logits[: len(tokens) + 1]
     if sampling.greedy:
-        return acceptance.greedy(tokens, parents, slots.argmax(-1).tolist())
+        # float() first: argmax over bfloat16 rows is several times slower on CPU than the cast and an argmax.
+        return acceptance.greedy(tokens, parents, slots.float().argmax(-1).tolist())
     p = probs(slots, sampling)
     if proposal.acceptance is not None:
         rule = proposal.acceptance
@@ -65,7 +66,7 @@ def generate(
     start = time.perf_counter()
 
     def pick(logits: torch.Tensor) -> int:
-        return int(logits.argmax()) if sampling.greedy else sample(probs(logits, sampling), gen)
+        return int(logits.float().argmax()) if sampling.greedy else sample(probs(logits, sampling), gen)
 
     def finish(new: list[int], output: list[int]) -> tuple[list[int], str | None]:
         """Cut `new` at EOS or the token budget; say why generation ends, if it does."""

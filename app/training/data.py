@@ -236,7 +236,7 @@ def greedy_batch(model: torch.nn.Module, prompts: list[list[int]], max_new_token
     live = list(range(len(prompts)))  # batch row -> prompt index
     for _ in range(max_new_tokens):
         hidden = decoder(input_ids=x, attention_mask=attn, position_ids=positions, past_key_values=cache, use_cache=True)
-        nxt = lm_head(hidden.last_hidden_state[:, -1].contiguous()).argmax(-1)
+        nxt = lm_head(hidden.last_hidden_state[:, -1].contiguous()).float().argmax(-1)
         keep = []
         for r, tok in enumerate(nxt.tolist()):
             answers[live[r]].append(tok)

@@ -52,6 +52,9 @@ class TrainSettings:
     eagle_aux_layers: tuple[int, ...] | None = None
     eagle_train_head: bool = False  # EAGLE: train its own LM head rows (else the target's, frozen and not shipped)
     max_positions: int | None = None  # medusa: positions per head and batch (None = all; the ranked vocabulary is the cost)
+    # Continue training this artifact of the same kind: its weights, architecture and vocabulary
+    # replace the fields above that describe them (so train.json states what was trained).
+    init_from: str | None = None
 
 
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "draft": 3e-4}
@@ -72,6 +75,8 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
         raise ValueError(f"unknown training mode '{kind}': choose one of {', '.join(KINDS)}")
     if settings.data_source not in DATA_SOURCES:
         raise ValueError(f"unknown data source '{settings.data_source}': choose one of {', '.join(DATA_SOURCES)}")
+    if settings.init_from:
+        settings = _architecture_of(kind, settings, target)
     t0 = time.perf_counter()
     sequences = None
     if settings.data_source == "self":
@@ -114,6 +119,37 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     return summary
 
 
+def artifact_config(kind: str, path: str | Path) -> dict:
+    """The config.json of a `kind` artifact written by `train`; a ValueError saying why when `path` holds none."""
+    if kind == "eagle":
+        from app.heads import eagle
+
+        return eagle.load_config(path)
+    if kind == "medusa":
+        from app.heads import medusa
+
+        return medusa.load_config(path)
+    from app.training.draft import read_layers
+
+    return read_layers(Path(path))[0]
+
+
+def _architecture_of(kind: str, settings: TrainSettings, target: LoadedModel) -> TrainSettings:
+    """`settings` with the architecture fields of the artifact in settings.init_from."""
+    c = artifact_config(kind, settings.init_from)
+    vocab_size = target.model.get_output_embeddings().weight.shape[0]
+    if kind == "eagle":
+        return replace(settings, eagle_num_layers=int(c["eagle_num_layers"]), eagle_aux_layers=tuple(c.get("aux_layers") or ()),
+                       eagle_train_head=not c.get("lm_head_from_target", False), draft_vocab_size=int(c["draft_vocab_size"]))
+    if kind == "medusa":
+        return replace(settings, medusa_num_heads=int(c["medusa_num_heads"]), medusa_num_layers=int(c["medusa_num_layers"]),
+                       draft_vocab_size=int(c.get("draft_vocab_size") or vocab_size))
+    from app.training.draft import read_layers
+
+    d2t = read_layers(Path(settings.init_from))[2]
+    return replace(settings, draft_layers=len(c["kept_layers"]), draft_vocab_size=len(d2t) if d2t is not None else vocab_size)
+
+
 def resolve_aux_layers(layers: tuple[int, ...] | None, model: torch.nn.Module) -> tuple[int, ...]:
     """The target layers EAGLE fuses: None = EAGLE-3's choice for an L-layer target, (2, L//2, L-3)."""
     if layers is not None:
@@ -144,9 +180,12 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
     # Every kind ranks the target's most frequent tokens of the training data (vocab.py).
     d2t = vocab.from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size, include=target.eos_token_ids)
     if kind == "draft":
-        from app.training.draft import distill_loss, make_draft, save_layers
+        from app.training.draft import distill_loss, make_draft, read_layers, rebuild, save_layers
 
-        draft = make_draft(model, s.draft_layers)
+        if s.init_from:
+            draft, d2t = rebuild(model, Path(s.init_from)), read_layers(Path(s.init_from))[2]
+        else:
+            draft = make_draft(model, s.draft_layers)
         return (
             draft,
             lambda b: distill_loss(draft, lm_head, b.ids, b.hidden, b.mask, d2t=d2t),
@@ -155,9 +194,13 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
     if kind == "medusa":
         from app.heads import medusa
 
-        config = medusa.MedusaConfig(model.config.hidden_size, lm_head.weight.shape[0], s.medusa_num_heads,
-                                     s.medusa_num_layers, draft_vocab_size=len(d2t))
-        heads = medusa.MedusaHeads(config, d2t)
+        if s.init_from:
+            heads = medusa.load(s.init_from)
+            medusa.check_compatible(heads, model)
+        else:
+            config = medusa.MedusaConfig(model.config.hidden_size, lm_head.weight.shape[0], s.medusa_num_heads,
+                                         s.medusa_num_layers, draft_vocab_size=len(d2t))
+            heads = medusa.MedusaHeads(config, d2t)
         return (
             heads,
             lambda b: medusa.medusa_loss(heads, lm_head, b.ids, b.hidden, b.mask, max_positions=s.max_positions),
@@ -165,10 +208,14 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
         )
     from app.heads import eagle
 
-    config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers,
-                                           aux_layers=list(s.eagle_aux_layers) or None, lm_head_from_target=not s.eagle_train_head)
-    module = eagle.EagleModule(config, d2t)
-    eagle.init_lm_head(module, lm_head)  # the target's own rows for the draft vocabulary (a warm start when trained)
+    if s.init_from:
+        module = eagle.load(s.init_from, target_lm_head=lm_head)
+        eagle.check_compatible(module, model)
+    else:
+        config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers,
+                                               aux_layers=list(s.eagle_aux_layers) or None, lm_head_from_target=not s.eagle_train_head)
+        module = eagle.EagleModule(config, d2t)
+        eagle.init_lm_head(module, lm_head)  # the target's own rows for the draft vocabulary (a warm start when trained)
     module.lm_head.requires_grad_(s.eagle_train_head)
     embed = model.get_input_embeddings()
     return (

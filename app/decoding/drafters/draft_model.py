@@ -74,8 +74,9 @@ class DraftModel:
             logits = self._logits(feed)
             self.fed += feed
             if self.sampling.greedy:
+                logits = logits.float()
                 j = int(logits.argmax())
-                draft_probs.append(float(logits.float().softmax(-1)[j]))
+                draft_probs.append(float(logits.softmax(-1)[j]))
             else:
                 q = probs(logits, self.sampling)
                 j = sample(q, self.gen)

@@ -103,7 +103,7 @@ class Lookahead:
         if self.n < 2 or proposal.source.get("window") is None:
             return
         # Jacobi update: the argmax after each node of the last row guesses the next row (greedy even when sampling).
-        new = out.logits[[i + 1 for i in self.last_row_nodes]].argmax(-1).tolist()
+        new = out.logits[[i + 1 for i in self.last_row_nodes]].float().argmax(-1).tolist()
         if len(self.rows) - 1 < self.n - 2:  # warm-up: the window is not full yet
             self.rows.append(new)
             return
