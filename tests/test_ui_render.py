@@ -386,6 +386,25 @@ def test_tree_modes_detail_draws_the_tree(mode):
 
 
 @pytest.mark.parametrize("mode", ["medusa", "eagle"])
+def test_a_tree_pruned_to_one_path_is_still_drawn_as_a_tree_with_its_scores(mode):
+    trace = load(mode)
+    step, history = next((s, h) for s, h in _with_history(trace) if s["kind"] != "prefill")
+    tokens = step["proposed"]["tokens"][:3]
+    scores = [-0.25, -0.5, -1.5]
+    chain = {**step, "proposed": {"tokens": tokens, "parents": [-1, 0, 1]}, "accepted": [0], "rejected": [1, 2],
+             "accepted_tokens": tokens[:1], "source": {**step["source"], "tree": {**step["source"]["tree"], "scores": scores}}}
+    dom = parse(render.step_detail(chain, trace["texts"], trace["prompt_ids"], history))
+    nodes = dom.find("node", tag="g")
+    assert [int(n.attrs["data-node"]) for n in nodes] == [0, 1, 2]
+    assert [int(n.attrs["data-node"]) for n in nodes if "accepted" in n.classes] == [0]
+    assert "-1.5" in dom.find(tag="svg")[0].text()
+    # Other modes draw a chain as a row of tokens.
+    pl = load("prompt_lookup")
+    step, history = next((s, h) for s, h in _with_history(pl) if s["kind"] != "prefill" and s["proposed"]["tokens"])
+    assert not parse(render.step_detail(step, pl["texts"], pl["prompt_ids"], history)).find(tag="svg")
+
+
+@pytest.mark.parametrize("mode", ["medusa", "eagle"])
 def test_tree_detail_says_when_and_how_the_tree_was_pruned(mode):
     trace = load(mode)
     step, history = next((s, h) for s, h in _with_history(trace) if s["kind"] != "prefill")

@@ -230,7 +230,16 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
         assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
         screenshot("run")
     if mode in ("medusa", "eagle"):
+        # Inspect the step that drafted the most: its tree is drawn node by node.
+        drafted = page.eval_on_selector_all("#step-view .step", """steps => steps.map(s => [+s.dataset.step,
+            s.querySelectorAll('.tok-accepted, .tok-rejected').length
+            + (+(s.querySelector('.more-rejected')?.textContent || '0').replace('+', ''))])""")
+        step, most = max(drafted, key=lambda d: d[1])
+        assert most >= 2, drafted
+        set_number(page, "Inspect step", step)
+        page.wait_for_function("n => document.querySelector('#step-detail h4')?.innerText.startsWith(`Step ${n} `)", arg=step)
         assert page.locator("#step-detail .sd-tree svg").count() == 1
+        assert page.locator("#step-detail .sd-tree svg g.node").count() == most
         screenshot(f"run-{mode}")
     if mode == "draft_target":
         assert page.locator("#step-detail .sd-probs").count() == 1  # the draft's tokens with their probabilities

@@ -358,7 +358,8 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
                    "nothing is drafted.</p>")
     elif not tokens:
         out.append('<p class="sd-note">Nothing drafted this step: one target pass, one token.</p>')
-    elif _is_chain(parents):
+    # Medusa and EAGLE keep the tree drawing (and its node scores) when pruning leaves a single path.
+    elif _is_chain(parents) and mode not in ("medusa", "eagle"):
         acc = set(accepted_nodes)
         row = [_tok(root, texts, "tok-root") + " → "] if root is not None else []
         row += [_tok(t, texts, "tok-accepted" if i in acc else "tok-rejected") for i, t in enumerate(tokens)]
