@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from app.decoding import attention
+from app.decoding import attention, linear
 
 BUNDLED = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,6 +218,7 @@ def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engi
         raise ModelError(f"'{name}' ({arch}) is not a supported causal language model: {err}") from err
     tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
     model.to(resolve_device(device)).eval().requires_grad_(False)
+    linear.pack(model)
     from app.training.draft import read_draft_vocab
 
     draft_vocab = read_draft_vocab(Path(where)) if Path(where).is_dir() else None

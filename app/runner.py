@@ -12,6 +12,7 @@ from pathlib import Path
 
 from app import models
 from app.config import ConfigError, DecodingConfig
+from app.decoding import linear
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
 from app.decoding.types import StepEvent
@@ -63,7 +64,9 @@ def _load_heads(kind: str, path: Path, target: LoadedModel):
         heads.check_compatible(module, target.model)
     except (ValueError, OSError) as err:
         raise ModelError(str(err)) from err
-    return module.to(target.model.dtype).eval().requires_grad_(False)
+    module = module.to(target.model.dtype).eval().requires_grad_(False)
+    linear.pack(module)
+    return module
 
 
 def run(

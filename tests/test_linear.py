@@ -1,0 +1,107 @@
+"""Packed bfloat16 linear layers (app/decoding/linear.py): same results as F.linear, tied weights kept,
+autograd and in-place updates handled, applied by models.load to bfloat16 CPU models only."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import tiny_llama
+from torch import nn
+
+from app.decoding import linear
+from app.decoding.linear import PackedLinear
+from app.models import fast_bf16
+
+needs_bf16 = pytest.mark.skipif(not (fast_bf16() and torch.backends.mkldnn.is_available()),
+                                reason="packing applies only where oneDNN multiplies bfloat16 natively (AVX-512 BF16 or AMX)")
+
+
+def _bf16_tiny(tie: bool = True):
+    model = tiny_llama(vocab=96, hidden=32, layers=2, seed=3)
+    model.config.tie_word_embeddings = tie
+    if tie:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.to(torch.bfloat16).requires_grad_(False)
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_packed_linear_matches_f_linear_bit_for_bit(rows):
+    torch.manual_seed(rows)
+    plain = nn.Linear(64, 96, bias=rows != 3).to(torch.bfloat16)
+    packed = PackedLinear.wrap(plain)
+    x = torch.randn(2, rows, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(packed(x), F.linear(x, plain.weight, plain.bias))
+    assert packed.weight is plain.weight and packed.bias is plain.bias
+    assert set(packed.state_dict()) == set(plain.state_dict())  # the packed copy is derived, never saved
+    twin = copy.deepcopy(packed)
+    with torch.no_grad():
+        assert torch.equal(twin(x), packed(x)) and twin.weight is not packed.weight
+
+
+@needs_bf16
+def test_pack_swaps_every_linear_keeps_ties_and_logits():
+    model = _bf16_tiny()
+    reference = copy.deepcopy(model)
+    n = linear.pack(model)
+    assert n == sum(type(m) is nn.Linear for m in reference.modules()) == 2 * 7 + 1  # q k v o gate up down per layer, lm_head
+    assert all(type(m) is not nn.Linear for m in model.modules())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.get_output_embeddings() is model.lm_head and isinstance(model.lm_head, nn.Linear)
+    ids = torch.randint(0, 96, (1, 40))
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    assert linear.pack(model) == 0  # nothing plain is left to pack
+
+
+@needs_bf16
+def test_autograd_falls_back_to_f_linear():
+    plain = nn.Linear(16, 8).to(torch.bfloat16)
+    packed = PackedLinear.wrap(plain)
+    x = torch.randn(4, 16, dtype=torch.bfloat16, requires_grad=True)
+    packed(x).float().sum().backward()
+    expected = plain.weight.float().sum(0).to(torch.bfloat16).expand(4, 16)
+    assert torch.allclose(x.grad.float(), expected.float(), atol=1e-2)
+
+
+@needs_bf16
+def test_an_in_place_weight_update_is_repacked():
+    packed = PackedLinear.wrap(nn.Linear(16, 8, bias=False).to(torch.bfloat16))
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        before = packed(x)
+        packed.weight.mul_(2)  # an optimizer step or load_state_dict does this
+        after = packed(x)
+    assert torch.equal(after, F.linear(x, packed.weight)) and not torch.equal(after, before)
+
+
+def test_float32_models_are_left_alone():
+    model = tiny_llama(vocab=96, hidden=32, layers=1, seed=0)
+    assert linear.pack(model) == 0
+    assert type(model.lm_head) is nn.Linear
+
+
+@needs_bf16
+@pytest.mark.bundled
+def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_greedy_output(tmp_path):
+    from app import models
+    from app.config import DecodingConfig
+    from app.runner import output_ids, run
+
+    packed = models.load(models.BUNDLED, dtype="bfloat16")
+    assert isinstance(packed.model.lm_head, PackedLinear)
+    assert packed.model.lm_head.weight is packed.model.get_input_embeddings().weight
+    plain = copy.deepcopy(packed)
+    for parent in list(plain.model.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, PackedLinear):
+                setattr(parent, name, nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                                dtype=torch.bfloat16))
+                getattr(parent, name).weight, getattr(parent, name).bias = child.weight, child.bias
+    assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+    prompt = packed.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                                  add_generation_prompt=True, tokenize=True, return_dict=False)
+    cfg = DecodingConfig(mode="prompt_lookup", max_new_tokens=24)
+    assert output_ids(list(run(packed, cfg, prompt))) == output_ids(list(run(plain, cfg, prompt)))
