@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from app.config import MODES, ConfigError, DecodingConfig, parse_triple
 from app.service import configs
@@ -115,7 +116,6 @@ def _load(args, name):
 
 
 def _engines(args):
-    from pathlib import Path
 
     from app import models
 
@@ -271,6 +271,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             service.close()
         print(overhead.format_table(result))
         if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
         return 0
@@ -290,13 +291,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(bench.format_table(result["summary"]))
     print(bench.format_verify_cost(result["verify_cost"]))
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from app import models
     from app.training import recipes
@@ -333,7 +334,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from app.training import export
 

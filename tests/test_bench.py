@@ -57,7 +57,7 @@ def run_cli(*args, timeout=900):
 
 @pytest.mark.bundled
 def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
-    out = tmp_path / "bench.json"
+    out = tmp_path / "results" / "bench.json"  # a folder that does not exist yet
     proc = run_cli(
         "bench", "--categories", "summarization,rag", "--limit", "1", "--modes", "prompt_lookup,lookahead",
         "--lookahead-config", "3,3,2", "--peers", "--max-new-tokens", "12", "--dtype", "float32", "--json", str(out),

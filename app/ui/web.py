@@ -23,7 +23,7 @@ from app.service.jobs import QueueFull
 from app.ui import charts, learn, render
 
 REDRAW_S = 0.75
-TREES = ("default", "small", "chain", "greedy_63")
+TREES = ("default", "measured_16", "small", "chain", "greedy_63")
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
 
