@@ -116,7 +116,6 @@ def _load(args, name):
 
 
 def _engines(args):
-
     from app import models
 
     return Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
@@ -253,6 +252,12 @@ def cmd_engines(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_json(path: str, result: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from app import bench
 
@@ -271,9 +276,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             service.close()
         print(overhead.format_table(result))
         if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+            _write_json(args.json, result)
         return 0
     configs = {m: _config(args, m) for m in modes}
     target = _load(args, args.model)
@@ -291,14 +294,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(bench.format_table(result["summary"]))
     print(bench.format_verify_cost(result["verify_cost"]))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _write_json(args.json, result)
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-
     from app import models
     from app.training import recipes
 
@@ -334,7 +334,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-
     from app.training import export
 
     out = export.export(Path(args.source), Path(args.output_dir), base_model=args.model)

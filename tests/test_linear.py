@@ -77,6 +77,19 @@ def test_an_in_place_weight_update_is_repacked():
     assert torch.equal(after, F.linear(x, packed.weight)) and not torch.equal(after, before)
 
 
+@needs_bf16
+def test_a_dtype_conversion_or_swapped_weight_data_is_followed():
+    packed = PackedLinear.wrap(nn.Linear(16, 8).to(torch.bfloat16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        packed.float()  # .to() swaps the storage without bumping the weight's version
+        assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias))
+        packed.bfloat16()
+        packed.weight.data = torch.randn(8, 16, dtype=torch.bfloat16)
+        xb = x.bfloat16()
+        assert torch.equal(packed(xb), F.linear(xb, packed.weight, packed.bias))
+
+
 def test_float32_models_are_left_alone():
     model = tiny_llama(vocab=96, hidden=32, layers=1, seed=0)
     assert linear.pack(model) == 0

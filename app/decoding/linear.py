@@ -45,19 +45,23 @@ class PackedLinear(nn.Linear):
         # A plain attribute, not a buffer: derived, never trained or saved, and an opaque oneDNN
         # tensor that state_dict(), deepcopy and .to() could not handle.
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-        self._packed_version = self.weight._version
+        self._packed_key = self._weight_key()
+
+    def _weight_key(self) -> tuple[int, int]:
+        # In-place updates (optimizer steps, load_state_dict) bump the version; .to() and `.data =`
+        # swap the storage without bumping it.
+        return self.weight._version, self.weight.data_ptr()
 
     def __getstate__(self):
         # deepcopy / pickle: leave the packed copy behind; the copy packs its own weight when first used.
-        state = dict(self.__dict__)
-        state.update(_packed=None, _packed_version=None)
-        return state
+        return {**self.__dict__, "_packed": None, "_packed_key": None}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype != self.weight.dtype or x.device.type != "cpu"
-                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
-            return F.linear(x, self.weight, self.bias)
-        if self.weight._version != self._packed_version:  # new, copied, trained or loaded in place since packing
+        w = self.weight
+        if (x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or w.device.type != "cpu"
+                or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+            return F.linear(x, w, self.bias)
+        if self._weight_key() != self._packed_key:
             self._repack()
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
