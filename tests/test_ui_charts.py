@@ -84,7 +84,7 @@ def test_tokens_per_step_hist(mode):
     _common(fig)
     assert len(fig.data) == 1 and fig.data[0].type == "histogram"
     assert sorted(fig.data[0].x) == sorted(len(s["tokens"]) for s in steps)
-    assert f"{steps[-1]['totals']['tokens_per_step']:.2f}" in fig.layout.title.text
+    assert f"{steps[-1]['totals']['tokens_per_step']:.2f}" in fig.layout.xaxis.title.text
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -184,3 +184,10 @@ def test_compare_accepts_labels():
     by_label = charts.compare([{"mode": "Lookahead", "speedup": 1.2}])
     assert by_key.data[0].marker.color == by_label.data[0].marker.color
     assert list(by_label.data[0].x) == ["Lookahead"]
+
+
+@pytest.mark.parametrize("build", [charts.tokens_per_step_hist, charts.throughput, charts.timing])
+def test_titles_fit_a_third_of_the_row(build):
+    """These three share a row in the Run tab; a title longer than ~30 characters is cut off there."""
+    for steps in ([], load("prompt_lookup")["steps"]):
+        assert len(build(steps).layout.title.text) <= 30
