@@ -190,4 +190,6 @@ def test_compare_accepts_labels():
 def test_titles_fit_a_third_of_the_row(build):
     """These three share a row in the Run tab; a title longer than ~30 characters is cut off there."""
     for steps in ([], load("prompt_lookup")["steps"]):
-        assert len(build(steps).layout.title.text) <= 30
+        layout = build(steps).layout
+        for text in (layout.title.text, layout.xaxis.title.text, layout.yaxis.title.text):
+            assert len(text or "") <= 30, text

@@ -193,7 +193,7 @@ def tokens_per_step_hist(events: list[dict]) -> go.Figure:
                                  marker=dict(color=ACCEPTED, line=dict(color=VERIFY, width=1)), name="passes"))
     fig.update_layout(showlegend=False, bargap=0.1)
     fig.update_xaxes(dtick=1)
-    return _layout(fig, title, f"tokens committed in one pass (τ = {tau:.2f})", "target passes")
+    return _layout(fig, title, f"tokens per pass (τ = {tau:.2f})", "target passes")
 
 
 def throughput(events: list[dict], *, label: str | None = None) -> go.Figure:
