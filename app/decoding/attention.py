@@ -33,7 +33,8 @@ def sdpa_fp32(module, query, key, value, attention_mask, scaling=None, **kwargs)
     # Decoding and tree verification: a few query rows against the whole cache. transformers would
     # repeat the KV heads here (it keeps enable_gqa for mask-free calls); the fused CPU kernel takes
     # the mask and the grouped heads as they are, 25-40 % faster than two matmuls and a softmax at a
-    # few hundred cached tokens (even at ~900). A fully masked row (left padding in a batch) comes out as zeros.
+    # few hundred cached tokens (even at ~900). A fully masked row (left padding in a batch) comes
+    # out as zeros.
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, -q:, -key.shape[2] :]
     out = F.scaled_dot_product_attention(
