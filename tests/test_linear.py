@@ -1,5 +1,6 @@
-"""Packed bfloat16 linear layers (app/decoding/linear.py): same results as F.linear, tied weights kept,
-autograd and in-place updates handled, applied by models.load to bfloat16 CPU models only."""
+"""Packed linear layers (app/decoding/linear.py): the results of F.linear (bit for bit in bfloat16, within
+float32 rounding in float32), tied weights kept, autograd and in-place updates handled, applied by
+models.load to float32 and bfloat16 CPU models."""
 
 import copy
 
@@ -15,25 +16,36 @@ from app.models import fast_bf16
 
 needs_bf16 = pytest.mark.skipif(not (fast_bf16() and torch.backends.mkldnn.is_available()),
                                 reason="packing applies only where oneDNN multiplies bfloat16 natively (AVX-512 BF16 or AMX)")
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+DTYPES = [pytest.param(torch.bfloat16, marks=needs_bf16), pytest.param(torch.float32, marks=needs_onednn)]
 
 
-def _bf16_tiny(tie: bool = True):
+def _tiny(dtype=torch.bfloat16, tie: bool = True):
     model = tiny_llama(vocab=96, hidden=32, layers=2, seed=3)
     model.config.tie_word_embeddings = tie
     if tie:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(torch.bfloat16).requires_grad_(False)
+    return model.to(dtype).requires_grad_(False)
 
 
-@needs_bf16
+def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
+    """bfloat16: bit for bit (oneDNN on both sides). float32: F.linear is MKL's GEMM, which sums in
+    another order than oneDNN, so equal within float32 rounding."""
+    if a.dtype == torch.bfloat16:
+        assert torch.equal(a, b)
+    else:
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 17])
-def test_packed_linear_matches_f_linear_bit_for_bit(rows):
+def test_packed_linear_matches_f_linear(rows, dtype):
     torch.manual_seed(rows)
-    plain = nn.Linear(64, 96, bias=rows != 3).to(torch.bfloat16)
+    plain = nn.Linear(64, 96, bias=rows != 3).to(dtype)
     packed = PackedLinear.wrap(plain)
-    x = torch.randn(2, rows, 64, dtype=torch.bfloat16)
+    x = torch.randn(2, rows, 64, dtype=dtype)
     with torch.no_grad():
-        assert torch.equal(packed(x), F.linear(x, plain.weight, plain.bias))
+        assert_same(packed(x), F.linear(x, plain.weight, plain.bias))
     assert packed.weight is plain.weight and packed.bias is plain.bias
     assert set(packed.state_dict()) == set(plain.state_dict())  # the packed copy is derived, never saved
     twin = copy.deepcopy(packed)
@@ -41,9 +53,9 @@ def test_packed_linear_matches_f_linear_bit_for_bit(rows):
         assert torch.equal(twin(x), packed(x)) and twin.weight is not packed.weight
 
 
-@needs_bf16
-def test_pack_swaps_every_linear_keeps_ties_and_logits():
-    model = _bf16_tiny()
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pack_swaps_every_linear_keeps_ties_and_logits(dtype):
+    model = _tiny(dtype)
     reference = copy.deepcopy(model)
     n = linear.pack(model)
     assert n == sum(type(m) is nn.Linear for m in reference.modules()) == 2 * 7 + 1  # q k v o gate up down per layer, lm_head
@@ -52,7 +64,7 @@ def test_pack_swaps_every_linear_keeps_ties_and_logits():
     assert model.get_output_embeddings() is model.lm_head and isinstance(model.lm_head, nn.Linear)
     ids = torch.randint(0, 96, (1, 40))
     with torch.inference_mode():
-        assert torch.equal(model(ids).logits, reference(ids).logits)
+        assert_same(model(ids).logits, reference(ids).logits)
     assert linear.pack(model) == 0  # nothing plain is left to pack
 
 
@@ -83,17 +95,26 @@ def test_a_dtype_conversion_or_swapped_weight_data_is_followed():
     x = torch.randn(2, 16)
     with torch.no_grad():
         packed.float()  # .to() swaps the storage without bumping the weight's version
-        assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias))
+        assert_same(packed(x), F.linear(x, packed.weight, packed.bias))
         packed.bfloat16()
         packed.weight.data = torch.randn(8, 16, dtype=torch.bfloat16)
         xb = x.bfloat16()
         assert torch.equal(packed(xb), F.linear(xb, packed.weight, packed.bias))
 
 
-def test_float32_models_are_left_alone():
-    model = tiny_llama(vocab=96, hidden=32, layers=1, seed=0)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_other_dtypes_are_left_alone(dtype):
+    model = tiny_llama(vocab=96, hidden=32, layers=1, seed=0).to(dtype)
     assert linear.pack(model) == 0
     assert type(model.lm_head) is nn.Linear
+
+
+@needs_onednn
+def test_a_packed_layer_converted_to_float64_goes_through_f_linear():
+    packed = PackedLinear.wrap(nn.Linear(16, 8)).double()
+    x = torch.randn(2, 16, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias))
 
 
 @needs_bf16
