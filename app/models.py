@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from app.decoding import attention, linear
+from app.decoding.linear import fast_bf16  # noqa: F401  (re-exported: cli, bench, tests use app.models.fast_bf16)
 
 BUNDLED = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,23 +39,6 @@ def default_artifact(base: str, kind: str) -> Path | None:
 
 class ModelError(ValueError):
     """A model that cannot be used: unknown, unsupported, or incompatible with its partner."""
-
-
-def fast_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (AVX-512 BF16 or AMX).
-
-    Without those instructions oneDNN converts to float32 inside its kernels (plain AVX-512) or
-    torch falls back to a slower kernel (AVX2): a bfloat16 matrix product over 16+ rows then costs
-    2-5x the float32 one, so bfloat16 autocast slows training down, and a many-token verify pass
-    costs several one-token passes (speculation earns little in bfloat16 on such a CPU).
-    `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not the test: it is true on any AVX-512 CPU.
-    """
-    if torch.cuda.is_available():
-        return True
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 @dataclass

@@ -22,10 +22,25 @@ from torch import nn
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def fast_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX-512 BF16 or AMX).
+
+    Without those instructions oneDNN converts to float32 inside its kernels (plain AVX-512) or
+    torch falls back to a slower kernel (AVX2): a bfloat16 matrix product over 16+ rows then costs
+    2-5x the float32 one, so bfloat16 autocast slows training down, and a many-token verify pass
+    costs several one-token passes (speculation earns little in bfloat16 on such a CPU).
+    `torch.ops.mkldnn._is_mkldnn_bf16_supported()` is not the test: it is true on any AVX-512 CPU.
+    """
+    if torch.cuda.is_available():
+        return True
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def available(model: nn.Module) -> bool:
     """Packing applies on CPU to a float32 model, and to a bfloat16 one where oneDNN multiplies bfloat16 natively."""
-    from app.models import fast_bf16
-
     weight = next(model.parameters(), None)
     return (
         weight is not None and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()

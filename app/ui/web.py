@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from app import bench
-from app.config import MODES, ConfigError
+from app.config import CHOICES_DIR, MODES, ConfigError
 from app.models import ModelError
 from app.service.api import Service
 from app.service.configs import MODE_TYPES, LookaheadDecodingConfig
@@ -23,7 +23,7 @@ from app.service.jobs import QueueFull
 from app.ui import charts, learn, render
 
 REDRAW_S = 0.75
-TREES = ("default", "measured_16", "small", "chain", "greedy_63")
+TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda name: (name != "default", name)))
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
 
