@@ -77,6 +77,20 @@ def test_a_full_queue_refuses_new_jobs_with_a_clear_message():
     jobs.shutdown()
 
 
+def test_a_burst_fills_every_worker_and_the_queue_before_anything_is_refused():
+    # Capacity is workers + queue however far the pool has got with starting jobs: CI once refused the 6th of a
+    # burst of 6 (2 workers, queue 4) because a worker had not yet picked up its job.
+    jobs = JobManager(Limits(max_concurrency=8, max_queue=1))
+    gate = threading.Event()
+    burst = [jobs.submit(counting_work(1, gate=gate)) for _ in range(9)]
+    with pytest.raises(QueueFull, match="busy.*1 generations are already waiting"):
+        jobs.submit(counting_work(1))
+    gate.set()
+    for job in burst:
+        assert list(job.messages(timeout=30))[-1]["finish_reason"] == "length"
+    jobs.shutdown()
+
+
 def test_concurrency_limit_runs_at_most_that_many_jobs_at_once():
     jobs = JobManager(Limits(max_concurrency=2, max_queue=10))
     lock = threading.Lock()

@@ -127,7 +127,10 @@ class JobManager:
 
     def submit(self, work: Work) -> Job:
         with self._lock:
-            waiting = sum(j.status == "queued" for j in self._jobs.values())
+            # Counted from unfinished jobs, not from status == "queued": a job just handed to a free worker is still
+            # "queued" until that thread starts it, and a burst of submits must not be refused for that.
+            active = sum(not j.done.is_set() for j in self._jobs.values())
+            waiting = max(0, active - self.limits.max_concurrency)
             if waiting >= self.limits.max_queue:
                 raise QueueFull(
                     f"the server is busy: {waiting} generations are already waiting (limit {self.limits.max_queue}); "
