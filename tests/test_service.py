@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from app import models
 from app.config import ConfigError
@@ -214,6 +215,8 @@ def test_invalid_requests_fail_before_anything_is_queued(service):
         ({"sampling": {"temperature": -1}}, "temperature"),
         ({"backend": "tensorrt_llm"}, "TensorRT-LLM is not installed"),
         ({"backend": "remote"}, "no remote server configured"),
+        ({"dtype": "float16"}, "dtype: Input should be 'auto', 'float32' or 'bfloat16'"),
+        ({"backend": "tensorrt_llm", "dtype": "bfloat16"}, "transformers backend only.*use auto"),
     ]
     for data, message in cases:
         with pytest.raises(ConfigError, match=message):
@@ -225,6 +228,24 @@ def test_invalid_requests_fail_before_anything_is_queued(service):
     with pytest.raises(ModelError, match="unknown model"):
         service.submit({}, "hi", model="no-such-org/no-such-model-xyz")
     assert service.jobs.active() == []
+
+
+@pytest.mark.bundled
+def test_a_request_chooses_its_dtype_and_each_dtype_loads_once(service, bundled):
+    backend = service.backends["transformers"]
+    spec = {"decoding_type": "NGram", "max_draft_len": 4}
+    runs = {d: collect(service.stream({"speculative_config": spec, "max_new_tokens": 16, "dtype": d}, PROMPT))
+            for d in ("auto", "float32", "bfloat16")}
+    assert [runs[d][0]["dtype"] for d in runs] == ["float32", "float32", "bfloat16"]  # auto = the server's (float32)
+    assert runs["auto"][2]["token_ids"] == runs["float32"][2]["token_ids"]
+    assert backend.model(models.BUNDLED, "bfloat16") is backend.model(models.BUNDLED, "bfloat16")
+    assert backend.model(models.BUNDLED, "bfloat16") is not backend.model(models.BUNDLED)
+    assert next(backend.model(models.BUNDLED, "bfloat16").model.parameters()).dtype == torch.bfloat16
+    # The bfloat16 run is the verify loop on the bfloat16 model (whose output may part from its autoregressive one).
+    ref_cfg = configs.to_runtime(configs.parse({"speculative_config": spec, "max_new_tokens": 16}))
+    bf16 = backend.model(models.BUNDLED, "bfloat16")
+    assert runs["bfloat16"][2]["token_ids"] == output_ids(list(run(bf16, ref_cfg, bf16.encode(PROMPT))))
+    assert "bfloat16: greedy outputs can part" in service.dtype_note("bfloat16") and service.dtype_note("auto") == ""
 
 
 @pytest.mark.bundled

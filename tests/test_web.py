@@ -105,6 +105,12 @@ def test_api_run_streams_and_every_mode_commits_the_autoregressive_output(client
     assert "Step 1" in detail
 
 
+def test_api_runs_in_the_chosen_dtype_and_says_so(client):
+    out = client.predict(*run_args("prompt_lookup", race=True, dtype="bfloat16"), api_name="/run")
+    assert "**Prompt lookup** (bfloat16) finished" in out[1], out[1]
+    assert "**Autoregressive** (float32) finished" in client.predict(*run_args("autoregressive"), api_name="/run")[1]
+
+
 def test_api_reports_invalid_settings_and_unavailable_modes(client):
     from gradio_client.exceptions import AppError
 
@@ -117,8 +123,8 @@ def test_api_reports_invalid_settings_and_unavailable_modes(client):
 
 
 def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
-    table, race, bars, status = client.predict(PROMPT, ["prompt_lookup", "medusa"], 24, api_name="/compare")
-    assert "Done" in status
+    table, race, bars, status = client.predict(PROMPT, ["prompt_lookup", "medusa"], 24, "auto", api_name="/compare")
+    assert "Done" in status and "in float32" in status
     for label in ("Autoregressive", "Prompt lookup", "Medusa"):
         assert label in table
     assert table.count("identical-yes") == 2  # both speculative modes reproduce the greedy output
@@ -202,6 +208,9 @@ def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
         assert page.get_by_label(label, exact=True).count() == 1, label
     assert page.inner_text("#modes-note").count("✓") == 6  # all six run on the bundled model here
     assert "TensorRT-LLM is not installed" in page.inner_text("body")
+    assert "smollm2-135m-instruct (float32)" in page.inner_text("body")  # the model and the dtype it runs in
+    page.locator("#dtype").get_by_label("bfloat16", exact=True).check()
+    page.wait_for_function("/greedy outputs can part/.test(document.querySelector('#check').innerText)")
     # Switching the backend to one that cannot run here says why, mode by mode.
     page.locator("#backend input").click()
     page.get_by_role("option", name="tensorrt_llm (unavailable)").click()

@@ -49,6 +49,7 @@ class Service:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {tensor_parallel_size}")
         self.engines = Path(engines)
         self.model = model
+        self.dtype = dtype
         self.limits = limits
         self.backend = backend
         self.store = EngineStore(self.engines)
@@ -84,6 +85,16 @@ class Service:
             out.append({"mode": mode, "backend": name, "available": reason is None, "reason": reason or "",
                         "lossless": LOSSLESS[mode]})
         return out
+
+    def dtype_note(self, dtype: str) -> str:
+        """What a user should know about running this server's transformers backend in `dtype` ("auto" = the server's)."""
+        dtype = self.dtype if dtype == "auto" else dtype
+        if dtype != "bfloat16":
+            return ""
+        note = "bfloat16: greedy outputs can part from autoregressive after a while (a pass over several tokens rounds differently)"
+        if not models.fast_bf16():
+            note += "; this CPU has no native bfloat16, so many-token passes are slow here and speculation earns little"
+        return note
 
     # ------------------------------------------------------------------ configs
     def request(self, data: dict[str, Any] | DecodeRequest) -> DecodeRequest:

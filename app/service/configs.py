@@ -253,6 +253,8 @@ class DecodeRequest(_Config):
     max_new_tokens: int = 128
     backend: str = "transformers"
     trtllm_backend: Literal["pytorch", "tensorrt"] | None = None  # None = the one the mode needs
+    # The transformers backend loads the model once per dtype; "auto" = the dtype the server was started with.
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     @field_validator("backend")
     @classmethod
@@ -272,6 +274,11 @@ class DecodeRequest(_Config):
             raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
             raise ConfigError(f"max_new_tokens is limited to {max_new_tokens_limit} here, got {self.max_new_tokens}")
+        if self.dtype != "auto" and self.backend != "transformers":
+            raise ConfigError(
+                f"dtype {self.dtype} can be chosen per request on the transformers backend only; "
+                f"{self.backend} runs the model in the dtype it was built or served with: use auto"
+            )
         if self.backend == "tensorrt_llm":
             allowed = TRTLLM_BACKENDS[self.mode]
             flavour = self.trtllm_backend or allowed[0]

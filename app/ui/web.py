@@ -35,7 +35,7 @@ CONTROLS = (
     "dt_model", "dt_len",
     "md_tree", "md_typical", "md_threshold", "md_alpha", "md_prune",
     "eg_total", "eg_depth", "eg_topk", "eg_tree", "eg_prune",
-    "backend",
+    "backend", "dtype",
 )
 
 
@@ -73,6 +73,7 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
                      "seed": None if seed in (None, "") or float(seed) < 0 else int(seed)},
         "max_new_tokens": int(v["max_new_tokens"]),
         "backend": v["backend"],
+        "dtype": v.get("dtype") or "auto",
     }
 
 
@@ -91,6 +92,8 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
         extra = f" · engine max_draft_len = (N−2) + (W−1+G)(N−1) = **{c.max_draft_len}**"
     elif mode != "autoregressive":
         extra = f" · verifies up to **{c.max_draft_len}** draft tokens per step"
+    if note := service.dtype_note(request.dtype):
+        extra += f" · {note}"
     return f"✅ Valid · {info['lossless']}{extra}"
 
 
@@ -99,6 +102,7 @@ class Run:
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
+        self.dtype: str | None = None
         self.prompt_ids: list[int] = []
         self.texts: dict[int, str] = {}
         self.events: list[dict[str, Any]] = []
@@ -108,13 +112,15 @@ class Run:
         self.texts.update(message.get("texts") or {})
         if message["type"] == "start":
             self.prompt_ids = message["prompt_ids"]
+            self.dtype = message.get("dtype")
         elif message["type"] == "step":
             self.events.append({k: v for k, v in message.items() if k not in ("texts", "type")})
         else:
             self.end = message
 
     def record(self) -> dict[str, Any]:
-        return {"mode": self.mode, "prompt_ids": self.prompt_ids, "texts": self.texts, "events": self.events, "end": self.end}
+        return {"mode": self.mode, "dtype": self.dtype, "prompt_ids": self.prompt_ids, "texts": self.texts,
+                "events": self.events, "end": self.end}
 
     @property
     def token_ids(self) -> list[int]:
@@ -255,10 +261,10 @@ class Studio:
         return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
 
     # ------------------------------------------------------------------ Compare tab
-    def compare(self, prompt: str, modes: list[str], max_new_tokens: float, request: gr.Request):
+    def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, request: gr.Request):
         session = request.session_hash if request is not None else "local"
         backend = self.service.default_backend("lookahead")
-        defaults = dict(DEFAULTS, max_new_tokens=max_new_tokens, backend=backend)
+        defaults = dict(DEFAULTS, max_new_tokens=max_new_tokens, backend=backend, dtype=dtype or "auto")
         chosen = ["autoregressive"] + [m for m in MODES if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         runs: dict[str, Run] = {}
@@ -280,7 +286,9 @@ class Studio:
                 notes.append("⏹ Stopped.")
                 break
             rows.append(summary_row(mode, run, runs.get("autoregressive") if mode != "autoregressive" else None))
-        done = "Done. " + " ".join(notes) if notes else "Done: every mode ran the same prompt with the same settings, one after another."
+        ran_in = next((f" in {r.dtype}" for r in runs.values() if r.dtype), "")
+        done = ("Done. " + " ".join(notes) if notes
+                else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another.")
         yield render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), done
 
     # ------------------------------------------------------------------ Engines tab
@@ -326,8 +334,8 @@ class Studio:
         examples = _examples()
         with gr.Blocks(title="SpecDec Studio") as demo:
             gr.Markdown(
-                f"# SpecDec Studio\nWatch speculative decoding step by step on **{service.model}** — what was drafted, "
-                "what the target accepted, what it added, and whether it is faster than plain decoding."
+                f"# SpecDec Studio\nWatch speculative decoding step by step on **{service.model}** ({service.dtype}) — "
+                "what was drafted, what the target accepted, what it added, and whether it is faster than plain decoding."
             )
             baselines = gr.State({})
             record = gr.State({})
@@ -363,7 +371,7 @@ class Studio:
             with gr.Tab("Compare", id="compare"):
                 gr.Markdown("One prompt through several modes, one after another, with the default settings of each mode "
                             "and greedy decoding: speed, tokens per target step, and whether the output is identical to "
-                            "autoregressive decoding.")
+                            "autoregressive decoding (always in float32; in bfloat16 outputs can part after a while).")
                 with gr.Row():
                     cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], scale=3, elem_id="cmp-prompt")
                     with gr.Column(scale=2):
@@ -371,6 +379,7 @@ class Studio:
                                                      value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                                      elem_id="cmp-modes")
                         cmp_tokens = gr.Slider(8, 256, value=64, step=8, label="max_new_tokens")
+                        cmp_dtype = _dtype_radio(service, "cmp-dtype")
                 with gr.Row():
                     cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")
                     cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
@@ -415,7 +424,7 @@ class Studio:
                                     show_progress="hidden", concurrency_id="generate")
             stop_btn.click(self.stop, None, status, queue=False, api_name="stop")
             step.change(self.inspect, [step, record], detail, queue=False, show_progress="hidden", api_name="inspect")
-            cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens], [cmp_table, cmp_race, cmp_bars, cmp_status],
+            cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype], [cmp_table, cmp_race, cmp_bars, cmp_status],
                                     api_name="compare", show_progress="hidden", concurrency_id="generate")
             cmp_stop.click(self.stop, None, cmp_status, queue=False, api_name="compare_stop")
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
@@ -474,6 +483,7 @@ class Studio:
             value=service.default_backend("lookahead"), label="Backend", elem_id="backend",
             info="; ".join(f"{n}: {s.reason}" for n, s in availability.items() if not s.available) or None,
         )
+        c["dtype"] = _dtype_radio(service, "dtype")
         c["groups"] = [g_pl, g_la, g_dt, g_md, g_eg]
         # The initial mode is prompt lookup: show its group.
         g_pl.visible = True
@@ -487,8 +497,15 @@ DEFAULTS: dict[str, Any] = {
     "dt_model": None, "dt_len": 4,
     "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": 0.05,
     "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": 0.05,
-    "backend": "transformers",
+    "backend": "transformers", "dtype": "auto",
 }
+
+
+def _dtype_radio(service: Service, elem_id: str) -> gr.Radio:
+    return gr.Radio(["auto", "float32", "bfloat16"], value="auto", label="dtype", elem_id=elem_id,
+                    info=f"auto = the server's ({service.dtype}). float32: every mode's greedy output equals "
+                         "autoregressive. bfloat16: half the bytes per pass, faster where the CPU has native bfloat16; "
+                         "the first run in a dtype loads the model in it (transformers backend only).")
 
 
 def _visible(mode: str):
@@ -496,21 +513,22 @@ def _visible(mode: str):
 
 
 def _status(run: Run) -> str:
-    label = learn.MODE_LABELS[run.mode]
+    label = f"**{learn.MODE_LABELS[run.mode]}**" + (f" ({run.dtype})" if run.dtype else "")
     if not run.events:
-        return f"**{label}:** loading and prefilling…"
+        return f"{label}: loading and prefilling…"
     line = render.totals_line(run.events[-1])
     if run.end is None:
-        return f"**{label}** · {line}"
+        return f"{label} · {line}"
     reason = run.end.get("finish_reason")
     word = {"eos": "finished (end of sequence)", "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
             "timeout": "⏱ stopped by the time limit"}.get(reason, str(reason))
-    return f"**{label}** {word} · {line}"
+    return f"{label} {word} · {line}"
 
 
 def _from_record(record: dict) -> Run:
     run = Run(record["mode"])
     run.prompt_ids, run.texts, run.events, run.end = record["prompt_ids"], record["texts"], record["events"], record["end"]
+    run.dtype = record.get("dtype")
     return run
 
 

@@ -42,11 +42,12 @@ class TransformersBackend:
             return f"no {what} ships for '{model}': name one in the mode's settings, or train one (python -m app train --mode {kind})"
         return None
 
-    def model(self, name: str) -> LoadedModel:
-        return self._once(("model", name, self.dtype), lambda: models.load(name, dtype=self.dtype, engines=self.engines))
+    def model(self, name: str, dtype: str = "auto") -> LoadedModel:
+        dtype = self.dtype if dtype == "auto" else dtype
+        return self._once(("model", name, dtype), lambda: models.load(name, dtype=dtype, engines=self.engines))
 
     def companion(self, target: LoadedModel, cfg) -> Any:
-        key = ("companion", target.name, self.dtype, cfg.mode, cfg.draft_model, cfg.medusa_model, cfg.eagle_model)
+        key = ("companion", target.name, target.dtype, cfg.mode, cfg.draft_model, cfg.medusa_model, cfg.eagle_model)
         return self._once(key, lambda: runner.load_companion(cfg, target, self.engines))
 
     def _once(self, key: tuple, load):
@@ -66,7 +67,7 @@ class TransformersBackend:
 
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         cfg = configs.to_runtime(request)
-        target = self.model(model)
+        target = self.model(model, request.dtype)
         if prompt.messages:
             prompt_ids = target.encode_chat(prompt.messages)
         else:
@@ -84,7 +85,7 @@ class TransformersBackend:
             raise ConfigError(str(err)) from err
 
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
-            yield {"type": "start", "backend": self.name, "model": model, "mode": cfg.mode,
+            yield {"type": "start", "backend": self.name, "model": model, "mode": cfg.mode, "dtype": target.dtype,
                    "prompt_ids": prompt_ids, "texts": _texts(target, prompt_ids)}
             ids: list[int] = []
             shown = ""
