@@ -92,6 +92,22 @@ def test_a_burst_fills_every_worker_and_the_queue_before_anything_is_refused():
     jobs.shutdown()
 
 
+def test_call_runs_on_a_job_worker_returns_or_raises_and_never_deadlocks_on_one():
+    jobs = JobManager(Limits(max_concurrency=1))
+    caller = threading.current_thread().name
+    assert jobs.call(lambda: threading.current_thread().name).startswith("specdec-job") and caller == "MainThread"
+    with pytest.raises(ZeroDivisionError):
+        jobs.call(lambda: 1 / 0)
+
+    def work(cancel):  # a job that itself needs call(): runs it in place instead of waiting for its own worker
+        yield {"type": "step", "inner": jobs.call(lambda: threading.current_thread().name)}
+        yield {"type": "end", "finish_reason": "length", "error": None}
+
+    messages = list(jobs.submit(work).messages(timeout=30))
+    assert messages[0]["inner"].startswith("specdec-job")
+    jobs.shutdown()
+
+
 def test_concurrency_limit_runs_at_most_that_many_jobs_at_once():
     jobs = JobManager(Limits(max_concurrency=2, max_queue=10))
     lock = threading.Lock()
@@ -246,6 +262,40 @@ def test_a_request_chooses_its_dtype_and_each_dtype_loads_once(service, bundled)
     bf16 = backend.model(models.BUNDLED, "bfloat16")
     assert runs["bfloat16"][2]["token_ids"] == output_ids(list(run(bf16, ref_cfg, bf16.encode(PROMPT))))
     assert "bfloat16: greedy outputs can part" in service.dtype_note("bfloat16") and service.dtype_note("auto") == ""
+
+
+@pytest.mark.bundled
+def test_models_load_and_drafters_build_on_the_job_workers_only(monkeypatch):
+    # PyTorch's OpenMP runtime keeps a thread team per thread that ran a parallel op; a second team made every
+    # pass ~1.7x slower on 2 cores. So the service computes (loads, builds drafters, generates) on its workers.
+    from app.config import DecodingConfig
+
+    seen = []
+    load, drafter = models.load, DecodingConfig.drafter
+    monkeypatch.setattr(models, "load", lambda *a, **k: seen.append(("load", threading.current_thread().name)) or load(*a, **k))
+    monkeypatch.setattr(DecodingConfig, "drafter",
+                        lambda self, *a, **k: seen.append(("drafter", threading.current_thread().name)) or drafter(self, *a, **k))
+    s = Service(limits=Limits(max_new_tokens=8))
+    s.backends["transformers"].model(models.BUNDLED)  # what `python -m app` does at start, on the main thread
+    for spec in ({"decoding_type": "Medusa"}, {"decoding_type": "Draft_Target"}):
+        assert collect(s.stream({"speculative_config": spec, "max_new_tokens": 4}, PROMPT))[2]["finish_reason"]
+    s.close()
+    assert {kind for kind, _ in seen} == {"load", "drafter"}
+    assert all(name.startswith("specdec-job") for _, name in seen), seen
+
+
+@pytest.mark.bundled
+def test_pass_cost_times_passes_over_k_tokens_in_the_chosen_dtype(service):
+    cost = service.pass_cost(PROMPT, "bfloat16", repeats=1)
+    assert cost["dtype"] == "bfloat16" and cost["tokens"] == [1, 2, 4, 8, 16, 32]
+    assert all(ms > 0 for ms in cost["ms"]) and cost["relative"][0] == 1.0
+    assert all(abs(r - ms / cost["ms"][0]) < 0.02 for r, ms in zip(cost["relative"], cost["ms"]))
+    assert cost["context"] == len(service.backends["transformers"].model(models.BUNDLED).encode(PROMPT))
+    assert service.pass_cost(PROMPT, repeats=1)["dtype"] == "float32"  # auto: the server's
+    for args, message in (((PROMPT, "float16"), "dtype must be auto or one of"), (("  ",), "the prompt is empty"),
+                          (("word " * 400,), "at most 300")):
+        with pytest.raises(ConfigError, match=message):
+            service.pass_cost(*args)
 
 
 @pytest.mark.bundled

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app import models
+from app import bench, models
 from app.config import MODES, ConfigError
 from app.service import configs
 from app.service.backends.base import Availability, Prompt
@@ -54,12 +54,12 @@ class Service:
         self.backend = backend
         self.store = EngineStore(self.engines)
         self.tensor_parallel_size = tensor_parallel_size
+        self.jobs = JobManager(limits)
         self.backends = {
-            "transformers": TransformersBackend(self.engines, dtype),
+            "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call),
             "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
         }
-        self.jobs = JobManager(limits)
 
     # ------------------------------------------------------------------ what can run
     def availability(self) -> dict[str, Availability]:
@@ -133,6 +133,30 @@ class Service:
             yield from job.messages()
         finally:
             job.cancel()
+
+    # ------------------------------------------------------------------ the machine
+    def pass_cost(self, prompt: str, dtype: str = "auto", repeats: int = 3) -> dict[str, Any]:
+        """What one target pass over k tokens costs after `prompt` on this machine, in milliseconds and relative
+        to a one-token pass (bench.verify_cost), on the transformers backend in `dtype`. A speculative step that
+        verifies k tokens pays only when it commits more than that relative cost. Queued like a generation,
+        so it never times a CPU another job is using."""
+        if dtype not in ("auto", *models.DTYPES):
+            raise ConfigError(f"dtype must be auto or one of {', '.join(models.DTYPES)}, got '{dtype}'")
+        if not prompt.strip():
+            raise ConfigError("the prompt is empty: type something to continue")
+        target = self.backends["transformers"].model(self.model, dtype)
+        ids = target.encode(prompt)
+        if len(ids) > self.limits.max_prompt_tokens:
+            raise ConfigError(f"the prompt has {len(ids)} tokens; this server takes at most {self.limits.max_prompt_tokens}: shorten it")
+
+        def work(cancel):
+            yield {"type": "cost", "dtype": target.dtype, **bench.verify_cost(target, ids, repeats=repeats)}
+            yield {"type": "end", "finish_reason": "length", "error": None}
+
+        messages = list(self.jobs.submit(work).messages())
+        if messages[-1].get("error"):
+            raise RuntimeError(messages[-1]["error"])
+        return next({k: v for k, v in m.items() if k != "type"} for m in messages if m["type"] == "cost")
 
     # ------------------------------------------------------------------ engine builds
     def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> BuildSpec:

@@ -7,7 +7,7 @@ backend and shared read-only by every job; each generation gets its own KV cache
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,11 @@ from app.service.jobs import Limits, Work
 class TransformersBackend:
     name = "transformers"
 
-    def __init__(self, engines: Path = models.DEFAULT_ENGINES, dtype: str = "float32") -> None:
+    def __init__(self, engines: Path = models.DEFAULT_ENGINES, dtype: str = "float32",
+                 compute: Callable[[Callable[[], Any]], Any] = lambda load: load()) -> None:
         self.engines = engines
         self.dtype = dtype
+        self._compute = compute  # runs a load where the generations run (JobManager.call says why)
         self._lock = threading.Lock()
         self._loading: dict[tuple, threading.Lock] = {}
         self._loaded: dict[tuple, Any] = {}
@@ -60,7 +62,7 @@ class TransformersBackend:
             with self._lock:
                 if key in self._loaded:
                     return self._loaded[key]
-            value = load()
+            value = self._compute(load)
             with self._lock:
                 self._loaded[key] = value
             return value
@@ -79,8 +81,9 @@ class TransformersBackend:
         configs.check_context(len(prompt_ids), request.max_new_tokens, _context(target))
         companion = self.companion(target, cfg)
         try:
-            # What only the loaded artifact can tell (a Medusa tree deeper than its heads) fails here, not in the job.
-            cfg.drafter(target.model, companion)
+            # What only the loaded artifact can tell (a Medusa tree deeper than its heads) fails here, not in the job;
+            # where the jobs run, since a drafter gathers head rows (a parallel op).
+            self._compute(lambda: cfg.drafter(target.model, companion))
         except ValueError as err:
             raise ConfigError(str(err)) from err
 
