@@ -130,7 +130,7 @@ def test_compare():
     assert fig.layout.shapes and fig.layout.shapes[0].y0 == 1
 
 
-@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare])
+@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare, charts.pass_cost])
 def test_empty_input_gives_annotated_figure(build):
     for empty in ([], None):
         fig = build(empty)
@@ -193,3 +193,20 @@ def test_titles_fit_a_third_of_the_row(build):
         layout = build(steps).layout
         for text in (layout.title.text, layout.xaxis.title.text, layout.yaxis.title.text):
             assert len(text or "") <= 30, text
+
+
+def test_pass_cost_draws_one_curve_per_dtype_on_a_log_k_axis():
+    costs = [{"dtype": "float32", "tokens": [1, 2, 4, 8], "ms": [45.0, 46.1, 47.3, 50.0], "relative": [1.0, 1.02, 1.05, 1.11],
+              "context": 50},
+             {"dtype": "bfloat16", "tokens": [1, 2, 4, 8], "ms": [31.0, 32.0, 32.5, 34.1], "relative": [1.0, 1.03, 1.05, 1.1],
+              "context": 50}]
+    fig = charts.pass_cost(costs)
+    _common(fig)
+    assert [t.name for t in fig.data] == ["float32", "bfloat16"]
+    assert list(fig.data[1].x) == [1, 2, 4, 8] and list(fig.data[1].y) == [1.0, 1.03, 1.05, 1.1]
+    assert list(fig.data[0].customdata) == [45.0, 46.1, 47.3, 50.0]  # the milliseconds, in the hover
+    assert fig.layout.xaxis.type == "log" and list(fig.layout.xaxis.tickvals) == [1, 2, 4, 8]
+    assert fig.layout.shapes[0].y0 == 1  # the one-token pass
+    from app.ui.learn import pass_cost_note
+    note = pass_cost_note(costs)
+    assert "**float32**: one-token pass 45.0 ms after 50 tokens of context" in note and "8 tokens 1.10×" in note

@@ -131,6 +131,14 @@ def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
     assert race["type"] == "plotly" and bars["type"] == "plotly"
 
 
+def test_api_pass_cost_measures_both_dtypes_with_the_prompt_as_context(client):
+    figure, note = client.predict(PROMPT, api_name="/pass_cost")
+    assert figure["type"] == "plotly"
+    names = [t["name"] for t in json.loads(figure["plot"])["data"]]
+    assert names == ["float32", "bfloat16"]
+    assert "**float32**: one-token pass" in note and "**bfloat16**: one-token pass" in note and "32 tokens" in note
+
+
 def test_api_engines_plan_build_and_remove(client):
     args = run_args("lookahead")[1:2] + run_args("lookahead")[3:]
     plan = json.loads(client.predict(*args, api_name="/engine_plan"))
@@ -287,6 +295,9 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     screenshot("compare")
     page.get_by_role("tab", name="Learn").click()
     page.wait_for_selector("#learn-tree svg")
+    page.click("#cost-run")
+    page.wait_for_function("/bfloat16.*one-token pass/.test(document.querySelector('#cost-note').innerText)", timeout=120_000)
+    assert page.locator("#cost-plot .scatterlayer .trace").count() == 2
     screenshot("learn")
     page.get_by_role("tab", name="Engines").click()
     page.wait_for_selector("#eng-table")

@@ -246,3 +246,25 @@ def compare(rows: list[dict]) -> go.Figure:
     fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
     fig.update_layout(showlegend=False)
     return _layout(fig, title, "", "× autoregressive tokens/s")
+
+
+DTYPE_COLORS = {"float32": "#0072B2", "bfloat16": "#D55E00"}
+
+
+def pass_cost(costs: list[dict]) -> go.Figure:
+    """The verify-cost curve per dtype (Service.pass_cost): a pass over k tokens in one-token passes, on a log2 k axis."""
+    title = "Cost of a pass over k tokens"
+    costs = [c for c in (costs or []) if isinstance(c, Mapping) and c.get("tokens")]
+    if not costs:
+        return _empty(title, "Not measured yet: press Measure.")
+    fig = go.Figure()
+    for c in costs:
+        fig.add_trace(go.Scatter(
+            x=list(c["tokens"]), y=list(c["relative"]), mode="lines+markers", name=str(c["dtype"]),
+            line=dict(color=DTYPE_COLORS.get(c["dtype"], "#009E73"), width=3), customdata=list(c["ms"]),
+            hovertemplate="%{x} tokens: %{customdata:.1f} ms = %{y:.2f}× a one-token pass<extra>" + str(c["dtype"]) + "</extra>",
+        ))
+    ticks = sorted({k for c in costs for k in c["tokens"]})
+    fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
+    fig.update_layout(xaxis=dict(type="log", tickvals=ticks, ticktext=[str(k) for k in ticks]))
+    return _layout(fig, title, "tokens per pass (k)", "× a one-token pass")

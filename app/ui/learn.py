@@ -176,3 +176,23 @@ deeper when a level has none, so unsure steps stay cheap.
 Published GPU results: EAGLE-2 3.05–4.26×, EAGLE-3 up to 6.5×.
 """,
 }
+
+PASS_COST = """\
+### What a pass costs on this machine
+A target pass reads every weight once however many tokens it carries, so verifying a few drafted
+tokens costs little more than decoding one, until the arithmetic for more tokens (and the attention
+over a long context) starts to count. **Measure** times passes over k = 1 to 32 new tokens after the
+Run tab's prompt, in float32 and in bfloat16, each relative to a one-token pass. A speculative step
+that verifies k tokens pays only if it commits more tokens than that, on average (its τ).
+"""
+
+
+def pass_cost_note(costs: list[dict]) -> str:
+    """One line per measured dtype: the one-token pass and what a pass over more tokens costs in those."""
+    lines = []
+    for c in costs:
+        rel = dict(zip(c["tokens"], c["relative"]))
+        more = ", ".join(f"{k} tokens {r:.2f}×" for k, r in rel.items() if k > 1)
+        lines.append(f"- **{c['dtype']}**: one-token pass {c['ms'][0]:.1f} ms after {c['context']} tokens of context; "
+                     f"a pass over {more} of that.")
+    return "\n".join(lines)

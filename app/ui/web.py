@@ -291,6 +291,15 @@ class Studio:
                 else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another.")
         yield render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), done
 
+    # ------------------------------------------------------------------ Learn tab
+    def pass_cost(self, prompt: str):
+        """The verify-cost curve of this machine in both dtypes, with the Run tab's prompt as the context."""
+        try:
+            costs = [self.service.pass_cost(prompt, dtype) for dtype in ("float32", "bfloat16")]
+        except (ConfigError, ModelError, QueueFull) as err:
+            raise gr.Error(str(err)) from None
+        return charts.pass_cost(costs), learn.pass_cost_note(costs)
+
     # ------------------------------------------------------------------ Engines tab
     def engines_table(self) -> list[list[Any]]:
         rows = []
@@ -391,6 +400,10 @@ class Studio:
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(learn.OVERVIEW)
                 gr.HTML(_example_tree(), elem_id="learn-tree")
+                gr.Markdown(learn.PASS_COST)
+                cost_btn = gr.Button("Measure (float32 and bfloat16)", elem_id="cost-run")
+                cost_note = gr.Markdown("", elem_id="cost-note")
+                cost_plot = gr.Plot(charts.pass_cost([]), label="Verify cost", elem_id="cost-plot")
                 for m in MODES:
                     with gr.Accordion(learn.MODE_LABELS[m], open=False):
                         gr.Markdown(learn.LEARN[m])
@@ -427,6 +440,7 @@ class Studio:
             cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype], [cmp_table, cmp_race, cmp_bars, cmp_status],
                                     api_name="compare", show_progress="hidden", concurrency_id="generate")
             cmp_stop.click(self.stop, None, cmp_status, queue=False, api_name="compare_stop")
+            cost_btn.click(self.pass_cost, prompt, [cost_plot, cost_note], api_name="pass_cost", concurrency_id="generate")
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
