@@ -341,6 +341,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+CONCURRENCY_HELP = ("generations running at once (keep 1 on a small CPU: each worker thread keeps its own OpenMP team, "
+                    "which slows every pass)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m app", description="SpecDec Studio")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -349,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--port", type=int, default=None, help="port (default: GRADIO_SERVER_PORT, else 7860)")
     u.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
     u.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    u.add_argument("--max-concurrency", type=int, default=1, help="generations running at once (keep 1 on a small CPU: each worker thread keeps its own OpenMP team, which slows every pass)")
+    u.add_argument("--max-concurrency", type=int, default=1, help=CONCURRENCY_HELP)
     u.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones are refused")
     u.add_argument("--time-limit", type=float, default=300.0, help="seconds a generation may run")
     u.add_argument("--engines-dir", default=None)
@@ -366,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--mode", default="autoregressive", help="the server-wide default mode; requests may choose another")
-    v.add_argument("--max-concurrency", type=int, default=1, help="generations running at once (keep 1 on a small CPU: each worker thread keeps its own OpenMP team, which slows every pass)")
+    v.add_argument("--max-concurrency", type=int, default=1, help=CONCURRENCY_HELP)
     v.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones get 429")
     v.add_argument("--time-limit", type=float, default=300.0, help="seconds a generation may run")
     _add_decoding_flags(v)

@@ -117,8 +117,7 @@ class Service:
         then queue the generation. Raises ConfigError / ModelError / QueueFull before anything is queued."""
         request = self.request(data)
         prompt = prompt if isinstance(prompt, Prompt) else Prompt(prompt)
-        if not any(text.strip() for text in [m["content"] for m in prompt.messages] or [prompt.text]):
-            raise ConfigError("the prompt is empty: type something to continue")
+        _require_text([m["content"] for m in prompt.messages] or [prompt.text])
         backend = self.backends[request.backend]
         state = backend.availability()
         if not state.available:
@@ -142,12 +141,10 @@ class Service:
         so it never times a CPU another job is using."""
         if dtype not in ("auto", *models.DTYPES):
             raise ConfigError(f"dtype must be auto or one of {', '.join(models.DTYPES)}, got '{dtype}'")
-        if not prompt.strip():
-            raise ConfigError("the prompt is empty: type something to continue")
+        _require_text([prompt])
         target = self.backends["transformers"].model(self.model, dtype)
         ids = target.encode(prompt)
-        if len(ids) > self.limits.max_prompt_tokens:
-            raise ConfigError(f"the prompt has {len(ids)} tokens; this server takes at most {self.limits.max_prompt_tokens}: shorten it")
+        configs.check_prompt_limit(len(ids), self.limits.max_prompt_tokens)
 
         def work(cancel):
             yield {"type": "cost", "dtype": target.dtype, **bench.verify_cost(target, ids, repeats=repeats)}
@@ -186,3 +183,7 @@ class Service:
     def close(self) -> None:
         self.jobs.shutdown()
 
+
+def _require_text(texts: list[str]) -> None:
+    if not any(text.strip() for text in texts):
+        raise ConfigError("the prompt is empty: type something to continue")

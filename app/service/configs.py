@@ -307,6 +307,12 @@ def parse(data: dict[str, Any]) -> DecodeRequest:
     return request
 
 
+def check_prompt_limit(prompt_tokens: int, limit: int) -> None:
+    """A server's own cap on prompt length (Limits.max_prompt_tokens), below the model's context."""
+    if prompt_tokens > limit:
+        raise ConfigError(f"the prompt has {prompt_tokens} tokens; this server takes at most {limit}: shorten it")
+
+
 def check_context(prompt_tokens: int, max_new_tokens: int, context: int) -> None:
     if prompt_tokens < 1:
         raise ConfigError("the prompt is empty: give at least one token")

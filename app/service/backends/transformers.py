@@ -74,10 +74,7 @@ class TransformersBackend:
             prompt_ids = target.encode_chat(prompt.messages)
         else:
             prompt_ids = target.encode(prompt.text, chat=not prompt.raw)
-        if len(prompt_ids) > limits.max_prompt_tokens:
-            raise ConfigError(
-                f"the prompt has {len(prompt_ids)} tokens; this server takes at most {limits.max_prompt_tokens}: shorten it"
-            )
+        configs.check_prompt_limit(len(prompt_ids), limits.max_prompt_tokens)
         configs.check_context(len(prompt_ids), request.max_new_tokens, _context(target))
         companion = self.companion(target, cfg)
         try:
