@@ -6,6 +6,7 @@ and cached as safetensors + tokenizer under `engines/models/`, so later loads ta
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -90,10 +91,12 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def _bundled_dir(name: str, engines: Path) -> Path:
-    """The dequantized cache of a bundled GGUF model, built on first use (atomically)."""
+    """The dequantized cache of a bundled GGUF model, built on first use."""
     target = engines / "models" / name
-    if (target / "config.json").exists():
-        return target
+    return _build_once(target, lambda: (target / "config.json").exists(), lambda tmp: _dequantize(name, tmp))
+
+
+def _dequantize(name: str, out: Path) -> None:
     package, filename = ALIASES[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -101,7 +104,7 @@ def _bundled_dir(name: str, engines: Path) -> Path:
     source = Path(spec.submodule_search_locations[0])
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"[models] dequantizing {filename} once into {target} ...", file=sys.stderr, flush=True)
+    print(f"[models] dequantizing {filename} once into {out.parent / name} ...", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=filename)
     gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=filename, dtype=torch.float32)
     config = gguf_model.config
@@ -109,31 +112,33 @@ def _bundled_dir(name: str, engines: Path) -> Path:
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(config)
     plain.load_state_dict(gguf_model.state_dict(), assign=True)
-
-    def write(tmp: Path) -> None:
-        plain.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-
-    _save_atomically(target, write)
-    return target
+    plain.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
-def _save_atomically(target: Path, write) -> None:
-    """Run write(tmp_dir) and rename it to `target` (a stale `target` is moved aside first); a
-    concurrent builder that finished first wins."""
+def _build_once(target: Path, is_fresh, build) -> Path:
+    """Return `target`, first running build(tmp_dir) and renaming it into place unless is_fresh().
+
+    Builders in other processes (test workers, a CLI next to the web app) take turns on a lock file,
+    so the directory is built once and a reader never sees it half-written or moved aside."""
+    if is_fresh():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        write(tmp)
-        if target.exists():
-            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-stale-", dir=target.parent))
-            os.replace(target, stale / "old")
-            shutil.rmtree(stale, ignore_errors=True)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").exists():
-            raise
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_fresh():  # built by whoever held the lock before us
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            build(tmp)
+            if target.exists():  # stale (e.g. retrained weights checked out): move it aside
+                stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-stale-", dir=target.parent))
+                os.replace(target, stale / "old")
+                shutil.rmtree(stale, ignore_errors=True)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _draft_dir(name: str, engines: Path) -> Path:
@@ -145,23 +150,22 @@ def _draft_dir(name: str, engines: Path) -> Path:
         raise ModelError(f"the draft '{name}' is not shipped in this checkout ({layers} is missing)")
     digest = hashlib.sha256((layers / "model.safetensors").read_bytes()).hexdigest()
     stamp = target / "specdec_source.json"
-    if (target / "config.json").exists() and stamp.exists() and json.loads(stamp.read_text()).get("sha256") == digest:
-        return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from app.training.draft import write_model
+    def is_fresh() -> bool:
+        return (target / "config.json").exists() and stamp.exists() and json.loads(stamp.read_text()).get("sha256") == digest
 
-    base_dir = locate(base_name, engines)
-    print(f"[models] building the draft model {name} once into {target} ...", file=sys.stderr, flush=True)
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    def build(tmp: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    def write(tmp: Path) -> None:
-        write_model(base, tokenizer, layers, tmp)
+        from app.training.draft import write_model
+
+        base_dir = locate(base_name, engines)
+        print(f"[models] building the draft model {name} once into {target} ...", file=sys.stderr, flush=True)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        write_model(base, AutoTokenizer.from_pretrained(base_dir), layers, tmp)
         (tmp / stamp.name).write_text(json.dumps({"source": str(layers.relative_to(ROOT)), "sha256": digest}))
 
-    _save_atomically(target, write)
-    return target
+    return _build_once(target, is_fresh, build)
 
 
 def locate(name: str, engines: Path = DEFAULT_ENGINES) -> str:

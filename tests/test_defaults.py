@@ -71,6 +71,37 @@ def test_the_shipped_draft_loads_by_name_like_any_model(bundled):
     assert draft.model.config.num_hidden_layers == 1 and draft.vocab_size == bundled.vocab_size
 
 
+@pytest.mark.bundled
+def test_the_shipped_draft_is_built_once_when_processes_ask_for_it_together(bundled, tmp_path):
+    """Two processes (the test workers, a CLI next to the web app) asking at once: one builds the draft's
+    model directory, the other waits for it; neither sees it half-written or moved aside. A changed
+    shipped draft is rebuilt."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / models.BUNDLED).symlink_to(models.DEFAULT_ENGINES / "models" / models.BUNDLED)
+    name = f"{models.BUNDLED}-draft"
+    code = (
+        "import sys; from pathlib import Path; from transformers import AutoConfig; from app import models; "
+        "where = models.locate(sys.argv[1], Path(sys.argv[2])); AutoConfig.from_pretrained(where); print(where)"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, name, str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outputs]
+    target = tmp_path / "models" / name
+    assert {out.strip() for out, _ in outputs} == {str(target)}
+    assert sum("building the draft model" in err for _, err in outputs) == 1
+    assert not [p.name for p in (tmp_path / "models").iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")]
+
+    stamp = target / "specdec_source.json"
+    stamp.write_text(json.dumps({"sha256": "an older draft"}))
+    rebuilt = subprocess.run([sys.executable, "-c", code, name, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert rebuilt.returncode == 0 and "building the draft model" in rebuilt.stderr
+    assert json.loads(stamp.read_text())["sha256"] != "an older draft"
+
+
 def run_cli(*args, timeout=900):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
