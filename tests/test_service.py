@@ -265,23 +265,45 @@ def test_a_request_chooses_its_dtype_and_each_dtype_loads_once(service, bundled)
 
 
 @pytest.mark.bundled
-def test_models_load_and_drafters_build_on_the_job_workers_only(monkeypatch):
+def test_models_load_and_drafters_compute_on_the_job_workers_only(monkeypatch):
     # PyTorch's OpenMP runtime keeps a thread team per thread that ran a parallel op; a second team made every
-    # pass ~1.7x slower on 2 cores. So the service computes (loads, builds drafters, generates) on its workers.
-    from app.config import DecodingConfig
+    # pass ~1.7x slower on 2 cores. So the service computes (loads, gathers head rows, generates) on its workers;
+    # building a drafter only validates, on the caller's thread.
+    from app.decoding.drafters.draft_model import DraftModel
+    from app.heads.medusa import MedusaHeads
 
     seen = []
-    load, drafter = models.load, DecodingConfig.drafter
-    monkeypatch.setattr(models, "load", lambda *a, **k: seen.append(("load", threading.current_thread().name)) or load(*a, **k))
-    monkeypatch.setattr(DecodingConfig, "drafter",
-                        lambda self, *a, **k: seen.append(("drafter", threading.current_thread().name)) or drafter(self, *a, **k))
+
+    def record(owner, attr, kind):
+        original = getattr(owner, attr)
+        monkeypatch.setattr(owner, attr, lambda *a, **k: seen.append((kind, threading.current_thread().name)) or original(*a, **k))
+
+    record(models, "load", "load")
+    record(MedusaHeads, "head_rows", "medusa rows")
+    record(DraftModel, "start", "draft rows")
     s = Service(limits=Limits(max_new_tokens=8))
     s.backends["transformers"].model(models.BUNDLED)  # what `python -m app` does at start, on the main thread
     for spec in ({"decoding_type": "Medusa"}, {"decoding_type": "Draft_Target"}):
         assert collect(s.stream({"speculative_config": spec, "max_new_tokens": 4}, PROMPT))[2]["finish_reason"]
     s.close()
-    assert {kind for kind, _ in seen} == {"load", "drafter"}
+    assert {kind for kind, _ in seen} == {"load", "medusa rows", "draft rows"}
     assert all(name.startswith("specdec-job") for _, name in seen), seen
+
+
+@pytest.mark.bundled
+def test_a_request_is_checked_at_once_while_another_generates():
+    """With the one worker busy, a second user's bad config is refused right away, not after the running job."""
+    service = Service(limits=Limits(max_concurrency=1, max_new_tokens=200))
+    medusa = {"decoding_type": "Medusa"}
+    collect(service.stream({"speculative_config": medusa, "max_new_tokens": 2}, PROMPT))  # the heads are loaded
+    job = service.submit({"max_new_tokens": 200}, "Write a long story about a dragon.")
+    assert next(job.messages(timeout=120))["type"] == "start"
+    with pytest.raises(ConfigError, match="heads"):
+        service.submit({"speculative_config": {**medusa, "medusa_choices": [[0] * d for d in range(1, 9)]}}, PROMPT)
+    assert job.status == "running"
+    job.cancel()
+    assert list(job.messages(timeout=120))[-1]["finish_reason"] == "cancelled"
+    service.close()
 
 
 @pytest.mark.bundled

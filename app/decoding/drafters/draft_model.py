@@ -35,11 +35,15 @@ class DraftModel:
             if reason:
                 raise ValueError(f"the draft vocabulary: {reason}")
             self.ids = vocab.target_ids(d2t).to(head.weight.device)
-            bias = getattr(head, "bias", None)
-            self.rows = (head.weight[self.ids], bias[self.ids] if bias is not None else None)  # once per generation
 
     def start(self, prompt, sampling, gen, prefill) -> None:
         self.sampling, self.gen = sampling, gen
+        if self.ids is not None:
+            # Gathered here, not in __init__: building a drafter only validates (the service does that on the
+            # caller's thread), computing happens where the generation runs.
+            head = self.model.get_output_embeddings()
+            bias = getattr(head, "bias", None)
+            self.rows = (head.weight[self.ids], bias[self.ids] if bias is not None else None)
         self.cache = new_cache(self.model.config, kv_dtype(self.model.config))
         self.fed: list[int] = []  # tokens whose KV is in the draft's cache
 

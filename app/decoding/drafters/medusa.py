@@ -63,7 +63,6 @@ class Medusa:
             raise ValueError(f"min_path_prob must be in [0, 1), got {min_path_prob}")
         self.min_path_prob = float(min_path_prob)
         self.heads, self.lm_head = heads, lm_head
-        self.rows = heads.head_rows(lm_head)  # once: a reduced vocabulary's rows are a copy
         self.ids = heads.target_ids
         self.num_heads = num_heads
         self.typical_args = {
@@ -75,6 +74,9 @@ class Medusa:
 
     def start(self, prompt, sampling, gen, prefill) -> None:
         self.sampling = sampling
+        # Once per generation (a reduced vocabulary's rows are a copy); here and not in __init__, which only
+        # validates: the service builds drafters on the caller's thread, and computes where generations run.
+        self.rows = self.heads.head_rows(self.lm_head)
         # The hidden state that produced the logits of the first token (the first root).
         self.hidden = prefill.hidden[-1]
 

@@ -78,9 +78,9 @@ class TransformersBackend:
         configs.check_context(len(prompt_ids), request.max_new_tokens, _context(target))
         companion = self.companion(target, cfg)
         try:
-            # What only the loaded artifact can tell (a Medusa tree deeper than its heads) fails here, not in the job;
-            # where the jobs run, since a drafter gathers head rows (a parallel op).
-            self._compute(lambda: cfg.drafter(target.model, companion))
+            # What only the loaded artifact can tell (a Medusa tree deeper than its heads) fails here, not in the job.
+            # Building a drafter only validates, so this runs on the caller's thread without waiting for the workers.
+            cfg.drafter(target.model, companion)
         except ValueError as err:
             raise ConfigError(str(err)) from err
 
