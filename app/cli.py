@@ -47,8 +47,9 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle-top-k", type=int, default=4)
     p.add_argument("--eagle-choices", default=None, help="EAGLE static tree (rank paths) instead of the dynamic tree")
     p.add_argument(
-        "--min-path-prob", type=float, default=0.0,
-        help="Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower (0 = keep all)",
+        "--min-path-prob", type=float, default=None,
+        help="Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower "
+        f"(0 = keep all; default {configs.MIN_PATH_PROB} on the transformers backend, none on TensorRT-LLM)",
     )
     p.add_argument("--engines-dir", default=None, help="artifact store (default: engines/ in the repository)")
 

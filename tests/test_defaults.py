@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from app import models
 from app.config import DecodingConfig
 from app.runner import load_companion, output_ids, run
+from app.service import configs
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = {"medusa": "medusa", "eagle": "eagle", "draft": "draft_target"}
@@ -197,13 +198,20 @@ def test_a_tree_deeper_than_the_shipped_heads_is_a_clean_config_error(bundled, c
 
 
 @pytest.mark.bundled
-@pytest.mark.parametrize("mode, extra", [("medusa", []), ("eagle", ["--eagle-total-tokens", "12", "--eagle-depth", "3"])])
+@pytest.mark.parametrize("mode, extra", [
+    ("medusa", ["--min-path-prob", "0"]),
+    ("eagle", ["--eagle-total-tokens", "12", "--eagle-depth", "3", "--min-path-prob", "0"]),
+    ("eagle", []),  # pruned by default on this backend
+])
 def test_cli_generate_with_the_shipped_artifacts(bundled, mode, extra):
     proc = run_cli("generate", "--prompt", "Name three colours.", "--mode", mode, "--json", "--max-new-tokens", "16", *extra)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     steps = result["steps"][1:]
-    assert steps and all(s["proposed"]["tokens"] for s in steps[:-1])
+    pruned = "--min-path-prob" not in extra
+    assert steps and any(s["proposed"]["tokens"] for s in steps)
+    assert pruned or all(s["proposed"]["tokens"] for s in steps[:-1])  # unpruned, every step but the last drafts
     assert "tree" in steps[0]["source"]
+    assert steps[0]["source"].get("min_path_prob") == (configs.MIN_PATH_PROB if pruned else None)
     ref = output_ids(list(run(bundled, DecodingConfig(max_new_tokens=16), bundled.encode("Name three colours."))))
     assert result["token_ids"] == ref

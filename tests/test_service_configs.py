@@ -122,6 +122,22 @@ def test_translations_carry_every_field():
     assert "--use_paged_context_fmha" in c.trtllm_build_plan(r, "a", "b")
 
 
+def test_tree_pruning_unset_is_the_transformers_default_and_none_on_tensorrt_llm():
+    def runtime(**spec):
+        return c.to_runtime(c.parse({"speculative_config": spec}))
+
+    assert runtime(decoding_type="Medusa").medusa_min_path_prob == c.MIN_PATH_PROB > 0
+    assert runtime(decoding_type="Eagle").eagle_min_path_prob == c.MIN_PATH_PROB
+    assert runtime(decoding_type="Eagle", min_path_prob=0).eagle_min_path_prob == 0
+    assert runtime(decoding_type="Medusa", min_path_prob=0.2).medusa_min_path_prob == 0.2
+    static = runtime(decoding_type="Eagle", use_dynamic_tree=False, eagle_choices="small", max_draft_len=20)
+    assert static.eagle_min_path_prob == 0  # a static tree keeps its shape
+    trt = {"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x"}}
+    assert "min_path_prob" not in c.trtllm_speculative_config(c.parse(trt))
+    with pytest.raises(ConfigError, match="TensorRT-LLM has no such setting"):
+        c.parse({**trt, "speculative_config": {**trt["speculative_config"], "min_path_prob": c.MIN_PATH_PROB}})
+
+
 def test_context_rules():
     c.check_context(10, 5, 2048)
     with pytest.raises(ConfigError, match="empty"):

@@ -23,6 +23,11 @@ from app.config import ConfigError, DecodingConfig, medusa_choices
 from app.decoding.sampling import SamplingParams
 
 MAX_DRAFT_LEN = 256  # TensorRT-LLM's engine builder asserts max_draft_len <= 256
+# The transformers backend's tree pruning when a request leaves min_path_prob unset: on a CPU every verified node
+# costs target compute, and an unpruned 24-node EAGLE step costs about two one-token passes (0.94x autoregressive
+# in bfloat16, 1.40x pruned at 0.05; see README). Pruning keeps every mode lossless: the tree stays a deterministic
+# function of the context. TensorRT-LLM has no such setting (unset there means none).
+MIN_PATH_PROB = 0.05
 BACKENDS = ("transformers", "tensorrt_llm", "remote")
 TRTLLM_BACKENDS = {
     "autoregressive": ("pytorch", "tensorrt"),
@@ -161,7 +166,7 @@ class MedusaDecodingConfig(_Config):
     typical_acceptance: bool = False  # sampling only; NOT lossless
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
-    min_path_prob: float = 0.0  # ours (transformers backend): prune nodes the heads find unlikely
+    min_path_prob: float | None = None  # ours (transformers backend): prune nodes the heads find unlikely; see MIN_PATH_PROB
     mode: ClassVar[str] = "medusa"
 
     def paths(self) -> list[list[int]]:
@@ -195,7 +200,7 @@ class EagleDecodingConfig(_Config):
     use_dynamic_tree: bool = True
     dynamic_tree_max_topK: int = 4
     num_eagle_layers: int = 5  # tree depth
-    min_path_prob: float = 0.0  # ours (transformers backend): prune dynamic-tree nodes the draft finds unlikely
+    min_path_prob: float | None = None  # ours (transformers backend): prune dynamic-tree nodes the draft finds unlikely
     mode: ClassVar[str] = "eagle"
 
     def check(self) -> None:
@@ -208,7 +213,7 @@ class EagleDecodingConfig(_Config):
         if self.num_eagle_layers < 1:
             raise ConfigError(f"num_eagle_layers (the tree depth, eagle_depth) must be at least 1, got {self.num_eagle_layers}")
         _check_min_path_prob(self.min_path_prob)
-        if self.min_path_prob > 0 and not self.use_dynamic_tree:
+        if self.min_path_prob and not self.use_dynamic_tree:
             raise ConfigError("min_path_prob prunes the dynamic tree; a static tree (eagle_choices) keeps its shape")
         if self.use_dynamic_tree == (self.eagle_choices is not None):
             raise ConfigError("EAGLE needs either use_dynamic_tree or eagle_choices (a static tree), not both or neither")
@@ -219,9 +224,13 @@ class EagleDecodingConfig(_Config):
                 raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_draft_len is {self.max_draft_len}")
 
 
-def _check_min_path_prob(p: float) -> None:
-    if not 0 <= p < 1:
+def _check_min_path_prob(p: float | None) -> None:
+    if p is not None and not 0.0 <= p < 1.0:
         raise ConfigError(f"min_path_prob must be in [0, 1) (0 = no pruning), got {p}")
+
+
+def _min_path_prob(p: float | None) -> float:
+    return MIN_PATH_PROB if p is None else p
 
 
 SpeculativeConfig = Annotated[
@@ -337,12 +346,12 @@ def to_runtime(request: DecodeRequest) -> DecodingConfig:
         spec = c.medusa_choices
         fields.update(medusa_model=c.speculative_model, medusa_choices=spec if isinstance(spec, str) else _json(spec),
                       typical_acceptance=c.typical_acceptance, posterior_threshold=c.posterior_threshold,
-                      posterior_alpha=c.posterior_alpha, medusa_min_path_prob=c.min_path_prob)
+                      posterior_alpha=c.posterior_alpha, medusa_min_path_prob=_min_path_prob(c.min_path_prob))
     elif isinstance(c, EagleDecodingConfig):
         spec = c.eagle_choices
         fields.update(eagle_model=c.speculative_model, eagle_total_tokens=c.max_draft_len + 1, eagle_depth=c.num_eagle_layers,
                       eagle_top_k=c.dynamic_tree_max_topK, eagle_choices=None if spec is None else (spec if isinstance(spec, str) else _json(spec)),
-                      eagle_min_path_prob=c.min_path_prob)
+                      eagle_min_path_prob=_min_path_prob(c.min_path_prob) if c.use_dynamic_tree else 0.0)
     return DecodingConfig(**fields)
 
 

@@ -18,7 +18,7 @@ from app import bench
 from app.config import CHOICES_DIR, MODES, ConfigError
 from app.models import ModelError
 from app.service.api import Service
-from app.service.configs import MODE_TYPES, LookaheadDecodingConfig
+from app.service.configs import MIN_PATH_PROB, MODE_TYPES, LookaheadDecodingConfig
 from app.service.jobs import QueueFull
 from app.ui import charts, learn, render
 
@@ -509,8 +509,8 @@ DEFAULTS: dict[str, Any] = {
     "pl_num_tokens": 10, "pl_ngram": 2, "pl_draft_lens": "2,5", "pl_candidates": 1,
     "la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4,
     "dt_model": None, "dt_len": 4,
-    "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": 0.05,
-    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": 0.05,
+    "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": MIN_PATH_PROB,
+    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": MIN_PATH_PROB,
     "backend": "transformers", "dtype": "auto",
 }
 
