@@ -12,7 +12,8 @@ import torch
 
 from app.config import DecodingConfig
 from app.decoding.target import TransformersTarget
-from app.models import LoadedModel, fast_bf16
+from app.decoding.linear import fast_bf16
+from app.models import LoadedModel
 from app.runner import output_ids, run as run_mode
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_bench" / "question.jsonl"

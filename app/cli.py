@@ -10,7 +10,8 @@ from pathlib import Path
 from app.config import MODES, ConfigError, DecodingConfig, parse_triple
 from app.service import configs
 from app.decoding.loop import ContextError
-from app.models import BUNDLED, DTYPES, ModelError, fast_bf16
+from app.decoding.linear import fast_bf16
+from app.models import BUNDLED, DTYPES, ModelError
 from app.service.engines import EngineError
 from app.training.export import ExportError
 

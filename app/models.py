@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from app.decoding import attention, linear
-from app.decoding.linear import fast_bf16  # noqa: F401  (re-exported: cli, bench, tests use app.models.fast_bf16)
 
 BUNDLED = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from app import bench
-from app.models import LoadedModel, fast_bf16
+from app.decoding.linear import fast_bf16
+from app.models import LoadedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,8 +11,7 @@ from helpers import tiny_llama
 from torch import nn
 
 from app.decoding import linear
-from app.decoding.linear import PackedLinear
-from app.models import fast_bf16
+from app.decoding.linear import PackedLinear, fast_bf16
 
 needs_bf16 = pytest.mark.skipif(not (fast_bf16() and torch.backends.mkldnn.is_available()),
                                 reason="packing applies only where oneDNN multiplies bfloat16 natively (AVX-512 BF16 or AMX)")

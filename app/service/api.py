@@ -13,6 +13,7 @@ from typing import Any
 
 from app import bench, models
 from app.config import MODES, ConfigError
+from app.decoding.linear import fast_bf16
 from app.service import configs
 from app.service.backends.base import Availability, Prompt
 from app.service.backends.remote import RemoteBackend
@@ -92,7 +93,7 @@ class Service:
         if dtype != "bfloat16":
             return ""
         note = "bfloat16: greedy outputs can part from autoregressive after a while (a pass over several tokens rounds differently)"
-        if not models.fast_bf16():
+        if not fast_bf16():
             note += "; this CPU has no native bfloat16, so many-token passes are slow here and speculation earns little"
         return note
 

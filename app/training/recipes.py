@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from app.heads import vocab
-from app.models import LoadedModel, fast_bf16
+from app.decoding.linear import fast_bf16
+from app.models import LoadedModel
 from app.training.data import FeatureSet, cached_features, print_progress, self_distilled_sequences
 from app.training.trainer import fit
 

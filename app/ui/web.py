@@ -16,7 +16,7 @@ import gradio as gr
 
 from app import bench
 from app.config import CHOICES_DIR, MODES, ConfigError
-from app.models import ModelError
+from app.models import DTYPES, ModelError
 from app.service.api import Service
 from app.service.configs import MIN_PATH_PROB, MODE_TYPES, LookaheadDecodingConfig
 from app.service.jobs import QueueFull
@@ -516,7 +516,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 def _dtype_radio(service: Service, elem_id: str) -> gr.Radio:
-    return gr.Radio(["auto", "float32", "bfloat16"], value="auto", label="dtype", elem_id=elem_id,
+    return gr.Radio(["auto", *DTYPES], value="auto", label="dtype", elem_id=elem_id,
                     info=f"auto = the server's ({service.dtype}). float32: every mode's greedy output equals "
                          "autoregressive. bfloat16: half the bytes per pass, faster where the CPU has native bfloat16; "
                          "the first run in a dtype loads the model in it (transformers backend only).")
