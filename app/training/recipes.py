@@ -48,6 +48,7 @@ class TrainSettings:
     draft_vocab_size: int = 8192  # EAGLE and Medusa rank the target's most frequent tokens only
     draft_layers: int = 3
     eagle_steps: int = 1  # EAGLE: training-time-test unroll (2 = also learn from its own predicted features)
+    eagle_ce_weight: float = 0.1  # EAGLE: token loss weight next to the feature loss (EAGLE-1's 0.1)
     # EAGLE: target layers fused into its input (EAGLE-3 style); () = none, None = EAGLE-3's (2, L/2, L-3).
     # Features are cached with these layers for every kind, so the three recipes share one extraction.
     eagle_aux_layers: tuple[int, ...] | None = None
@@ -221,7 +222,8 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
     embed = model.get_input_embeddings()
     return (
         module,
-        lambda b: eagle.eagle_loss(module, embed, lm_head, b.ids, b.hidden, b.mask, steps=s.eagle_steps, aux=b.aux),
+        lambda b: eagle.eagle_loss(module, embed, lm_head, b.ids, b.hidden, b.mask, ce_weight=s.eagle_ce_weight,
+                                   steps=s.eagle_steps, aux=b.aux),
         lambda d: eagle.save(module, d, target.name),
     )
 
