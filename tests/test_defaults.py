@@ -138,7 +138,9 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
         proc = run_cli("ship-data", "--engines-dir", str(engines), "--output-dir", str(tmp_path / "shipped"))
         assert proc.returncode == 0, proc.stderr[-3000:]
         (packed,) = (tmp_path / "shipped" / answers.name).glob("shard-*.json.xz")
-        assert lzma.decompress(packed.read_bytes()) == (answers / "shard-0000.json").read_bytes()
+        shipped, cached = json.loads(lzma.decompress(packed.read_bytes())), json.loads((answers / "shard-0000.json").read_text())
+        assert len(shipped["answers"]) == len(cached) == 6  # the answers only: the prompts are not shipped
+        assert all(0 < len(a) <= 16 and q[-len(a):] == a for a, q in zip(shipped["answers"], cached))
     exported = tmp_path / f"{kind}-export"
     proc = run_cli("export", str(out), "--output-dir", str(exported))
     assert proc.returncode == 0, proc.stderr[-3000:]
