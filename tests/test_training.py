@@ -132,7 +132,9 @@ def test_batched_greedy_answers_equal_one_prompt_at_a_time(attn):
         assert got == p + want
 
 
-def test_self_distilled_data_is_cached_resumable_and_trains(tiny_model, tmp_path, monkeypatch):
+@pytest.fixture
+def answer_calls(monkeypatch):
+    """The batch sizes generate_answers is called with (the answers are still generated)."""
     calls = []
     real = data_mod.generate_answers
 
@@ -141,6 +143,11 @@ def test_self_distilled_data_is_cached_resumable_and_trains(tiny_model, tmp_path
         return real(model, tok, prompts, **kw)
 
     monkeypatch.setattr(data_mod, "generate_answers", counting)
+    return calls
+
+
+def test_self_distilled_data_is_cached_resumable_and_trains(tiny_model, tmp_path, answer_calls):
+    calls = answer_calls
     kw = dict(offset=0, limit=5, max_len=40, max_new_tokens=8, eos_token_ids=[], shard=2)
     seqs = data_mod.self_distilled_sequences("tiny", tiny_model, CharTokenizer(), tmp_path, **kw)
     assert calls == [2, 2, 1] and len(seqs) == 5
@@ -165,23 +172,17 @@ def test_self_distilled_data_is_cached_resumable_and_trains(tiny_model, tmp_path
         data_mod.cached_features("tiny", tiny_model, CharTokenizer(), tmp_path, source="self")
 
 
-def test_shipped_answers_replace_generation_on_a_fresh_machine(tiny_model, tmp_path, monkeypatch):
+def test_shipped_answers_replace_generation_on_a_fresh_machine(tiny_model, tmp_path, answer_calls):
     """ship_answers + a fresh engines/: the answers come from the shipped shards, not from the model;
-    a shard that does not continue its prompts (another tokenizer, say) is generated instead."""
+    a shard answering other prompts (another tokenizer, say) is generated instead."""
+    calls = answer_calls
     kw = dict(offset=0, limit=5, max_len=40, max_new_tokens=8, eos_token_ids=[], shard=2)
     seqs = data_mod.self_distilled_sequences("tiny", tiny_model, CharTokenizer(), tmp_path / "a", shipped=None, **kw)
+    calls.clear()
     shipped = tmp_path / "assets"
     written = data_mod.ship_answers(tmp_path / "a", "tiny", CharTokenizer(), shipped, shard=2)
     assert [p.name for p in written] == ["shard-0000.json.xz", "shard-0001.json.xz", "shard-0002.json.xz"]
     assert data_mod.ship_answers(tmp_path / "a", "another-model", CharTokenizer(), tmp_path / "none") == []
-    calls = []
-    real = data_mod.generate_answers
-
-    def counting(model, tok, prompts, **k):
-        calls.append(len(prompts))
-        return real(model, tok, prompts, **k)
-
-    monkeypatch.setattr(data_mod, "generate_answers", counting)
     other = tiny_llama(vocab=96, hidden=32, layers=2, max_pos=256, seed=7)  # would answer differently
     got = data_mod.self_distilled_sequences("tiny", other, CharTokenizer(), tmp_path / "b", shipped=shipped, **kw)
     assert got == seqs and calls == []
