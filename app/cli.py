@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.config import MODES, ConfigError, DecodingConfig, parse_triple
+from app.config import MERGEABLE, MERGED_SUFFIX, MODES, ConfigError, DecodingConfig, parse_triple
 from app.service import configs
 from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
@@ -69,19 +69,33 @@ def _int_list(text: str, what: str) -> tuple[int, ...]:
         raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
 
 
+MERGED_MODES = tuple(m + MERGED_SUFFIX for m in MERGEABLE)
+
+
+def check_mode(mode: str, flag: str = "--mode") -> None:
+    if mode not in MODES and mode not in MERGED_MODES:
+        raise ConfigError(f"unknown mode '{mode}' in {flag}: choose one of {', '.join(MODES + MERGED_MODES)}")
+
+
+def _ngram_spec(args: argparse.Namespace) -> dict:
+    return {"max_draft_len": args.prompt_lookup_num_tokens, "max_matching_ngram_size": args.max_matching_ngram_size,
+            "is_use_oldest": not args.use_newest_match, "max_candidates": args.prompt_lookup_candidates,
+            "ngram_draft_lens": _int_list(args.ngram_draft_lens, "--ngram-draft-lens")}
+
+
 def request_data(args: argparse.Namespace, mode: str) -> dict:
-    """The service's DecodeRequest data (TensorRT-LLM names) for the command-line flags of one mode."""
-    if mode not in MODES:
-        raise ConfigError(f"unknown mode '{mode}': choose one of {', '.join(MODES)}")
+    """The service's DecodeRequest data (TensorRT-LLM names) for the command-line flags of one mode;
+    `medusa+prompt_lookup` / `eagle+prompt_lookup` add prompt lookup's candidates (its flags) to the tree."""
+    check_mode(mode)
+    merged = mode in MERGED_MODES
+    mode = mode.removesuffix(MERGED_SUFFIX)
     if mode == "lookahead":
         W, N, G = parse_triple(args.lookahead_config, "--lookahead-config")
         spec = {"max_window_size": W, "max_ngram_size": N, "max_verification_set_size": G,
                 "request": parse_triple(args.lookahead_request, "--lookahead-request") if args.lookahead_request else None,
                 "pool_from_prompt": not args.no_pool_from_prompt}
     elif mode == "prompt_lookup":
-        spec = {"max_draft_len": args.prompt_lookup_num_tokens, "max_matching_ngram_size": args.max_matching_ngram_size,
-                "is_use_oldest": not args.use_newest_match, "max_candidates": args.prompt_lookup_candidates,
-                "ngram_draft_lens": _int_list(args.ngram_draft_lens, "--ngram-draft-lens")}
+        spec = _ngram_spec(args)
     elif mode == "draft_target":
         spec = {"max_draft_len": args.max_draft_len, "speculative_model": args.draft_model}
     elif mode == "medusa":
@@ -95,6 +109,8 @@ def request_data(args: argparse.Namespace, mode: str) -> dict:
                 "min_path_prob": args.min_path_prob}
     else:
         spec = {}
+    if merged:
+        spec["prompt_lookup"] = _ngram_spec(args)
     data = {
         "speculative_config": {"decoding_type": configs.MODE_TYPES[mode], **spec},
         "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed},
@@ -265,8 +281,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
-        if m not in MODES:
-            raise ConfigError(f"unknown mode '{m}' in --modes: choose from {', '.join(MODES)}")
+        check_mode(m, "--modes")
     if args.ui_overhead:
         from app.ui import overhead
 
@@ -385,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_flags(u)
     u.set_defaults(func=cmd_ui)
     g = sub.add_parser("generate", help="generate text with one decoding mode and show every step")
-    g.add_argument("--mode", default="autoregressive", help=", ".join(MODES))
+    g.add_argument("--mode", default="autoregressive", help=", ".join(MODES + MERGED_MODES))
     g.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, steps")
     _add_decoding_flags(g)

@@ -18,6 +18,10 @@ from app.decoding.drafters.prompt_lookup import PromptLookup
 from app.decoding.sampling import SamplingParams
 
 MODES = ("autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle")
+# Tree modes that can verify prompt lookup's candidates in their tree too (drafters/merged.py); as a
+# bench row or --mode, "<mode>+prompt_lookup".
+MERGEABLE = ("medusa", "eagle")
+MERGED_SUFFIX = "+prompt_lookup"
 CHOICES_DIR = Path(__file__).resolve().parent.parent / "assets" / "medusa_choices"
 
 
@@ -55,6 +59,8 @@ class DecodingConfig:
     eagle_top_k: int = 4
     eagle_choices: str | None = None
     eagle_min_path_prob: float = 0.0  # prune dynamic-tree nodes whose draft path probability is lower
+    # medusa / eagle: also verify prompt lookup's candidates (the settings above) in the same tree
+    merge_prompt_lookup: bool = False
     # generation
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams()
@@ -62,17 +68,24 @@ class DecodingConfig:
     def drafter(self, target=None, companion=None):
         """A fresh drafter for one generation. `target` is the target torch model; `companion` what
         runner.load_companion loaded (draft model, Medusa heads or EAGLE module)."""
+        if not self.merge_prompt_lookup:
+            return self._drafter(target, companion)
+        if self.mode not in MERGEABLE:
+            raise ConfigError(f"only {' and '.join(MERGEABLE)} can merge prompt lookup's candidates into their tree, not {self.mode}")
+        from app.decoding.drafters.merged import Merged
+
+        return Merged(self._drafter(target, companion), self._prompt_lookup())
+
+    def _prompt_lookup(self) -> PromptLookup:
+        return PromptLookup(self.prompt_lookup_num_tokens, self.max_matching_ngram_size, self.is_use_oldest,
+                            self.max_candidates, self.ngram_draft_lens)
+
+    def _drafter(self, target, companion):
         if self.mode == "lookahead":
             W, N, G = self.lookahead_config
             return Lookahead(W, N, G, request=self.lookahead_request, pool_from_prompt=self.pool_from_prompt)
         if self.mode == "prompt_lookup":
-            return PromptLookup(
-                self.prompt_lookup_num_tokens,
-                self.max_matching_ngram_size,
-                self.is_use_oldest,
-                self.max_candidates,
-                self.ngram_draft_lens,
-            )
+            return self._prompt_lookup()
         if self.mode == "draft_target":
             return DraftModel(companion.model, self.max_draft_len, d2t=companion.draft_vocab)
         if self.mode == "medusa":

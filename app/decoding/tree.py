@@ -81,6 +81,29 @@ def trie(sequences: list[list[int]]) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
+def graft(tokens: list[int], parents: list[int], more_tokens: list[int], more_parents: list[int]):
+    """Merge a second tree into the first (SpecInfer's merged token tree): a node of the second whose
+    parent maps to a node with the same token there becomes that node, the others are appended.
+
+    Returns (tokens, parents, where) with where[i] = the merged index of the second tree's node i.
+    The first tree's nodes keep their indices, so its per-node data (scores) stays aligned.
+    """
+    tokens, parents = list(tokens), list(parents)
+    index = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
+    where: list[int] = []
+    for tok, par in zip(more_tokens, more_parents):
+        if par >= len(where):
+            raise ValueError(f"node {len(where)} has parent {par}: parents must come before their children")
+        key = (where[par] if par >= 0 else -1, tok)
+        node = index.get(key)
+        if node is None:
+            node = index[key] = len(tokens)
+            tokens.append(tok)
+            parents.append(key[0])
+        where.append(node)
+    return tokens, parents, where
+
+
 def trie_within(sequences: list[list[int]], max_nodes: int) -> tuple[list[int], list[int], int]:
     """The trie of the longest leading run of `sequences` that fits in `max_nodes` nodes.
 

@@ -167,6 +167,7 @@ class MedusaDecodingConfig(_Config):
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     min_path_prob: float | None = None  # ours (transformers backend): prune nodes the heads find unlikely; see MIN_PATH_PROB
+    prompt_lookup: NGramDecodingConfig | None = None  # ours (transformers backend): merge its candidates into the tree
     mode: ClassVar[str] = "medusa"
 
     def paths(self) -> list[list[int]]:
@@ -188,6 +189,8 @@ class MedusaDecodingConfig(_Config):
         if not 0 < self.posterior_threshold <= 1 or self.posterior_alpha < 0:
             raise ConfigError("posterior_threshold must be in (0, 1] and posterior_alpha >= 0")
         _check_min_path_prob(self.min_path_prob)
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.check()
 
 
 class EagleDecodingConfig(_Config):
@@ -201,6 +204,7 @@ class EagleDecodingConfig(_Config):
     dynamic_tree_max_topK: int = 4
     num_eagle_layers: int = 5  # tree depth
     min_path_prob: float | None = None  # ours (transformers backend): prune dynamic-tree nodes the draft finds unlikely
+    prompt_lookup: NGramDecodingConfig | None = None  # ours (transformers backend): merge its candidates into the tree
     mode: ClassVar[str] = "eagle"
 
     def check(self) -> None:
@@ -222,6 +226,8 @@ class EagleDecodingConfig(_Config):
             paths = medusa_choices(spec if isinstance(spec, str) else _json(spec))
             if len(paths) > self.max_draft_len:
                 raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_draft_len is {self.max_draft_len}")
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.check()
 
 
 def _check_min_path_prob(p: float | None) -> None:
@@ -300,6 +306,8 @@ class DecodeRequest(_Config):
                 raise ConfigError(f"TensorRT-LLM needs {what} for {self.mode}: set speculative_model")
             if getattr(self.speculative_config, "min_path_prob", 0):
                 raise ConfigError("min_path_prob (tree pruning) is this app's own: TensorRT-LLM has no such setting, use 0")
+            if getattr(self.speculative_config, "prompt_lookup", None) is not None:
+                raise ConfigError(f"merging prompt lookup into the {self.mode} tree is this app's own: TensorRT-LLM cannot, leave prompt_lookup unset")
             if self.mode == "medusa" and not self.sampling.temperature == 0:
                 raise ConfigError("TensorRT-LLM's Medusa verifies by token match only: use temperature 0")
 
@@ -338,8 +346,7 @@ def to_runtime(request: DecodeRequest) -> DecodingConfig:
         fields.update(lookahead_config=(c.max_window_size, c.max_ngram_size, c.max_verification_set_size),
                       lookahead_request=c.request, pool_from_prompt=c.pool_from_prompt)
     elif isinstance(c, NGramDecodingConfig):
-        fields.update(prompt_lookup_num_tokens=c.max_draft_len, max_matching_ngram_size=c.max_matching_ngram_size,
-                      is_use_oldest=c.is_use_oldest, max_candidates=c.max_candidates, ngram_draft_lens=c.ngram_draft_lens)
+        fields.update(_ngram_fields(c))
     elif isinstance(c, DraftTargetDecodingConfig):
         fields.update(draft_model=c.speculative_model, max_draft_len=c.max_draft_len)
     elif isinstance(c, MedusaDecodingConfig):
@@ -352,7 +359,14 @@ def to_runtime(request: DecodeRequest) -> DecodingConfig:
         fields.update(eagle_model=c.speculative_model, eagle_total_tokens=c.max_draft_len + 1, eagle_depth=c.num_eagle_layers,
                       eagle_top_k=c.dynamic_tree_max_topK, eagle_choices=None if spec is None else (spec if isinstance(spec, str) else _json(spec)),
                       eagle_min_path_prob=_min_path_prob(c.min_path_prob) if c.use_dynamic_tree else 0.0)
+    if getattr(c, "prompt_lookup", None) is not None:
+        fields.update(_ngram_fields(c.prompt_lookup), merge_prompt_lookup=True)
     return DecodingConfig(**fields)
+
+
+def _ngram_fields(c: NGramDecodingConfig) -> dict[str, Any]:
+    return dict(prompt_lookup_num_tokens=c.max_draft_len, max_matching_ngram_size=c.max_matching_ngram_size,
+                is_use_oldest=c.is_use_oldest, max_candidates=c.max_candidates, ngram_draft_lens=c.ngram_draft_lens)
 
 
 def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:

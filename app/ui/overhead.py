@@ -34,8 +34,8 @@ def measure(service: Service, prompts: list[dict], modes: list[str], max_new_tok
     try:
         client = Client(f"http://127.0.0.1:{port}", verbose=False, download_files=False)
         rows = []
-        for mode in modes:
-            values = dict(web.DEFAULTS, max_new_tokens=max_new_tokens)
+        for name in modes:
+            mode, values = web.mode_values(name, max_new_tokens=max_new_tokens)
             data = web.request_from(mode, values)
             args = [None, mode, False] + [values[k] for k in web.CONTROLS]
             direct, ui = [], []
@@ -47,7 +47,7 @@ def measure(service: Service, prompts: list[dict], modes: list[str], max_new_tok
                     start = time.perf_counter()
                     client.predict(*args, api_name="/run")
                     ui.append(time.perf_counter() - start)
-            row = {"mode": mode, "runs": len(direct), "direct_s": statistics.mean(direct), "ui_s": statistics.mean(ui)}
+            row = {"mode": name, "runs": len(direct), "direct_s": statistics.mean(direct), "ui_s": statistics.mean(ui)}
             row["overhead"] = row["ui_s"] / row["direct_s"] - 1
             rows.append(row)
             if progress:

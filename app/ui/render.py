@@ -23,7 +23,7 @@ Step detail: sd-detail, sd-draft, sd-source, tok-root; prompt lookup context: ct
 in prompt + output), ctx-ngram (the matched n-gram), ctx-cont (the continuation copied as the draft),
 ctx-key (the context's last n tokens), ctx-out (output, not prompt); lookahead: sd-grid, grid-root,
 cand, cand-accepted; draft-target: sd-probs, bar. Tree SVG: sd-tree, root, node (+ accepted |
-rejected), edge (+ accepted), tree-note. Table: sd-table, best, identical-yes / identical-no.
+rejected, + copied: from prompt lookup in a merged tree), edge (+ accepted), tree-note. Table: sd-table, best, identical-yes / identical-no.
 """
 
 from __future__ import annotations
@@ -366,7 +366,9 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
         out.append(f'<div class="sd-row">{"".join(row)}</div>')
     else:
         scores = (source.get("tree") or {}).get("scores") if mode in ("medusa", "eagle") else None
-        out.append(tree_svg(tokens, parents, accepted_nodes, texts, scores=scores, root=root))
+        branch = source.get("prompt_lookup") if mode in ("medusa", "eagle") else None
+        copied = (branch.get("nodes") or []) if isinstance(branch, Mapping) else []
+        out.append(tree_svg(tokens, parents, accepted_nodes, texts, scores=scores, root=root, copied=copied))
     out.append("</section>")
 
     out.append('<section class="sd-source"><h5>Where the draft came from</h5>')
@@ -387,6 +389,10 @@ def _source_html(mode, event, source, texts, context, prompt_len, tokens, parent
         return _lookahead_html(source, texts, context, accepted)
     if mode == "draft_target":
         return _draft_probs_html(source, texts, tokens, event)
+    if mode in ("medusa", "eagle") and isinstance(source.get("prompt_lookup"), Mapping):
+        own = {k: v for k, v in source.items() if k != "prompt_lookup"}
+        return (_source_html(mode, event, own, texts, context, prompt_len, tokens, parents, accepted)
+                + _merged_html(source["prompt_lookup"], texts, tokens, event.get("accepted") or []))
     if mode == "medusa":
         heads = source.get("heads")
         rule = ("typical acceptance: accept x if p(x) &gt; min(ε, δ·exp(−H(p))) — <b>not lossless</b>"
@@ -409,6 +415,28 @@ def _source_html(mode, event, source, texts, context, prompt_len, tokens, parent
     if mode == "autoregressive":
         return '<p class="sd-note">Autoregressive: no draft; every target pass gives one token.</p>'
     return '<p class="sd-note">No provenance for this step.</p>'
+
+
+def _merged_html(branch: Mapping, texts, tokens, accepted_nodes) -> str:
+    """The prompt lookup branch of a merged tree: what it matched and which nodes it added or shared."""
+    match = branch.get("match")
+    head = ('<p><b>Merged with prompt lookup</b> (a SpecInfer-style merged tree: both drafts verified in the same '
+            "target pass, still lossless).")
+    if not isinstance(match, Mapping):
+        return head + " No n-gram at the end of the text occurs earlier, so it added nothing this step.</p>"
+    ngram = [t for t in (match.get("ngram") or []) if isinstance(t, int)]
+    key = "".join(_tok(t, texts, "ctx-key") for t in ngram)
+    where = "the prompt" if match.get("in_prompt") else "the output so far"
+    nodes = [i for i in (branch.get("nodes") or []) if isinstance(i, int) and 0 <= i < len(tokens)]
+    new = branch.get("new_nodes")
+    shared = len(nodes) - new if isinstance(new, int) else None
+    accepted = {i for i in accepted_nodes if isinstance(i, int)}
+    copied = "".join(_tok(tokens[i], texts, "tok-accepted" if i in accepted else "tok-rejected") for i in nodes)
+    counts = f"{esc(new)} new node(s)" + (f", {esc(shared)} shared with the tree's own" if shared else "")
+    won = [i for i in nodes if i in accepted]
+    return (head + f" The last {len(ngram)} token(s), {key}, occur earlier in {where} at position "
+            f"{esc(match.get('position'))}; the continuation copied from there, {copied}, went into the tree as "
+            f"{counts} (tagged PL). {esc(len(won))} of them were accepted.</p>")
 
 
 def _pruning_html(source, measure: str) -> str:
@@ -551,9 +579,10 @@ def _keep(parents: list[int], accepted: list[int], limit: int) -> list[int]:
 
 
 def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: Mapping[Any, str],
-             scores: list[float] | None = None, *, root: int | None = None) -> str:
+             scores: list[float] | None = None, *, root: int | None = None, copied: Iterable[int] = ()) -> str:
     """An inline SVG of a token tree: root at the left, one column per depth, one row per leaf.
-    The accepted path is drawn thick with ✓; other nodes are faded with a dashed outline.
+    The accepted path is drawn thick with ✓; other nodes are faded with a dashed outline. Nodes in
+    `copied` came from prompt lookup (a merged tree) and carry a "PL" tag.
     Trees over MAX_TREE_NODES nodes are cut to the accepted path plus the first-ranked nodes."""
     texts = norm_texts(texts)
     tokens = list(tokens or [])
@@ -575,8 +604,10 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
              if i < len(scores) and isinstance(scores[i], (int, float))}
 
     char, pad, node_h, pitch, gap, root_w, x0 = 7.9, 10, 24, 32, 36, 54, 8
+    copied = {i for i in copied if isinstance(i, int)}
+    tag = {i: ("PL " + score[i] if i in score else "PL") if i in copied else score.get(i) for i in keep}
     labels = {i: ("✓ " if i in acc else "") + _label(_piece(tokens[i], texts)) for i in keep}
-    widths = {i: (len(labels[i]) + (len(score[i]) + 1 if i in score else 0)) * char + 2 * pad for i in keep}
+    widths = {i: (len(labels[i]) + (len(tag[i]) + 1 if tag[i] else 0)) * char + 2 * pad for i in keep}
     col = max(widths.values()) + gap
     width = int(x0 + root_w + gap + max(depth[i] for i in keep) * col)
     height = int(max(rows, 1) * pitch + 12)
@@ -602,9 +633,12 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
         on_path = i in acc
         x, yy = cx(depth[i]), cy(i)
         tip = f"node {i} · depth {depth[i]} · {_quote(tokens[i], texts)}"
-        tip += (f" · score {score[i]}" if i in score else "") + (" · accepted" if on_path else " · not accepted")
+        tip += (f" · score {score[i]}" if i in score else "") + (" · from prompt lookup" if i in copied else "")
+        tip += " · accepted" if on_path else " · not accepted"
         group, box, weight = NODE_ON_PATH if on_path else NODE_OFF_PATH
-        extra = f'<tspan font-size="11" opacity="0.75"> {esc(score[i])}</tspan>' if i in score else ""
+        if i in copied:
+            group = group.replace('class="node ', 'class="node copied ')
+        extra = f'<tspan font-size="11" opacity="0.75"> {esc(tag[i])}</tspan>' if tag[i] else ""
         nodes.append(
             f'<g {group} data-node="{i}"><title>{esc(tip)}</title>'
             f'<rect x="{x:.1f}" y="{yy - node_h / 2:.1f}" width="{widths[i]:.1f}" height="{node_h}" rx="5" {box}/>'

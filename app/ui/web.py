@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from app import bench
-from app.config import CHOICES_DIR, MODES, ConfigError
+from app.config import CHOICES_DIR, MERGEABLE, MERGED_SUFFIX, MODES, ConfigError
 from app.models import DTYPES, ModelError
 from app.service.api import Service
 from app.service.configs import MIN_PATH_PROB, MODE_TYPES, LookaheadDecodingConfig
@@ -26,6 +26,7 @@ REDRAW_S = 0.75
 TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda name: (name != "default", name)))
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
+MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the Prompt lookup group)"
 
 # Every control of the Run tab, by name; handlers receive their values in this order.
 CONTROLS = (
@@ -33,8 +34,8 @@ CONTROLS = (
     "pl_num_tokens", "pl_ngram", "pl_draft_lens", "pl_candidates",
     "la_W", "la_N", "la_G", "la_w", "la_n", "la_g",
     "dt_model", "dt_len",
-    "md_tree", "md_typical", "md_threshold", "md_alpha", "md_prune",
-    "eg_total", "eg_depth", "eg_topk", "eg_tree", "eg_prune",
+    "md_tree", "md_typical", "md_threshold", "md_alpha", "md_prune", "md_pl",
+    "eg_total", "eg_depth", "eg_topk", "eg_tree", "eg_prune", "eg_pl",
     "backend", "dtype",
 )
 
@@ -45,13 +46,7 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"unknown mode '{mode}'")
     spec: dict[str, Any] = {"decoding_type": MODE_TYPES[mode]}
     if mode == "prompt_lookup":
-        lens = str(v["pl_draft_lens"] or "").replace(" ", "")
-        try:
-            draft_lens = [int(x) for x in lens.split(",") if x]
-        except ValueError:
-            raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{v['pl_draft_lens']}'") from None
-        spec.update(max_draft_len=int(v["pl_num_tokens"]), max_matching_ngram_size=int(v["pl_ngram"]),
-                    ngram_draft_lens=draft_lens, max_candidates=int(v["pl_candidates"]))
+        spec.update(_ngram(v))
     elif mode == "lookahead":
         spec.update(max_window_size=int(v["la_W"]), max_ngram_size=int(v["la_N"]), max_verification_set_size=int(v["la_G"]),
                     request=[int(v["la_w"]), int(v["la_n"]), int(v["la_g"])])
@@ -61,11 +56,15 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
         spec.update(medusa_choices=v["md_tree"], typical_acceptance=bool(v["md_typical"]),
                     posterior_threshold=float(v["md_threshold"]), posterior_alpha=float(v["md_alpha"]),
                     min_path_prob=float(v["md_prune"]))
+        if v.get("md_pl"):
+            spec["prompt_lookup"] = _ngram(v)
     elif mode == "eagle":
         static = v["eg_tree"] not in (None, "", DYNAMIC)
         spec.update(max_draft_len=int(v["eg_total"]) - 1, num_eagle_layers=int(v["eg_depth"]),
                     dynamic_tree_max_topK=int(v["eg_topk"]), use_dynamic_tree=not static,
                     eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else float(v["eg_prune"]))
+        if v.get("eg_pl"):
+            spec["prompt_lookup"] = _ngram(v)
     seed = v["seed"]
     return {
         "speculative_config": spec,
@@ -75,6 +74,29 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
         "backend": v["backend"],
         "dtype": v.get("dtype") or "auto",
     }
+
+
+def mode_values(name: str, **overrides) -> tuple[str, dict[str, Any]]:
+    """(mode, control values) for a mode name of the command line, where `eagle+prompt_lookup` is EAGLE
+    with the merge box ticked; the other controls at their defaults."""
+    mode = name.removesuffix(MERGED_SUFFIX)
+    values = dict(DEFAULTS, **overrides)
+    if name != mode and mode in MERGEABLE:
+        values[{"medusa": "md_pl", "eagle": "eg_pl"}[mode]] = True
+    elif name != mode:
+        raise ConfigError(f"unknown mode '{name}'")
+    return mode, values
+
+
+def _ngram(v: dict[str, Any]) -> dict[str, Any]:
+    """NGramDecodingConfig data from the prompt lookup group (its own mode, or the branch merged into a tree)."""
+    lens = str(v["pl_draft_lens"] or "").replace(" ", "")
+    try:
+        draft_lens = [int(x) for x in lens.split(",") if x]
+    except ValueError:
+        raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{v['pl_draft_lens']}'") from None
+    return dict(max_draft_len=int(v["pl_num_tokens"]), max_matching_ngram_size=int(v["pl_ngram"]),
+                ngram_draft_lens=draft_lens, max_candidates=int(v["pl_candidates"]))
 
 
 def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
@@ -92,6 +114,9 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
         extra = f" · engine max_draft_len = (N−2) + (W−1+G)(N−1) = **{c.max_draft_len}**"
     elif mode != "autoregressive":
         extra = f" · verifies up to **{c.max_draft_len}** draft tokens per step"
+        if getattr(c, "prompt_lookup", None) is not None:
+            pl = c.prompt_lookup
+            extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
     if note := service.dtype_note(request.dtype):
         extra += f" · {note}"
     return f"✅ Valid · {info['lossless']}{extra}"
@@ -427,8 +452,10 @@ class Studio:
             for comp in [mode, *inputs]:
                 comp.change(lambda m, *vals: check_message(service, m, dict(zip(CONTROLS, vals))), [mode, *inputs], check,
                             queue=False, show_progress="hidden", api_visibility="private")
-            mode.change(lambda m: (learn.LEARN[m], *_visible(m)), mode, [explain, *c["groups"]], queue=False, show_progress="hidden",
-                        api_visibility="private")
+            mode.change(lambda m: learn.LEARN[m], mode, explain, queue=False, show_progress="hidden", api_visibility="private")
+            for comp in (mode, c["md_pl"], c["eg_pl"]):
+                comp.change(_visible, [mode, c["md_pl"], c["eg_pl"]], c["groups"], queue=False, show_progress="hidden",
+                            api_visibility="private")
             c["backend"].change(lambda b: _modes_note(service, b), c["backend"], modes_note, queue=False, show_progress="hidden",
                                 api_visibility="private")
             example.change(lambda t: t or gr.update(), example, prompt, queue=False, show_progress="hidden", api_visibility="private")
@@ -485,6 +512,7 @@ class Studio:
             c["md_threshold"] = gr.Slider(0.01, 1, value=d["md_threshold"], step=0.01, label="posterior_threshold")
             c["md_alpha"] = gr.Slider(0, 1, value=d["md_alpha"], step=0.05, label="posterior_alpha")
             c["md_prune"] = gr.Slider(0, 0.5, value=d["md_prune"], step=0.01, label=PRUNE_LABEL)
+            c["md_pl"] = gr.Checkbox(value=d["md_pl"], label=MERGE_LABEL, elem_id="md-pl")
         with gr.Group(visible=False) as g_eg:
             gr.Markdown("**EAGLE** (`EagleDecodingConfig`): EAGLE-2 dynamic tree or a static tree")
             c["eg_total"] = gr.Slider(2, 64, value=d["eg_total"], step=1, label="total tokens (max_draft_len + 1)")
@@ -492,6 +520,7 @@ class Studio:
             c["eg_topk"] = gr.Slider(1, 10, value=d["eg_topk"], step=1, label="top-k (dynamic_tree_max_topK)")
             c["eg_tree"] = gr.Dropdown([DYNAMIC, *TREES], value=DYNAMIC, label="tree (eagle_choices)")
             c["eg_prune"] = gr.Slider(0, 0.5, value=d["eg_prune"], step=0.01, label=PRUNE_LABEL + ", dynamic tree")
+            c["eg_pl"] = gr.Checkbox(value=d["eg_pl"], label=MERGE_LABEL, elem_id="eg-pl")
         c["backend"] = gr.Dropdown(
             [(name if state.available else f"{name} (unavailable)", name) for name, state in availability.items()],
             value=service.default_backend("lookahead"), label="Backend", elem_id="backend",
@@ -510,7 +539,8 @@ DEFAULTS: dict[str, Any] = {
     "la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4,
     "dt_model": None, "dt_len": 4,
     "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": MIN_PATH_PROB,
-    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": MIN_PATH_PROB,
+    "md_pl": False,
+    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": MIN_PATH_PROB, "eg_pl": False,
     "backend": "transformers", "dtype": "auto",
 }
 
@@ -522,8 +552,11 @@ def _dtype_radio(service: Service, elem_id: str) -> gr.Radio:
                          "the first run in a dtype loads the model in it (transformers backend only).")
 
 
-def _visible(mode: str):
-    return [gr.update(visible=mode == m) for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle")]
+def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
+    # The prompt lookup group also sets the branch a Medusa or EAGLE tree merges in.
+    merged = (mode == "medusa" and md_pl) or (mode == "eagle" and eg_pl)
+    return [gr.update(visible=mode == m or (m == "prompt_lookup" and bool(merged)))
+            for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle")]
 
 
 def _status(run: Run) -> str:
