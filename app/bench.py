@@ -229,7 +229,8 @@ def format_verify_cost(cost: dict) -> str:
 
 def format_table(summary: dict) -> str:
     cats = sorted({c for s in summary.values() for c in s.get("categories", {})})
-    lines = [f"{'category':<16}{'mode':<18}{'tok/s':>8}{'speedup':>9}{'tau':>7}{'identical':>11}"]
+    width = max([18, *(len(m) + 2 for m in summary)])
+    lines = [f"{'category':<16}{'mode':<{width}}{'tok/s':>8}{'speedup':>9}{'tau':>7}{'identical':>11}"]
     for cat in [*cats, "overall"]:
         for mode, s in summary.items():
             row = s if cat == "overall" else s.get("categories", {}).get(cat)
@@ -237,7 +238,7 @@ def format_table(summary: dict) -> str:
                 continue
             tau = f"{row['mean_accepted_tokens']:.2f}" if row["mean_accepted_tokens"] else "-"
             lines.append(
-                f"{cat:<16}{mode:<18}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{tau:>7}{row['identical_share']:>10.0%}"
+                f"{cat:<16}{mode:<{width}}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{tau:>7}{row['identical_share']:>10.0%}"
             )
         lines.append("")
     return "\n".join(lines)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.config import MERGEABLE, MERGED_SUFFIX, MODES, ConfigError, DecodingConfig, parse_triple
+from app.config import MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError, DecodingConfig, parse_triple
 from app.service import configs
 from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
@@ -67,9 +67,6 @@ def _int_list(text: str, what: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
-
-
-MERGED_MODES = tuple(m + MERGED_SUFFIX for m in MERGEABLE)
 
 
 def check_mode(mode: str, flag: str = "--mode") -> None:

@@ -22,6 +22,7 @@ MODES = ("autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa
 # bench row or --mode, "<mode>+prompt_lookup".
 MERGEABLE = ("medusa", "eagle")
 MERGED_SUFFIX = "+prompt_lookup"
+MERGED_MODES = tuple(m + MERGED_SUFFIX for m in MERGEABLE)
 CHOICES_DIR = Path(__file__).resolve().parent.parent / "assets" / "medusa_choices"
 
 

@@ -105,6 +105,27 @@ def test_api_run_streams_and_every_mode_commits_the_autoregressive_output(client
     assert "Step 1" in detail
 
 
+@pytest.mark.parametrize("mode,box", [("medusa", "md_pl"), ("eagle", "eg_pl")])
+def test_api_merged_tree_commits_the_autoregressive_output_and_shows_copied_nodes(client, mode, box):
+    view = client.predict(*run_args(mode, **{box: True}), api_name="/run")[0]
+    reference = client.predict(*run_args("autoregressive"), api_name="/run")[0]
+    assert committed_text(view) == committed_text(reference) != ""
+    client.predict(*run_args(mode, **{box: True}), api_name="/run")  # the session's record is this run again
+    from gradio_client.exceptions import AppError
+
+    details = []
+    for step in range(1, 40):
+        try:
+            detail = client.predict(step, api_name="/inspect")
+        except AppError:  # past the last step
+            break
+        assert f"Step {step} " in detail
+        details.append(detail)
+    assert details and all("Merged with prompt lookup" in d for d in details)
+    # The prompt asks for a repetition: some step verifies copied nodes, tagged in the tree.
+    assert any('class="node copied' in d for d in details)
+
+
 def test_api_runs_in_the_chosen_dtype_and_says_so(client):
     out = client.predict(*run_args("prompt_lookup", race=True, dtype="bfloat16"), api_name="/run")
     assert "**Prompt lookup** (bfloat16) finished" in out[1], out[1]
@@ -260,6 +281,25 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
         screenshot(f"run-{mode}")
     if mode == "draft_target":
         assert page.locator("#step-detail .sd-probs").count() == 1  # the draft's tokens with their probabilities
+
+
+def test_browser_merge_box_shows_the_prompt_lookup_settings_and_runs(page):
+    ngram = page.get_by_label("max_matching_ngram_size").first  # a setting of the Prompt lookup group
+    page.get_by_label("EAGLE", exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    ngram.wait_for(state="hidden")
+    page.locator("#eg-pl input").check()
+    page.wait_for_function("/more from prompt lookup/.test(document.querySelector('#check').innerText)")
+    ngram.wait_for(state="visible")  # the branch's settings
+    page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(False)
+    page.click("#run")
+    wait_status(page, "finished")
+    set_number(page, "Inspect step", 1)
+    page.wait_for_function("document.querySelector('#step-detail h4')?.innerText.startsWith('Step 1 ')")
+    assert "Merged with prompt lookup" in page.inner_text("#step-detail")
+    page.get_by_label("Medusa", exact=True).check()  # the EAGLE box does not apply to Medusa
+    page.wait_for_function("!/more from prompt lookup/.test(document.querySelector('#check').innerText)")
+    ngram.wait_for(state="hidden")
 
 
 def test_browser_shows_a_validation_error_before_anything_runs(page):

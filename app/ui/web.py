@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from app import bench
-from app.config import CHOICES_DIR, MERGEABLE, MERGED_SUFFIX, MODES, ConfigError
+from app.config import CHOICES_DIR, MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError
 from app.models import DTYPES, ModelError
 from app.service.api import Service
 from app.service.configs import MIN_PATH_PROB, MODE_TYPES, LookaheadDecodingConfig
@@ -81,7 +81,7 @@ def mode_values(name: str, **overrides) -> tuple[str, dict[str, Any]]:
     with the merge box ticked; the other controls at their defaults."""
     mode = name.removesuffix(MERGED_SUFFIX)
     values = dict(DEFAULTS, **overrides)
-    if name != mode and mode in MERGEABLE:
+    if name in MERGED_MODES:
         values[{"medusa": "md_pl", "eagle": "eg_pl"}[mode]] = True
     elif name != mode:
         raise ConfigError(f"unknown mode '{name}'")
