@@ -150,10 +150,8 @@ the model writes most. `min path probability` (this app's own setting) drops eve
 product of head probabilities along its path is below it, so a step verifies only guesses likely
 enough to pay. Published GPU speedups: 2.2–3.6×.
 
-**Merged with prompt lookup** (this app's own; the checkbox under the tree settings): each step also
-copies prompt lookup's continuations into the same tree (SpecInfer's merged tree; a copied node that
-matches a tree node is shared). The heads guess free text, the copy wins where the answer repeats the
-prompt (summaries, extraction); one pass verifies both, still lossless. Copied nodes are tagged PL.
+**Merged with prompt lookup** (checkbox): prompt lookup's copies join the tree (SpecInfer's merged
+tree), verified in one pass; tagged PL.
 """,
     "eagle": """\
 ### EAGLE (draft on the target's features)
@@ -180,10 +178,8 @@ verified nodes add 40–90 % to a pass with native bfloat16, far more without. `
 deeper when a level has none, so unsure steps stay cheap.
 Published GPU results: EAGLE-2 3.05–4.26×, EAGLE-3 up to 6.5×.
 
-**Merged with prompt lookup** (this app's own; the checkbox under the tree settings): each step also
-copies prompt lookup's continuations into the same tree (SpecInfer's merged tree; a copied node that
-matches a tree node is shared). The draft guesses free text, the copy wins where the answer repeats the
-prompt (summaries, extraction); one pass verifies both, still lossless. Copied nodes are tagged PL.
+**Merged with prompt lookup** (checkbox): prompt lookup's copies join the tree (SpecInfer's merged
+tree), verified in one pass; tagged PL.
 """,
 }
 
