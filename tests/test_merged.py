@@ -226,6 +226,20 @@ def test_web_request_and_mode_values():
     assert [u["visible"] for u in web._visible("eagle", True, False)] == [False, False, False, False, True]
 
 
+def test_labels_and_chart_colours_of_merged_trees():
+    from app.ui import charts, learn
+
+    assert learn.label("eagle+prompt_lookup") == "EAGLE + prompt lookup" and learn.label("medusa") == "Medusa"
+    assert charts.mode_key("Medusa + prompt lookup") == "medusa+prompt_lookup"
+    colours = [charts.COLORS[m] for m in charts.MODE_LABELS]
+    assert len(set(colours)) == len(colours)  # every mode and merged tree has its own colour
+    fig = charts.compare([{"mode": "EAGLE + prompt lookup", "speedup": 1.7}, {"mode": "EAGLE", "speedup": 1.4}])
+    assert list(fig.data[0].x) == ["EAGLE + prompt lookup", "EAGLE"]
+    assert fig.data[0].marker.color[0] != fig.data[0].marker.color[1]
+    assert web.run_name("eagle", dict(web.DEFAULTS, eg_pl=True)) == "eagle+prompt_lookup"
+    assert web.run_name("medusa", dict(web.DEFAULTS, eg_pl=True)) == "medusa"  # the EAGLE box is EAGLE's only
+
+
 # ----------------------------------------------------------------------------- the step view
 
 

@@ -144,12 +144,14 @@ def test_api_reports_invalid_settings_and_unavailable_modes(client):
 
 
 def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
-    table, race, bars, status = client.predict(PROMPT, ["prompt_lookup", "medusa"], 24, "auto", api_name="/compare")
+    table, race, bars, status = client.predict(PROMPT, ["prompt_lookup", "medusa", "eagle+prompt_lookup"], 24, "auto",
+                                               api_name="/compare")
     assert "Done" in status and "in float32" in status
-    for label in ("Autoregressive", "Prompt lookup", "Medusa"):
+    for label in ("Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"):
         assert label in table
-    assert table.count("identical-yes") == 2  # both speculative modes reproduce the greedy output
+    assert table.count("identical-yes") == 3  # every speculative mode reproduces the greedy output
     assert race["type"] == "plotly" and bars["type"] == "plotly"
+    assert "EAGLE + prompt lookup" in json.dumps(race)  # a curve of its own in the race
 
 
 def test_api_pass_cost_measures_both_dtypes_with_the_prompt_as_context(client):

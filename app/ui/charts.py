@@ -15,7 +15,8 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from app.ui.learn import MODE_LABELS
+from app.config import MERGED_MODES, MODES
+from app.ui.learn import label
 from app.ui.render import infer_mode
 
 HEIGHT = 300
@@ -30,7 +31,12 @@ COLORS = {
     "lookahead": "#009E73",
     "medusa": "#CC79A7",
     "eagle": "#D55E00",
+    # merged trees: Okabe-Ito's sky blue, and Tol's wine (its black would vanish on a dark page)
+    "medusa+prompt_lookup": "#56B4E9",
+    "eagle+prompt_lookup": "#882255",
 }
+# Display names of every mode and merged tree ("eagle+prompt_lookup" -> "EAGLE + prompt lookup").
+MODE_LABELS = {name: label(name) for name in MODES + MERGED_MODES}
 ACCEPTED, ADDED, DRAFT, VERIFY, TAU = "#56B4E9", "#E69F00", "#CC79A7", "#0072B2", "#D55E00"
 EMPTY = "No steps yet: run a prompt."
 

@@ -13,6 +13,12 @@ MODE_LABELS = {
     "eagle": "EAGLE",
 }
 
+
+def label(name: str) -> str:
+    """A mode's display name; a merged tree's (`eagle+prompt_lookup`) reads "EAGLE + prompt lookup"."""
+    base, _, extra = name.partition("+")
+    return MODE_LABELS[base] + (f" + {MODE_LABELS[extra].lower()}" if extra else "")
+
 OVERVIEW = """\
 ### Speculative decoding in one paragraph
 A language model writes one token per forward pass, and on small batches that pass is limited by

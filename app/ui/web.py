@@ -26,6 +26,8 @@ REDRAW_S = 0.75
 TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda name: (name != "default", name)))
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
+COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
+MERGE_BOX = {"medusa": "md_pl", "eagle": "eg_pl"}  # the control that merges prompt lookup into that mode's tree
 MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the Prompt lookup group)"
 
 # Every control of the Run tab, by name; handlers receive their values in this order.
@@ -82,10 +84,15 @@ def mode_values(name: str, **overrides) -> tuple[str, dict[str, Any]]:
     mode = name.removesuffix(MERGED_SUFFIX)
     values = dict(DEFAULTS, **overrides)
     if name in MERGED_MODES:
-        values[{"medusa": "md_pl", "eagle": "eg_pl"}[mode]] = True
+        values[MERGE_BOX[mode]] = True
     elif name != mode:
         raise ConfigError(f"unknown mode '{name}'")
     return mode, values
+
+
+def run_name(mode: str, v: dict[str, Any]) -> str:
+    """What a run is called: its mode, or its merged tree's name when the mode's merge box is ticked."""
+    return mode + MERGED_SUFFIX if mode in MERGE_BOX and v.get(MERGE_BOX[mode]) else mode
 
 
 def _ngram(v: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +133,7 @@ class Run:
     """What the display needs of one generation, built from service messages (JSON-like, deep-copyable)."""
 
     def __init__(self, mode: str) -> None:
-        self.mode = mode
+        self.mode = mode  # a mode, or a merged tree's name (eagle+prompt_lookup) in the Compare tab
         self.dtype: str | None = None
         self.prompt_ids: list[int] = []
         self.texts: dict[int, str] = {}
@@ -157,7 +164,7 @@ def summary_row(mode: str, run: Run, baseline: Run | None) -> dict[str, Any]:
     tps = t.get("new_tokens", 0) / t["elapsed_s"] if t.get("elapsed_s") else 0.0
     base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
-    return {"mode": learn.MODE_LABELS[mode], "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
+    return {"mode": learn.label(mode), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
             "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
             "identical": None if baseline is None else run.token_ids == baseline.token_ids,
             "new_tokens": t.get("new_tokens", 0), "elapsed_s": t.get("elapsed_s")}
@@ -244,12 +251,12 @@ class Studio:
             else:
                 baseline = Run("autoregressive")
                 yield from _paced(self._stream(session, "autoregressive", v, prompt, baseline), lambda part: self._run_outputs(
-                    Run(mode), part, "Racing… first the autoregressive baseline", baselines, final=False))
+                    Run(run_name(mode, v)), part, "Racing… first the autoregressive baseline", baselines, final=False))
                 if baseline.end and baseline.end.get("finish_reason") == "cancelled":
-                    yield self._run_outputs(Run(mode), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
+                    yield self._run_outputs(Run(run_name(mode, v)), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
                     return
                 baselines = {**baselines, key: baseline.record()}
-        run = Run(mode)
+        run = Run(run_name(mode, v))
         yield from _paced(self._stream(session, mode, v, prompt, run),
                           lambda part: self._run_outputs(part, baseline, _status(part), baselines, final=False))
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
@@ -266,7 +273,7 @@ class Studio:
             status,
             gr.update(maximum=max(last, 1), value=max(last, 0), interactive=final and last > 0),
             detail,
-            charts.race(events, baseline.events if baseline else None),
+            charts.race(events, baseline.events if baseline else None, label=learn.label(run.mode)),
             charts.tokens_per_step(events),
             # The browser redraws every chart it is sent, on the cores the model runs on: while generating,
             # only the race and the per-step bars are live; the rest are drawn once at the end.
@@ -289,28 +296,29 @@ class Studio:
     def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, request: gr.Request):
         session = request.session_hash if request is not None else "local"
         backend = self.service.default_backend("lookahead")
-        defaults = dict(DEFAULTS, max_new_tokens=max_new_tokens, backend=backend, dtype=dtype or "auto")
-        chosen = ["autoregressive"] + [m for m in MODES if m in (modes or []) and m != "autoregressive"]
+        overrides = dict(max_new_tokens=max_new_tokens, backend=backend, dtype=dtype or "auto")
+        chosen = ["autoregressive"] + [m for m in COMPARED if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         runs: dict[str, Run] = {}
         rows: list[dict[str, Any]] = []
         notes = []
-        for mode in chosen:
+        for name in chosen:
+            mode, values = mode_values(name, **overrides)
             if not available[mode]["available"]:
-                notes.append(f"{learn.MODE_LABELS[mode]} skipped: {available[mode]['reason']}")
+                notes.append(f"{learn.label(name)} skipped: {available[mode]['reason']}")
                 continue
-            run = runs[mode] = Run(mode)
+            run = runs[name] = Run(name)
 
-            def draw(part: Run, mode=mode) -> tuple:
-                current = rows + [summary_row(mode, part, runs.get("autoregressive") if mode != "autoregressive" else None)]
+            def draw(part: Run, name=name) -> tuple:
+                current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None)]
                 return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
-                        f"Running {learn.MODE_LABELS[mode]}…")
+                        f"Running {learn.label(name)}…")
 
-            yield from _paced(self._stream(session, mode, defaults, prompt, run), draw)
+            yield from _paced(self._stream(session, mode, values, prompt, run), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
                 notes.append("⏹ Stopped.")
                 break
-            rows.append(summary_row(mode, run, runs.get("autoregressive") if mode != "autoregressive" else None))
+            rows.append(summary_row(name, run, runs.get("autoregressive") if name != "autoregressive" else None))
         ran_in = next((f" in {r.dtype}" for r in runs.values() if r.dtype), "")
         done = ("Done. " + " ".join(notes) if notes
                 else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another.")
@@ -409,7 +417,7 @@ class Studio:
                 with gr.Row():
                     cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], scale=3, elem_id="cmp-prompt")
                     with gr.Column(scale=2):
-                        cmp_modes = gr.CheckboxGroup([(learn.MODE_LABELS[m], m) for m in MODES if m != "autoregressive"],
+                        cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in COMPARED if m != "autoregressive"],
                                                      value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                                      elem_id="cmp-modes")
                         cmp_tokens = gr.Slider(8, 256, value=64, step=8, label="max_new_tokens")
@@ -560,7 +568,7 @@ def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
 
 
 def _status(run: Run) -> str:
-    label = f"**{learn.MODE_LABELS[run.mode]}**" + (f" ({run.dtype})" if run.dtype else "")
+    label = f"**{learn.label(run.mode)}**" + (f" ({run.dtype})" if run.dtype else "")
     if not run.events:
         return f"{label}: loading and prefilling…"
     line = render.totals_line(run.events[-1])
@@ -580,7 +588,7 @@ def _from_record(record: dict) -> Run:
 
 
 def _curves(runs: dict[str, Run]) -> dict[str, list[dict]]:
-    return {learn.MODE_LABELS[m]: r.events for m, r in runs.items()}
+    return {learn.label(m): r.events for m, r in runs.items()}
 
 
 def _modes_note(service: Service, backend: str) -> str:
