@@ -430,6 +430,18 @@ def test_streamed_chat_equals_cli_generate_and_carries_the_trace(server):
 
 
 @pytest.mark.bundled
+def test_a_merged_tree_over_http_equals_cli_generate(server):
+    """EAGLE with prompt lookup's candidates merged, asked for in `specdec` (a nested NGram config)."""
+    spec = {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 10, "max_matching_ngram_size": 2}}
+    body = {"model": models.BUNDLED, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24,
+            "temperature": 0, "specdec": {"speculative_config": spec}}
+    r = json.load(post(server, "/v1/chat/completions", body))
+    local = cli_generate("eagle+prompt_lookup", PROMPT, 24)
+    assert r["choices"][0]["message"]["content"] == local["text"] == r["specdec"]["end"]["text"]
+    assert all("prompt_lookup" in s["source"] for s in local["steps"][1:])
+
+
+@pytest.mark.bundled
 def test_completions_non_streamed_uses_the_server_default_mode(server):
     r = json.load(post(server, "/v1/completions", {"model": models.BUNDLED, "prompt": "The days of the week are", "max_tokens": 10}))
     assert r["object"] == "text_completion" and r["usage"]["completion_tokens"] == 10
