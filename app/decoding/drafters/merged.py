@@ -2,7 +2,7 @@
 candidates, verified together in one target pass.
 
 Here: Medusa's or EAGLE's tree plus prompt lookup's copied continuations. Each drafter is good where
-the other is weak: the heads guess the next few tokens of free text, prompt lookup copies long runs
+the other is weak: the heads or the draft guess the next few tokens of free text, prompt lookup copies long runs
 where the output repeats its context (summaries, extraction, code edits). Both drafts are
 deterministic functions of the context, so the merged tree is too, and verification stays what it
 is for any tree: greedy match, or recursive rejection under sampling (lossless); Medusa's typical
