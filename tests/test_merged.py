@@ -216,7 +216,9 @@ def test_web_request_and_mode_values():
     assert mode == "eagle" and values["eg_pl"] and not values["md_pl"]
     spec = web.request_from(mode, values)["speculative_config"]
     assert spec["prompt_lookup"] == {"max_draft_len": 10, "max_matching_ngram_size": 2, "ngram_draft_lens": [2, 5],
-                                     "max_candidates": 1}
+                                     "max_candidates": 1, "is_use_oldest": True}
+    newest = web.request_from("prompt_lookup", dict(web.DEFAULTS, pl_oldest=False))["speculative_config"]
+    assert newest["is_use_oldest"] is False
     assert "prompt_lookup" not in web.request_from("eagle", dict(web.DEFAULTS))["speculative_config"]
     assert "prompt_lookup" in web.request_from("medusa", dict(web.DEFAULTS, md_pl=True))["speculative_config"]
     with pytest.raises(ConfigError):

@@ -33,7 +33,7 @@ MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the
 # Every control of the Run tab, by name; handlers receive their values in this order.
 CONTROLS = (
     "max_new_tokens", "temperature", "top_p", "top_k", "seed",
-    "pl_num_tokens", "pl_ngram", "pl_draft_lens", "pl_candidates",
+    "pl_num_tokens", "pl_ngram", "pl_draft_lens", "pl_candidates", "pl_oldest",
     "la_W", "la_N", "la_G", "la_w", "la_n", "la_g",
     "dt_model", "dt_len",
     "md_tree", "md_typical", "md_threshold", "md_alpha", "md_prune", "md_pl",
@@ -103,7 +103,7 @@ def _ngram(v: dict[str, Any]) -> dict[str, Any]:
     except ValueError:
         raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{v['pl_draft_lens']}'") from None
     return dict(max_draft_len=int(v["pl_num_tokens"]), max_matching_ngram_size=int(v["pl_ngram"]),
-                ngram_draft_lens=draft_lens, max_candidates=int(v["pl_candidates"]))
+                ngram_draft_lens=draft_lens, max_candidates=int(v["pl_candidates"]), is_use_oldest=bool(v["pl_oldest"]))
 
 
 def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
@@ -497,6 +497,7 @@ class Studio:
             c["pl_ngram"] = gr.Slider(1, 6, value=d["pl_ngram"], step=1, label="max_matching_ngram_size")
             c["pl_draft_lens"] = gr.Textbox(value=d["pl_draft_lens"], label="draft caps after a 1-gram, 2-gram… match (empty = none)")
             c["pl_candidates"] = gr.Slider(1, 4, value=d["pl_candidates"], step=1, label="matches verified together (tree)")
+            c["pl_oldest"] = gr.Checkbox(value=d["pl_oldest"], label="is_use_oldest (copy after the earliest match; off = the latest)")
         with gr.Group(visible=False) as g_la:
             gr.Markdown("**Lookahead** (`LookaheadDecodingConfig`): engine maxima (W, N, G) and this request's (w, n, g) ≤ them")
             with gr.Row():
@@ -543,7 +544,7 @@ class Studio:
 
 DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0,
-    "pl_num_tokens": 10, "pl_ngram": 2, "pl_draft_lens": "2,5", "pl_candidates": 1,
+    "pl_num_tokens": 10, "pl_ngram": 2, "pl_draft_lens": "2,5", "pl_candidates": 1, "pl_oldest": True,
     "la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4,
     "dt_model": None, "dt_len": 4,
     "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": MIN_PATH_PROB,
