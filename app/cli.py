@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.config import MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError, DecodingConfig, parse_triple
+from app.config import MERGED_MODES, MODES, ConfigError, DecodingConfig, parse_triple, split_mode
 from app.service import configs
 from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
@@ -69,11 +69,6 @@ def _int_list(text: str, what: str) -> tuple[int, ...]:
         raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
 
 
-def check_mode(mode: str, flag: str = "--mode") -> None:
-    if mode not in MODES and mode not in MERGED_MODES:
-        raise ConfigError(f"unknown mode '{mode}' in {flag}: choose one of {', '.join(MODES + MERGED_MODES)}")
-
-
 def _ngram_spec(args: argparse.Namespace) -> dict:
     return {"max_draft_len": args.prompt_lookup_num_tokens, "max_matching_ngram_size": args.max_matching_ngram_size,
             "is_use_oldest": not args.use_newest_match, "max_candidates": args.prompt_lookup_candidates,
@@ -83,9 +78,7 @@ def _ngram_spec(args: argparse.Namespace) -> dict:
 def request_data(args: argparse.Namespace, mode: str) -> dict:
     """The service's DecodeRequest data (TensorRT-LLM names) for the command-line flags of one mode;
     `medusa+prompt_lookup` / `eagle+prompt_lookup` add prompt lookup's candidates (its flags) to the tree."""
-    check_mode(mode)
-    merged = mode in MERGED_MODES
-    mode = mode.removesuffix(MERGED_SUFFIX)
+    mode, merged = split_mode(mode)
     if mode == "lookahead":
         W, N, G = parse_triple(args.lookahead_config, "--lookahead-config")
         spec = {"max_window_size": W, "max_ngram_size": N, "max_verification_set_size": G,
@@ -278,7 +271,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
-        check_mode(m, "--modes")
+        split_mode(m, " in --modes")
     if args.ui_overhead:
         from app.ui import overhead
 
@@ -365,14 +358,14 @@ def cmd_ship_data(args: argparse.Namespace) -> int:
     engines = Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
     if not list((engines / "data").glob("self-*/shard-*.json")):
         raise ConfigError(f"no self-distilled answers under {engines / 'data'}: run `python -m app train` first")
-    target = models.load(args.model, engines=engines)
+    tokenizer = models.load_tokenizer(args.model, engines)  # the prompts are rebuilt; the weights are not needed
     try:
-        written = data.ship_answers(engines, target.name, target.tokenizer,
+        written = data.ship_answers(engines, args.model, tokenizer,
                                     Path(args.output_dir) if args.output_dir else data.SHIPPED_DATA)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     if not written:
-        raise ConfigError(f"no self-distilled answers of '{target.name}' under {engines / 'data'}")
+        raise ConfigError(f"no self-distilled answers of '{args.model}' under {engines / 'data'}")
     for path in written:
         print(f"{path} ({path.stat().st_size / 1e3:.0f} kB)")
     return 0

@@ -30,6 +30,13 @@ class ConfigError(ValueError):
     """A decoding config that cannot run; the message is meant for the user, on one line."""
 
 
+def split_mode(name: str, where: str = "") -> tuple[str, bool]:
+    """(mode, whether prompt lookup merges into its tree) of a mode name such as `eagle+prompt_lookup`."""
+    if name not in MODES and name not in MERGED_MODES:
+        raise ConfigError(f"unknown mode '{name}'{where}: choose one of {', '.join(MODES + MERGED_MODES)}")
+    return name.removesuffix(MERGED_SUFFIX), name in MERGED_MODES
+
+
 @dataclass
 class DecodingConfig:
     mode: str = "autoregressive"

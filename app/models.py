@@ -186,7 +186,7 @@ def locate(name: str, engines: Path = DEFAULT_ENGINES) -> str:
 def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engines: Path = DEFAULT_ENGINES) -> LoadedModel:
     if dtype not in DTYPES:
         raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     where = locate(name, engines)
     try:
@@ -203,13 +203,28 @@ def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engi
     except ValueError as err:
         arch = ", ".join(getattr(config, "architectures", None) or [config.model_type])
         raise ModelError(f"'{name}' ({arch}) is not a supported causal language model: {err}") from err
-    tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
+    tokenizer = _tokenizer(where)
     model.to(resolve_device(device)).eval().requires_grad_(False)
     linear.pack(model)
     from app.training.draft import read_draft_vocab
 
     draft_vocab = read_draft_vocab(Path(where)) if Path(where).is_dir() else None
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, draft_vocab=draft_vocab)
+
+
+def load_tokenizer(name: str = BUNDLED, engines: Path = DEFAULT_ENGINES):
+    """`name`'s tokenizer without its weights (what rebuilding training prompts needs)."""
+    where = locate(name, engines)
+    try:
+        return _tokenizer(where)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"unknown model '{name}': no tokenizer there ({str(err).splitlines()[0]})") from err
+
+
+def _tokenizer(where: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(where, trust_remote_code=False)
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:

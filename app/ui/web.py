@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from app import bench
-from app.config import CHOICES_DIR, MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError
+from app.config import CHOICES_DIR, MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError, split_mode
 from app.models import DTYPES, ModelError
 from app.service.api import Service
 from app.service.configs import MIN_PATH_PROB, MODE_TYPES, LookaheadDecodingConfig
@@ -58,15 +58,13 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
         spec.update(medusa_choices=v["md_tree"], typical_acceptance=bool(v["md_typical"]),
                     posterior_threshold=float(v["md_threshold"]), posterior_alpha=float(v["md_alpha"]),
                     min_path_prob=float(v["md_prune"]))
-        if v.get("md_pl"):
-            spec["prompt_lookup"] = _ngram(v)
     elif mode == "eagle":
         static = v["eg_tree"] not in (None, "", DYNAMIC)
         spec.update(max_draft_len=int(v["eg_total"]) - 1, num_eagle_layers=int(v["eg_depth"]),
                     dynamic_tree_max_topK=int(v["eg_topk"]), use_dynamic_tree=not static,
                     eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else float(v["eg_prune"]))
-        if v.get("eg_pl"):
-            spec["prompt_lookup"] = _ngram(v)
+    if run_name(mode, v) != mode:
+        spec["prompt_lookup"] = _ngram(v)
     seed = v["seed"]
     return {
         "speculative_config": spec,
@@ -81,12 +79,10 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
 def mode_values(name: str, **overrides) -> tuple[str, dict[str, Any]]:
     """(mode, control values) for a mode name of the command line, where `eagle+prompt_lookup` is EAGLE
     with the merge box ticked; the other controls at their defaults."""
-    mode = name.removesuffix(MERGED_SUFFIX)
+    mode, merged = split_mode(name)
     values = dict(DEFAULTS, **overrides)
-    if name in MERGED_MODES:
+    if merged:
         values[MERGE_BOX[mode]] = True
-    elif name != mode:
-        raise ConfigError(f"unknown mode '{name}'")
     return mode, values
 
 
@@ -563,8 +559,8 @@ def _dtype_radio(service: Service, elem_id: str) -> gr.Radio:
 
 def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
     # The prompt lookup group also sets the branch a Medusa or EAGLE tree merges in.
-    merged = (mode == "medusa" and md_pl) or (mode == "eagle" and eg_pl)
-    return [gr.update(visible=mode == m or (m == "prompt_lookup" and bool(merged)))
+    merged = run_name(mode, {"md_pl": md_pl, "eg_pl": eg_pl}) != mode
+    return [gr.update(visible=mode == m or (m == "prompt_lookup" and merged))
             for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle")]
 
 
