@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -101,6 +102,37 @@ def expected_added_kind(accepted: list[int], parents: list[int]) -> str:
     kids = children(parents)
     slot = accepted[-1] + 1 if accepted else 0
     return "correction" if kids[slot] else "bonus"
+
+
+def check_target_probs(model, prompt, events, params) -> int:
+    """Check every probability in the events' target views against the target recomputed from
+    scratch (the whole context through the model, no cache); returns how many draft tokens were weighed."""
+
+    def dist(context):
+        with torch.no_grad():
+            logits = model(torch.tensor([context])).logits[0, -1].double().numpy()
+        if params.greedy:
+            return reference_probs(logits)
+        return reference_probs(logits, params.temperature, params.top_k, params.top_p)
+
+    done, weighed = list(prompt), 0
+    for e in events:
+        view = e.target
+        assert view["distribution"] == ("softmax" if params.greedy else "sampling")
+        toks, parents = e.proposed["tokens"], e.proposed["parents"]
+        for d in view["decided"]:
+            path = ancestors_path(d["after"], parents) if d["after"] >= 0 else []
+            ref = dist(done + [toks[j] for j in path])
+            assert d["top"] == int(ref.argmax())
+            assert d["top_p"] == pytest.approx(ref.max(), abs=1e-5)
+            for c in [c for c, par in enumerate(parents) if par == d["after"]]:
+                assert view["p"][c] == pytest.approx(ref[toks[c]], abs=1e-5)
+                weighed += 1
+            if d is view["decided"][-1] and e.added_token is not None:
+                assert view["added_p"] == pytest.approx(ref[e.added_token], abs=1e-5)
+                assert ref[e.added_token] > 0  # drawn from the distribution it reports
+        done += e.tokens
+    return weighed
 
 
 def reference_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:

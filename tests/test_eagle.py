@@ -17,11 +17,12 @@ from safetensors.torch import load_file
 from app.decoding import attention
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.eagle import DraftTree, Eagle, best_nodes, dynamic_tree, static_tree
+from app.decoding.sampling import SamplingParams
 from app.decoding.tree import depths, from_paths
 from app.heads import eagle as E
 from app.heads import vocab
 from app.heads.eagle import EagleConfig, EagleError, EagleModule
-from helpers import Recording, run
+from helpers import Recording, check_target_probs, run
 from test_sampling_exactness import PROMPT as SAMPLING_PROMPT
 from test_sampling_exactness import RUNS, T1, WARPED, cached, check_against_exact, exact_distribution, sample_runs
 
@@ -431,6 +432,18 @@ def test_a_trained_module_gets_drafts_accepted(tiny_model, trained):
             accepted += sum(len(e.accepted) for e in events[1:])
             steps += len(events) - 1
         assert accepted / steps > threshold, (kwargs, accepted / steps)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=2)])
+def test_the_trace_gives_the_targets_probabilities_over_the_tree(tiny_model, trained, sampling):
+    """At the root and each accepted node the trace reports what the target gave every sibling it
+    weighed there (the accepted one and the rejected ones), checked against fresh forward passes."""
+    embed = tiny_model.get_input_embeddings()
+    prompt = _random(101, n=10)
+    _, events = run(tiny_model, Eagle(trained, embed), prompt, sampling=sampling, max_new_tokens=MAX_NEW)
+    assert check_target_probs(tiny_model, prompt, events, sampling) > 2 * len(events)
+    # Siblings were weighed at a decided slot: rejected nodes carry a probability too.
+    assert any(e.target["p"][r] is not None for e in events for r in e.rejected)
 
 
 # ----------------------------------------------------------------------------- sampling

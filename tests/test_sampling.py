@@ -8,7 +8,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.decoding.sampling import SamplingParams, probs, sample, uniform
+from app.decoding.sampling import SamplingParams, argmax, probs, sample, uniform
 from helpers import reference_probs as reference
 
 
@@ -187,3 +187,29 @@ def test_generator_is_seeded():
     d, e = SamplingParams(temperature=1.0).generator(), SamplingParams(temperature=1.0).generator()
     assert not torch.equal(torch.rand(8, generator=a), torch.rand(8, generator=c))
     assert not torch.equal(torch.rand(8, generator=d), torch.rand(8, generator=e))
+
+
+# ----------------------------------------------------------------------------- argmax
+
+
+@pytest.mark.parametrize("vocab", [49152, 32000, 8192, 1000, 96, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_equals_torch_argmax(vocab, dtype):
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(13, vocab, generator=gen).to(dtype)
+    assert torch.equal(argmax(x), x.float().argmax(-1))
+    assert argmax(x[4]).shape == () and int(argmax(x[4])) == int(x[4].float().argmax())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_argmax_takes_the_first_of_tied_maxima(data):
+    """bfloat16 logits tie often; greedy decoding must pick exactly what torch.argmax picks."""
+    vocab = data.draw(st.sampled_from([1024, 4096, 49152]))
+    rows = data.draw(st.integers(1, 4))
+    x = torch.zeros(rows, vocab)
+    for r in range(rows):
+        where = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4, unique=True))
+        x[r, where] = data.draw(st.sampled_from([1.0, -0.5, float("inf")]))
+    assert torch.equal(argmax(x), x.argmax(-1))
+    assert torch.equal(argmax(-x), (-x).argmax(-1))

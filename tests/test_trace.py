@@ -14,7 +14,7 @@ from app.decoding.sampling import SamplingParams
 from app.decoding.target import TransformersTarget
 from app.decoding.tree import depths
 from app.runner import output_ids
-from helpers import Recording, ancestors_path, expected_added_kind, run
+from helpers import Recording, ancestors_path, check_target_probs, expected_added_kind, run
 
 PROMPTS = {
     "repeat": [5, 6, 7, 8] * 6,
@@ -97,6 +97,7 @@ def check_trace(events, *, max_new_tokens, eos=(), context_limit=None, prompt_le
         assert e.draft_time_s >= 0 and e.verify_time_s >= 0
         assert e.totals["elapsed_s"] >= elapsed
         elapsed = e.totals["elapsed_s"]
+        check_target_view(e)
         # Finish reason on the last event only.
         assert (e.finish_reason is None) != last, (i, e.finish_reason)
         # JSON-serializable, losslessly.
@@ -115,6 +116,26 @@ def check_trace(events, *, max_new_tokens, eos=(), context_limit=None, prompt_le
         at_context_end = context_limit is not None and prompt_len + len(out) >= context_limit
         assert len(out) == max_new_tokens or at_context_end
     return out
+
+
+def check_target_view(e):
+    """The target's side of a step: it decided at the root and at every accepted node, weighed
+    exactly the draft tokens hanging there, and its top token there has the highest probability."""
+    view, toks, parents = e.target, e.proposed["tokens"], e.proposed["parents"]
+    afters = [d["after"] for d in view["decided"]]
+    assert afters[: len(e.accepted) + 1] == [-1, *e.accepted], (afters, e.accepted)
+    assert len(view["p"]) == len(toks)
+    for c, (par, pc) in enumerate(zip(parents, view["p"])):
+        assert (pc is not None) == (par in afters), (c, par, afters)
+        if pc is not None:
+            assert 0.0 <= pc <= view["decided"][afters.index(par)]["top_p"] + 1e-6
+    for d in view["decided"]:
+        assert 0.0 < d["top_p"] <= 1.0 + 1e-6
+    assert 0.0 <= view["added_p"] <= view["decided"][-1]["top_p"] + 1e-6
+    if view["distribution"] == "softmax" and not is_cut(e):
+        # Greedy: each accepted node was the target's top token where it hung, and so is the added one.
+        assert [d["top"] for d in view["decided"]] == e.accepted_tokens + [e.added_token]
+        assert all(view["p"][c] == d["top_p"] for c, d in zip(e.accepted, view["decided"]))
 
 
 # ----------------------------------------------------------------------------- invariants, every mode
@@ -136,6 +157,19 @@ def test_trace_invariants(tiny_model, tiny_draft, mode, sampling, prompt):
             assert (match is None) == (e.proposed["tokens"] == [])
     if mode == "prompt_lookup_10_2" and prompt == "repeat":
         assert events[-1].totals["accepted"] > 0
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "t07_p09_k20"])
+@pytest.mark.parametrize("mode", ["prompt_lookup_10_2", "lookahead_4_3_4", "draft_target_small_4"])
+def test_target_view_matches_a_fresh_forward_pass(tiny_model, tiny_draft, mode, sampling):
+    """Every probability the trace reports is the target's, recomputed here from scratch: the whole
+    context (prompt, output so far, accepted draft tokens) through the model without a cache."""
+    params = SAMPLINGS[sampling]
+    prompt = PROMPTS["repeat"]
+    _, events = run(tiny_model, MODES[mode](tiny_model, tiny_draft), prompt, sampling=params, max_new_tokens=30)
+
+    weighed = check_target_probs(tiny_model, prompt, events, params)
+    assert weighed > 5
 
 
 @pytest.mark.parametrize("mode", SPECULATIVE)

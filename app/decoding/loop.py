@@ -10,8 +10,9 @@ import torch
 
 from app.decoding import acceptance
 from app.decoding.drafters.base import Drafter
-from app.decoding.sampling import SamplingParams, probs, sample
+from app.decoding.sampling import SamplingParams, argmax, probs, sample
 from app.decoding.target import Target
+from app.decoding.tree import children
 from app.decoding.types import Proposal, StepEvent, Totals, Verdict
 
 
@@ -20,20 +21,58 @@ class ContextError(ValueError):
 
 
 def accept(proposal: Proposal, logits: torch.Tensor, sampling: SamplingParams, gen: torch.Generator) -> Verdict:
+    return _judge(proposal, logits, sampling, gen)[0]
+
+
+def _judge(
+    proposal: Proposal, logits: torch.Tensor, sampling: SamplingParams, gen: torch.Generator
+) -> tuple[Verdict, torch.Tensor | None]:
+    """The verdict, and the sampling distribution per slot it was reached with (None when greedy)."""
     tokens, parents = proposal.draft_tokens, proposal.draft_parents
     slots = logits[: len(tokens) + 1]
     if sampling.greedy:
-        # float() first: argmax over bfloat16 rows is several times slower on CPU than the cast and an argmax.
-        return acceptance.greedy(tokens, parents, slots.float().argmax(-1).tolist())
+        return acceptance.greedy(tokens, parents, argmax(slots).tolist()), None
     p = probs(slots, sampling)
     if proposal.acceptance is not None:
         rule = proposal.acceptance
         if rule.get("rule") != "typical":
             raise ValueError(f"unknown acceptance rule {rule!r}")
-        return acceptance.typical(tokens, parents, p, rule["posterior_threshold"], rule["posterior_alpha"])
+        return acceptance.typical(tokens, parents, p, rule["posterior_threshold"], rule["posterior_alpha"]), p
     if proposal.q is not None:
-        return acceptance.leviathan(tokens, proposal.q, p, gen)
-    return acceptance.recursive_rejection(tokens, parents, p, gen)
+        return acceptance.leviathan(tokens, proposal.q, p, gen), p
+    return acceptance.recursive_rejection(tokens, parents, p, gen), p
+
+
+def target_view(
+    tokens: list[int], parents: list[int], verdict: Verdict, logits: torch.Tensor, p: torch.Tensor | None
+) -> dict:
+    """What the target made of a draft, at the positions where it decided something: the root and
+    each accepted node. There it gives its top token, the probability of every draft token tried
+    there, and of the token it added. Nodes below a rejected one were never weighed (p None).
+
+    The probabilities are the sampling distribution the acceptance rule used (p, per slot), or, when
+    greedy, the model's own softmax (temperature 1). Only the decided slots are normalised, so this
+    costs a few rows, not the whole tree.
+    """
+    decided = [-1, *verdict.accepted]
+    rows_at = [node + 1 for node in decided]
+    rows = p[rows_at] if p is not None else logits[rows_at].float().softmax(-1)
+    top = argmax(rows).tolist()
+    kids = children(parents)
+    node_p: list[float | None] = [None] * len(tokens)
+    for r, slot in enumerate(rows_at):
+        for c in kids[slot]:
+            node_p[c] = _prob(rows[r, tokens[c]])
+    return {
+        "distribution": "softmax" if p is None else "sampling",
+        "decided": [{"after": node, "top": t, "top_p": _prob(rows[r, t])} for r, (node, t) in enumerate(zip(decided, top))],
+        "p": node_p,
+        "added_p": _prob(rows[-1, verdict.added]),
+    }
+
+
+def _prob(x: torch.Tensor) -> float:
+    return round(float(x), 6)
 
 
 def generate(
@@ -65,8 +104,11 @@ def generate(
     totals = Totals()
     start = time.perf_counter()
 
-    def pick(logits: torch.Tensor) -> int:
-        return int(logits.float().argmax()) if sampling.greedy else sample(probs(logits, sampling), gen)
+    def pick(logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        if sampling.greedy:
+            return int(argmax(logits)), None
+        p = probs(logits, sampling)
+        return sample(p[-1], gen), p
 
     def finish(new: list[int], output: list[int]) -> tuple[list[int], str | None]:
         """Cut `new` at EOS or the token budget; say why generation ends, if it does."""
@@ -81,7 +123,7 @@ def generate(
             return new, "cancelled"
         return new, None
 
-    def event(step, kind, prop, verdict, new, reason, t_draft, t_verify) -> StepEvent:
+    def event(step, kind, prop, verdict, new, reason, t_draft, t_verify, view) -> StepEvent:
         totals.new_tokens += len(new)
         totals.target_steps += 1
         totals.drafted += prop.num_draft
@@ -106,15 +148,18 @@ def generate(
             verify_time_s=t_verify,
             totals={**vars(totals), "tokens_per_step": totals.tokens_per_step},
             finish_reason=reason,
+            target=view,
         )
 
     # Prefill: the prompt's forward pass gives the first token, the root of the first draft.
     t0 = time.perf_counter()
     first_pass = target.prefill(prompt)
-    first = pick(first_pass.logits[-1])
+    first, p = pick(first_pass.logits[-1:])
     new, reason = finish([first], [])
-    empty = Proposal()
-    yield event(0, "prefill", empty, Verdict([], first, "next"), new, reason, 0.0, time.perf_counter() - t0)
+    t1 = time.perf_counter()
+    verdict = Verdict([], first, "next")
+    view = target_view([], [], verdict, first_pass.logits[-1:], p)
+    yield event(0, "prefill", Proposal(), verdict, new, reason, 0.0, t1 - t0, view)
     output = list(new)
     if reason:
         return
@@ -127,13 +172,14 @@ def generate(
         prop = drafter.propose(context, room=target.max_length - len(context) - 1)
         t1 = time.perf_counter()
         out = target.forward(context[-1], prop.tokens, prop.parents)
-        verdict = accept(prop, out.logits, sampling, gen)
+        verdict, p = _judge(prop, out.logits, sampling, gen)
         target.commit(verdict.accepted)
         t2 = time.perf_counter()
         drafter.observe(prop, verdict, out)
         t3 = time.perf_counter()
+        view = target_view(prop.draft_tokens, prop.draft_parents, verdict, out.logits, p)
         new, reason = finish([prop.tokens[i] for i in verdict.accepted] + [verdict.added], output)
-        yield event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1)
+        yield event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1, view)
         output += new
         if reason:
             return

@@ -99,6 +99,9 @@ class StepEvent:
     verify_time_s: float
     totals: dict[str, float]
     finish_reason: str | None = None  # "eos" | "length" | "cancelled" on the last event
+    # The target's side of the step (loop.target_view): its top token where it decided, and the
+    # probability it gave each draft token it weighed and the token it added.
+    target: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
