@@ -162,7 +162,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             if not args.json:
                 print(
                     f"step {message['step']:4d}  proposed {len(message['proposed']['tokens']):3d}  accepted "
-                    f"{len(message['accepted_tokens']):3d}  +{len(message['tokens'])} {message['text']!r}",
+                    f"{len(message['accepted_tokens']):3d}  +{len(message['tokens'])} {message['text']!r}"
+                    f"{_rejection(message)}",
                     file=sys.stderr,
                 )
     finally:
@@ -186,6 +187,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _rejection(message: dict) -> str:
+    """Where a step's draft was cut: the target's own top token there against the draft's best-ranked
+    token, each with the probability the target gave it (from the step's `target` view)."""
+    view = message.get("target") or {}
+    if message.get("added_kind") != "correction" or not view.get("decided"):
+        return ""
+    last = view["decided"][-1]
+    tokens, parents = message["proposed"]["tokens"], message["proposed"]["parents"]
+    tried = [c for c, parent in enumerate(parents) if parent == last["after"]]
+    if not tried or view["p"][tried[0]] is None:
+        return ""
+    texts = message.get("texts") or {}
+
+    def text(tid: int) -> str:
+        return repr(texts.get(tid, texts.get(str(tid), f"<{tid}>")))
+
+    return (f"  (target: {text(last['top'])} p {last['top_p']:.2f}; draft: {text(tokens[tried[0]])} "
+            f"p {view['p'][tried[0]]:.3f})")
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

@@ -68,6 +68,23 @@ def test_generate_json_autoregressive_equals_prompt_lookup(bundled):
     assert ar["token_ids"] == ref
 
 
+@pytest.mark.bundled
+def test_generate_says_per_step_where_the_draft_was_cut(bundled):
+    """Without --json: one line per step on stderr; a step that ended in a correction names the
+    target's own token and the rejected draft token, with the target's probability for each."""
+    proc = run_cli("generate", "--prompt", PROMPT, "--dtype", "float32", "--max-new-tokens", str(MAX_NEW), "--mode", "eagle")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
+    cut = [line for line in steps if "(target: " in line]
+    assert steps and cut, proc.stderr
+    ours = json.loads(run_cli("generate", "--prompt", PROMPT, "--dtype", "float32", "--max-new-tokens", str(MAX_NEW),
+                              "--mode", "eagle", "--json").stdout)
+    corrections = [s for s in ours["steps"] if s["added_kind"] == "correction"]
+    assert len(cut) == len(corrections)
+    first = corrections[0]["target"]
+    assert f"p {first['decided'][-1]['top_p']:.2f}; draft: " in cut[0]
+
+
 # ----------------------------------------------------------------------------- invalid configs: exit 2, one line, no model load
 
 INVALID = {

@@ -372,6 +372,58 @@ def test_draft_target_detail_shows_probabilities():
     assert f"{step['source']['draft_probs'][0]:.3f}" in table.text()
 
 
+def _viewed_event(distribution="softmax", source=None):
+    """A tree step: nodes 0 and 1 hang off the root, 2 off 0, 3 off 2; node 0 accepted, 2 rejected,
+    so the target decided at the root and at node 0, and never weighed node 3."""
+    event = _event(1, [5, 6, 7, 8], [-1, -1, 0, 2], [0], 9, "correction", source=source)
+    event["target"] = {"distribution": distribution,
+                       "decided": [{"after": -1, "top": 5, "top_p": 0.6}, {"after": 0, "top": 9, "top_p": 0.5}],
+                       "p": [0.6, 0.2, 0.00001, None], "added_p": 0.5}
+    return event
+
+
+def test_step_detail_shows_what_the_target_made_of_the_draft():
+    dom = _assert_safe(render.step_detail(_viewed_event(), NASTY, [10, 10], []))
+    table = dom.find("sd-target-table")[0]
+    rows = table.find(tag="tr")[1:]
+    assert len(rows) == 2  # the root and the accepted node
+    first, second = rows
+    assert [[t.attrs["data-tok"] for t in w.find("tok")] for w in first.find("weighed")] == [["5"], ["6"]]
+    assert "tok-accepted" in first.find("weighed")[0].find("tok")[0].classes
+    assert "tok-rejected" in first.find("weighed")[1].find("tok")[0].classes
+    assert "0.600" in first.text() and "0.200" in first.text()
+    assert [w.find("tok")[0].attrs["data-tok"] for w in second.find("weighed")] == ["7"]
+    assert "<0.001" in second.text()  # tiny but not zero
+    assert NASTY[9] in second.text()  # the target's top token there, which it added
+    detail = dom.find("sd-target")[0].text()
+    assert "Added" in detail and "0.500" in detail and "near miss" in detail
+    titles = {n.attrs["data-node"]: n.find(tag="title")[0].text() for n in dom.find("node", tag="g")}
+    assert "target p 0.600" in titles["0"] and "not weighed" in titles["3"]
+
+
+def test_target_view_explains_the_sampling_rules():
+    leviathan = _event(1, [5, 6], [-1, 0], [], 7, "correction", source={"draft_probs": [0.6, 0.5]})
+    leviathan["target"] = {"distribution": "sampling", "decided": [{"after": -1, "top": 7, "top_p": 0.4}],
+                           "p": [0.3, None], "added_p": 0.25}
+    text = parse(render.step_detail(leviathan, NASTY, [10], [])).find("sd-target")[0].text()
+    assert "q 0.600, min(1, p/q) = 0.500" in text and "max(0, p − q)" in text
+    leviathan["target"]["p"] = [0.0, None]  # a token top-k cut from the target's distribution
+    text = parse(render.step_detail(leviathan, NASTY, [10], [])).find("sd-target")[0].text()
+    assert re.search(r"min\(1, p/q\) = 0(?![.\d])", text) and "0.000" not in text  # exactly 0, not a rounded 0.000
+    tree = parse(render.step_detail(_viewed_event("sampling"), NASTY, [10], [])).find("sd-target")[0].text()
+    assert "recursive rejection" in tree and "min(1, p/q)" not in tree
+    typical = parse(render.step_detail(_viewed_event("sampling", {"acceptance": "typical", "heads": 3}), NASTY, [10], []))
+    assert "not lossless" in typical.find("sd-target")[0].text()
+
+
+def test_steps_without_a_target_view_render_as_before():
+    event = _viewed_event()
+    del event["target"]
+    dom = parse(render.step_detail(event, NASTY, [10], []))
+    assert not dom.find("sd-target")
+    assert all("target p" not in t.text() for t in dom.find(tag="title"))
+
+
 @pytest.mark.parametrize("mode", ["medusa", "eagle"])
 def test_tree_modes_detail_draws_the_tree(mode):
     trace = load(mode)

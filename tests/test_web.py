@@ -103,6 +103,8 @@ def test_api_run_streams_and_every_mode_commits_the_autoregressive_output(client
     # The session's record (gr.State) is kept between calls: inspect a step of this run.
     detail = client.predict(1, api_name="/inspect")
     assert "Step 1" in detail
+    # The target's side of the step, every token named by its text (the service sends the texts).
+    assert 'class="sd-target-table"' in detail and "⟨" not in detail
 
 
 @pytest.mark.parametrize("mode,box", [("medusa", "md_pl"), ("eagle", "eg_pl")])
@@ -280,6 +282,9 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
         page.wait_for_function("n => document.querySelector('#step-detail h4')?.innerText.startsWith(`Step ${n} `)", arg=step)
         assert page.locator("#step-detail .sd-tree svg").count() == 1
         assert page.locator("#step-detail .sd-tree svg g.node").count() == most
+        target = page.locator("#step-detail .sd-target-table")
+        assert target.locator("tr").count() >= 2 and target.locator(".weighed").count() >= 1
+        assert "target p " in page.locator("#step-detail .sd-tree svg g.node title").first.text_content()
         screenshot(f"run-{mode}")
     if mode == "draft_target":
         assert page.locator("#step-detail .sd-probs").count() == 1  # the draft's tokens with their probabilities

@@ -72,7 +72,7 @@ def target_view(
 
 
 def _prob(x: torch.Tensor) -> float:
-    return round(float(x), 6)
+    return float(f"{float(x):.6g}")  # six significant digits: a tiny p stays > 0, an excluded one stays 0
 
 
 def generate(

@@ -22,7 +22,8 @@ Stable CSS classes, all under the root class `specdec` (tests and the browser te
 Step detail: sd-detail, sd-draft, sd-source, tok-root; prompt lookup context: ctx (data-pos = index
 in prompt + output), ctx-ngram (the matched n-gram), ctx-cont (the continuation copied as the draft),
 ctx-key (the context's last n tokens), ctx-out (output, not prompt); lookahead: sd-grid, grid-root,
-cand, cand-accepted; draft-target: sd-probs, bar. Tree SVG: sd-tree, root, node (+ accepted |
+cand, cand-accepted; draft-target: sd-probs, bar; the target's side: sd-target, sd-target-table,
+weighed (a draft token and its p). Tree SVG: sd-tree, root, node (+ accepted |
 rejected, + copied: from prompt lookup in a merged tree), edge (+ accepted), tree-note. Table: sd-table, best, identical-yes / identical-no.
 """
 
@@ -84,7 +85,10 @@ line-height:1.9;font-size:1.05em}
 .specdec table.sd-grid,.specdec table.sd-probs,.specdec table.sd-table{border-collapse:collapse;line-height:1.4}
 .specdec .sd-grid td,.specdec .sd-grid th{border:1px solid var(--sd-line);padding:.1em .35em;text-align:center;white-space:pre}
 .specdec .sd-grid th{font-weight:400;font-size:.75em;opacity:.7}
-.specdec .sd-probs td{padding:.1em .4em}
+.specdec .sd-probs td,.specdec .sd-target-table td,.specdec .sd-target-table th{padding:.1em .5em;text-align:left;vertical-align:top}
+.specdec .sd-target-table{border-collapse:collapse;line-height:1.6}
+.specdec .sd-target-table tr+tr td{border-top:1px solid var(--sd-line)}
+.specdec .weighed{white-space:nowrap;margin-right:.8em}
 .specdec .bar{display:inline-block;height:.8em;background:var(--sd-acc);opacity:.75;vertical-align:middle}
 .specdec .cand{margin:.1em 0}.specdec .cand-accepted{font-weight:700}
 .specdec .sd-tree{overflow:auto;max-height:80vh}
@@ -368,13 +372,81 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
         scores = (source.get("tree") or {}).get("scores") if mode in ("medusa", "eagle") else None
         branch = source.get("prompt_lookup") if mode in ("medusa", "eagle") else None
         copied = (branch.get("nodes") or []) if isinstance(branch, Mapping) else []
-        out.append(tree_svg(tokens, parents, accepted_nodes, texts, scores=scores, root=root, copied=copied))
+        out.append(tree_svg(tokens, parents, accepted_nodes, texts, scores=scores, root=root, copied=copied,
+                            target_p=(event.get("target") or {}).get("p")))
     out.append("</section>")
+
+    view = event.get("target")
+    if isinstance(view, Mapping) and view.get("decided"):
+        out.append('<section class="sd-target"><h5>What the target made of it</h5>')
+        out.append(_target_html(view, event, texts, tokens, parents, root, source))
+        out.append("</section>")
 
     out.append('<section class="sd-source"><h5>Where the draft came from</h5>')
     out.append(_source_html(mode, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
     out.append("</section>")
     return _wrap("".join(out), "sd-detail")
+
+
+def _p(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "–"
+    if value == 0:
+        return "0"
+    return "&lt;0.001" if value < 0.0005 else f"{value:.3f}"
+
+
+def _target_html(view: Mapping, event: Mapping, texts, tokens, parents, root, source) -> str:
+    """The target's side of the step (the trace's `target`): one row per position where it decided
+    (the root and each accepted node) with its own top token, the draft tokens it weighed there and
+    the probability it gave each; then the token it added."""
+    decided = [d for d in view.get("decided") or [] if isinstance(d, Mapping)]
+    p = list(view.get("p") or [])
+    sampled = view.get("distribution") == "sampling"
+    q = source.get("draft_probs") if sampled and isinstance(source.get("draft_probs"), list) else None
+    accepted = {a for a in (event.get("accepted") or []) if isinstance(a, int)}
+    kids = _children(parents)
+    rows = []
+    for d in decided:
+        after = d.get("after")
+        if isinstance(after, int) and 0 <= after < len(tokens):
+            where = _tok(tokens[after], texts, "tok-accepted")
+        else:
+            where = _tok(root, texts, "tok-root") if root is not None else "the root"
+        weighed = []
+        for c in kids.get(after, []) if isinstance(after, int) else []:
+            pc = p[c] if c < len(p) else None
+            cell = f'{_tok(tokens[c], texts, "tok-accepted" if c in accepted else "tok-rejected")} {_p(pc)}'
+            if q is not None and c < len(q) and isinstance(q[c], (int, float)) and q[c] > 0 and isinstance(pc, (int, float)):
+                cell += f' <span class="sd-note">q {_p(q[c])}, min(1, p/q) = {_p(min(1.0, pc / q[c]))}</span>'
+            weighed.append(f'<span class="weighed">{cell}</span>')
+        cells = " ".join(weighed) or '<span class="sd-note">none drafted</span>'
+        rows.append(f"<tr><td>{where}</td><td>{_tok(d.get('top'), texts)} {_p(d.get('top_p'))}</td><td>{cells}</td></tr>")
+    _, added, kind = _split(event)
+    tail = ""
+    if added:
+        tail = (f'<p>Added {_tok(added[0], texts, f"tok-added tok-{kind}")} ({esc(kind)}), p {_p(view.get("added_p"))}'
+                + (" — sampled from the target's distribution at that position" if sampled and kind == "next" else "")
+                + (" — drawn from what the rejections left of p" if sampled and kind == "correction" else "")
+                + ".</p>")
+    if not sampled:
+        how = ("p is the target's probability for a token there (the softmax of its logits). Greedy verification "
+               "keeps a draft token only if it is the target's top token, so a rejected token with a high p was "
+               "a near miss.")
+    elif source.get("acceptance") == "typical":
+        how = ("p is the target's sampling distribution there (temperature, top-k, top-p). Medusa's typical "
+               "acceptance keeps a token when p &gt; min(ε, δ·exp(−H(p))) — <b>not lossless</b>.")
+    elif q is not None:
+        how = ("p is the target's sampling distribution there (temperature, top-k, top-p), q the draft model's. "
+               "Speculative sampling keeps each draft token with probability min(1, p/q); at the first rejection "
+               "the target samples from max(0, p − q), renormalised — exactly the target's distribution overall.")
+    else:
+        how = ("p is the target's sampling distribution there (temperature, top-k, top-p). This draft is "
+               "deterministic, so a token is kept with probability p; if it is rejected the next sibling is "
+               "tried against what is left of p, and when all fail the target samples from the rest "
+               "(recursive rejection: exactly the target's distribution).")
+    return (f'<p class="sd-note">{how}</p><table class="sd-target-table"><tr><th>after</th>'
+            f"<th>target's top token, p</th><th>draft tokens weighed there, p</th></tr>{''.join(rows)}</table>{tail}")
 
 
 def _source_html(mode, event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
@@ -579,10 +651,12 @@ def _keep(parents: list[int], accepted: list[int], limit: int) -> list[int]:
 
 
 def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: Mapping[Any, str],
-             scores: list[float] | None = None, *, root: int | None = None, copied: Iterable[int] = ()) -> str:
+             scores: list[float] | None = None, *, root: int | None = None, copied: Iterable[int] = (),
+             target_p: list[float | None] | None = None) -> str:
     """An inline SVG of a token tree: root at the left, one column per depth, one row per leaf.
     The accepted path is drawn thick with ✓; other nodes are faded with a dashed outline. Nodes in
-    `copied` came from prompt lookup (a merged tree) and carry a "PL" tag.
+    `copied` came from prompt lookup (a merged tree) and carry a "PL" tag; `target_p` (the trace's
+    target probabilities, None where the target never weighed a node) goes into the tooltips.
     Trees over MAX_TREE_NODES nodes are cut to the accepted path plus the first-ranked nodes."""
     texts = norm_texts(texts)
     tokens = list(tokens or [])
@@ -634,6 +708,11 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
         x, yy = cx(depth[i]), cy(i)
         tip = f"node {i} · depth {depth[i]} · {_quote(tokens[i], texts)}"
         tip += (f" · score {score[i]}" if i in score else "") + (" · from prompt lookup" if i in copied else "")
+        weighed = target_p[i] if target_p and i < len(target_p) else None
+        if isinstance(weighed, (int, float)) and not isinstance(weighed, bool):
+            tip += f" · target p {weighed:.3f}"
+        elif target_p:
+            tip += " · not weighed (below a rejected node)"
         tip += " · accepted" if on_path else " · not accepted"
         group, box, weight = NODE_ON_PATH if on_path else NODE_OFF_PATH
         if i in copied:

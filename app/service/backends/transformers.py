@@ -115,8 +115,10 @@ def _texts(target: LoadedModel, ids) -> dict[int, str]:
 
 
 def _ids_in(event: dict[str, Any]) -> list[int]:
-    """Every token id a step message mentions: the draft tree, what was committed, and the draft's source."""
+    """Every token id a step message mentions: the draft tree, what was committed, the draft's source
+    and the target's own top tokens."""
     ids = list(event["proposed"]["tokens"]) + list(event["tokens"])
+    ids += [d["top"] for d in (event.get("target") or {}).get("decided") or []]
     if event.get("added_token") is not None:
         ids.append(event["added_token"])
     source = event.get("source") or {}
