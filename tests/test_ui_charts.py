@@ -130,7 +130,7 @@ def test_compare():
     assert fig.layout.shapes and fig.layout.shapes[0].y0 == 1
 
 
-@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare, charts.pass_cost])
+@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare, charts.pass_cost, charts.acceptance_by_depth])
 def test_empty_input_gives_annotated_figure(build):
     for empty in ([], None):
         fig = build(empty)
@@ -186,9 +186,9 @@ def test_compare_accepts_labels():
     assert list(by_label.data[0].x) == ["Lookahead"]
 
 
-@pytest.mark.parametrize("build", [charts.tokens_per_step_hist, charts.throughput, charts.timing])
+@pytest.mark.parametrize("build", [charts.tokens_per_step_hist, charts.throughput, charts.timing, charts.acceptance_by_depth])
 def test_titles_fit_a_third_of_the_row(build):
-    """These three share a row in the Run tab; a title longer than ~30 characters is cut off there."""
+    """Three charts share a row in the Run tab; a title longer than ~30 characters is cut off there."""
     for steps in ([], load("prompt_lookup")["steps"]):
         layout = build(steps).layout
         for text in (layout.title.text, layout.xaxis.title.text, layout.yaxis.title.text):
@@ -210,3 +210,48 @@ def test_pass_cost_draws_one_curve_per_dtype_on_a_log_k_axis():
     from app.ui.learn import pass_cost_note
     note = pass_cost_note(costs)
     assert "**float32**: one-token pass 45.0 ms after 50 tokens of context" in note and "8 tokens 1.10×" in note
+
+
+# ----------------------------------------------------------------------------- acceptance by depth
+
+
+def _step(parents, accepted, added=1, kind="decode"):
+    return {"kind": kind, "proposed": {"tokens": list(range(len(parents))), "parents": parents},
+            "accepted": accepted, "added_token": added}
+
+
+def test_acceptance_by_depth_counts_each_depth_only_where_the_draft_reached_it():
+    steps = [
+        _step([], [], kind="prefill"),
+        _step([-1, 0, 1], [0, 1, 2]),       # a chain, all accepted: depths 1, 2, 3 offered and accepted
+        _step([-1, 0, 1], [0]),             # accepted 1 of 3: depth 1 yes, depth 2 offered and rejected
+        _step([-1, -1, 0, 2], []),          # a tree rejected at the root: depth 1 offered (once), no more
+        _step([-1, -1, 1, 2], [1, 2, 3]),   # accepted down the second branch to depth 3: no depth 4 offered
+        _step([-1, 0], [0, 1], added=None),  # cut by EOS: left out
+        _step([], []),                      # nothing drafted
+    ]
+    offered, accepted = charts.acceptance_counts(steps)
+    assert offered == [4, 3, 2] and accepted == [3, 2, 2]
+    fig = charts.acceptance_by_depth(steps)
+    _common(fig)
+    assert list(fig.data[0].x) == [1, 2, 3]
+    assert list(fig.data[0].y) == [0.75, 2 / 3, 1.0]
+    assert list(fig.data[0].text) == ["3/4", "2/3", "2/2"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_acceptance_by_depth_on_real_traces(mode):
+    steps = load(mode)["steps"]
+    offered, accepted = charts.acceptance_counts(steps)
+    decided = [s for s in steps if s["kind"] == "decode" and s["added_token"] is not None]
+    # Every accepted draft token is counted once, at its depth; depth 1 is offered once per drafting step.
+    assert sum(accepted) == sum(len(s["accepted"]) for s in decided)
+    assert (offered[:1] or [0])[0] == sum(1 for s in decided if s["proposed"]["tokens"])
+    assert all(a <= n for a, n in zip(accepted, offered))
+    assert offered == sorted(offered, reverse=True)  # reaching depth d needs reaching d - 1
+    fig = charts.acceptance_by_depth(steps)
+    if mode == "autoregressive":
+        assert not fig.data and "Nothing drafted" in fig.layout.annotations[0].text
+    else:
+        _common(fig)
+        assert len(fig.data[0].x) == len(offered) >= 1

@@ -6,6 +6,7 @@ README's): a plain test run leaves the working tree as it was."""
 
 import json
 import os
+import re
 import shutil
 import urllib.request
 from pathlib import Path
@@ -266,8 +267,11 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
     if mode != "autoregressive":
         assert view.locator(".tok-accepted").count() + view.locator(".tok-rejected").count() >= 1
     assert view.locator(".legend").count() == 1
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5")
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 6")
     assert page.locator("#step-detail").inner_text().strip() != ""
+    if mode != "autoregressive":  # a bar per draft depth reached, labelled accepted/offered
+        assert page.locator("#acceptance-depth .bars .point").count() >= 1
+        assert re.fullmatch(r"\d+/\d+", page.locator("#acceptance-depth .bartext").first.text_content())
     if mode == "prompt_lookup":
         assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
         screenshot("run")

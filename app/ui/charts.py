@@ -202,6 +202,53 @@ def tokens_per_step_hist(events: list[dict]) -> go.Figure:
     return _layout(fig, title, f"tokens per pass (τ = {tau:.2f})", "target passes")
 
 
+def acceptance_counts(events: list[dict]) -> tuple[list[int], list[int]]:
+    """(offered, accepted) per draft depth d = 1, 2, …: how many steps had a draft token at depth d
+    hanging off their accepted path (the root for d = 1), and in how many of them the path went on
+    through depth d. accepted[d]/offered[d] is α_d, the chance a draft survives its d-th token once it
+    survived d − 1 (the per-position acceptance rate of the Medusa and EAGLE papers). Steps cut short
+    by EOS or the token budget are left out: their acceptance was not decided by the target."""
+    offered: list[int] = []
+    accepted: list[int] = []
+    for e in _steps(events):
+        if e.get("kind") == "prefill" or e.get("added_token") is None:
+            continue
+        parents = list((e.get("proposed") or {}).get("parents") or [])
+        path = [a for a in (e.get("accepted") or []) if isinstance(a, int)]
+        has_children = {p for p in parents if isinstance(p, int)}
+        for d, node in enumerate([-1, *path], start=1):
+            if node not in has_children:
+                break
+            while len(offered) < d:
+                offered.append(0)
+                accepted.append(0)
+            offered[d - 1] += 1
+            accepted[d - 1] += d <= len(path)
+    return offered, accepted
+
+
+def acceptance_by_depth(events: list[dict]) -> go.Figure:
+    """α_d per draft depth: where along a draft the target stops agreeing (acceptance_counts)."""
+    title = "Acceptance by draft depth"
+    events = _steps(events)
+    if not events:
+        return _empty(title)
+    offered, accepted = acceptance_counts(events)
+    if not offered:
+        return _empty(title, "Nothing drafted: one target pass per token.")
+    depth = list(range(1, len(offered) + 1))
+    rate = [a / n for a, n in zip(accepted, offered)]
+    fig = go.Figure(go.Bar(
+        x=depth, y=rate, text=[f"{a}/{n}" for a, n in zip(accepted, offered)], textposition="outside",
+        marker=dict(color=ACCEPTED, line=dict(color=VERIFY, width=1)), name="accepted",
+        hovertemplate="depth %{x}: %{text} accepted (%{y:.0%})<extra></extra>",
+    ))
+    fig.update_layout(showlegend=False, bargap=0.2)
+    fig.update_xaxes(dtick=1)
+    fig.update_yaxes(range=[0, 1.15], tickformat=".0%")
+    return _layout(fig, title, "draft depth (1 = first token)", "accepted, if reached")
+
+
 def throughput(events: list[dict], *, label: str | None = None) -> go.Figure:
     """Running tokens per second: tokens so far / wall time so far, after each step."""
     title = "Throughput"

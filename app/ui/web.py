@@ -273,6 +273,7 @@ class Studio:
             charts.tokens_per_step(events),
             # The browser redraws every chart it is sent, on the cores the model runs on: while generating,
             # only the race and the per-step bars are live; the rest are drawn once at the end.
+            charts.acceptance_by_depth(events) if final else gr.skip(),
             charts.tokens_per_step_hist(events) if final else gr.skip(),
             charts.throughput(events) if final else gr.skip(),
             charts.timing(events) if final else gr.skip(),
@@ -399,11 +400,14 @@ class Studio:
                         view = gr.HTML(render.step_view([], {}), elem_id="step-view")
                         step = gr.Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
                         detail = gr.HTML("", elem_id="step-detail")
+                        # Rows: live while generating (race, tokens per pass); acceptance; speed.
                         with gr.Row():
                             race_plot = gr.Plot(label="Race: tokens vs time", elem_id="race")
                             tps_plot = gr.Plot(label="Tokens per target step", elem_id="tokens-per-step")
                         with gr.Row():
                             hist_plot = gr.Plot(label="Tokens per step: histogram", elem_id="histogram")
+                            depth_plot = gr.Plot(label="Acceptance by draft depth", elem_id="acceptance-depth")
+                        with gr.Row():
                             speed_plot = gr.Plot(label="Tokens/s", elem_id="throughput")
                             time_plot = gr.Plot(label="Draft vs verify time", elem_id="timing")
             with gr.Tab("Compare", id="compare"):
@@ -463,7 +467,8 @@ class Studio:
             c["backend"].change(lambda b: _modes_note(service, b), c["backend"], modes_note, queue=False, show_progress="hidden",
                                 api_visibility="private")
             example.change(lambda t: t or gr.update(), example, prompt, queue=False, show_progress="hidden", api_visibility="private")
-            outputs = [view, status, step, detail, race_plot, tps_plot, hist_plot, speed_plot, time_plot, record, baselines]
+            outputs = [view, status, step, detail, race_plot, tps_plot, depth_plot, hist_plot, speed_plot, time_plot, record,
+                       baselines]
             run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run",
                                     show_progress="hidden", concurrency_id="generate")
             stop_btn.click(self.stop, None, status, queue=False, api_name="stop")
