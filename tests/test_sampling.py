@@ -206,7 +206,7 @@ def test_argmax_equals_torch_argmax(vocab, dtype):
 def test_argmax_takes_the_first_of_tied_maxima(data):
     """bfloat16 logits tie often; greedy decoding must pick exactly what torch.argmax picks."""
     vocab = data.draw(st.sampled_from([1024, 4096, 49152]))
-    rows = data.draw(st.integers(1, 4))
+    rows = data.draw(st.integers(1, 9))  # up to 4 rows take torch's argmax, more the blockwise search
     x = torch.zeros(rows, vocab)
     for r in range(rows):
         where = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4, unique=True))

@@ -26,12 +26,14 @@ def accept(proposal: Proposal, logits: torch.Tensor, sampling: SamplingParams, g
 
 def _judge(
     proposal: Proposal, logits: torch.Tensor, sampling: SamplingParams, gen: torch.Generator
-) -> tuple[Verdict, torch.Tensor | None]:
-    """The verdict, and the sampling distribution per slot it was reached with (None when greedy)."""
+) -> tuple[Verdict, torch.Tensor | list[int]]:
+    """The verdict, and what it was reached with: the sampling distribution per slot, or when greedy
+    the target's top token per slot (target_view reuses either)."""
     tokens, parents = proposal.draft_tokens, proposal.draft_parents
     slots = logits[: len(tokens) + 1]
     if sampling.greedy:
-        return acceptance.greedy(tokens, parents, argmax(slots).tolist()), None
+        top = argmax(slots).tolist()
+        return acceptance.greedy(tokens, parents, top), top
     p = probs(slots, sampling)
     if proposal.acceptance is not None:
         rule = proposal.acceptance
@@ -44,27 +46,30 @@ def _judge(
 
 
 def target_view(
-    tokens: list[int], parents: list[int], verdict: Verdict, logits: torch.Tensor, p: torch.Tensor | None
+    tokens: list[int], parents: list[int], verdict: Verdict, logits: torch.Tensor, basis: torch.Tensor | list[int]
 ) -> dict:
     """What the target made of a draft, at the positions where it decided something: the root and
     each accepted node. There it gives its top token, the probability of every draft token tried
     there, and of the token it added. Nodes below a rejected one were never weighed (p None).
 
-    The probabilities are the sampling distribution the acceptance rule used (p, per slot), or, when
-    greedy, the model's own softmax (temperature 1). Only the decided slots are normalised, so this
-    costs a few rows, not the whole tree.
+    `basis` is what the acceptance rule used (_judge): the sampling distribution per slot (p), or, when
+    greedy, the top token per slot, and then the probabilities are the model's own softmax
+    (temperature 1). Only the decided slots are normalised, so this costs a few rows, not the whole
+    tree: every torch call right after a forward pass runs on cold caches (~15 us each here), which
+    is also why the greedy argmax is not computed twice.
     """
     decided = [-1, *verdict.accepted]
     rows_at = [node + 1 for node in decided]
-    rows = p[rows_at] if p is not None else logits[rows_at].float().softmax(-1)
-    top = argmax(rows).tolist()
+    sampled = isinstance(basis, torch.Tensor)
+    rows = basis[rows_at] if sampled else logits[rows_at].float().softmax(-1)
+    top = argmax(rows).tolist() if sampled else [basis[slot] for slot in rows_at]
     kids = children(parents)
     node_p: list[float | None] = [None] * len(tokens)
     for r, slot in enumerate(rows_at):
         for c in kids[slot]:
             node_p[c] = _prob(rows[r, tokens[c]])
     return {
-        "distribution": "softmax" if p is None else "sampling",
+        "distribution": "sampling" if sampled else "softmax",
         "decided": [{"after": node, "top": t, "top_p": _prob(rows[r, t])} for r, (node, t) in enumerate(zip(decided, top))],
         "p": node_p,
         "added_p": _prob(rows[-1, verdict.added]),
@@ -104,9 +109,10 @@ def generate(
     totals = Totals()
     start = time.perf_counter()
 
-    def pick(logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+    def pick(logits: torch.Tensor) -> tuple[int, torch.Tensor | list[int]]:
         if sampling.greedy:
-            return int(argmax(logits)), None
+            top = argmax(logits).tolist()
+            return top[-1], top
         p = probs(logits, sampling)
         return sample(p[-1], gen), p
 
@@ -154,11 +160,11 @@ def generate(
     # Prefill: the prompt's forward pass gives the first token, the root of the first draft.
     t0 = time.perf_counter()
     first_pass = target.prefill(prompt)
-    first, p = pick(first_pass.logits[-1:])
+    first, basis = pick(first_pass.logits[-1:])
     new, reason = finish([first], [])
     t1 = time.perf_counter()
     verdict = Verdict([], first, "next")
-    view = target_view([], [], verdict, first_pass.logits[-1:], p)
+    view = target_view([], [], verdict, first_pass.logits[-1:], basis)
     yield event(0, "prefill", Proposal(), verdict, new, reason, 0.0, t1 - t0, view)
     output = list(new)
     if reason:
@@ -172,12 +178,12 @@ def generate(
         prop = drafter.propose(context, room=target.max_length - len(context) - 1)
         t1 = time.perf_counter()
         out = target.forward(context[-1], prop.tokens, prop.parents)
-        verdict, p = _judge(prop, out.logits, sampling, gen)
+        verdict, basis = _judge(prop, out.logits, sampling, gen)
         target.commit(verdict.accepted)
         t2 = time.perf_counter()
         drafter.observe(prop, verdict, out)
         t3 = time.perf_counter()
-        view = target_view(prop.draft_tokens, prop.draft_parents, verdict, out.logits, p)
+        view = target_view(prop.draft_tokens, prop.draft_parents, verdict, out.logits, basis)
         new, reason = finish([prop.tokens[i] for i in verdict.accepted] + [verdict.added], output)
         yield event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1, view)
         output += new

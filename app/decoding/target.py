@@ -82,7 +82,8 @@ class TransformersTarget:
             for layer in self.cache.layers:
                 layer.keys[..., start : start + len(accepted), :] = layer.keys.index_select(-2, idx)
                 layer.values[..., start : start + len(accepted), :] = layer.values.index_select(-2, idx)
-        self.cache.crop(-(self.fed - keep))
+        if self.fed > keep:
+            self.cache.crop(keep - self.fed)
         self.length += keep
         self.fed = 0
 
