@@ -353,3 +353,22 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     page.get_by_role("tab", name="Engines").click()
     page.wait_for_selector("#eng-table")
     screenshot("engines")
+
+
+def test_browser_run_updates_do_not_call_inspect(page):
+    """The step slider moves with every redraw of a run; only the user's moves may ask the server
+    for a step (a late answer computed from the run before would overwrite the run's own step view)."""
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.post_data or "") if r.method == "POST" else None)
+    page.get_by_label("Prompt lookup", exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(False)
+    page.click("#run")
+    wait_status(page, "finished")
+    fn = page.evaluate("() => window.gradio_config.dependencies.find(d => d.api_name === 'inspect').id")
+    calls = lambda: sum(f'"fn_index":{fn}' in p.replace(" ", "") for p in posts)
+    assert calls() == 0
+    assert page.locator("#step-detail").inner_text().strip() != ""
+    set_number(page, "Inspect step", 1)
+    page.wait_for_function("() => document.querySelector('#step-detail h4')?.innerText.startsWith('Step 1 ')")
+    assert calls() >= 1

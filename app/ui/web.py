@@ -472,7 +472,9 @@ class Studio:
             run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run",
                                     show_progress="hidden", concurrency_id="generate")
             stop_btn.click(self.stop, None, status, queue=False, api_name="stop")
-            step.change(self.inspect, [step, record], detail, queue=False, show_progress="hidden", api_name="inspect")
+            # Only the user's moves: the run's own updates of the slider would each call inspect with the
+            # record of the run before, and one answering late would blank the step the run just drew.
+            step.input(self.inspect, [step, record], detail, queue=False, show_progress="hidden", api_name="inspect")
             cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype], [cmp_table, cmp_race, cmp_bars, cmp_status],
                                     api_name="compare", show_progress="hidden", concurrency_id="generate")
             cmp_stop.click(self.stop, None, cmp_status, queue=False, api_name="compare_stop")
