@@ -21,13 +21,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.bench import load_prompts  # noqa: E402
-from app.decoding.drafters.prompt_lookup import PromptLookup, find_matches  # noqa: E402
+from app.decoding.drafters.prompt_lookup import NgramIndex, PromptLookup  # noqa: E402
 
 
 def accepted(draft: list[int], truth: list[int]) -> int:
@@ -60,10 +59,12 @@ def ours(**settings):
 
 def oracle(max_ngram: int, num_tokens: int, first_only: bool):
     def make(prompt):
+        index = NgramIndex(max_ngram)
+
         def propose(context, truth):
-            ids, best = np.asarray(context), []
-            for start, n in find_matches(ids, max_ngram):
-                cont = ids[start + n : start + n + num_tokens].tolist()
+            best = []
+            for start, n in index.matches(context, max_ngram):
+                cont = context[start + n : start + n + num_tokens]
                 cont = cont[: accepted(cont, truth)]
                 best = max(best, cont, key=len)
                 if first_only:
