@@ -87,17 +87,16 @@ class PromptLookup:
         self.index = NgramIndex(self.max_ngram)
 
     def propose(self, context: list[int], room: int) -> Proposal:
-        ids = context
         drafts: list[list[int]] = []
         matches = []
-        for start, n in self.index.matches(ids, self.max_ngram, self.oldest):
+        for start, n in self.index.matches(context, self.max_ngram, self.oldest):
             cont = start + n
-            draft = ids[cont : cont + min(self.draft_len(n), room)]
+            draft = context[cont : cont + min(self.draft_len(n), room)]
             if not draft or draft in drafts:
                 continue
             drafts.append(draft)
             matches.append(
-                {"ngram": ids[start:cont], "position": start, "in_prompt": start < self.prompt_len,
+                {"ngram": context[start:cont], "position": start, "in_prompt": start < self.prompt_len,
                  "continuation_position": cont}
             )
             if len(drafts) == self.max_candidates:
