@@ -108,6 +108,21 @@ def test_api_run_streams_and_every_mode_commits_the_autoregressive_output(client
     assert 'class="sd-target-table"' in detail and "⟨" not in detail
 
 
+def test_api_run_offers_its_trace_as_a_json_download(client, app_url):
+    out = client.predict(*run_args("lookahead"), api_name="/run")
+    view, download = out[0], out[-1]
+    assert download["interactive"] and download["value"]["orig_name"] == "specdec-lookahead-trace.json"
+    with urllib.request.urlopen(download["value"]["url"], timeout=10) as f:
+        trace = json.load(f)
+    assert trace["mode"] == "lookahead" and trace["dtype"] == "float32" and trace["finish_reason"] in ("eos", "length")
+    assert trace["request"]["speculative_config"]["decoding_type"] == "Lookahead"
+    assert len(trace["steps"]) == view.count('data-step="') >= 1
+    assert trace["token_ids"] == [t for s in trace["steps"] for t in s["tokens"]]
+    assert trace["text"] == "".join(s["text"] for s in trace["steps"]) != ""
+    # Every step carries what the app drew: the proposal, the verdict and the lookahead branch's source.
+    assert all({"proposed", "accepted_tokens", "source", "totals"} <= set(s) for s in trace["steps"])
+
+
 @pytest.mark.parametrize("mode,box", [("medusa", "md_pl"), ("eagle", "eg_pl")])
 def test_api_merged_tree_commits_the_autoregressive_output_and_shows_copied_nodes(client, mode, box):
     view = client.predict(*run_args(mode, **{box: True}), api_name="/run")[0]
@@ -148,7 +163,7 @@ def test_api_reports_invalid_settings_and_unavailable_modes(client):
 
 def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
     table, race, bars, status = client.predict(PROMPT, ["prompt_lookup", "medusa", "eagle+prompt_lookup"], 24, "auto",
-                                               api_name="/compare")
+                                               "defaults", api_name="/compare")
     assert "Done" in status and "in float32" in status
     for label in ("Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"):
         assert label in table
@@ -243,6 +258,9 @@ def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
     assert page.inner_text("#modes-note").count("✓") == 6  # all six run on the bundled model here
     assert "TensorRT-LLM is not installed" in page.inner_text("body")
     assert "smollm2-135m-instruct (float32)" in page.inner_text("body")  # the model and the dtype it runs in
+    # Every chart of the Run tab is on the page, empty, before anything runs (Plotly loads before the first run).
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 6")
+    assert page.locator("#race .scatterlayer .trace").count() == 0
     page.locator("#dtype").get_by_label("bfloat16", exact=True).check()
     page.wait_for_function("/greedy outputs can part/.test(document.querySelector('#check').innerText)")
     # Switching the backend to one that cannot run here says why, mode by mode.
@@ -267,7 +285,9 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
     if mode != "autoregressive":
         assert view.locator(".tok-accepted").count() + view.locator(".tok-rejected").count() >= 1
     assert view.locator(".legend").count() == 1
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 6")
+    # The charts were drawn empty at load; now they hold the run: a bar per step, a curve in the race.
+    page.wait_for_function("document.querySelectorAll('#tokens-per-step .bars .point').length >= 1")
+    assert page.locator("#race .scatterlayer .trace").count() >= 1
     assert page.locator("#step-detail").inner_text().strip() != ""
     if mode != "autoregressive":  # a bar per draft depth reached, labelled accepted/offered
         assert page.locator("#acceptance-depth .bars .point").count() >= 1
@@ -313,6 +333,37 @@ def test_browser_merge_box_shows_the_prompt_lookup_settings_and_runs(page):
     ngram.wait_for(state="hidden")
 
 
+def test_browser_settings_presets_and_the_trace_download(page):
+    from app.service.api import Service
+
+    fast_dtype = Service().fast_dtype()
+    total = page.get_by_label("number input for total tokens (max_draft_len + 1)", exact=True)
+    page.get_by_label("EAGLE", exact=True).check()
+    page.fill("#prompt textarea", PROMPT)
+    page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(False)
+    assert total.input_value() == "12" and not page.locator("#download-trace").is_enabled()
+    page.click("#preset-fastest")
+    page.wait_for_function("() => /verifies up to 23 /.test(document.querySelector('#check').innerText)")
+    assert total.input_value() == "24"
+    assert page.locator("#dtype").get_by_label(fast_dtype, exact=True).is_checked()
+    page.click("#run")
+    wait_status(page, "finished")
+    assert f"({fast_dtype})" in page.inner_text("#status")
+    with page.expect_download() as info:
+        page.click("#download-trace")
+    trace = json.loads(Path(info.value.path()).read_text())
+    assert trace["mode"] == "eagle" and trace["dtype"] == fast_dtype
+    assert trace["request"]["speculative_config"]["max_draft_len"] == 23
+    assert len(trace["steps"]) == page.locator("#step-view .step").count()
+    page.click("#preset-defaults")  # back: the small tree and the server's dtype
+    page.wait_for_function("() => /verifies up to 11 /.test(document.querySelector('#check').innerText)")
+    assert total.input_value() == "12" and page.locator("#dtype").get_by_label("auto", exact=True).is_checked()
+    # The Compare tab's preset picks that dtype too.
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#cmp-preset").get_by_label("fastest here", exact=True).check()
+    page.wait_for_function("dt => document.querySelector(`#cmp-dtype input[value='${dt}']`)?.checked", arg=fast_dtype)
+
+
 def test_browser_shows_a_validation_error_before_anything_runs(page):
     page.get_by_label("Lookahead", exact=True).check()
     set_number(page, "w", 8)
@@ -342,7 +393,7 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     page.wait_for_function("/Done/.test(document.querySelector('#cmp-status').innerText)", timeout=240_000)
     table = page.inner_text("#cmp-table")
     assert "Prompt lookup" in table and "Lookahead" in table and "✓" in table
-    page.wait_for_function("document.querySelectorAll('#cmp-race .js-plotly-plot, #cmp-speedup .js-plotly-plot').length == 2")
+    page.wait_for_function("document.querySelectorAll('#cmp-speedup .bars .point').length >= 3")
     screenshot("compare")
     page.get_by_role("tab", name="Learn").click()
     page.wait_for_selector("#learn-tree svg")

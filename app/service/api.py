@@ -87,6 +87,10 @@ class Service:
                         "lossless": LOSSLESS[mode]})
         return out
 
+    def fast_dtype(self) -> str:
+        """The dtype the transformers backend runs fastest in on this machine (bfloat16 needs native support)."""
+        return "bfloat16" if fast_bf16() else "float32"
+
     def dtype_note(self, dtype: str) -> str:
         """What a user should know about running this server's transformers backend in `dtype` ("auto" = the server's)."""
         dtype = self.dtype if dtype == "auto" else dtype

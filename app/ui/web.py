@@ -8,8 +8,13 @@ once per batch of messages (Job.batches), so a fast generation is never slowed b
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import tempfile
 import threading
 import time
+import weakref
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -40,6 +45,25 @@ CONTROLS = (
     "eg_total", "eg_depth", "eg_topk", "eg_tree", "eg_prune", "eg_pl",
     "backend", "dtype",
 )
+
+
+# Settings presets: every control a preset sets (the sampling, the length, the draft model and the backend stay
+# the user's), and what the README's bench ran (the fastest settings its sweeps found on a 2-core CPU).
+PRESET_KEYS = tuple(k for k in CONTROLS if k not in ("max_new_tokens", "temperature", "top_p", "top_k", "seed",
+                                                      "dt_model", "backend"))
+FASTEST = {"pl_ngram": 3, "pl_oldest": False, "pl_candidates": 2, "dt_len": 2, "eg_total": 24, "eg_depth": 5, "eg_topk": 4}
+PRESETS = ("defaults", "fastest here")
+
+
+def preset(name: str, fast_dtype: str) -> dict[str, Any]:
+    """The values of PRESET_KEYS under a preset: the app's defaults (small trees, the server's dtype) or
+    the bench's fastest settings in `fast_dtype` (Service.fast_dtype: bfloat16 where the CPU has it natively)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown settings preset '{name}' (choose from {', '.join(PRESETS)})")
+    values = dict(DEFAULTS)
+    if name == "fastest here":
+        values.update(FASTEST, dtype=fast_dtype)
+    return {k: values[k] for k in PRESET_KEYS}
 
 
 def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
@@ -150,6 +174,14 @@ class Run:
         return {"mode": self.mode, "dtype": self.dtype, "prompt_ids": self.prompt_ids, "texts": self.texts,
                 "events": self.events, "end": self.end}
 
+    def trace(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The run as a download: `python -m app generate --json`'s fields (text, token_ids, prompt_ids, steps)
+        plus what produced it (mode, dtype, the request) and every token's text."""
+        end = self.end or {}
+        return {"mode": self.mode, "dtype": self.dtype, "request": request, "finish_reason": end.get("finish_reason"),
+                "text": end.get("text", ""), "token_ids": end.get("token_ids", self.token_ids), "prompt_ids": self.prompt_ids,
+                "texts": self.texts, "steps": self.events, "totals": end.get("totals")}
+
     @property
     def token_ids(self) -> list[int]:
         return [t for e in self.events for t in e["tokens"]]
@@ -201,6 +233,9 @@ class Studio:
         self.service = service
         self._lock = threading.Lock()
         self._active: dict[str, Any] = {}  # session -> running job, so Stop can cancel it
+        # The Run tab's downloads: a folder per session, a file per mode, rewritten by the next run (Gradio serves a copy).
+        self._traces = Path(tempfile.mkdtemp(prefix="specdec-traces-"))
+        weakref.finalize(self, shutil.rmtree, self._traces, ignore_errors=True)
 
     # ------------------------------------------------------------------ jobs
     def _start(self, session: str, mode: str, values: dict[str, Any], prompt: str):
@@ -257,9 +292,14 @@ class Studio:
                           lambda part: self._run_outputs(part, baseline, _status(part), baselines, final=False))
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
             baselines = {**baselines, key: run.record()}
-        yield self._run_outputs(run, baseline, _status(run), baselines, final=True)
+        folder = self._traces / (re.sub(r"[^A-Za-z0-9_-]", "", session)[:40] or "local")
+        folder.mkdir(exist_ok=True)
+        trace = folder / f"specdec-{run.mode}-trace.json"
+        trace.write_text(json.dumps(run.trace(request_from(mode, v))))
+        yield self._run_outputs(run, baseline, _status(run), baselines, final=True, trace=str(trace))
 
-    def _run_outputs(self, run: Run, baseline: Run | None, status: str, baselines: dict, final: bool):
+    def _run_outputs(self, run: Run, baseline: Run | None, status: str, baselines: dict, final: bool,
+                     trace: str | None = None):
         events = run.events
         last = len(events) - 1
         history = [t for e in events[:-1] for t in e["tokens"]]
@@ -279,6 +319,7 @@ class Studio:
             charts.timing(events) if final else gr.skip(),
             run.record() if final else gr.skip(),
             baselines,
+            gr.update(value=trace, interactive=trace is not None),
         )
 
     def inspect(self, step: float, record: dict) -> str:
@@ -290,10 +331,15 @@ class Studio:
         return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
 
     # ------------------------------------------------------------------ Compare tab
-    def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, request: gr.Request):
+    def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, settings: str = PRESETS[0],
+                request: gr.Request = None):
         session = request.session_hash if request is not None else "local"
         backend = self.service.default_backend("lookahead")
-        overrides = dict(max_new_tokens=max_new_tokens, backend=backend, dtype=dtype or "auto")
+        try:
+            chosen_preset = preset(settings, self.service.fast_dtype())
+        except ConfigError as err:
+            raise gr.Error(str(err)) from None
+        overrides = dict(chosen_preset, max_new_tokens=max_new_tokens, backend=backend, dtype=dtype or "auto")
         chosen = ["autoregressive"] + [m for m in COMPARED if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         runs: dict[str, Run] = {}
@@ -371,7 +417,8 @@ class Studio:
         service = self.service
         availability = service.availability()
         examples = _examples()
-        with gr.Blocks(title="SpecDec Studio") as demo:
+        # delete_cache: Gradio keeps a copy of every trace it served; an hour is enough to download one.
+        with gr.Blocks(title="SpecDec Studio", delete_cache=(3600, 3600)) as demo:
             gr.Markdown(
                 f"# SpecDec Studio\nWatch speculative decoding step by step on **{service.model}** ({service.dtype}) — "
                 "what was drafted, what the target accepted, what it added, and whether it is faster than plain decoding."
@@ -387,6 +434,10 @@ class Studio:
                         mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value="prompt_lookup", label="Decoding mode",
                                         elem_id="mode")
                         modes_note = gr.Markdown(_modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
+                        with gr.Row():
+                            presets = {name: gr.Button(f"Settings: {name}", size="sm", elem_id=f"preset-{name.split()[0]}")
+                                       for name in PRESETS}
+                        gr.Markdown(f"<small>{_presets_note(service)}</small>", elem_id="presets-note")
                         c = self._controls(service, availability)
                         race = gr.Checkbox(value=True, label="Race against autoregressive (runs the baseline once per prompt)")
                         check = gr.Markdown(check_message(service, "prompt_lookup", dict(DEFAULTS, backend=service.default_backend("lookahead"))),
@@ -400,18 +451,22 @@ class Studio:
                         view = gr.HTML(render.step_view([], {}), elem_id="step-view")
                         step = gr.Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
                         detail = gr.HTML("", elem_id="step-detail")
-                        # Rows: live while generating (race, tokens per pass); acceptance; speed.
+                        download = gr.DownloadButton("Download the trace (JSON)", value=None, interactive=False, size="sm",
+                                                     elem_id="download-trace")
+                        # Rows: live while generating (race, tokens per pass); acceptance; speed. Empty charts at
+                        # first, so the browser loads Plotly before the first run instead of during it (on a 2-core
+                        # machine that load slowed the first run's own numbers about twofold).
                         with gr.Row():
-                            race_plot = gr.Plot(label="Race: tokens vs time", elem_id="race")
-                            tps_plot = gr.Plot(label="Tokens per target step", elem_id="tokens-per-step")
+                            race_plot = gr.Plot(charts.race([], None, label=""), label="Race: tokens vs time", elem_id="race")
+                            tps_plot = gr.Plot(charts.tokens_per_step([]), label="Tokens per target step", elem_id="tokens-per-step")
                         with gr.Row():
-                            hist_plot = gr.Plot(label="Tokens per step: histogram", elem_id="histogram")
-                            depth_plot = gr.Plot(label="Acceptance by draft depth", elem_id="acceptance-depth")
+                            hist_plot = gr.Plot(charts.tokens_per_step_hist([]), label="Tokens per step: histogram", elem_id="histogram")
+                            depth_plot = gr.Plot(charts.acceptance_by_depth([]), label="Acceptance by draft depth", elem_id="acceptance-depth")
                         with gr.Row():
-                            speed_plot = gr.Plot(label="Tokens/s", elem_id="throughput")
-                            time_plot = gr.Plot(label="Draft vs verify time", elem_id="timing")
+                            speed_plot = gr.Plot(charts.throughput([]), label="Tokens/s", elem_id="throughput")
+                            time_plot = gr.Plot(charts.timing([]), label="Draft vs verify time", elem_id="timing")
             with gr.Tab("Compare", id="compare"):
-                gr.Markdown("One prompt through several modes, one after another, with the default settings of each mode "
+                gr.Markdown("One prompt through several modes, one after another, with the chosen settings of each mode "
                             "and greedy decoding: speed, tokens per target step, and whether the output is identical to "
                             "autoregressive decoding (always in float32; in bfloat16 outputs can part after a while).")
                 with gr.Row():
@@ -421,6 +476,8 @@ class Studio:
                                                      value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                                      elem_id="cmp-modes")
                         cmp_tokens = gr.Slider(8, 256, value=64, step=8, label="max_new_tokens")
+                        cmp_preset = gr.Radio(list(PRESETS), value=PRESETS[0], label="settings", elem_id="cmp-preset",
+                                              info=_presets_note(service))
                         cmp_dtype = _dtype_radio(service, "cmp-dtype")
                 with gr.Row():
                     cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")
@@ -428,8 +485,8 @@ class Studio:
                 cmp_status = gr.Markdown("", elem_id="cmp-status")
                 cmp_table = gr.HTML(render.summary_table([]), elem_id="cmp-table")
                 with gr.Row():
-                    cmp_race = gr.Plot(label="Race", elem_id="cmp-race")
-                    cmp_bars = gr.Plot(label="Speedup", elem_id="cmp-speedup")
+                    cmp_race = gr.Plot(charts.race_runs({}), label="Race", elem_id="cmp-race")
+                    cmp_bars = gr.Plot(charts.compare([]), label="Speedup", elem_id="cmp-speedup")
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(learn.OVERVIEW)
                 gr.HTML(_example_tree(), elem_id="learn-tree")
@@ -460,6 +517,9 @@ class Studio:
             for comp in [mode, *inputs]:
                 comp.change(lambda m, *vals: check_message(service, m, dict(zip(CONTROLS, vals))), [mode, *inputs], check,
                             queue=False, show_progress="hidden", api_visibility="private")
+            for name, button in presets.items():
+                button.click(lambda name=name: list(preset(name, service.fast_dtype()).values()), None,
+                             [c[k] for k in PRESET_KEYS], queue=False, show_progress="hidden", api_visibility="private")
             mode.change(lambda m: learn.LEARN[m], mode, explain, queue=False, show_progress="hidden", api_visibility="private")
             for comp in (mode, c["md_pl"], c["eg_pl"]):
                 comp.change(_visible, [mode, c["md_pl"], c["eg_pl"]], c["groups"], queue=False, show_progress="hidden",
@@ -468,14 +528,16 @@ class Studio:
                                 api_visibility="private")
             example.change(lambda t: t or gr.update(), example, prompt, queue=False, show_progress="hidden", api_visibility="private")
             outputs = [view, status, step, detail, race_plot, tps_plot, depth_plot, hist_plot, speed_plot, time_plot, record,
-                       baselines]
+                       baselines, download]
             run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run",
                                     show_progress="hidden", concurrency_id="generate")
             stop_btn.click(self.stop, None, status, queue=False, api_name="stop")
             # Only the user's moves: the run's own updates of the slider would each call inspect with the
             # record of the run before, and one answering late would blank the step the run just drew.
             step.input(self.inspect, [step, record], detail, queue=False, show_progress="hidden", api_name="inspect")
-            cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype], [cmp_table, cmp_race, cmp_bars, cmp_status],
+            cmp_preset.change(lambda name: preset(name, service.fast_dtype())["dtype"], cmp_preset, cmp_dtype, queue=False,
+                              show_progress="hidden", api_visibility="private")
+            cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype, cmp_preset], [cmp_table, cmp_race, cmp_bars, cmp_status],
                                     api_name="compare", show_progress="hidden", concurrency_id="generate")
             cmp_stop.click(self.stop, None, cmp_status, queue=False, api_name="compare_stop")
             cost_btn.click(self.pass_cost, prompt, [cost_plot, cost_note], api_name="pass_cost", concurrency_id="generate")
@@ -562,6 +624,12 @@ def _dtype_radio(service: Service, elem_id: str) -> gr.Radio:
                     info=f"auto = the server's ({service.dtype}). float32: every mode's greedy output equals "
                          "autoregressive. bfloat16: half the bytes per pass, faster where the CPU has native bfloat16; "
                          "the first run in a dtype loads the model in it (transformers backend only).")
+
+
+def _presets_note(service: Service) -> str:
+    return ("defaults: small trees, the server's dtype. fastest here: what the README's bench ran — prompt lookup "
+            "max_matching_ngram_size 3, the latest match, 2 matches verified together; EAGLE 24 tokens, depth 5, top-k 4; "
+            f"draft-target max_draft_len 2; {service.fast_dtype()} (this CPU's fastest dtype).")
 
 
 def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
