@@ -331,15 +331,12 @@ class Studio:
         return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
 
     # ------------------------------------------------------------------ Compare tab
-    def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, settings: str = PRESETS[0],
-                request: gr.Request = None):
+    def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, settings: str, request: gr.Request):
         session = request.session_hash if request is not None else "local"
         backend = self.service.default_backend("lookahead")
-        try:
-            chosen_preset = preset(settings, self.service.fast_dtype())
-        except ConfigError as err:
-            raise gr.Error(str(err)) from None
-        overrides = dict(chosen_preset, max_new_tokens=max_new_tokens, backend=backend, dtype=dtype or "auto")
+        # `settings` is one of the radio's choices (Gradio refuses others); the dtype radio has the last word.
+        overrides = dict(preset(settings, self.service.fast_dtype()), max_new_tokens=max_new_tokens, backend=backend,
+                         dtype=dtype or "auto")
         chosen = ["autoregressive"] + [m for m in COMPARED if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         runs: dict[str, Run] = {}

@@ -83,8 +83,7 @@ class PromptLookup:
         self.index = NgramIndex(max_matching_ngram_size)
 
     def start(self, prompt, sampling, gen, prefill) -> None:
-        self.prompt_len = len(prompt)
-        self.index = NgramIndex(self.max_ngram)
+        self.prompt_len = len(prompt)  # the index needs no reset: it starts over on a context it has not seen grow
 
     def propose(self, context: list[int], room: int) -> Proposal:
         drafts: list[list[int]] = []
