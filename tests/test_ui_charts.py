@@ -105,17 +105,29 @@ def test_timing(mode):
     _common(fig)
     draft, verify = fig.data
     assert (draft.name, verify.name) == ("draft", "verify")
-    assert len(draft.y) == len(verify.y) == len(steps)
-    assert verify.y[0] == pytest.approx(steps[0]["verify_time_s"] * 1000)
+    # The prefill (step 0) is named, not drawn: every decoding step has its bar.
+    assert steps[0]["kind"] == "prefill" and all(s["kind"] != "prefill" for s in steps[1:])
+    assert list(draft.x) == list(verify.x) == [s["step"] for s in steps[1:]]
+    assert verify.y[0] == pytest.approx(steps[1]["verify_time_s"] * 1000)
     assert sum(draft.y) == pytest.approx(steps[-1]["totals"]["draft_time_s"] * 1000, rel=1e-6)
+    assert sum(verify.y) == pytest.approx((steps[-1]["totals"]["verify_time_s"] - steps[0]["verify_time_s"]) * 1000, rel=1e-6)
+    assert [a.text for a in fig.layout.annotations] == [f"prefill {steps[0]['verify_time_s'] * 1000:.0f} ms (not drawn)"]
     assert fig.layout.barmode == "stack"
+
+
+def test_timing_of_a_prefill_alone():
+    prefill = load("eagle")["steps"][:1]
+    fig = charts.timing(prefill)
+    assert [len(t.y) for t in fig.data] == [0, 0]
+    assert "prefill" in fig.layout.annotations[0].text
 
 
 def test_timing_with_unknown_times():
     steps = load("lookahead")["steps"]
     hidden = [{**s, "draft_time_s": None, "verify_time_s": None} for s in steps]
     fig = charts.timing(hidden)
-    assert list(fig.data[0].y) == [None] * len(steps)
+    assert list(fig.data[0].y) == [None] * (len(steps) - 1)
+    assert not fig.layout.annotations, "an unknown prefill time is not named"
 
 
 def test_compare():
@@ -142,7 +154,8 @@ def test_empty_input_gives_annotated_figure(build):
 
 @pytest.mark.parametrize("build", STEP_CHARTS)
 def test_one_event(build):
-    one = load("medusa")["steps"][:1]
+    # The timing chart names a prefill instead of drawing it (test_timing_of_a_prefill_alone): give it a decoding step.
+    one = load("medusa")["steps"][1:2] if build is charts.timing else load("medusa")["steps"][:1]
     fig = build(one)
     _common(fig)
     assert fig.data and not fig.layout.annotations

@@ -270,6 +270,19 @@ def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
     assert "not installed" in page.inner_text("#modes-note")
 
 
+def test_browser_examples_fill_the_prompt_of_each_tab(page):
+    from app import bench
+
+    summarization = next(r["text"] for r in bench.load_prompts(None, ["summarization"], 1))
+    for tab, menu, box in (("Run", "#examples", "#prompt"), ("Compare", "#cmp-examples", "#cmp-prompt")):
+        page.get_by_role("tab", name=tab).click()
+        assert page.input_value(f"{box} textarea") != summarization
+        page.locator(f"{menu} input").click()
+        page.get_by_role("option", name=re.compile(r"^summarization: ")).click()
+        page.wait_for_function("([box, text]) => document.querySelector(box + ' textarea').value === text",
+                               arg=[box, summarization])
+
+
 @pytest.mark.parametrize("mode", ["prompt_lookup", "lookahead", "medusa", "eagle", "draft_target", "autoregressive"])
 def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
     

@@ -24,7 +24,7 @@ def service():
 @pytest.mark.parametrize("mode", MODES)
 def test_every_preset_is_valid_for_every_mode(service, name, mode):
     values = dict(web.DEFAULTS, **web.preset(name, "bfloat16"))
-    assert web.check_message(service, mode, values).startswith("✅ Valid"), web.check_message(service, mode, values)
+    assert web.check_message(service, mode, values).startswith("✓ Valid"), web.check_message(service, mode, values)
 
 
 def test_a_preset_leaves_sampling_length_draft_model_and_backend_to_the_user():

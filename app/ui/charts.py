@@ -265,10 +265,14 @@ def throughput(events: list[dict], *, label: str | None = None) -> go.Figure:
 
 
 def timing(events: list[dict]) -> go.Figure:
-    """Draft time and verify (target pass) time per step, stacked, in milliseconds."""
+    """Draft time and verify (target pass) time per step, stacked, in milliseconds. The prefill is
+    named in a note instead of drawn: over a long prompt it costs tens of decoding steps, and its
+    bar would flatten every other one."""
     title = "Time per step: draft vs verify"
     events = _steps(events)
-    if not events:
+    prefill = [e for e in events if e.get("kind") == "prefill"]
+    events = [e for e in events if e.get("kind") != "prefill"]
+    if not events and not prefill:
         return _empty(title)
     x = [e.get("step", i) for i, e in enumerate(events)]
 
@@ -279,6 +283,10 @@ def timing(events: list[dict]) -> go.Figure:
     fig.add_trace(go.Bar(x=x, y=ms("draft_time_s"), name="draft", marker=dict(color=DRAFT, pattern=dict(shape="x"))))
     fig.add_trace(go.Bar(x=x, y=ms("verify_time_s"), name="verify", marker=dict(color=VERIFY)))
     fig.update_layout(barmode="stack", bargap=0.15)
+    seconds = _number(prefill[0].get("verify_time_s")) if prefill else None
+    if seconds is not None:
+        fig.add_annotation(text=f"prefill {seconds * 1000:.0f} ms (not drawn)", xref="paper", yref="paper", x=0, y=1.0,
+                           xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=13, color=FONT))
     return _layout(fig, title, "step", "ms")
 
 

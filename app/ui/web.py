@@ -127,14 +127,15 @@ def _ngram(v: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
-    """The line shown under the controls: the service's verdict on these settings, before anything runs."""
+    """The line shown under the controls: the service's verdict on these settings, before anything runs.
+    Its marks (✓ ⚠ ✗) are text symbols, not emoji: a lecture-room Linux machine often has no emoji font."""
     info = {m["mode"]: m for m in service.modes(backend=v["backend"])}[mode]
     if not info["available"]:
-        return f"⛔ **{learn.MODE_LABELS[mode]} is unavailable on {v['backend']}:** {info['reason']}"
+        return f"✗ **{learn.MODE_LABELS[mode]} is unavailable on {v['backend']}:** {info['reason']}"
     try:
         request = service.request(request_from(mode, v))
     except ConfigError as err:
-        return f"⚠️ **Invalid:** {err}"
+        return f"⚠ **Invalid:** {err}"
     c = request.speculative_config
     extra = ""
     if isinstance(c, LookaheadDecodingConfig):
@@ -146,7 +147,7 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
             extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
     if note := service.dtype_note(request.dtype):
         extra += f" · {note}"
-    return f"✅ Valid · {info['lossless']}{extra}"
+    return f"✓ Valid · {info['lossless']}{extra}"
 
 
 class Run:
@@ -387,8 +388,8 @@ class Studio:
         try:
             manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg))
         except (ConfigError, ModelError, ValueError) as err:
-            return f"⚠️ {err}", gr.update(value=self.engines_table()), gr.update(choices=self._ids())
-        return (f"✅ Build `{manifest['id']}` ready ({manifest['kind']}, {manifest['duration_s']:.1f} s).",
+            return f"⚠ {err}", gr.update(value=self.engines_table()), gr.update(choices=self._ids())
+        return (f"✓ Build `{manifest['id']}` ready ({manifest['kind']}, {manifest['duration_s']:.1f} s).",
                 gr.update(value=self.engines_table()), gr.update(choices=self._ids()))
 
     def engine_plan(self, mode: str, *values) -> str:
@@ -403,7 +404,7 @@ class Studio:
             self.service.engine_remove(build_id or "")
             message = f"Removed `{build_id}`."
         except ValueError as err:
-            message = f"⚠️ {err}"
+            message = f"⚠ {err}"
         return message, gr.update(value=self.engines_table()), gr.update(choices=self._ids(), value=None)
 
     def _ids(self) -> list[str]:
@@ -426,8 +427,7 @@ class Studio:
                 with gr.Row():
                     with gr.Column(scale=1, min_width=340):
                         prompt = gr.Textbox(label="Prompt", lines=5, value=examples[0][1], elem_id="prompt")
-                        example = gr.Dropdown([(f"{c}: {t[:60]}…", t) for c, t in examples], label="Spec-Bench examples",
-                                              value=None, elem_id="examples")
+                        example = _examples_dropdown(examples, "examples")
                         mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value="prompt_lookup", label="Decoding mode",
                                         elem_id="mode")
                         modes_note = gr.Markdown(_modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
@@ -467,7 +467,9 @@ class Studio:
                             "and greedy decoding: speed, tokens per target step, and whether the output is identical to "
                             "autoregressive decoding (always in float32; in bfloat16 outputs can part after a while).")
                 with gr.Row():
-                    cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], scale=3, elem_id="cmp-prompt")
+                    with gr.Column(scale=3):
+                        cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], elem_id="cmp-prompt")
+                        cmp_example = _examples_dropdown(examples, "cmp-examples")
                     with gr.Column(scale=2):
                         cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in COMPARED if m != "autoregressive"],
                                                      value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
@@ -523,7 +525,8 @@ class Studio:
                             api_visibility="private")
             c["backend"].change(lambda b: _modes_note(service, b), c["backend"], modes_note, queue=False, show_progress="hidden",
                                 api_visibility="private")
-            example.change(lambda t: t or gr.update(), example, prompt, queue=False, show_progress="hidden", api_visibility="private")
+            for menu, box in ((example, prompt), (cmp_example, cmp_prompt)):
+                menu.change(lambda t: t or gr.update(), menu, box, queue=False, show_progress="hidden", api_visibility="private")
             outputs = [view, status, step, detail, race_plot, tps_plot, depth_plot, hist_plot, speed_plot, time_plot, record,
                        baselines, download]
             run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run",
@@ -678,6 +681,10 @@ def _draft_choices(service: Service) -> list[str]:
 def _examples() -> list[tuple[str, str]]:
     """One Spec-Bench prompt per category (first turns)."""
     return [(r["category"], r["text"]) for r in bench.load_prompts(None, None, 1)]
+
+
+def _examples_dropdown(examples: list[tuple[str, str]], elem_id: str) -> gr.Dropdown:
+    return gr.Dropdown([(f"{c}: {t[:60]}…", t) for c, t in examples], label="Spec-Bench examples", value=None, elem_id=elem_id)
 
 
 def _example_tree() -> str:
