@@ -334,6 +334,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--epochs must be positive, got {args.epochs}")
     if args.answer_tokens <= 0:
         raise ConfigError(f"--answer-tokens must be positive, got {args.answer_tokens}")
+    if args.eagle3 and args.eagle_aux_layers == "none":
+        raise ConfigError("--eagle3 fuses target layers: give --eagle-aux-layers auto or a list, not none")
     if args.eagle_ce_weight < 0:
         raise ConfigError(f"--eagle-ce-weight must be >= 0, got {args.eagle_ce_weight}")
     settings = recipes.TrainSettings(
@@ -343,7 +345,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         medusa_num_heads=args.medusa_num_heads, medusa_num_layers=args.medusa_num_layers,
         eagle_num_layers=args.eagle_num_layers, draft_vocab_size=args.draft_vocab_size, draft_layers=args.draft_layers,
         eagle_steps=args.eagle_steps, eagle_train_head=args.eagle_train_head, init_from=args.init_from,
-        eagle_ce_weight=args.eagle_ce_weight,
+        eagle_ce_weight=args.eagle_ce_weight, eagle3=args.eagle3,
         eagle_aux_layers=() if args.eagle_aux_layers == "none" else
         None if args.eagle_aux_layers == "auto" else _int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
     )
@@ -484,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eagle-aux-layers", default="auto",
                    help="EAGLE: target layers whose hidden states it fuses into its input, EAGLE-3 style: 'auto' = 2, L/2, L-3 "
                         "of an L-layer target (EAGLE-3's choice), a list such as 2,15,27, or 'none' (EAGLE-1's input)")
+    t.add_argument("--eagle3", action="store_true",
+                   help="EAGLE: EAGLE-3's draft layer (fc over the fused layers alone, q/k/v over cat(norm(embed), norm(h)), "
+                        "the token loss alone; its export is a true EAGLE-3 checkpoint for TensorRT-LLM's PyTorch backend)")
     t.add_argument("--eagle-train-head", action="store_true",
                    help="EAGLE: train its own LM head rows (default: the target's rows, frozen and not shipped)")
     t.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE, Medusa and the draft: the most frequent tokens they rank (the vocabulary size = all)")

@@ -110,7 +110,7 @@ def run_cli(*args, timeout=900):
 
 
 @pytest.mark.bundled
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "draft"])
 def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     """A few conversations, one short epoch: the CLI trains, saves, evaluates, and exports a directory
     that reads back. (The bundled model's converted copy is shared through a symlink, not rebuilt.)"""
@@ -118,8 +118,9 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     engines.mkdir()
     (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
     out = tmp_path / kind
+    mode, flags = ("eagle", ["--eagle3"]) if kind == "eagle3" else (kind, [])
     proc = run_cli(
-        "train", "--mode", kind, "--engines-dir", str(engines), "--output-dir", str(out), "--data-limit", "6",
+        "train", "--mode", mode, *flags, "--engines-dir", str(engines), "--output-dir", str(out), "--data-limit", "6",
         "--max-len", "48", "--batch-size", "3", "--epochs", "1", "--eval-prompts", "1", "--draft-layers", "1",
         "--draft-vocab-size", "2048", "--dtype", "float32", "--answer-tokens", "16", "--eagle-ce-weight", "0.5",
         # the draft reads the dataset's answers, the heads the model's own
@@ -150,14 +151,18 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
 
         assert config["medusa_num_heads"] == 3
         medusa.read_export(exported)
-    elif kind == "eagle":
+    elif mode == "eagle":
         from app.heads import eagle
 
         assert config["draft_vocab_size"] == 2048
-        eagle.read_export(exported)
+        assert eagle.read_export(exported).config.eagle3 == (kind == "eagle3")
         trained = json.loads((out / "config.json").read_text())
         assert trained["aux_layers"] == [2, 15, 27] and trained["lm_head_from_target"]  # EAGLE-3's layers of 30
+        assert trained["eagle3"] == (kind == "eagle3")
         assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))
+        # An EAGLE-3 module exports as an EAGLE-3 checkpoint: TensorRT-LLM's default layers to capture for 30 layers.
+        assert config["eagle_config"]["use_aux_hidden_state"] == (kind == "eagle3")
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ([1, 14, 26] if kind == "eagle3" else [])
     else:
         loaded = models.load(str(exported), dtype="float32")
         assert loaded.model.config.num_hidden_layers == 1 and loaded.vocab_size == bundled.vocab_size
@@ -169,7 +174,7 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     # (the same batch as the first run's, by the fixed seed) scores better than it did from scratch.
     more = tmp_path / f"{kind}-more"
     proc = run_cli(
-        "train", "--mode", kind, "--engines-dir", str(engines), "--output-dir", str(more), "--data-limit", "6",
+        "train", "--mode", mode, "--engines-dir", str(engines), "--output-dir", str(more), "--data-limit", "6",
         "--max-len", "48", "--batch-size", "3", "--epochs", "0.5", "--eval-prompts", "0", "--dtype", "float32",
         "--answer-tokens", "16", "--data-source", "sharegpt" if kind == "draft" else "self", "--init-from", str(out),
         "--medusa-num-heads", "2", "--draft-layers", "2", "--draft-vocab-size", "4096", "--eagle-aux-layers", "none",
@@ -182,11 +187,12 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     assert json.loads((more / "config.json").read_text()) == json.loads((out / "config.json").read_text())
     if kind == "medusa":
         assert continued["settings"]["medusa_num_heads"] == 3
-    elif kind == "eagle":
+    elif mode == "eagle":
         assert continued["settings"]["eagle_aux_layers"] == [2, 15, 27]
+        assert continued["settings"]["eagle3"] == (kind == "eagle3")  # from the artifact, no --eagle3 given
     else:
         assert continued["settings"]["draft_layers"] == 1
-    wrong = "eagle" if kind != "eagle" else "medusa"
+    wrong = "eagle" if mode != "eagle" else "medusa"
     proc = run_cli("train", "--mode", wrong, "--engines-dir", str(engines), "--init-from", str(out))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert any(line.startswith("error: --init-from:") for line in proc.stderr.splitlines()), proc.stderr

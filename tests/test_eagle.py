@@ -58,10 +58,11 @@ def ar_reference(model, prompt, max_new_tokens=MAX_NEW, **kwargs):
     return _AR[key][0]
 
 
-def make_module(target, seed=0, draft_vocab=None, scale=1.5, attn=None, layers=1, aux=None) -> EagleModule:
+def make_module(target, seed=0, draft_vocab=None, scale=1.5, attn=None, layers=1, aux=None, eagle3=False) -> EagleModule:
     """A module with random, non-trivial weights (and a random reduced vocabulary, fused target
-    layers `aux`, when asked)."""
-    config = EagleConfig.from_target(target.config, draft_vocab_size=draft_vocab, eagle_num_layers=layers, aux_layers=aux)
+    layers `aux`, EAGLE-3's layer, when asked)."""
+    config = EagleConfig.from_target(target.config, draft_vocab_size=draft_vocab, eagle_num_layers=layers, aux_layers=aux,
+                                     eagle3=eagle3)
     gen = torch.Generator().manual_seed(seed)
     d2t = None
     if draft_vocab and draft_vocab < config.vocab_size:
@@ -370,14 +371,15 @@ def independent_scores(module, target, context, proposal) -> tuple[list[float], 
     one, each with the previous entry's draft output as its feature."""
     embed = target.get_input_embeddings()
     states = target(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states
-    features = states[-1][0]
     aux = torch.cat([states[i][0] for i in module.config.aux_layers], -1) if module.config.aux_layers else None
+    eagle3 = module.config.eagle3
+    features = module.fc(aux) if eagle3 else states[-1][0]  # EAGLE-3: a committed entry's feature is fc(fused layers)
     t2d = {int(t): d for d, t in enumerate(module.target_ids)}
     memo: dict = {}
 
     def after(path):  # (draft output, log q) at the entry of the last token of `path`
         if path not in memo:
-            fused = None if aux is None else torch.cat([aux, torch.zeros(len(path), aux.shape[-1])])
+            fused = None if aux is None or eagle3 else torch.cat([aux, torch.zeros(len(path), aux.shape[-1])])
             if not path:
                 tokens, feats = context[1:], features
             else:
@@ -397,14 +399,15 @@ def independent_scores(module, target, context, proposal) -> tuple[list[float], 
     return scores, after(())[1]
 
 
-@pytest.mark.parametrize("which", ["random", "trained", "reduced_vocab", "fused_layers"])
+@pytest.mark.parametrize("which", ["random", "trained", "reduced_vocab", "fused_layers", "eagle3"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_drafts_match_an_independent_recomputation(tiny_model, random_module, trained, which, tree):
     """Token shift, positions, tree masks, the draft cache and the pending features (with their fused
     target layers) all agree with a cache-free recomputation, at the first step and after several
     accepted paths."""
     module = {"random": random_module, "trained": trained, "reduced_vocab": make_module(tiny_model, 9, 50),
-              "fused_layers": make_module(tiny_model, 11, aux=[0, 1, 2])}[which]
+              "fused_layers": make_module(tiny_model, 11, aux=[0, 1, 2]),
+              "eagle3": make_module(tiny_model, 13, 50, aux=[0, 1, 2], eagle3=True)}[which]
     kwargs = dict(total_tokens=16, depth=4, top_k=3) if tree == "dynamic" else dict(static_choices=EAGLE1_TREE)
     rec = Recording(Eagle(module, tiny_model.get_input_embeddings(), **kwargs))
     run(tiny_model, rec, PROMPTS["random_b"], max_new_tokens=24)
@@ -575,14 +578,21 @@ def test_eagle_loss_decreases_with_training(tiny_model, steps):
 
 
 @torch.no_grad()
-def test_training_unroll_computes_what_tree_nodes_compute(tiny_model):
+@pytest.mark.parametrize("eagle3", [False, True])
+def test_training_unroll_computes_what_tree_nodes_compute(tiny_model, eagle3):
     """Unroll step j at position i = a cache-free chain: real features up to position i-j+1, then
     the draft's own outputs fed forward (what a tree node at that depth sees at inference)."""
-    module = make_module(tiny_model, seed=8)
+    module = make_module(tiny_model, seed=8, aux=[1, 2] if eagle3 else None, eagle3=eagle3)
     embed = tiny_model.get_input_embeddings()
     ids, hidden = _features(tiny_model, n=1, s=10, seed=2)
     embeds, feats = embed(ids[:, 1:]), hidden[:, :-1]
-    outs = E.unroll(module, embeds, feats, steps=3)
+    aux = None
+    if eagle3:  # a committed entry's feature is fc(the fused layers)
+        states = tiny_model(input_ids=ids, output_hidden_states=True).hidden_states
+        aux = torch.cat([states[1], states[2]], -1)[:, :-1]
+    outs = E.unroll(module, embeds, feats, steps=3, aux=aux)
+    if eagle3:
+        feats = module.fc(aux)
     for j in (2, 3):
         for i in range(j - 1, embeds.shape[1]):
             real = i - j + 2  # entries with the target's features: positions 0 .. i-j+1
@@ -596,12 +606,53 @@ def test_training_unroll_computes_what_tree_nodes_compute(tiny_model):
 
 
 @pytest.mark.parametrize("prompt", ["repeat", "random_a"])
-def test_greedy_with_fused_target_layers_equals_autoregressive(tiny_model, prompt):
-    module = make_module(tiny_model, seed=12, aux=[1, 2])
+@pytest.mark.parametrize("eagle3", [False, True])
+def test_greedy_with_fused_target_layers_equals_autoregressive(tiny_model, prompt, eagle3):
+    module = make_module(tiny_model, seed=12, aux=[1, 2], eagle3=eagle3)
     rec = Recording(Eagle(module, tiny_model.get_input_embeddings(), 12, 4, 3))
     out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
     assert out == ar_reference(tiny_model, PROMPTS[prompt])
     check_proposals(rec.calls, max_nodes=11, max_depth=4, top_k=3)
+    if eagle3:
+        static, _ = run(tiny_model, Eagle(module, tiny_model.get_input_embeddings(), static_choices=EAGLE1_TREE),
+                        PROMPTS[prompt], max_new_tokens=MAX_NEW)
+        assert static == out
+
+
+def test_eagle3_layer_and_its_training(tiny_model):
+    """EAGLE-3's layer: fc over the fused layers alone, q/k/v over 2H, the feature as the residual, the
+    output fed back before the final norm; trained on the token loss alone, which falls."""
+    module = EagleModule(EagleConfig.from_target(tiny_model.config, aux_layers=[1, 2], eagle3=True))
+    h = tiny_model.config.hidden_size
+    assert module.fc.weight.shape == (h, 2 * h) and not hasattr(module, "fc_aux") and not hasattr(module, "model")
+    assert module.midlayer.self_attn.q_proj.in_features == 2 * h and module.midlayer.self_attn.o_proj.out_features == h
+    with pytest.raises(EagleError, match="EAGLE-3"):
+        EagleConfig.from_target(tiny_model.config, eagle3=True)  # without fused layers
+    embed, lm_head = tiny_model.get_input_embeddings(), tiny_model.get_output_embeddings()
+    ids, _ = greedy_data(tiny_model, 64, 8, 24, seed=5)
+    states = tiny_model(input_ids=ids, output_hidden_states=True).hidden_states
+    hidden, aux, mask = states[-1].detach(), torch.cat([states[1], states[2]], -1).detach(), torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():  # the output is the residual stream before the final norm; `head` normalises it
+        out, logits = module(embed(ids[:, 1:]), hidden[:, :-1], aux=aux[:, :-1])
+        assert torch.allclose(logits, module.lm_head(module.norm(out)))
+        assert torch.allclose(module.head(out), logits)
+    E.init_lm_head(module, lm_head)
+    # The loss is the soft cross-entropy alone (ce_weight, the feature term's partner, plays no part):
+    # above the teacher's own entropy by the KL that training removes.
+    with torch.no_grad():
+        p = lm_head(hidden[:, 1:]).softmax(-1)
+        entropy = float(-(p * p.log()).sum(-1).mean())
+        first = E.eagle_loss(module, embed, lm_head, ids, hidden, mask, steps=1, aux=aux, noise=0.0)
+        assert float(E.eagle_loss(module, embed, lm_head, ids, hidden, mask, steps=1, aux=aux, noise=0.0, ce_weight=5.0)) == float(first)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
+    for _ in range(40):
+        loss = E.eagle_loss(module, embed, lm_head, ids, hidden, mask, steps=2, aux=aux)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        last = E.eagle_loss(module, embed, lm_head, ids, hidden, mask, steps=1, aux=aux, noise=0.0)
+    assert float(last) - entropy < 0.5 * (float(first) - entropy), (float(first), float(last), entropy)
 
 
 def test_fused_layers_start_as_eagle1_and_train(tiny_model):
@@ -729,6 +780,31 @@ def test_export_trtllm_layout_and_round_trip(tmp_path, tiny_model):
         E.export_trtllm(make_module(tiny_model, layers=2), tmp_path / "y", "tiny-target")
 
 
+def test_export_of_an_eagle3_module_is_an_eagle3_checkpoint(tmp_path, tiny_model):
+    module = round_bf16(make_module(tiny_model, seed=15, draft_vocab=50, aux=[1, 2], eagle3=True))
+    E.export_trtllm(module, tmp_path / "x", "tiny-target")
+    tensors = load_file(str(tmp_path / "x" / "model.safetensors"))
+    mid = [f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"]
+    mid += [f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    mid += ["midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight"]
+    assert set(tensors) == set(mid) | {"norm.weight", "fc.weight", "lm_head.weight", "d2t"}
+    # EAGLE-3's shapes: fc over the two fused layers, q/k/v over cat(norm(embed), norm(h)).
+    assert tensors["fc.weight"].shape == (32, 64) and tensors["midlayer.self_attn.q_proj.weight"].shape[-1] == 64
+    assert tensors["midlayer.self_attn.o_proj.weight"].shape[0] == 32
+    config = json.loads((tmp_path / "x" / "config.json").read_text())
+    # TensorRT-LLM numbers decoder layers from 0: our hidden-state index i is its layer i - 1.
+    assert config["eagle_config"]["use_aux_hidden_state"] is True
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1]
+    back = E.read_export(tmp_path / "x")
+    assert back.config == module.config and back.config.eagle3
+    embeds, feats, aux = torch.randn(1, 5, 32), torch.randn(1, 5, 32), torch.randn(1, 5, 64)
+    assert torch.equal(back(embeds, feats, aux=aux)[1], module(embeds, feats, aux=aux)[1])
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]  # three layers named, fc takes two
+    (tmp_path / "x" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EagleError, match="fc takes 64 inputs, expected 96"):
+        E.read_export(tmp_path / "x")
+
+
 def test_two_layer_module_greedy(tiny_model):
     module = make_module(tiny_model, seed=12, layers=2)
     assert len(module.model.layers) == 2
@@ -740,9 +816,11 @@ def test_two_layer_module_greedy(tiny_model):
 
 
 @pytest.mark.bundled
-def test_bundled_random_module_equals_autoregressive(bundled, spec_bench_prompts):
+@pytest.mark.parametrize("eagle3", [False, True])
+def test_bundled_random_module_equals_autoregressive(bundled, spec_bench_prompts, eagle3):
     model = bundled.model
-    module = make_module(model, seed=0, draft_vocab=4096, attn=attention.register())
+    module = make_module(model, seed=0, draft_vocab=4096, attn=attention.register(), aux=[2, 15, 27] if eagle3 else None,
+                         eagle3=eagle3)
     E.check_compatible(module, model)
     ids = bundled.encode(spec_bench_prompts["writing"])
     kwargs = dict(max_new_tokens=24, eos_token_ids=bundled.eos_token_ids)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig, LlamaModel
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.cache_utils import DynamicCache
 
 from app.heads import artifact, vocab
@@ -53,6 +54,11 @@ class EagleConfig:
     # EAGLE-1's head: the target's own rows for the draft vocabulary, frozen, so an artifact does not
     # carry them (a quarter of the bundled model's module); `load` takes them from the target.
     lm_head_from_target: bool = False
+    # EAGLE-3's draft layer instead (arXiv 2503.01840; what TensorRT-LLM's PyTorch backend runs): `fc` maps
+    # the fused layers alone (A*H -> H) into the feature h of a committed position, the layer's q/k/v
+    # read cat(norm(embed), norm(h)) with h as the residual, and a drafted node reads its parent's
+    # output before the final norm. Needs aux_layers; trained on the token loss alone.
+    eagle3: bool = False
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
     rope_parameters: dict | None = None
@@ -67,10 +73,12 @@ class EagleConfig:
             raise EagleError(f"draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary {self.vocab_size}")
         if self.aux_layers is not None and (not self.aux_layers or min(self.aux_layers) < 0):
             raise EagleError(f"aux_layers must be a non-empty list of hidden-state indices >= 0, got {self.aux_layers}")
+        if self.eagle3 and (not self.aux_layers or self.eagle_num_layers != 1):
+            raise EagleError("an EAGLE-3 module fuses target layers (aux_layers) into one draft layer (eagle_num_layers = 1)")
 
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int | None = None, eagle_num_layers: int = 1,
-                    aux_layers: list[int] | None = None, lm_head_from_target: bool = False) -> EagleConfig:
+                    aux_layers: list[int] | None = None, lm_head_from_target: bool = False, eagle3: bool = False) -> EagleConfig:
         """A draft shaped like one layer of the target (same attention heads, MLP width, RoPE)."""
         text = target_config.get_text_config(decoder=True)
         heads = text.num_attention_heads
@@ -86,6 +94,7 @@ class EagleConfig:
             eagle_num_layers=eagle_num_layers,
             aux_layers=list(aux_layers) if aux_layers else None,
             lm_head_from_target=lm_head_from_target,
+            eagle3=eagle3,
             rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
             max_position_embeddings=int(getattr(text, "max_position_embeddings", 2048) or 2048),
             rope_parameters=dict(rope) if rope else None,
@@ -116,8 +125,40 @@ class EagleConfig:
         )
 
 
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's draft layer ("midlayer"): a Llama layer whose q/k/v read cat(norm(embed), norm(h)),
+    with h, not the embedding, as the residual stream. Returns its output before the final norm."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = LlamaRMSNorm(h, eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps)
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        attn = self.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):  # 2H inputs: the embedding's half and the feature's
+            setattr(attn, name, nn.Linear(2 * h, getattr(attn, name).out_features, bias=config.attention_bias))
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, embeds, hidden, position_embeddings, attention_mask, past_key_values):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        attn, _ = self.self_attn(x, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                                 past_key_values=past_key_values)
+        hidden = hidden + attn
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def _causal(rows: int, past: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(1, 1, rows, past + rows) additive mask: new entry i sees the past and new entries up to i."""
+    allowed = torch.ones(rows, past + rows, dtype=torch.bool, device=device).tril(past)
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 class EagleModule(nn.Module):
-    """fc → Llama decoder layer(s) → RMSNorm → own LM head over the draft vocabulary.
+    """fc → Llama decoder layer(s) → RMSNorm → own LM head over the draft vocabulary (EAGLE-1/2, with
+    optional fused layers); with `config.eagle3`, EAGLE-3's fc over the fused layers → Eagle3Layer →
+    RMSNorm → LM head.
 
     attn_implementation: pass `app.decoding.attention.register()` when the target runs with it
     (float32 attention over a float32 KV cache); None = transformers' sdpa.
@@ -127,12 +168,19 @@ class EagleModule(nn.Module):
         super().__init__()
         self.config = config
         h = config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=False)
-        if config.aux_layers:
-            # Zero at start: the module begins as EAGLE-1 and learns what the other layers add.
-            self.fc_aux = nn.Linear(len(config.aux_layers) * h, h, bias=False)
-            nn.init.zeros_(self.fc_aux.weight)
-        self.model = LlamaModel(config.llama_config(attn_implementation))
+        self.llama_config = config.llama_config(attn_implementation or "sdpa")
+        if config.eagle3:
+            self.fc = nn.Linear(len(config.aux_layers) * h, h, bias=False)
+            self.midlayer = Eagle3Layer(self.llama_config)
+            self.norm = LlamaRMSNorm(h, config.rms_norm_eps)
+            self.rotary_emb = LlamaRotaryEmbedding(self.llama_config)
+        else:
+            self.fc = nn.Linear(2 * h, h, bias=False)
+            if config.aux_layers:
+                # Zero at start: the module begins as EAGLE-1 and learns what the other layers add.
+                self.fc_aux = nn.Linear(len(config.aux_layers) * h, h, bias=False)
+                nn.init.zeros_(self.fc_aux.weight)
+            self.model = LlamaModel(self.llama_config)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long) if d2t is None else torch.as_tensor(d2t, dtype=torch.long)
         self.register_buffer("d2t", d2t.clone())
@@ -149,11 +197,19 @@ class EagleModule(nn.Module):
         return torch.cat([layers[i] for i in self.config.aux_layers], dim=-1) if self.config.aux_layers else None
 
     def hidden_states(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None, aux=None) -> torch.Tensor:
-        """(b, s, H) the draft's output features (after the final norm). embeds = target embedding of
-        the next tokens, features = target (or draft) features, both (b, s, H); aux = the target's
-        fused layers (b, s, A*H) of committed positions (None for drafted ones); attention_mask is
-        None (causal) or a 4D additive mask over [cache, new entries], like the target's tree pass."""
+        """(b, s, H) the draft's output features: what a child node reads as its feature (`head` turns
+        them into logits). embeds = target embedding of the next tokens, features = target (or draft)
+        features, both (b, s, H); aux = the target's fused layers (b, s, A*H) of committed positions
+        (None for drafted ones); attention_mask is None (causal) or a 4D additive mask over [cache,
+        new entries], like the target's tree pass.
+
+        EAGLE-1/2: the output is after the final norm, in the space of the target's final normed hidden
+        state, which is the feature of a committed position. EAGLE-3: a committed position's feature is
+        fc(aux) (`features` unused), a drafted one's its parent's output before the final norm."""
         dtype = self.fc.weight.dtype
+        if self.config.eagle3:
+            return self._eagle3(embeds.to(dtype), self.fc(aux.to(dtype)) if aux is not None else features.to(dtype),
+                                past_key_values, position_ids, attention_mask)
         features = features.to(dtype)
         if aux is not None:
             features = features + self.fc_aux(aux.to(dtype))
@@ -167,10 +223,24 @@ class EagleModule(nn.Module):
         )
         return out.last_hidden_state
 
+    def _eagle3(self, embeds, hidden, cache, position_ids, attention_mask):
+        s = hidden.shape[1]
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + s, device=hidden.device)[None]
+        if attention_mask is None and s > 1:
+            # Explicit: a mask-free multi-row call would be causal from the first key, not after the cache.
+            attention_mask = _causal(s, past, hidden.dtype, hidden.device)
+        return self.midlayer(embeds, hidden, self.rotary_emb(hidden, position_ids), attention_mask, cache)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of `hidden_states`' output."""
+        return self.lm_head(self.norm(hidden) if self.config.eagle3 else hidden)
+
     def forward(self, embeds, features, past_key_values=None, position_ids=None, attention_mask=None, aux=None):
         """(hidden (b, s, H), logits (b, s, draft_vocab_size))."""
         hidden = self.hidden_states(embeds, features, past_key_values, position_ids, attention_mask, aux)
-        return hidden, self.lm_head(hidden)
+        return hidden, self.head(hidden)
 
 
 def _check_d2t(d2t: torch.Tensor, config: EagleConfig) -> None:
@@ -312,7 +382,8 @@ def eagle_loss(
     step_decay: float = 0.8,
     aux: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """EAGLE-1's loss: SmoothL1(f̂_{i+1}, f_{i+1}) + ce_weight * soft CE(draft logits, teacher).
+    """EAGLE-1's loss: SmoothL1(f̂_{i+1}, f_{i+1}) + ce_weight * soft CE(draft logits, teacher); an
+    EAGLE-3 module (`config.eagle3`) learns from the soft CE alone.
 
     Entry i reads (embed(ids[i+1]), hidden[i] + noise) and predicts hidden[i+1] and the teacher's
     next-token distribution softmax(lm_head(hidden[i+1])), restricted (renormalised) to the draft
@@ -344,9 +415,12 @@ def eagle_loss(
     for j, (out, logits) in enumerate(unroll(module, embeds, features, steps, aux), start=1):
         ok = valid.clone()
         ok[:, : j - 1] = False
-        feature_loss = F.smooth_l1_loss(out.float(), target, reduction="none").mean(-1)
         token_loss = -(teacher * logits.float().log_softmax(-1)).sum(-1)
-        per = (feature_loss + ce_weight * token_loss).masked_fill(~ok, 0.0)
+        if module.config.eagle3:  # its output is no target feature: the token loss alone (EAGLE-3's)
+            per = token_loss.masked_fill(~ok, 0.0)
+        else:
+            feature_loss = F.smooth_l1_loss(out.float(), target, reduction="none").mean(-1)
+            per = (feature_loss + ce_weight * token_loss).masked_fill(~ok, 0.0)
         loss = step_decay ** (j - 1) * per.sum() / ok.sum().clamp_min(1)
         total = loss if total is None else total + loss
         norm += step_decay ** (j - 1)
@@ -363,27 +437,28 @@ def _export_name(key: str) -> str | None:
         return "midlayer." + key.removeprefix("model.layers.0.")
     if key == "model.norm.weight":
         return "norm.weight"
-    if key == "model.embed_tokens.weight":
-        return None  # the unused one-row embedding of the decoder stack
-    return key  # fc.weight, lm_head.weight, d2t
+    if key == "model.embed_tokens.weight" or key.startswith("rotary_emb."):
+        return None  # the unused one-row embedding of the decoder stack; EAGLE-3's RoPE tables (from the config)
+    return key  # fc.weight, lm_head.weight, d2t; an EAGLE-3 module's midlayer.* and norm.weight as they are
 
 
 def export_trtllm(module: EagleModule, directory: str | Path, base_model: str, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write the module in the EAGLE-3 / ModelOpt draft checkpoint layout (TRTLLM.md section 9).
 
     model.safetensors holds `midlayer.self_attn.{q,k,v,o}_proj`, `midlayer.mlp.{gate,up,down}_proj`,
-    `midlayer.{input_layernorm,post_attention_layernorm}`, `norm`, `fc`, `lm_head` and `d2t`
-    (target id = draft id + d2t[draft id]); config.json is Llama-style (`architectures:
-    ["LlamaForCausalLM"]`, `draft_vocab_size`, `eagle_config`).
+    `midlayer.{input_layernorm,post_attention_layernorm}` (EAGLE-3: also `midlayer.hidden_norm`),
+    `norm`, `fc`, `lm_head` (the draft vocabulary's rows) and `d2t` (target id = draft id + d2t[draft
+    id]); config.json is Llama-style (`architectures: ["LlamaForCausalLM"]`, `draft_vocab_size`,
+    `eagle_config`).
 
-    What differs from a true EAGLE-3 checkpoint: our `fc` is (H, 2H) over cat(embed(next token),
-    final normed hidden state), EAGLE-1's input, as in ModelOpt's eagle mode without aux hidden
-    states; EAGLE-3's `fc` is (H, 3H) over three fused aux layers of the target, its q/k/v take a
-    2H input cat(norm(embed), norm(h)) and it has `midlayer.hidden_norm` and an embedding norm in
-    `midlayer.input_layernorm` (ours is the layer's ordinary input norm, after fc). TensorRT-LLM's
-    PyTorch backend takes EAGLE-3 checkpoints only, so it would need a draft trained with EAGLE-3
-    aux layers; this export documents the layout and round-trips (`read_export`), it is not a
-    drop-in EAGLE-3 model. Only one-layer modules fit the layout ("midlayer").
+    An EAGLE-3 module (`config.eagle3`) is a true EAGLE-3 checkpoint: fc (H, A*H) over the fused
+    layers, q/k/v (., 2H) over cat(norm(embed), norm(h)), and `eagle_config` names the fused layers in
+    TensorRT-LLM's numbering (`eagle_aux_hidden_state_layer_ids`: decoder layer i's output is our
+    hidden-state index i + 1), which `Eagle3DecodingConfig.eagle3_layers_to_capture` must match.
+    An EAGLE-1/2 module only shares the layout: its fc is (H, 2H) over cat(embed(next token), final
+    normed hidden state (+ fc_aux of its fused layers)) feeding an ordinary Llama layer, which
+    TensorRT-LLM's PyTorch backend (EAGLE-3 checkpoints only) does not run; its export documents the
+    weights and round-trips (`read_export`). Only one-layer modules fit the layout ("midlayer").
     """
     cfg = module.config
     if cfg.eagle_num_layers != 1:
@@ -423,8 +498,8 @@ def export_trtllm(module: EagleModule, directory: str | Path, base_model: str, d
         "eos_token_id": None,
         "pad_token_id": None,
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": [],
-            "use_aux_hidden_state": False,
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layers] if cfg.eagle3 else [],
+            "use_aux_hidden_state": cfg.eagle3,
             "use_input_layernorm_in_first_layer": True,
             "use_last_layernorm": True,
             "use_mtp_layernorm": False,
@@ -433,7 +508,8 @@ def export_trtllm(module: EagleModule, directory: str | Path, base_model: str, d
         "specdec": {
             "architecture": ARCHITECTURE,
             "base_model": base_model,
-            "fc_input": "cat(target input embedding of the next token, target final normed hidden state"
+            "fc_input": "cat(target hidden states after aux_layers) (EAGLE-3)" if cfg.eagle3 else
+                        "cat(target input embedding of the next token, target final normed hidden state"
                         + (" + fc_aux(cat(target hidden states after aux_layers)))" if cfg.aux_layers else ")"),
             "aux_layers": cfg.aux_layers,
         },
@@ -448,12 +524,19 @@ def read_export(directory: str | Path, attn_implementation: str | None = None) -
     if not (directory / "config.json").is_file() or not (directory / EXPORT_WEIGHTS).is_file():
         raise EagleError(f"no EAGLE draft checkpoint at {directory}: needs config.json and {EXPORT_WEIGHTS}")
     data = json.loads((directory / "config.json").read_text())
-    if data.get("eagle_config", {}).get("use_aux_hidden_state"):
-        raise EagleError(f"{directory} is an EAGLE-3 checkpoint with aux hidden states: not supported here")
+    eagle_config = data.get("eagle_config") or {}
+    eagle3 = bool(eagle_config.get("use_aux_hidden_state"))
+    if eagle3:
+        aux = [int(i) + 1 for i in eagle_config.get("eagle_aux_hidden_state_layer_ids") or []]
+        if not aux:
+            raise EagleError(f"{directory}: an EAGLE-3 checkpoint must name its eagle_aux_hidden_state_layer_ids")
+    else:
+        aux = data.get("specdec", {}).get("aux_layers")
     tensors = load_file(str(directory / EXPORT_WEIGHTS))
-    if "fc.weight" in tensors and tensors["fc.weight"].shape[-1] != 2 * int(data["hidden_size"]):
-        raise EagleError(f"{directory}: fc takes {tensors['fc.weight'].shape[-1]} inputs, expected 2 x hidden_size")
-    config = _config_from({**data, "eagle_num_layers": 1, "aux_layers": data.get("specdec", {}).get("aux_layers")}, directory)
+    inputs = (len(aux) if eagle3 else 2) * int(data["hidden_size"])
+    if "fc.weight" in tensors and tensors["fc.weight"].shape[-1] != inputs:
+        raise EagleError(f"{directory}: fc takes {tensors['fc.weight'].shape[-1]} inputs, expected {inputs}")
+    config = _config_from({**data, "eagle_num_layers": 1, "aux_layers": aux, "eagle3": eagle3}, directory)
     tensors.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # optional: full vocabulary
     module = EagleModule(config, tensors["d2t"], attn_implementation)
     state = {}

@@ -53,6 +53,7 @@ class TrainSettings:
     # Features are cached with these layers for every kind, so the three recipes share one extraction.
     eagle_aux_layers: tuple[int, ...] | None = None
     eagle_train_head: bool = False  # EAGLE: train its own LM head rows (else the target's, frozen and not shipped)
+    eagle3: bool = False  # EAGLE: EAGLE-3's draft layer (heads/eagle.py, EagleConfig.eagle3)
     max_positions: int | None = None  # medusa: positions per head and batch (None = all; the ranked vocabulary is the cost)
     # Continue training this artifact of the same kind: its weights, architecture and vocabulary
     # replace the fields above that describe them (so train.json states what was trained).
@@ -142,7 +143,8 @@ def _architecture_of(kind: str, settings: TrainSettings, target: LoadedModel) ->
     vocab_size = target.model.get_output_embeddings().weight.shape[0]
     if kind == "eagle":
         return replace(settings, eagle_num_layers=int(c["eagle_num_layers"]), eagle_aux_layers=tuple(c.get("aux_layers") or ()),
-                       eagle_train_head=not c.get("lm_head_from_target", False), draft_vocab_size=int(c["draft_vocab_size"]))
+                       eagle_train_head=not c.get("lm_head_from_target", False), draft_vocab_size=int(c["draft_vocab_size"]),
+                       eagle3=bool(c.get("eagle3", False)))
     if kind == "medusa":
         return replace(settings, medusa_num_heads=int(c["medusa_num_heads"]), medusa_num_layers=int(c["medusa_num_layers"]),
                        draft_vocab_size=int(c.get("draft_vocab_size") or vocab_size))
@@ -215,7 +217,8 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
         eagle.check_compatible(module, model)
     else:
         config = eagle.EagleConfig.from_target(model.config, draft_vocab_size=len(d2t), eagle_num_layers=s.eagle_num_layers,
-                                               aux_layers=list(s.eagle_aux_layers) or None, lm_head_from_target=not s.eagle_train_head)
+                                               aux_layers=list(s.eagle_aux_layers) or None, lm_head_from_target=not s.eagle_train_head,
+                                               eagle3=s.eagle3)
         module = eagle.EagleModule(config, d2t)
         eagle.init_lm_head(module, lm_head)  # the target's own rows for the draft vocabulary (a warm start when trained)
     module.lm_head.requires_grad_(s.eagle_train_head)

@@ -147,7 +147,7 @@ class Eagle:
         self.min_path_prob = min_path_prob
 
     def start(self, prompt, sampling, gen, prefill) -> None:
-        config = self.module.model.config
+        config = self.module.llama_config
         self.cache = new_cache(config, kv_dtype(config))
         self.committed = 0  # draft entries in the cache (positions 0 .. committed-1)
         # Target features (final hidden, fused layers) of positions whose next token was not known yet.
@@ -200,9 +200,9 @@ class Eagle:
             hidden = module.hidden_states(self._embed(tokens), features[None], self.cache, positions, mask[None, None])[0]
             for j, x in enumerate(nodes):
                 fed[x] = (n_spec + j, hidden[j])
-            return module.lm_head(hidden).float().log_softmax(-1)
+            return module.head(hidden).float().log_softmax(-1)
 
-        root_logq = module.lm_head(root_hidden).float().log_softmax(-1)
+        root_logq = module.head(root_hidden).float().log_softmax(-1)
         if self.static is not None:
             tree = static_tree(root_logq, expand, self.static, room)
         else:
