@@ -165,6 +165,20 @@ def test_model_path_errors_in_process(tmp_path, capsys):
     assert status == 2 and "no config.json" in error_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("args,fragment", [
+    (["--eagle3", "--eagle-aux-layers", "none"], "--eagle3 fuses target layers"),
+    (["--epochs", "0"], "--epochs must be positive"),
+    (["--eagle-ce-weight", "-1"], "--eagle-ce-weight must be >= 0"),
+])
+def test_invalid_train_flags_exit_2_without_loading(monkeypatch, capsys, args, fragment):
+    def no_load(*a, **k):
+        raise AssertionError("models.load called for invalid training flags")
+
+    monkeypatch.setattr(models, "load", no_load)
+    status = cli.main(["train", "--mode", "eagle", *args])
+    assert status == 2 and fragment in error_line(capsys.readouterr().err)
+
+
 def test_ship_data_without_cached_answers_exits_2(tmp_path, capsys):
     status = cli.main(["ship-data", "--engines-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")])
     assert status == 2 and "no self-distilled answers under" in error_line(capsys.readouterr().err)
