@@ -43,6 +43,12 @@ def sdpa_fp32(module, query, key, value, attention_mask, scaling=None, **kwargs)
     return out.transpose(1, 2).contiguous().to(query.dtype), None
 
 
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean (queries, keys) mask as the additive mask the attention functions take: 0 where
+    allowed, the dtype's most negative value elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def register() -> str:
     """Make NAME usable as `attn_implementation`; idempotent. Returns NAME."""
     AttentionInterface.register(NAME, sdpa_fp32)

@@ -6,7 +6,7 @@ from typing import Protocol
 
 import torch
 
-from app.decoding.attention import kv_dtype
+from app.decoding.attention import additive, kv_dtype
 from app.decoding.kv_cache import new_cache
 from app.decoding.tree import ancestor_mask, depths, is_chain
 from app.decoding.types import Forward
@@ -61,7 +61,7 @@ class TransformersTarget:
             [torch.ones(self.fed, self.length, dtype=torch.bool), ancestor_mask(parents)], dim=1
         )
         dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        mask = additive(allowed, dtype)
         out = self.model(
             input_ids=x,
             attention_mask=mask[None, None].to(device),

@@ -27,6 +27,7 @@ from transformers import LlamaConfig, LlamaModel
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.cache_utils import DynamicCache
 
+from app.decoding.attention import additive
 from app.heads import artifact, vocab
 
 ARCHITECTURE = "eagle"
@@ -151,8 +152,7 @@ class Eagle3Layer(nn.Module):
 
 def _causal(rows: int, past: int, dtype: torch.dtype, device) -> torch.Tensor:
     """(1, 1, rows, past + rows) additive mask: new entry i sees the past and new entries up to i."""
-    allowed = torch.ones(rows, past + rows, dtype=torch.bool, device=device).tril(past)
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive(torch.ones(rows, past + rows, dtype=torch.bool, device=device).tril(past), dtype)[None, None]
 
 
 class EagleModule(nn.Module):
@@ -345,8 +345,7 @@ def _unroll_mask(s: int, step: int, dtype: torch.dtype) -> torch.Tensor:
     i = torch.arange(s)[:, None]
     k = torch.arange(s)[None, :]
     blocks = [k <= i - step + 1] + [k == i - step + m for m in range(2, step + 1)]
-    allowed = torch.cat(blocks, dim=1)
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive(torch.cat(blocks, dim=1), dtype)[None, None]
 
 
 def unroll(module: EagleModule, embeds: torch.Tensor, features: torch.Tensor, steps: int = 1, aux: torch.Tensor | None = None):
@@ -408,7 +407,7 @@ def eagle_loss(
         teacher = F.linear(target.to(lm_head.weight.dtype), lm_head.weight[rows], bias).float().softmax(-1)
     valid = mask[:, 1:] & mask[:, :-1]
     features = hidden[:, :-1].to(dtype)
-    if noise:
+    if noise and not module.config.eagle3:  # EAGLE-3 reads fc(aux), not these features
         features = features + (torch.rand_like(features) - 0.5) * noise
     total, norm = None, 0.0
     aux = aux[:, :-1] if aux is not None else None

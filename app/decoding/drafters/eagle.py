@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.decoding.attention import kv_dtype
+from app.decoding.attention import additive, kv_dtype
 from app.decoding.kv_cache import new_cache
 from app.decoding.tree import depths, from_paths
 from app.decoding.types import Proposal
@@ -193,7 +193,7 @@ class Eagle:
                     a = tree.parents[a]
                 allowed[j, c + n_spec + j] = True
             dtype, device = module.fc.weight.dtype, module.fc.weight.device
-            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min).to(device)
+            mask = additive(allowed, dtype).to(device)
             features = torch.stack([fed[tree.parents[x]][1] if tree.parents[x] >= 0 else root_hidden for x in nodes])
             positions = torch.tensor([[c - 1 + level[x] for x in nodes]], device=device)
             tokens = target_ids[[tree.tokens[x] for x in nodes]].tolist()
