@@ -13,6 +13,7 @@ from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
 from app.models import BUNDLED, DTYPES, ModelError
 from app.service.engines import EngineError
+from app.service.traces import Recording
 from app.training.export import ExportError
 
 
@@ -149,17 +150,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     configs.parse(data)  # every config rule before any model loads
     # The command line is one user on their own machine: no queue limits beyond the model's context.
     service = _service(args, max_new_tokens=max(args.max_new_tokens, 1), max_prompt_tokens=2**31, time_limit_s=float("inf"))
-    steps, start, end = [], {}, {}
+    run = Recording(args.mode, data, args.prompt)
     try:
         for message in service.stream(data, args.prompt):
-            if message["type"] == "start":
-                start = message
-                continue
+            run.add(message)
             if message["type"] == "end":
-                end = message
                 break
-            steps.append(message)
-            if not args.json:
+            if message["type"] == "step" and not args.json:
                 print(
                     f"step {message['step']:4d}  proposed {len(message['proposed']['tokens']):3d}  accepted "
                     f"{len(message['accepted_tokens']):3d}  +{len(message['tokens'])} {message['text']!r}"
@@ -168,14 +165,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 )
     finally:
         service.close()
+    end = run.end or {}
     if end.get("error"):
         print(f"error: generation failed: {end['error']}", file=sys.stderr)
         return 1
     if args.json:
-        keep = ("type", "texts", "text")
-        out = {"text": end["text"], "token_ids": end["token_ids"], "prompt_ids": start.get("prompt_ids", []),
-               "steps": [{k: v for k, v in m.items() if k not in keep} for m in steps]}
-        json.dump(out, sys.stdout)
+        # The Run tab's trace format, so the Run tab replays it.
+        json.dump(run.trace(), sys.stdout)
         print()
         return 0
     t = end["totals"]
@@ -415,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text with one decoding mode and show every step")
     g.add_argument("--mode", default="autoregressive", help=", ".join(MODES + MERGED_MODES))
     g.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
-    g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, steps")
+    g.add_argument("--json", action="store_true", help="print the run as one JSON trace (text, token_ids, steps: the trace events, "
+                   "texts, mode, request...); the web app's Run tab replays it")
     _add_decoding_flags(g)
     _add_backend_flags(g)
     g.set_defaults(func=cmd_generate)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from app import cli, models
+from app.models import BUNDLED
+from app.service import traces
 from app.decoding.drafters.autoregressive import Autoregressive
 from helpers import run
 
@@ -63,6 +65,13 @@ def test_generate_json_autoregressive_equals_prompt_lookup(bundled):
         assert result["text"] == bundled.decode(ids)
     assert ar["token_ids"] == pl["token_ids"]
     assert len(ar["steps"]) == len(ar["token_ids"])
+    # It is the web app's trace format: the Run tab replays it, named, with its settings and every token's text.
+    recorded, baseline = traces.parse(json.loads(json.dumps(pl)))
+    assert (recorded.mode, recorded.dtype, recorded.prompt, recorded.model, baseline) == (
+        "prompt_lookup", "float32", PROMPT, BUNDLED, None)
+    assert recorded.request["speculative_config"]["decoding_type"] == "NGram" and recorded.request["max_new_tokens"] == MAX_NEW
+    shown = set(recorded.prompt_ids) | {t for s in recorded.events for t in s["tokens"] + s["proposed"]["tokens"]}
+    assert shown <= set(recorded.texts) and recorded.texts[pl["token_ids"][0]] == bundled.decode(pl["token_ids"][:1])
     # The CLI applies the chat template and decodes greedily, like the library does in-process.
     ref, _ = run(bundled.model, Autoregressive(), bundled.encode(PROMPT), max_new_tokens=MAX_NEW, eos_token_ids=bundled.eos_token_ids)
     assert ar["token_ids"] == ref

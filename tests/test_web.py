@@ -25,6 +25,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 PROMPT = "Repeat this list exactly: apples, pears, plums, apples, pears, plums."
+RECORDINGS = sorted((ROOT / "assets" / "traces").glob("*.json"))
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,8 @@ def test_the_server_binds_to_loopback_only(app_url):
     assert app_url.startswith("http://127.0.0.1:")
     info = json.load(urllib.request.urlopen(app_url + "/gradio_api/info", timeout=10))
     endpoints = set(info["named_endpoints"])
-    assert {"/run", "/stop", "/inspect", "/compare", "/engine_build", "/engine_plan", "/engine_remove"} <= endpoints
+    assert {"/run", "/stop", "/inspect", "/replay", "/replay_recording", "/compare", "/engine_build", "/engine_plan",
+            "/engine_remove"} <= endpoints
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +161,26 @@ def test_api_reports_invalid_settings_and_unavailable_modes(client):
         client.predict(*run_args("autoregressive", prompt="  "), api_name="/run")
     assert client.predict(api_name="/stop") == "Nothing is running."
     assert client.predict(api_name="/compare_stop") == "Nothing is running."
+
+
+def test_api_replays_a_trace_file_at_once_and_refuses_other_files(client, tmp_path):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    recording = RECORDINGS[0]
+    trace = json.loads(recording.read_text())
+    view, status, *_ = client.predict(handle_file(str(recording)), False, api_name="/replay")
+    assert "Replayed a recording" in status and MODE_LABELS[trace["mode"]] in status
+    committed = re.findall(r'<span class="tok [^"]*\btok-(?:accepted|added)\b[^"]*" data-tok="(\d+)"', view)
+    assert view.count('data-step="') == len(trace["steps"]) and list(map(int, committed)) == trace["token_ids"]
+    detail = client.predict(3, api_name="/inspect")  # the replayed run is the session's run: its steps inspect
+    assert "Step 3" in detail
+    for content, words in (('{"hello": 1}', "not a SpecDec trace"), ("[1, 2", "not JSON"),
+                           (json.dumps({**trace, "steps": trace["steps"][1:]}), "does not start with its prefill")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(content)
+        with pytest.raises(AppError, match=words):
+            client.predict(handle_file(str(bad)), False, api_name="/replay")
 
 
 def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
@@ -397,6 +419,50 @@ def test_browser_stop_cancels_a_run(page):
     wait_status(page, "stopped")
     steps = page.locator("#step-view .step").count()
     assert 3 <= steps < 400
+
+
+def test_browser_replays_a_recording_at_its_pace_with_its_settings(page, screenshot):
+    recording = RECORDINGS[0]
+    trace = json.loads(recording.read_text())
+    page.click("text=Replay a recorded run")
+    page.locator("#recordings input").click()
+    page.get_by_role("option", name=re.compile("^" + re.escape(MODE_LABELS[trace["mode"]]) + " · ")).first.click()
+    page.click("#replay-recording")
+    wait_status(page, "Replaying a recording", timeout=30_000)
+    # Mid-replay: the run and its baseline race on one clock, each partway.
+    page.wait_for_function("document.querySelectorAll('#race .scatterlayer .trace').length == 2")
+    assert 0 < page.locator("#step-view .step").count() < len(trace["steps"])
+    screenshot("replay")
+    status = wait_status(page, "Replayed a recording", timeout=60_000)
+    assert MODE_LABELS[trace["mode"]] in status and f"({trace['dtype']})" in status
+    assert page.locator("#step-view .step").count() == len(trace["steps"])
+    # The controls are the recording's now: pressing Run would run the same request here.
+    assert page.input_value("#prompt textarea") == trace["prompt"]
+    assert page.locator("#mode").get_by_label(MODE_LABELS[trace["mode"]], exact=True).is_checked()
+    assert page.locator("#dtype").get_by_label(trace["dtype"], exact=True).is_checked()
+    expected = trace["request"]["speculative_config"].get("max_draft_len")
+    if expected:
+        assert re.search(rf"verifies up to {expected} ", page.inner_text("#check"))
+
+
+def test_browser_replays_an_uploaded_trace_stop_skips_to_its_end_and_bad_files_say_why(page, tmp_path):
+    recording = RECORDINGS[-1]
+    steps = len(json.loads(recording.read_text())["steps"])
+    page.click("text=Replay a recorded run")
+    with page.expect_file_chooser() as chooser:
+        page.click("#replay-upload")
+    chooser.value.set_files(str(recording))
+    wait_status(page, "Replaying a recording", timeout=30_000)
+    page.click("#stop")
+    wait_status(page, "Skipped to the end of the recording", timeout=30_000)
+    assert page.locator("#step-view .step").count() == steps
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"steps": "none"}')
+    with page.expect_file_chooser() as chooser:
+        page.click("#replay-upload")
+    chooser.value.set_files(str(bad))
+    page.wait_for_selector("text=cannot replay this file", timeout=30_000)
+    assert page.locator("#step-view .step").count() == steps  # what was shown stays
 
 
 def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import build_parser
-from app.config import MODES, ConfigError
+from app.config import MERGED_MODES, MODES, ConfigError
 from app.service.api import Service
 from app.ui import web
 
@@ -58,16 +58,43 @@ def test_fastest_here_is_what_the_readme_bench_ran():
     assert web.request_from("medusa", fast)["speculative_config"]["min_path_prob"] == args.min_path_prob
 
 
-def test_the_trace_download_has_the_cli_json_fields_and_the_request():
-    run = web.Run("prompt_lookup")
-    run.add({"type": "start", "prompt_ids": [1, 2], "texts": {1: "a", 2: "b"}, "dtype": "float32"})
-    run.add({"type": "step", "step": 0, "tokens": [5], "texts": {5: "x"}, "text": "x"})
-    run.add({"type": "step", "step": 1, "tokens": [6, 7], "texts": {6: "y", 7: "z"}, "text": "yz"})
-    run.add({"type": "end", "finish_reason": "length", "text": "xyz", "token_ids": [5, 6, 7], "totals": {"new_tokens": 3}})
-    request = web.request_from("prompt_lookup", web.DEFAULTS)
-    trace = run.trace(request)
-    assert {"text", "token_ids", "prompt_ids", "steps"} <= set(trace)  # what `generate --json` prints
-    assert trace["token_ids"] == [t for s in trace["steps"] for t in s["tokens"]] == [5, 6, 7]
-    assert trace["text"] == "xyz" and trace["finish_reason"] == "length" and trace["request"] == request
-    assert trace["texts"] == {1: "a", 2: "b", 5: "x", 6: "y", 7: "z"} and trace["dtype"] == "float32"
-    assert all("type" not in s and "texts" not in s for s in trace["steps"])
+CHANGED = {  # every control away from its default, within what the service accepts
+    "max_new_tokens": 40, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 7,
+    "pl_num_tokens": 6, "pl_ngram": 3, "pl_draft_lens": "1,4", "pl_candidates": 2, "pl_oldest": False,
+    "la_W": 5, "la_N": 4, "la_G": 3, "la_w": 3, "la_n": 2, "la_g": 2, "dt_len": 3, "dt_model": "smollm2-135m-instruct-draft",
+    "md_tree": "chain", "md_typical": True, "md_threshold": 0.2, "md_alpha": 0.4, "md_prune": 0.1,
+    "eg_total": 20, "eg_depth": 6, "eg_topk": 5, "eg_tree": web.DYNAMIC, "eg_prune": 0.02, "dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize("name", [*MODES, *MERGED_MODES, "eagle/static"])
+def test_a_trace_request_sets_back_the_controls_that_made_it(service, name):
+    """values_from is request_from's inverse: a replayed trace's settings, so Run runs it again here."""
+    mode, values = web.mode_values(name.split("/")[0], **CHANGED)
+    if name.endswith("static"):
+        values["eg_tree"] = "default"
+    assert "chain" in web.TREES and values["md_tree"] in web.TREES
+    request = web.request_from(mode, values)
+    service.request(request)  # a request the service accepts
+    back_mode, back = web.values_from(request)
+    assert back_mode == mode and back == {k: values[k] for k in back}
+    assert web.request_from(mode, {**web.DEFAULTS, **back}) == request
+    group = {"prompt_lookup": "pl_", "lookahead": "la_", "draft_target": "dt_", "medusa": "md_", "eagle": "eg_"}.get(mode)
+    if group:  # every control of the mode's own group comes back (a static tree's pruning has no say)
+        ignored = {"eg_prune"} if name.endswith("static") else set()
+        assert {k for k in web.CONTROLS if k.startswith(group)} - ignored <= set(back)
+    if name in MERGED_MODES:
+        assert {k for k in web.CONTROLS if k.startswith("pl_")} <= set(back)
+
+
+def test_a_request_the_run_tab_cannot_express_sets_no_controls():
+    eagle = web.request_from("eagle", web.DEFAULTS)
+    assert web.values_from({**eagle, "speculative_config": {**eagle["speculative_config"], "speculative_model": "/x"}}) is None
+    assert web.values_from({**eagle, "speculative_config": {**eagle["speculative_config"], "use_dynamic_tree": False,
+                                                             "eagle_choices": [[0], [0, 0]]}}) is None
+    assert web.values_from({"speculative_config": {"decoding_type": "Nope"}}) is None
+    assert web.values_from("<script>") is None
+    # A request of the command line, with its unset fields None: the defaults fill them.
+    mode, values = web.values_from({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 2,
+                                                           "speculative_model": None}, "max_new_tokens": 30})
+    assert mode == "draft_target" and values["dt_len"] == 2 and "dt_model" not in values and values["seed"] == -1

@@ -7,6 +7,7 @@ once per batch of messages (Job.batches), so a fast generation is never slowed b
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import shutil
@@ -15,6 +16,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
@@ -23,11 +25,18 @@ from app import bench
 from app.config import CHOICES_DIR, MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError, split_mode
 from app.models import DTYPES, ModelError
 from app.service.api import Service
-from app.service.configs import MIN_PATH_PROB, MODE_TYPES, LookaheadDecodingConfig
+from app.service import configs
+from app.service.configs import (MIN_PATH_PROB, MODE_TYPES, DraftTargetDecodingConfig, EagleDecodingConfig,
+                                 LookaheadDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig)
 from app.service.jobs import QueueFull
+from app.service import traces
+from app.service.traces import Recording, TraceError
 from app.ui import charts, learn, render
 
 REDRAW_S = 0.75
+REPLAY_MAX_S = 120  # a replay at the recorded pace lasts at most this long
+RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
+RECORDINGS = tuple(sorted(p.stem for p in RECORDINGS_DIR.glob("*.json")))
 TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda name: (name != "default", name)))
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
@@ -100,6 +109,43 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def values_from(data: Any) -> tuple[str, dict[str, Any]] | None:
+    """request_from's inverse: the Run tab's mode and the control values that make this request (the
+    ones it sets; sampling, length, backend and dtype always), or None when the Run tab cannot express it
+    (an invalid request, a custom tree, a heads or module directory of its own)."""
+    try:
+        r = configs.parse(data)
+    except (ConfigError, ValueError, TypeError):
+        return None
+    c, s = r.speculative_config, r.sampling
+    v: dict[str, Any] = {"max_new_tokens": r.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+                         "top_k": s.top_k, "seed": -1 if s.seed is None else s.seed, "backend": r.backend, "dtype": r.dtype}
+    pl = c if isinstance(c, NGramDecodingConfig) else getattr(c, "prompt_lookup", None)
+    if pl is not None:
+        v.update(pl_num_tokens=pl.max_draft_len, pl_ngram=pl.max_matching_ngram_size, pl_candidates=pl.max_candidates,
+                 pl_draft_lens=",".join(map(str, pl.ngram_draft_lens)), pl_oldest=pl.is_use_oldest)
+    prune = MIN_PATH_PROB if getattr(c, "min_path_prob", None) is None else c.min_path_prob
+    if isinstance(c, LookaheadDecodingConfig):
+        W, N, G = c.max_window_size, c.max_ngram_size, c.max_verification_set_size
+        w, n, g = c.request or (W, N, G)
+        v.update(la_W=W, la_N=N, la_G=G, la_w=w, la_n=n, la_g=g)
+    elif isinstance(c, DraftTargetDecodingConfig):
+        v.update(dt_len=c.max_draft_len, **({"dt_model": c.speculative_model} if c.speculative_model else {}))
+    elif isinstance(c, MedusaDecodingConfig):
+        if c.medusa_choices not in TREES or c.speculative_model:
+            return None
+        v.update(md_tree=c.medusa_choices, md_typical=c.typical_acceptance, md_threshold=c.posterior_threshold,
+                 md_alpha=c.posterior_alpha, md_prune=prune, md_pl=pl is not None)
+    elif isinstance(c, EagleDecodingConfig):
+        static = not c.use_dynamic_tree
+        if (static and c.eagle_choices not in TREES) or c.speculative_model:
+            return None
+        v.update(eg_total=c.max_draft_len + 1, eg_depth=c.num_eagle_layers, eg_topk=c.dynamic_tree_max_topK,
+                 eg_tree=c.eagle_choices if static else DYNAMIC, eg_pl=pl is not None,
+                 **({} if static else {"eg_prune": prune}))  # a static tree is never pruned
+    return c.mode, v
+
+
 def mode_values(name: str, **overrides) -> tuple[str, dict[str, Any]]:
     """(mode, control values) for a mode name of the command line, where `eagle+prompt_lookup` is EAGLE
     with the merge box ticked; the other controls at their defaults."""
@@ -150,45 +196,7 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     return f"✓ Valid · {info['lossless']}{extra}"
 
 
-class Run:
-    """What the display needs of one generation, built from service messages (JSON-like, deep-copyable)."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode  # a mode, or a merged tree's name (eagle+prompt_lookup) in the Compare tab
-        self.dtype: str | None = None
-        self.prompt_ids: list[int] = []
-        self.texts: dict[int, str] = {}
-        self.events: list[dict[str, Any]] = []
-        self.end: dict[str, Any] | None = None
-
-    def add(self, message: dict[str, Any]) -> None:
-        self.texts.update(message.get("texts") or {})
-        if message["type"] == "start":
-            self.prompt_ids = message["prompt_ids"]
-            self.dtype = message.get("dtype")
-        elif message["type"] == "step":
-            self.events.append({k: v for k, v in message.items() if k not in ("texts", "type")})
-        else:
-            self.end = message
-
-    def record(self) -> dict[str, Any]:
-        return {"mode": self.mode, "dtype": self.dtype, "prompt_ids": self.prompt_ids, "texts": self.texts,
-                "events": self.events, "end": self.end}
-
-    def trace(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The run as a download: `python -m app generate --json`'s fields (text, token_ids, prompt_ids, steps)
-        plus what produced it (mode, dtype, the request) and every token's text."""
-        end = self.end or {}
-        return {"mode": self.mode, "dtype": self.dtype, "request": request, "finish_reason": end.get("finish_reason"),
-                "text": end.get("text", ""), "token_ids": end.get("token_ids", self.token_ids), "prompt_ids": self.prompt_ids,
-                "texts": self.texts, "steps": self.events, "totals": end.get("totals")}
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t for e in self.events for t in e["tokens"]]
-
-
-def summary_row(mode: str, run: Run, baseline: Run | None) -> dict[str, Any]:
+def summary_row(mode: str, run: Recording, baseline: Recording | None) -> dict[str, Any]:
     t = run.events[-1]["totals"] if run.events else {}
     tps = t.get("new_tokens", 0) / t["elapsed_s"] if t.get("elapsed_s") else 0.0
     base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
@@ -256,7 +264,7 @@ class Studio:
         job.cancel()
         return "⏹ Stopping after the current step…"
 
-    def _stream(self, session: str, mode: str, values: dict[str, Any], prompt: str, run: Run):
+    def _stream(self, session: str, mode: str, values: dict[str, Any], prompt: str, run: Recording):
         job = self._start(session, mode, values, prompt)
         try:
             for batch in job.batches(REDRAW_S):
@@ -275,20 +283,20 @@ class Studio:
     def run(self, request: gr.Request, prompt: str, mode: str, race: bool, baselines: dict, *values):
         v = dict(zip(CONTROLS, values))
         session = request.session_hash if request is not None else "local"
-        baseline: Run | None = None
+        baseline: Recording | None = None
         key = json.dumps([prompt, request_from("autoregressive", v)], sort_keys=True)
         if race and mode != "autoregressive":
             if key in baselines:
-                baseline = _from_record(baselines[key])
+                baseline = Recording.from_record(baselines[key])
             else:
-                baseline = Run("autoregressive")
+                baseline = Recording("autoregressive", request_from("autoregressive", v), prompt)
                 yield from _paced(self._stream(session, "autoregressive", v, prompt, baseline), lambda part: self._run_outputs(
-                    Run(run_name(mode, v)), part, "Racing… first the autoregressive baseline", baselines, final=False))
+                    Recording(run_name(mode, v)), part, "Racing… first the autoregressive baseline", baselines, final=False))
                 if baseline.end and baseline.end.get("finish_reason") == "cancelled":
-                    yield self._run_outputs(Run(run_name(mode, v)), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
+                    yield self._run_outputs(Recording(run_name(mode, v)), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
                     return
                 baselines = {**baselines, key: baseline.record()}
-        run = Run(run_name(mode, v))
+        run = Recording(run_name(mode, v), request_from(mode, v), prompt)
         yield from _paced(self._stream(session, mode, v, prompt, run),
                           lambda part: self._run_outputs(part, baseline, _status(part), baselines, final=False))
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
@@ -296,10 +304,10 @@ class Studio:
         folder = self._traces / (re.sub(r"[^A-Za-z0-9_-]", "", session)[:40] or "local")
         folder.mkdir(exist_ok=True)
         trace = folder / f"specdec-{run.mode}-trace.json"
-        trace.write_text(json.dumps(run.trace(request_from(mode, v))))
+        trace.write_text(json.dumps(run.trace(baseline)))
         yield self._run_outputs(run, baseline, _status(run), baselines, final=True, trace=str(trace))
 
-    def _run_outputs(self, run: Run, baseline: Run | None, status: str, baselines: dict, final: bool,
+    def _run_outputs(self, run: Recording, baseline: Recording | None, status: str, baselines: dict, final: bool,
                      trace: str | None = None):
         events = run.events
         last = len(events) - 1
@@ -331,6 +339,57 @@ class Studio:
         history = [t for e in events[:i] for t in e["tokens"]]
         return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
 
+    # ------------------------------------------------------------------ replay
+    def replay(self, request: gr.Request, path: str | None, paced: bool, baselines: dict):
+        """Draw a recorded trace as if it ran now: at its recorded pace, the run and the baseline it raced
+        side by side from one start (Stop skips to the end), or all at once."""
+        if not path:
+            return
+        try:
+            run, baseline = traces.read(path)
+        except (TraceError, OSError) as err:
+            raise gr.Error(f"cannot replay this file: {err}", duration=None) from None
+        run.mode = run.mode or render.infer_mode(run.events)
+        if run.mode is None:
+            raise gr.Error("cannot replay this file: it does not say which mode made it", duration=None)
+        session = request.session_hash if request is not None else "local"
+        skip = threading.Event()
+        handle = SimpleNamespace(cancel=skip.set)  # what Stop calls
+        with self._lock:
+            self._active[session] = handle
+        try:
+            if paced:
+                for part, base in _replayed(run, baseline, skip):
+                    yield self._run_outputs(part, base, "▶ Replaying a recording · " + _status(part), baselines, final=False)
+        finally:
+            with self._lock:
+                if self._active.get(session) is handle:
+                    del self._active[session]
+        where = "⏭ Skipped to the end of the recording" if skip.is_set() else "Replayed a recording"
+        yield self._run_outputs(run, baseline, f"{where} · {_status(run)}", baselines, final=True)
+
+    def replay_settings(self, path: str | None) -> list:
+        """The prompt, mode and controls a trace ran with, so Run runs it again here; each left as it is
+        where the trace does not say or the Run tab cannot express it (its replay says what is wrong)."""
+        keep = [gr.skip()] * (2 + len(CONTROLS))
+        try:
+            run, _ = traces.read(path) if path else (None, None)
+        except (TraceError, OSError):
+            return keep
+        settings = values_from(run.request) if run and run.request else None
+        if settings is None:
+            return [run.prompt if run and run.prompt else gr.skip(), *keep[1:]]
+        mode, v = settings
+        if v.get("dt_model") not in (None, *_draft_choices(self.service)):
+            del v["dt_model"]
+        if v["backend"] not in self.service.availability():
+            del v["backend"]
+        return [run.prompt or gr.skip(), mode, *(v[k] if k in v else gr.skip() for k in CONTROLS)]
+
+    def replay_recording(self, request: gr.Request, name: str | None, paced: bool, baselines: dict):
+        """A recording shipped in assets/traces/, by its name in the menu."""
+        yield from self.replay(request, _recording_path(name), paced, baselines)
+
     # ------------------------------------------------------------------ Compare tab
     def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, settings: str, request: gr.Request):
         session = request.session_hash if request is not None else "local"
@@ -340,7 +399,7 @@ class Studio:
                          dtype=dtype or "auto")
         chosen = ["autoregressive"] + [m for m in COMPARED if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
-        runs: dict[str, Run] = {}
+        runs: dict[str, Recording] = {}
         rows: list[dict[str, Any]] = []
         notes = []
         for name in chosen:
@@ -348,9 +407,9 @@ class Studio:
             if not available[mode]["available"]:
                 notes.append(f"{learn.label(name)} skipped: {available[mode]['reason']}")
                 continue
-            run = runs[name] = Run(name)
+            run = runs[name] = Recording(name)
 
-            def draw(part: Run, name=name) -> tuple:
+            def draw(part: Recording, name=name) -> tuple:
                 current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None)]
                 return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
                         f"Running {learn.label(name)}…")
@@ -442,6 +501,19 @@ class Studio:
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                        with gr.Accordion("Replay a recorded run", open=False, elem_id="replay"):
+                            gr.Markdown("<small>A trace from <b>Download the trace</b> or <code>python -m app generate "
+                                        "--json</code>, drawn step by step as it ran, with the baseline it raced. No model "
+                                        "runs: it looks the same on any machine, busy or not.</small>")
+                            recording = gr.Dropdown([(_recording_label(n), n) for n in RECORDINGS], value=None,
+                                                    label="Recordings shipped with the app (2-core CPU)", elem_id="recordings",
+                                                    visible=bool(RECORDINGS))
+                            with gr.Row():
+                                recording_btn = gr.Button("Replay the recording", size="sm", elem_id="replay-recording",
+                                                          visible=bool(RECORDINGS))
+                                upload = gr.UploadButton("Replay a trace file (JSON)…", file_types=[".json"], type="filepath",
+                                                         size="sm", elem_id="replay-upload")
+                            paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
                         explain = gr.Markdown(learn.LEARN["prompt_lookup"], elem_id="learn-mode")
                     with gr.Column(scale=2):
                         status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
@@ -532,6 +604,16 @@ class Studio:
             run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run",
                                     show_progress="hidden", concurrency_id="generate")
             stop_btn.click(self.stop, None, status, queue=False, api_name="stop")
+            # Replays use no model: their own queue, so one never waits behind a generation.
+            # First the controls the trace ran with (so Run runs it again here), then the replay.
+            settings = [prompt, mode, *inputs]
+            upload.upload(self.replay_settings, upload, settings, queue=False, show_progress="hidden", api_visibility="private").then(
+                self.replay, [upload, paced, baselines], outputs, api_name="replay", show_progress="hidden",
+                concurrency_id="replay", concurrency_limit=4)
+            recording_btn.click(lambda name: self.replay_settings(_recording_path(name)), recording, settings, queue=False,
+                                show_progress="hidden", api_visibility="private").then(
+                self.replay_recording, [recording, paced, baselines], outputs, api_name="replay_recording",
+                show_progress="hidden", concurrency_id="replay", concurrency_limit=4)
             # Only the user's moves: the run's own updates of the slider would each call inspect with the
             # record of the run before, and one answering late would blank the step the run just drew.
             step.input(self.inspect, [step, record], detail, queue=False, show_progress="hidden", api_name="inspect")
@@ -639,7 +721,7 @@ def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
             for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle")]
 
 
-def _status(run: Run) -> str:
+def _status(run: Recording) -> str:
     label = f"**{learn.label(run.mode)}**" + (f" ({run.dtype})" if run.dtype else "")
     if not run.events:
         return f"{label}: loading and prefilling…"
@@ -652,14 +734,45 @@ def _status(run: Run) -> str:
     return f"{label} {word} · {line}"
 
 
-def _from_record(record: dict) -> Run:
-    run = Run(record["mode"])
-    run.prompt_ids, run.texts, run.events, run.end = record["prompt_ids"], record["texts"], record["events"], record["end"]
-    run.dtype = record.get("dtype")
-    return run
+def _recording_path(name: str | None) -> str | None:
+    """A shipped recording's file, by its menu name: the menu's names are the only paths this opens."""
+    return str(RECORDINGS_DIR / f"{name}.json") if name in RECORDINGS else None
 
 
-def _curves(runs: dict[str, Run]) -> dict[str, list[dict]]:
+def _recording_label(name: str) -> str:
+    """A shipped recording's menu entry, from its file name (mode-category-dtype)."""
+    mode, category, dtype = (name.split("-") + ["", ""])[:3]
+    return f"{learn.label(mode) if mode in MODES else mode} · {category.replace('_', ' ')} ({dtype})"
+
+
+def _replayed(run: Recording, baseline: Recording | None, skip: threading.Event):
+    """(run, baseline) as they stood at each redraw, replayed at the recorded pace from one start, so
+    the race looks as it would have run side by side; a recording over REPLAY_MAX_S is sped up to fit."""
+    runs = [r for r in (run, baseline) if r is not None]
+    clocks = [_clock(r.events) for r in runs]
+    total = max(c[-1] for c in clocks)
+    speed = max(1.0, total / REPLAY_MAX_S)
+    start = time.perf_counter()
+    while not skip.is_set():
+        now = (time.perf_counter() - start) * speed
+        counts = [bisect.bisect_right(c, now) for c in clocks]
+        parts = [r.prefix(n) for r, n in zip(runs, counts)]
+        yield parts[0], (parts[1] if baseline is not None else None)
+        if all(n == len(c) for n, c in zip(counts, clocks)):
+            return
+        skip.wait(REDRAW_S)
+
+
+def _clock(events: list[dict]) -> list[float]:
+    """When each step ended, in seconds from the run's start (never earlier than the step before)."""
+    out, last = [], 0.0
+    for e in events:
+        last = max(last, e["totals"].get("elapsed_s", last))
+        out.append(last)
+    return out
+
+
+def _curves(runs: dict[str, Recording]) -> dict[str, list[dict]]:
     return {learn.label(m): r.events for m, r in runs.items()}
 
 

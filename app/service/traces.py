@@ -1,0 +1,197 @@
+"""A run as a document: the service's messages collected into a Recording, written out as one JSON
+trace, and read back to be replayed.
+
+A trace is what the Run tab's download offers and `python -m app generate --json` prints:
+  mode, model, dtype, request (the DecodeRequest data), prompt (the user turn), finish_reason, text, token_ids, prompt_ids,
+  texts (token id -> text piece, for every id the prompt and the steps show), steps (the service's step
+  messages without `type` and `texts`), totals; and, when the run raced autoregressive decoding,
+  baseline: that run's trace.
+A trace read back may come from anyone, so `parse` checks and normalises it before anything draws it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from app.config import MERGED_MODES, MODES
+
+MAX_BYTES = 32 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
+DTYPES = ("float32", "bfloat16")
+FINISH_REASONS = ("eos", "length", "cancelled", "timeout", "error")
+KINDS = ("prefill", "decode")
+ADDED_KINDS = ("next", "correction", "bonus")
+NOT_A_TRACE = ("not a SpecDec trace: expected the Run tab's download or the output of "
+               "`python -m app generate --json`")
+
+
+class TraceError(ValueError):
+    """A file that is not a trace this app can replay; the message is meant for the user."""
+
+
+class Recording:
+    """What the display needs of one generation, built from service messages (JSON-like, deep-copyable)."""
+
+    def __init__(self, mode: str | None, request: dict[str, Any] | None = None, prompt: str | None = None) -> None:
+        self.mode = mode  # a mode, or a merged tree's name (eagle+prompt_lookup); None: unknown
+        self.request = request  # the DecodeRequest data it ran with
+        self.prompt = prompt  # the user turn
+        self.model: str | None = None
+        self.dtype: str | None = None
+        self.prompt_ids: list[int] = []
+        self.texts: dict[int, str] = {}
+        self.events: list[dict[str, Any]] = []
+        self.end: dict[str, Any] | None = None
+
+    def add(self, message: dict[str, Any]) -> None:
+        self.texts.update(message.get("texts") or {})
+        if message["type"] == "start":
+            self.prompt_ids = message["prompt_ids"]
+            self.dtype = message.get("dtype")
+            self.model = message.get("model")
+        elif message["type"] == "step":
+            self.events.append({k: v for k, v in message.items() if k not in ("texts", "type")})
+        else:
+            self.end = message
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for e in self.events for t in e["tokens"]]
+
+    def prefix(self, steps: int) -> Recording:
+        """The run as it stood after its first `steps` steps (still running: no end)."""
+        return Recording.from_record({**self.record(), "events": self.events[:steps], "end": None})
+
+    def record(self) -> dict[str, Any]:
+        """The run as session state (gr.State): from_record gives it back."""
+        return {"mode": self.mode, "request": self.request, "prompt": self.prompt, "model": self.model, "dtype": self.dtype,
+                "prompt_ids": self.prompt_ids, "texts": self.texts, "events": self.events, "end": self.end}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Recording:
+        run = cls(record["mode"], record.get("request"), record.get("prompt"))
+        run.prompt_ids, run.texts, run.events, run.end = record["prompt_ids"], record["texts"], record["events"], record["end"]
+        run.dtype, run.model = record.get("dtype"), record.get("model")
+        return run
+
+    def trace(self, baseline: Recording | None = None) -> dict[str, Any]:
+        """The run as a trace (the module's docstring)."""
+        end = self.end or {}
+        out = {"mode": self.mode, "model": self.model, "dtype": self.dtype, "request": self.request, "prompt": self.prompt,
+               "finish_reason": end.get("finish_reason"), "text": end.get("text", ""),
+               "token_ids": end.get("token_ids", self.token_ids), "prompt_ids": self.prompt_ids, "texts": self.texts,
+               "steps": self.events, "totals": end.get("totals")}
+        if baseline is not None:
+            out["baseline"] = baseline.trace()
+        return out
+
+
+def read(path: str | Path, max_bytes: int = MAX_BYTES) -> tuple[Recording, Recording | None]:
+    """The run (and the baseline it raced, if any) of a trace file; TraceError if it is not one."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise TraceError(f"the file has {size:,} bytes; a trace to replay may have {max_bytes:,} bytes at most")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TraceError(f"{NOT_A_TRACE} (the file is not JSON: {err})") from None
+    return parse(data)
+
+
+def parse(data: Any) -> tuple[Recording, Recording | None]:
+    """A trace's run and baseline, checked: steps with token ids and numeric totals, known names only.
+
+    Whatever the display prints as markup (mode, dtype, finish reasons, totals) is reduced to known
+    names and numbers here; token texts and the rest stay data, which the renderer escapes."""
+    run = _parse(data, "the trace")
+    baseline = data.get("baseline")
+    if baseline is None:
+        return run, None
+    base = _parse(baseline, "its baseline")
+    if base.mode != "autoregressive":
+        raise TraceError(f"its baseline must be an autoregressive run, not {base.mode}")
+    return run, base
+
+
+def _parse(data: Any, what: str) -> Recording:
+    if not isinstance(data, dict) or not isinstance(data.get("steps"), list) or not data["steps"]:
+        raise TraceError(f"{NOT_A_TRACE} ({what} has no list of steps)")
+    mode = data.get("mode")
+    # An unknown mode (an old `generate --json` has none) is left to the display, which reads it off the steps.
+    run = Recording(mode if mode in MODES or mode in MERGED_MODES else None)
+    run.events = [_step(step, i, what) for i, step in enumerate(data["steps"])]
+    if run.events[0]["kind"] != "prefill":
+        raise TraceError(f"{what} does not start with its prefill step")
+    run.dtype = data.get("dtype") if data.get("dtype") in DTYPES else None
+    run.model = data["model"] if isinstance(data.get("model"), str) else None
+    run.request = data["request"] if isinstance(data.get("request"), dict) else None
+    run.prompt = data["prompt"] if isinstance(data.get("prompt"), str) else None
+    prompt_ids = data.get("prompt_ids")
+    run.prompt_ids = prompt_ids if _ids(prompt_ids) else []
+    texts = data.get("texts")
+    run.texts = {int(k): str(v) for k, v in texts.items() if _is_id(k)} if isinstance(texts, dict) else {}
+    text = data.get("text")
+    last = run.events[-1]
+    run.end = {"type": "end", "finish_reason": _reason(data.get("finish_reason")) or last.get("finish_reason"),
+               "text": text if isinstance(text, str) else "", "token_ids": run.token_ids, "totals": last["totals"],
+               "error": None}
+    return run
+
+
+def _step(step: Any, i: int, what: str) -> dict[str, Any]:
+    """A step event (app.decoding.types.StepEvent) with the types the display relies on, or TraceError."""
+    def bad(why: str) -> TraceError:
+        return TraceError(f"step {i} of {what} is malformed: {why}")
+
+    if not isinstance(step, dict) or not _ids(step.get("tokens")) or not isinstance(step.get("totals"), dict):
+        raise bad("a step needs its token ids (tokens) and totals")
+    if step.get("kind") not in KINDS:
+        raise bad("its kind must be prefill or decode")
+    out = dict(step)
+    proposed = step.get("proposed") or {"tokens": [], "parents": []}
+    if not isinstance(proposed, dict) or not _ids(proposed.get("tokens", [])) or not _ints(proposed.get("parents", [])):
+        raise bad("proposed must hold the draft's token ids and parent indices")
+    n = len(proposed.get("tokens", []))
+    out["proposed"] = {"tokens": proposed.get("tokens", []), "parents": proposed.get("parents", [-1] * n)}
+    for key in ("accepted", "rejected"):
+        nodes = step.get(key, [])
+        if not _ids(nodes) or any(node >= n for node in nodes):
+            raise bad(f"{key} must list draft node indices")
+        out[key] = nodes
+    if not _ids(step.get("accepted_tokens", [])) or not (step.get("added_token") is None or _is_id(step["added_token"])):
+        raise bad("accepted_tokens and added_token must be token ids")
+    for key in ("source", "target"):
+        if not isinstance(step.get(key) or {}, dict):
+            raise bad(f"{key} must be an object")
+        out[key] = step.get(key) or {}
+    out["added_kind"] = step.get("added_kind") if step.get("added_kind") in ADDED_KINDS else None
+    for key in ("draft_time_s", "verify_time_s"):
+        out[key] = step.get(key) if _number(step.get(key)) else None
+    out["totals"] = {k: v for k, v in step["totals"].items() if _number(v)}
+    out["finish_reason"] = _reason(step.get("finish_reason"))
+    return out
+
+
+def _reason(value: Any) -> str | None:
+    return value if value in FINISH_REASONS else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_id(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.isdigit()
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
