@@ -183,6 +183,18 @@ def test_api_replays_a_trace_file_at_once_and_refuses_other_files(client, tmp_pa
             client.predict(handle_file(str(bad)), False, api_name="/replay")
 
 
+def test_api_replay_reads_uploaded_files_only(app_url):
+    """A payload naming a file on the server (a valid trace, not uploaded) is refused before the app sees it;
+    gradio_client would upload a local path, so this speaks the HTTP API directly."""
+    url = app_url + "/gradio_api/call/replay"
+    body = json.dumps({"data": [{"path": str(RECORDINGS[0]), "meta": {"_type": "gradio.FileData"}}, False]}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    event = json.load(urllib.request.urlopen(request, timeout=10))["event_id"]
+    with urllib.request.urlopen(f"{url}/{event}", timeout=30) as f:
+        stream = f.read().decode()
+    assert stream.startswith("event: error") and "Replayed" not in stream and "data-step" not in stream
+
+
 def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
     table, race, bars, status = client.predict(PROMPT, ["prompt_lookup", "medusa", "eagle+prompt_lookup"], 24, "auto",
                                                "defaults", api_name="/compare")
