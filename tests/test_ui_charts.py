@@ -192,6 +192,23 @@ def test_race_runs_shares_axes_across_modes():
     assert charts.race_runs({"medusa": []}).layout.annotations
 
 
+def test_race_runs_until_cuts_every_run_at_that_time_on_the_whole_race_axes():
+    runs = {m: load(m)["steps"] for m in ("autoregressive", "prompt_lookup", "eagle")}
+    end = max(s[-1]["totals"]["elapsed_s"] for s in runs.values())
+    tokens = max(s[-1]["totals"]["new_tokens"] for s in runs.values())
+    frames = [charts.race_runs(runs, until=t) for t in (0.0, end / 3, end)]
+    for fig in frames:
+        _common(fig)
+        assert [t.name for t in fig.data] == ["Autoregressive", "Prompt lookup", "EAGLE"]
+        assert fig.layout.xaxis.range[0] == 0 and end <= fig.layout.xaxis.range[1] <= end * 1.05  # a still frame
+        assert tokens <= fig.layout.yaxis.range[1] <= tokens * 1.06
+    middle = frames[1]
+    for trace, steps in zip(middle.data, runs.values()):
+        assert len(trace.x) == sum(s["totals"]["elapsed_s"] <= end / 3 for s in steps) and max(trace.x, default=0) <= end / 3
+    assert any(0 < len(t.x) < len(s) for t, s in zip(middle.data, runs.values()))  # mid-race: someone is partway
+    assert [len(t.x) for t in frames[2].data] == [len(s) for s in runs.values()]  # the end: every step drawn
+
+
 def test_compare_accepts_labels():
     by_key = charts.compare([{"mode": "lookahead", "speedup": 1.2}])
     by_label = charts.compare([{"mode": "Lookahead", "speedup": 1.2}])

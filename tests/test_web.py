@@ -202,6 +202,15 @@ def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
     for label in ("Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"):
         assert label in table
     assert table.count("identical-yes") == 3  # every speculative mode reproduces the greedy output
+    # The race again, side by side on one clock: the session kept the runs; the final frame has every curve.
+    replay = client.submit(api_name="/compare_replay")
+    frames = list(replay)
+    race, status = replay.result()
+    assert "Replayed the race" in status and len(frames) >= 2
+    final = json.loads(race["plot"])
+    assert sorted(t["name"] for t in final["data"]) == sorted(
+        ["Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"])
+    assert all(len(t["x"]) >= 2 for t in final["data"])
     assert race["type"] == "plotly" and bars["type"] == "plotly"
     assert "EAGLE + prompt lookup" in json.dumps(race)  # a curve of its own in the race
 

@@ -143,25 +143,36 @@ def race(events: list[dict], baseline: list | None = None, *, label: str | None 
     return _layout(fig, title, "wall time (s)", "tokens generated")
 
 
-def race_runs(runs: Mapping[str, list[dict]]) -> go.Figure:
+def race_runs(runs: Mapping[str, list[dict]], until: float | None = None) -> go.Figure:
     """The Compare tab's race: cumulative tokens against wall time for several runs of one prompt
-    on shared axes. `runs` maps a mode (key or label) to its step events; the baseline is dashed."""
+    on shared axes. `runs` maps a mode (key or label) to its step events; the baseline is dashed.
+    `until`: the race as it stood that many seconds in (each run's steps done by then), on the axes
+    of the whole race, so a replay's curves grow while its frame stays still."""
     title = "Race: tokens over time"
     curves = [(name, _steps(events)) for name, events in (runs or {}).items()]
     curves = [(name, events) for name, events in curves if events]
     if not curves:
         return _empty(title, "No runs yet: compare runs one prompt through each mode in turn.")
     fig = go.Figure()
+    ends = [0.0, 0.0]
     for name, events in curves:
         mode = mode_key(str(name))
         points = _cumulative(events)
+        timed = [p for p in points if p[0] is not None]
+        ends = [max([ends[0]] + [p[0] for p in timed]), max([ends[1]] + [p[1] for p in timed])]
+        if until is not None:
+            points = [p for p in timed if p[0] <= until]
         baseline = mode == "autoregressive"
         fig.add_trace(go.Scatter(
             x=[p[0] for p in points], y=[p[1] for p in points], name=MODE_LABELS.get(mode, str(name)),
             mode=_markers(len(points)),
             line=dict(color=COLORS.get(mode, "#0072B2"), width=3, dash="dash" if baseline else "solid", shape="hv"),
         ))
-    return _layout(fig, title, "wall time (s)", "tokens generated")
+    fig = _layout(fig, title, "wall time (s)", "tokens generated")
+    if until is not None:
+        fig.update_xaxes(range=[0, ends[0] * 1.03 or 1])
+        fig.update_yaxes(range=[0, ends[1] * 1.05 or 1])
+    return fig
 
 
 def tokens_per_step(events: list[dict]) -> go.Figure:

@@ -8,6 +8,7 @@ once per batch of messages (Job.batches), so a fast generation is never slowed b
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import re
 import shutil
@@ -256,6 +257,21 @@ class Studio:
             self._active[session] = job
         return job
 
+    @contextlib.contextmanager
+    def _skippable(self, request: gr.Request | None):
+        """A replay's skip flag, registered as the session's active job so Stop sets it."""
+        session = request.session_hash if request is not None else "local"
+        skip = threading.Event()
+        handle = SimpleNamespace(cancel=skip.set)
+        with self._lock:
+            self._active[session] = handle
+        try:
+            yield skip
+        finally:
+            with self._lock:
+                if self._active.get(session) is handle:
+                    del self._active[session]
+
     def stop(self, request: gr.Request) -> str:
         with self._lock:
             job = self._active.get(request.session_hash)
@@ -352,19 +368,12 @@ class Studio:
         run.mode = run.mode or render.infer_mode(run.events)
         if run.mode is None:
             raise gr.Error("cannot replay this file: it does not say which mode made it", duration=None)
-        session = request.session_hash if request is not None else "local"
-        skip = threading.Event()
-        handle = SimpleNamespace(cancel=skip.set)  # what Stop calls
-        with self._lock:
-            self._active[session] = handle
-        try:
+        with self._skippable(request) as skip:
             if paced:
-                for part, base in _replayed(run, baseline, skip):
-                    yield self._run_outputs(part, base, "▶ Replaying a recording · " + _status(part), baselines, final=False)
-        finally:
-            with self._lock:
-                if self._active.get(session) is handle:
-                    del self._active[session]
+                runs = [run] if baseline is None else [run, baseline]
+                for parts in _replayed(runs, skip):
+                    yield self._run_outputs(parts[0], parts[1] if baseline else None, "▶ Replaying a recording · " + _status(parts[0]),
+                                            baselines, final=False)
         where = "⏭ Skipped to the end of the recording" if skip.is_set() else "Replayed a recording"
         yield self._run_outputs(run, baseline, f"{where} · {_status(run)}", baselines, final=True)
 
@@ -412,7 +421,7 @@ class Studio:
             def draw(part: Recording, name=name) -> tuple:
                 current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None)]
                 return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
-                        f"Running {learn.label(name)}…")
+                        f"Running {learn.label(name)}…", gr.skip())
 
             yield from _paced(self._stream(session, mode, values, prompt, run), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
@@ -422,7 +431,27 @@ class Studio:
         ran_in = next((f" in {r.dtype}" for r in runs.values() if r.dtype), "")
         done = ("Done. " + " ".join(notes) if notes
                 else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another.")
-        yield render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), done
+        records = {name: run.record() for name, run in runs.items() if run.events}
+        yield render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), done, records
+
+    def replay_race(self, records: dict, request: gr.Request):
+        """The last comparison's race again, every mode on one clock from one start, as if they had run side
+        by side (they ran one after another); Stop skips to the end."""
+        runs = {name: Recording.from_record(r) for name, r in (records or {}).items()}
+        if not runs:
+            raise gr.Error("Nothing to replay yet: compare first.")
+        curves = _curves(runs)
+        total = max(_clock(r.events)[-1] for r in runs.values())
+        speed = max(1.0, total / REPLAY_MAX_S)
+        with self._skippable(request) as skip:
+            start = time.perf_counter()
+            while not skip.is_set():
+                now = (time.perf_counter() - start) * speed
+                if now >= total:
+                    break
+                yield charts.race_runs(curves, until=now), f"▶ Replaying the race side by side: {now:.1f} s of {total:.1f} s"
+                skip.wait(REDRAW_S)
+        yield charts.race_runs(curves, until=total), "Replayed the race: every mode on one clock, from one start."
 
     # ------------------------------------------------------------------ Learn tab
     def pass_cost(self, prompt: str):
@@ -481,6 +510,7 @@ class Studio:
                 "what was drafted, what the target accepted, what it added, and whether it is faster than plain decoding."
             )
             baselines = gr.State({})
+            compared = gr.State({})  # the last comparison's runs, for its race replay
             record = gr.State({})
             with gr.Tab("Run", id="run"):
                 with gr.Row():
@@ -553,6 +583,7 @@ class Studio:
                 with gr.Row():
                     cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")
                     cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+                    cmp_replay = gr.Button("Replay the race side by side", elem_id="compare-replay")
                 cmp_status = gr.Markdown("", elem_id="cmp-status")
                 cmp_table = gr.HTML(render.summary_table([]), elem_id="cmp-table")
                 with gr.Row():
@@ -619,9 +650,12 @@ class Studio:
             step.input(self.inspect, [step, record], detail, queue=False, show_progress="hidden", api_name="inspect")
             cmp_preset.change(lambda name: preset(name, service.fast_dtype())["dtype"], cmp_preset, cmp_dtype, queue=False,
                               show_progress="hidden", api_visibility="private")
-            cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype, cmp_preset], [cmp_table, cmp_race, cmp_bars, cmp_status],
-                                    api_name="compare", show_progress="hidden", concurrency_id="generate")
+            cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype, cmp_preset],
+                                    [cmp_table, cmp_race, cmp_bars, cmp_status, compared], api_name="compare",
+                                    show_progress="hidden", concurrency_id="generate")
             cmp_stop.click(self.stop, None, cmp_status, queue=False, api_name="compare_stop")
+            cmp_replay.click(self.replay_race, compared, [cmp_race, cmp_status], api_name="compare_replay", show_progress="hidden",
+                             concurrency_id="replay", concurrency_limit=4)
             cost_btn.click(self.pass_cost, prompt, [cost_plot, cost_note], api_name="pass_cost", concurrency_id="generate")
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
@@ -745,10 +779,9 @@ def _recording_label(name: str) -> str:
     return f"{learn.label(mode) if mode in MODES else mode} · {category.replace('_', ' ')} ({dtype})"
 
 
-def _replayed(run: Recording, baseline: Recording | None, skip: threading.Event):
-    """(run, baseline) as they stood at each redraw, replayed at the recorded pace from one start, so
-    the race looks as it would have run side by side; a recording over REPLAY_MAX_S is sped up to fit."""
-    runs = [r for r in (run, baseline) if r is not None]
+def _replayed(runs: list[Recording], skip: threading.Event):
+    """The runs as they stood at each redraw, replayed at the recorded pace from one start, so they race
+    as they would have side by side; a recording over REPLAY_MAX_S is sped up to fit."""
     clocks = [_clock(r.events) for r in runs]
     total = max(c[-1] for c in clocks)
     speed = max(1.0, total / REPLAY_MAX_S)
@@ -756,8 +789,7 @@ def _replayed(run: Recording, baseline: Recording | None, skip: threading.Event)
     while not skip.is_set():
         now = (time.perf_counter() - start) * speed
         counts = [bisect.bisect_right(c, now) for c in clocks]
-        parts = [r.prefix(n) for r, n in zip(runs, counts)]
-        yield parts[0], (parts[1] if baseline is not None else None)
+        yield [r.prefix(n) for r, n in zip(runs, counts)]
         if all(n == len(c) for n, c in zip(counts, clocks)):
             return
         skip.wait(REDRAW_S)
