@@ -25,12 +25,11 @@ import gradio as gr
 from app import bench
 from app.config import CHOICES_DIR, MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError, split_mode
 from app.models import DTYPES, ModelError
+from app.service import configs, traces
 from app.service.api import Service
-from app.service import configs
 from app.service.configs import (MIN_PATH_PROB, MODE_TYPES, DraftTargetDecodingConfig, EagleDecodingConfig,
                                  LookaheadDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig)
 from app.service.jobs import QueueFull
-from app.service import traces
 from app.service.traces import Recording, TraceError
 from app.ui import charts, learn, render
 
@@ -442,15 +441,9 @@ class Studio:
             raise gr.Error("Nothing to replay yet: compare first.")
         curves = _curves(runs)
         total = max(_clock(r.events)[-1] for r in runs.values())
-        speed = max(1.0, total / REPLAY_MAX_S)
         with self._skippable(request) as skip:
-            start = time.perf_counter()
-            while not skip.is_set():
-                now = (time.perf_counter() - start) * speed
-                if now >= total:
-                    break
+            for now in _ticks(total, skip):
                 yield charts.race_runs(curves, until=now), f"▶ Replaying the race side by side: {now:.1f} s of {total:.1f} s"
-                skip.wait(REDRAW_S)
         yield charts.race_runs(curves, until=total), "Replayed the race: every mode on one clock, from one start."
 
     # ------------------------------------------------------------------ Learn tab
@@ -779,20 +772,26 @@ def _recording_label(name: str) -> str:
     return f"{learn.label(mode) if mode in MODES else mode} · {category.replace('_', ' ')} ({dtype})"
 
 
-def _replayed(runs: list[Recording], skip: threading.Event):
-    """The runs as they stood at each redraw, replayed at the recorded pace from one start, so they race
-    as they would have side by side; a recording over REPLAY_MAX_S is sped up to fit."""
-    clocks = [_clock(r.events) for r in runs]
-    total = max(c[-1] for c in clocks)
+def _ticks(total: float, skip: threading.Event):
+    """When to redraw a replay of a recording `total` seconds long at its recorded pace: seconds into
+    the recording, one per REDRAW_S, the last one `total`; a recording over REPLAY_MAX_S is sped up to
+    fit. Stops early once `skip` is set."""
     speed = max(1.0, total / REPLAY_MAX_S)
     start = time.perf_counter()
     while not skip.is_set():
-        now = (time.perf_counter() - start) * speed
-        counts = [bisect.bisect_right(c, now) for c in clocks]
-        yield [r.prefix(n) for r, n in zip(runs, counts)]
-        if all(n == len(c) for n, c in zip(counts, clocks)):
+        now = min(total, (time.perf_counter() - start) * speed)
+        yield now
+        if now >= total:
             return
         skip.wait(REDRAW_S)
+
+
+def _replayed(runs: list[Recording], skip: threading.Event):
+    """The runs as they stood at each redraw, replayed at the recorded pace from one start, so they race
+    as they would have side by side."""
+    clocks = [_clock(r.events) for r in runs]
+    for now in _ticks(max(c[-1] for c in clocks), skip):
+        yield [r.prefix(bisect.bisect_right(c, now)) for r, c in zip(runs, clocks)]
 
 
 def _clock(events: list[dict]) -> list[float]:
