@@ -180,6 +180,27 @@ def locate(name: str, engines: Path = DEFAULT_ENGINES) -> str:
         return str(path)
     if path.exists() or name.startswith((".", "/", "~")):
         raise ModelError(f"'{name}' is not a model directory")
+    return _hub(name)
+
+
+def _hub(name: str) -> str:
+    """A hub id's local snapshot when the Hugging Face cache has it (no network), else the id once the hub has
+    answered that it knows it. One request decides, so an unknown id or an unreachable hub fails at once,
+    not after transformers' five download retries (about 30 s)."""
+    import huggingface_hub
+
+    cached = huggingface_hub.try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str):
+        return str(Path(cached).parent)
+    known = f"not a registry alias ({', '.join([*ALIASES, *DRAFT_ALIASES])}) and not a local model directory"
+    try:
+        huggingface_hub.model_info(name, timeout=10)
+    except huggingface_hub.errors.RepositoryNotFoundError as err:
+        raise ModelError(f"unknown model '{name}': {known}, and the Hugging Face hub has no such model "
+                         f"(or it is private or gated: {str(err).splitlines()[0]})") from None
+    except Exception as err:  # the client's network errors have no common base besides Exception
+        raise ModelError(f"unknown model '{name}': {known}, and the Hugging Face hub could not be reached to look it "
+                         f"up ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no answer'})") from None
     return name
 
 

@@ -174,6 +174,22 @@ def test_model_path_errors_in_process(tmp_path, capsys):
     assert status == 2 and "no config.json" in error_line(capsys.readouterr().err)
 
 
+def test_a_hub_id_loads_from_the_local_cache_without_the_network_and_an_unknown_one_fails_at_once(tmp_path, monkeypatch):
+    """A cached hub model is its snapshot directory; an id the cache lacks asks the hub once (here the
+    hub is unreachable, as on every machine of this project) and says so, instead of retrying."""
+    import huggingface_hub
+    from helpers import tiny_llama
+
+    snapshot = tmp_path / "models--org--tiny" / "snapshots" / "abc123"
+    tiny_llama().save_pretrained(snapshot)
+    (tmp_path / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "models--org--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    assert models.locate("org/tiny") == str(snapshot)
+    with pytest.raises(models.ModelError, match=r"unknown model 'org/other'.*(could not be reached|has no such model)"):
+        models.locate("org/other")
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["--eagle3", "--eagle-aux-layers", "none"], "--eagle3 fuses target layers"),
     (["--epochs", "0"], "--epochs must be positive"),
