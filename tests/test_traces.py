@@ -100,6 +100,7 @@ def test_the_shipped_recordings_read_back_with_their_baseline_and_settings(path)
     ({"steps": []}, "no list of steps"),
     ({"text": "hi", "token_ids": [1]}, "no list of steps"),
     ({"steps": ["x"]}, "step 0 of the trace is malformed"),
+    ({"steps": [{"kind": "decode", "tokens": [1], "totals": {}}] * (traces.MAX_STEPS + 1)}, "a replay shows at most"),
     ({"steps": [{"kind": "prefill", "tokens": [1], "totals": {}}, {"kind": "decode", "tokens": [-1], "totals": {}}]},
      "step 1 of the trace is malformed"),
     ({"steps": [{"kind": "prefill", "tokens": [True], "totals": {}}]}, "step 0"),

@@ -19,6 +19,7 @@ from typing import Any
 from app.config import MERGED_MODES, MODES
 
 MAX_BYTES = 32 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
+MAX_STEPS = 4096  # four times the service's longest generation; the step view of more is megabytes of HTML a redraw
 DTYPES = ("float32", "bfloat16")
 FINISH_REASONS = ("eos", "length", "cancelled", "timeout", "error")
 KINDS = ("prefill", "decode")
@@ -119,6 +120,8 @@ def parse(data: Any) -> tuple[Recording, Recording | None]:
 def _parse(data: Any, what: str) -> Recording:
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list) or not data["steps"]:
         raise TraceError(f"{NOT_A_TRACE} ({what} has no list of steps)")
+    if len(data["steps"]) > MAX_STEPS:
+        raise TraceError(f"{what} has {len(data['steps']):,} steps; a replay shows at most {MAX_STEPS:,}")
     mode = data.get("mode")
     # An unknown mode (an old `generate --json` has none) is left to the display, which reads it off the steps.
     run = Recording(mode if mode in MODES or mode in MERGED_MODES else None)
