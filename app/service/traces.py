@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from app.config import MERGED_MODES, MODES
+from app.models import DTYPES
 
 MAX_BYTES = 32 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
 MAX_STEPS = 4096  # four times the service's longest generation; the step view of more is megabytes of HTML a redraw
-DTYPES = ("float32", "bfloat16")
 FINISH_REASONS = ("eos", "length", "cancelled", "timeout", "error")
 KINDS = ("prefill", "decode")
 ADDED_KINDS = ("next", "correction", "bonus")
