@@ -142,7 +142,7 @@ def test_compare():
     assert fig.layout.shapes and fig.layout.shapes[0].y0 == 1
 
 
-@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare, charts.pass_cost, charts.acceptance_by_depth])
+@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare, charts.pass_cost, charts.acceptance_by_depth, charts.earnings])
 def test_empty_input_gives_annotated_figure(build):
     for empty in ([], None):
         fig = build(empty)
@@ -240,6 +240,63 @@ def test_pass_cost_draws_one_curve_per_dtype_on_a_log_k_axis():
     from app.ui.learn import pass_cost_note
     note = pass_cost_note(costs)
     assert "**float32**: one-token pass 45.0 ms after 50 tokens of context" in note and "8 tokens 1.10×" in note
+
+
+# ----------------------------------------------------------------------------- what speculation can earn
+
+BF16_COST = {"dtype": "bfloat16", "tokens": [1, 2, 4, 8, 16, 32], "ms": [31.0, 32.0, 32.6, 36.6, 42.5, 55.2],
+             "relative": [1.0, 1.03, 1.05, 1.18, 1.37, 1.78], "context": 50}
+
+
+def test_expected_tokens_and_speedup_follow_leviathans_formulas():
+    from app.ui.learn import expected_speedup, expected_tokens
+    assert expected_tokens(0.0, 4) == 1.0  # every draft rejected: the target's own token
+    assert expected_tokens(1.0, 4) == 5.0  # every draft accepted, plus the bonus token
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(0.999999, 3) == pytest.approx(4.0, abs=1e-4)  # continuous at α = 1
+    assert expected_speedup(0.5, 3, 1.05) == pytest.approx(1.875 / 1.05)
+    assert expected_speedup(0.5, 3, 1.05, draft_cost=0.1) == pytest.approx(1.875 / 1.35)
+    assert expected_speedup(0.0, 7, 1.18) == pytest.approx(1 / 1.18)  # drafting only costs when nothing is accepted
+
+
+def test_break_even_solves_speedup_equal_one():
+    from app.ui.learn import break_even, expected_speedup
+    # One drafted token commits 1 + α for a pass costing `rel`: it pays from α = rel - 1.
+    assert break_even(1, 1.03) == pytest.approx(0.03, abs=1e-9)
+    assert break_even(1, 1.03, draft_cost=0.2) == pytest.approx(0.23, abs=1e-9)
+    alpha = break_even(7, 1.18, draft_cost=0.04)
+    assert 0 < alpha < 1 and expected_speedup(alpha, 7, 1.18, 0.04) == pytest.approx(1.0, abs=1e-9)
+    assert break_even(3, 0.9) == 0.0  # a pass cheaper than one-token (noise): pays at any α
+    assert break_even(3, 5.0) is None  # even accepting everything (4 tokens) cannot pay for a 5x pass
+
+
+def test_earnings_draws_one_curve_per_measured_draft_length():
+    fig = charts.earnings(BF16_COST)
+    _common(fig)
+    # Passes over 2, 4, 8, 16 tokens verify 1, 3, 7, 15 drafted tokens; 32 is past what the chart shows.
+    assert [t.name for t in fig.data] == ["γ = 1", "γ = 3", "γ = 7", "γ = 15"]
+    assert fig.layout.title.text == "Speedup vs α, bfloat16"
+    one = fig.data[0]
+    assert one.x[0] == 0 and one.x[-1] == 0.99 and len(one.x) == 100
+    assert one.y[0] == pytest.approx(1 / 1.03, abs=1e-4) and one.y[50] == pytest.approx(1.5 / 1.03, abs=1e-4)
+    assert fig.data[3].y[0] < fig.data[0].y[0] and fig.data[3].y[-1] > fig.data[0].y[-1]  # long drafts: cost, then gain
+    assert fig.layout.shapes[0].y0 == 1  # break-even line
+    cheaper = charts.earnings(BF16_COST, draft_cost=0.1)
+    assert all(b < a for a, b in zip(fig.data[1].y, cheaper.data[1].y))
+
+
+def test_earnings_note_names_break_even_rates_and_best_draft_lengths():
+    from app.ui.learn import earnings_note
+    note = earnings_note(BF16_COST, 0.0)
+    assert note.startswith("**bfloat16**, a draft costing 0.00 of a one-token pass per token")
+    assert "drafting 1 token needs α ≥ 0.03, 3 tokens needs α ≥ 0.05" in note and "15 tokens needs α ≥ 0.27" in note
+    # At α 0.3 three drafted tokens commit 1.417 for 1.05 passes (1.35×), one commits 1.3 for 1.03 (1.26×).
+    assert "at α 0.3, 3 (1.35×)" in note
+    assert "at α 0.9, 15 (5.95×)" in note  # near-certain drafts: the longest pays best
+    costly = earnings_note(BF16_COST, 0.5)
+    assert "at α 0.3, none pays" in costly and "15 tokens needs α ≥ 0.9" in costly
+    assert "never pays" in earnings_note({**BF16_COST, "relative": [1.0, 2.5, 5.0, 9.0, 17.0, 33.0]}, 0.0)
+    assert earnings_note(None, 0.0) == ""
 
 
 # ----------------------------------------------------------------------------- acceptance by depth

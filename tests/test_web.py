@@ -500,6 +500,16 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     page.click("#cost-run")
     page.wait_for_function("/bfloat16.*one-token pass/.test(document.querySelector('#cost-note').innerText)", timeout=120_000)
     assert page.locator("#cost-plot .scatterlayer .trace").count() == 2
+    # What speculation can earn on that curve: one line per drafted length, and the break-even rates.
+    page.wait_for_function("/needs α ≥/.test(document.querySelector('#earn-note').innerText)")
+    assert page.locator("#earn-plot .scatterlayer .trace").count() == 4
+    free = page.inner_text("#earn-note")
+    assert free.startswith("bfloat16, a draft costing 0.00") or free.startswith("float32, a draft costing 0.00"), free
+    number = page.locator("#draft-cost input[type=number]")
+    number.fill("0.3")
+    number.press("Enter")
+    page.wait_for_function("/costing 0.30/.test(document.querySelector('#earn-note').innerText)")
+    assert page.inner_text("#earn-note") != free
     screenshot("learn")
     page.get_by_role("tab", name="Engines").click()
     page.wait_for_selector("#eng-table")

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from app.config import MERGED_MODES, MODES
-from app.ui.learn import label
+from app.ui.learn import earning_sizes, expected_speedup, label
 from app.ui.render import infer_mode
 
 HEIGHT = 300
@@ -340,3 +340,26 @@ def pass_cost(costs: list[dict]) -> go.Figure:
     fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
     fig.update_layout(xaxis=dict(type="log", tickvals=ticks, ticktext=[str(k) for k in ticks]))
     return _layout(fig, title, "tokens per pass (k)", "× a one-token pass")
+
+
+# Light to dark blue (Okabe-Ito's sky blue and blue, then darker): more drafted tokens, darker line.
+DRAFTED_COLORS = ["#56B4E9", "#0072B2", "#004C7A", "#00263D"]
+
+
+def earnings(cost: Mapping | None, draft_cost: float = 0.0) -> go.Figure:
+    """Leviathan's expected speedup against the acceptance rate α, one curve per number of drafted tokens
+    γ, for one measured verify-cost curve (Service.pass_cost) and a draft cost per token in one-token passes."""
+    title = "Speedup vs α"
+    if not isinstance(cost, Mapping) or not cost.get("tokens"):
+        return _empty(title, "Not measured yet: press Measure.")
+    alphas = [i / 100 for i in range(100)]
+    fig = go.Figure()
+    for i, (drafted, rel) in enumerate(earning_sizes(cost)):
+        fig.add_trace(go.Scatter(
+            x=alphas, y=[round(expected_speedup(a, drafted, rel, draft_cost), 4) for a in alphas], mode="lines",
+            name=f"γ = {drafted}", line=dict(color=DRAFTED_COLORS[i % len(DRAFTED_COLORS)], width=3),
+            hovertemplate=f"drafting {drafted}, α %{{x:.2f}}: %{{y:.2f}}× autoregressive<extra></extra>",
+        ))
+    fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
+    fig.update_layout(xaxis=dict(range=[0, 1]))
+    return _layout(fig, f"{title}, {cost['dtype']}" if cost.get("dtype") else title, "acceptance rate α", "× autoregressive")

@@ -199,6 +199,70 @@ that verifies k tokens pays only if it commits more tokens than that, on average
 """
 
 
+EARNINGS = """\
+### What speculation can earn here
+The measured curve and Leviathan et al.'s model (ALGORITHMS.md) say what a drafter must achieve to pay on this
+machine. If each drafted token is accepted with probability α, independently of the others, a step that drafts
+γ tokens commits (1 − α^(γ+1)) / (1 − α) tokens on average (the target's own token included) and costs a pass
+over γ + 1 tokens plus γ drafts. Each curve divides the two: above the dotted line, drafting γ tokens beats
+autoregressive decoding. Set the draft's cost to what your drafter spends per token, in one-token passes:
+prompt lookup drafts for free (0), a draft model costs a pass of its own per token. The model is a chain's:
+lookahead also verifies its window, and Medusa and EAGLE verify a tree of alternatives, whose extra nodes
+cost more positions and raise τ; their τ in the Run tab tells what they achieved.
+"""
+
+
+def expected_tokens(alpha: float, drafted: int) -> float:
+    """Tokens a step commits on average when each of `drafted` tokens is accepted with probability
+    `alpha`, independently, until the first rejection; the target's own token included."""
+    if alpha >= 1:
+        return drafted + 1.0
+    return (1 - alpha ** (drafted + 1)) / (1 - alpha)
+
+
+def expected_speedup(alpha: float, drafted: int, relative_cost: float, draft_cost: float = 0.0) -> float:
+    """Leviathan's walltime factor over autoregressive decoding: tokens per step over what a step costs in
+    one-token passes (a verify pass over drafted + 1 tokens, `relative_cost` of them, plus each draft)."""
+    return expected_tokens(alpha, drafted) / (relative_cost + drafted * draft_cost)
+
+
+def break_even(drafted: int, relative_cost: float, draft_cost: float = 0.0) -> float | None:
+    """The acceptance rate above which drafting `drafted` tokens beats autoregressive decoding; None when
+    even α = 1 does not pay. (The speedup grows with α, so bisection finds it.)"""
+    if expected_speedup(1.0, drafted, relative_cost, draft_cost) < 1:
+        return None
+    if expected_speedup(0.0, drafted, relative_cost, draft_cost) >= 1:
+        return 0.0
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_speedup(mid, drafted, relative_cost, draft_cost) < 1 else (low, mid)
+    return high
+
+
+def earning_sizes(cost: dict) -> list[tuple[int, float]]:
+    """(tokens drafted, relative cost of their verify pass) for the measured passes over 2 to 16 tokens."""
+    return [(k - 1, r) for k, r in zip(cost["tokens"], cost["relative"]) if 2 <= k <= 16]
+
+
+def earnings_note(cost: dict | None, draft_cost: float) -> str:
+    """Break-even acceptance rates and the best draft length at a few rates, for one measured curve."""
+    if not cost:
+        return ""
+    sizes = earning_sizes(cost)
+    needs = []
+    for drafted, rel in sizes:
+        alpha = break_even(drafted, rel, draft_cost)
+        tokens = f"{drafted} token{'s' if drafted > 1 else ''}"
+        needs.append(f"{tokens} needs α ≥ {alpha:.2f}" if alpha is not None else f"{tokens} never pays")
+    best = []
+    for alpha in (0.3, 0.6, 0.9):
+        gain, drafted = max((expected_speedup(alpha, g, r, draft_cost), g) for g, r in sizes)
+        best.append(f"at α {alpha}, {drafted} ({gain:.2f}×)" if gain > 1 else f"at α {alpha}, none pays")
+    return (f"**{cost['dtype']}**, a draft costing {draft_cost:.2f} of a one-token pass per token: to beat autoregressive "
+            f"decoding, drafting {', '.join(needs)}. The best number to draft: {'; '.join(best)}.")
+
+
 def pass_cost_note(costs: list[dict]) -> str:
     """One line per measured dtype: the one-token pass and what a pass over more tokens costs in those."""
     lines = []

@@ -453,7 +453,12 @@ class Studio:
             costs = [self.service.pass_cost(prompt, dtype) for dtype in ("float32", "bfloat16")]
         except (ConfigError, ModelError, QueueFull) as err:
             raise gr.Error(str(err)) from None
-        return charts.pass_cost(costs), learn.pass_cost_note(costs)
+        return charts.pass_cost(costs), learn.pass_cost_note(costs), costs
+
+    def earnings(self, costs: list[dict], draft_cost: float):
+        """What drafting can earn on the measured curve of the dtype that runs fastest here."""
+        cost = next((c for c in costs or [] if c.get("dtype") == self.service.fast_dtype()), (costs or [None])[0])
+        return charts.earnings(cost, draft_cost), learn.earnings_note(cost, draft_cost)
 
     # ------------------------------------------------------------------ Engines tab
     def engines_table(self) -> list[list[Any]]:
@@ -589,6 +594,12 @@ class Studio:
                 cost_btn = gr.Button("Measure (float32 and bfloat16)", elem_id="cost-run")
                 cost_note = gr.Markdown("", elem_id="cost-note")
                 cost_plot = gr.Plot(charts.pass_cost([]), label="Verify cost", elem_id="cost-plot")
+                costs = gr.State([])
+                gr.Markdown(learn.EARNINGS)
+                draft_cost = gr.Slider(0, 0.5, value=0, step=0.01, label="draft cost per drafted token (× a one-token pass)",
+                                       elem_id="draft-cost")
+                earn_note = gr.Markdown("", elem_id="earn-note")
+                earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
                 for m in MODES:
                     with gr.Accordion(learn.MODE_LABELS[m], open=False):
                         gr.Markdown(learn.LEARN[m])
@@ -649,7 +660,12 @@ class Studio:
             cmp_stop.click(self.stop, None, cmp_status, queue=False, api_name="compare_stop")
             cmp_replay.click(self.replay_race, compared, [cmp_race, cmp_status], api_name="compare_replay", show_progress="hidden",
                              concurrency_id="replay", concurrency_limit=4)
-            cost_btn.click(self.pass_cost, prompt, [cost_plot, cost_note], api_name="pass_cost", concurrency_id="generate")
+            cost_btn.click(self.pass_cost, prompt, [cost_plot, cost_note, costs], api_name="pass_cost",
+                           concurrency_id="generate").then(
+                self.earnings, [costs, draft_cost], [earn_plot, earn_note], queue=False, show_progress="hidden",
+                api_visibility="private")
+            draft_cost.change(self.earnings, [costs, draft_cost], [earn_plot, earn_note], queue=False, show_progress="hidden",
+                              api_visibility="private")
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
