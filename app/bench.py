@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -140,7 +141,8 @@ def run(
                     flush=True,
                 )
     cost = verify_cost(target, target.encode(prompts[0]["text"]) if prompts else warm)
-    return {"settings": _settings(target, configs, draft), "summary": summarize(runs), "verify_cost": cost, "runs": runs}
+    return {"settings": _settings(target, configs, draft), "summary": summarize(runs), "versus": versus(runs),
+            "verify_cost": cost, "runs": runs}
 
 
 def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5) -> dict:
@@ -215,11 +217,54 @@ def summarize(runs: list[dict]) -> dict:
     for (mode, cat), s in table.items():
         base = table.get(("autoregressive", cat))
         s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"] if base else None
+        ratio = ratio_ci(runs, mode, "autoregressive", None if cat == "overall" else cat) if base else None
+        s["speedup_ci"] = list(ratio[1:]) if ratio else None
         if cat == "overall":
             summary[mode].update(s)
         else:
             summary[mode].setdefault("categories", {})[cat] = s
     return dict(summary)
+
+
+def ratio_ci(runs: list[dict], a: str, b: str, category: str | None = None, level: float = 0.95,
+             resamples: int = 2000, seed: int = 0) -> tuple[float, float, float] | None:
+    """Mode a's mean tokens/s over mode b's on the prompts both ran (one category, or all), with a
+    percentile-bootstrap interval over prompts. The bench runs the modes interleaved prompt by prompt,
+    so the two runs of a prompt saw the same machine state: resampling keeps them paired. None when the
+    runs carry no prompt ids or share no prompt."""
+    by_prompt: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in runs:
+        if r.get("prompt_id") is None or (category is not None and r["category"] != category):
+            continue
+        by_prompt[(r["category"], r["prompt_id"])][r["mode"]] = r["tokens_per_s"]
+    pairs = [(m[a], m[b]) for m in by_prompt.values() if a in m and b in m]
+    if not pairs or not sum(y for _, y in pairs):
+        return None
+    point = sum(x for x, _ in pairs) / sum(y for _, y in pairs)
+    if a == b:
+        return 1.0, 1.0, 1.0
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        draw = rng.choices(pairs, k=len(pairs))
+        ratios.append(sum(x for x, _ in draw) / sum(y for _, y in draw))
+    ratios.sort()
+    tail = (1 - level) / 2
+    return point, ratios[int(tail * (resamples - 1))], ratios[int((1 - tail) * (resamples - 1))]
+
+
+# Our mode and the transformers peer doing the same job, compared side by side in a bench run.
+VERSUS = (("autoregressive", "hf_generate"), ("prompt_lookup", "hf_prompt_lookup"), ("draft_target", "hf_assisted"))
+
+
+def versus(runs: list[dict]) -> list[dict]:
+    """Our modes against their transformers peers where both ran: ratio of mean tokens/s and its 95% interval."""
+    rows = []
+    for ours, peer in VERSUS:
+        ratio = ratio_ci(runs, ours, peer)
+        if ratio:
+            rows.append({"mode": ours, "peer": peer, "ratio": ratio[0], "ci": [ratio[1], ratio[2]]})
+    return rows
 
 
 def format_verify_cost(cost: dict) -> str:
@@ -230,15 +275,22 @@ def format_verify_cost(cost: dict) -> str:
 def format_table(summary: dict) -> str:
     cats = sorted({c for s in summary.values() for c in s.get("categories", {})})
     width = max([18, *(len(m) + 2 for m in summary)])
-    lines = [f"{'category':<16}{'mode':<{width}}{'tok/s':>8}{'speedup':>9}{'tau':>7}{'identical':>11}"]
+    lines = [f"{'category':<16}{'mode':<{width}}{'tok/s':>8}{'speedup':>9}{'95% CI':>13}{'tau':>7}{'identical':>11}"]
     for cat in [*cats, "overall"]:
         for mode, s in summary.items():
             row = s if cat == "overall" else s.get("categories", {}).get(cat)
             if row is None:
                 continue
             tau = f"{row['mean_accepted_tokens']:.2f}" if row["mean_accepted_tokens"] else "-"
-            lines.append(
-                f"{cat:<16}{mode:<{width}}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{tau:>7}{row['identical_share']:>10.0%}"
-            )
+            ci = row.get("speedup_ci")
+            ci = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci and mode != "autoregressive" else ""
+            lines.append(f"{cat:<16}{mode:<{width}}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{ci:>13}{tau:>7}"
+                         f"{row['identical_share']:>10.0%}")
         lines.append("")
     return "\n".join(lines)
+
+
+def format_versus(rows: list[dict]) -> str:
+    """Our modes against transformers' peers, one line each (empty without peers)."""
+    return "\n".join(f"{r['mode']} / {r['peer']}: {r['ratio']:.2f}x tokens/s (95% CI {r['ci'][0]:.2f}-{r['ci'][1]:.2f}, "
+                     "bootstrap over prompts)" for r in rows)

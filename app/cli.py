@@ -316,6 +316,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
               file=sys.stderr)
     result = bench.run(target, configs, prompts, companions=companions, draft=draft, peers=args.peers, progress=sys.stderr)
     print(bench.format_table(result["summary"]))
+    if result["versus"]:
+        print(bench.format_versus(result["versus"]) + "\n")
     print(bench.format_verify_cost(result["verify_cost"]))
     if args.json:
         _write_json(args.json, result)

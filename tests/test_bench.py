@@ -41,6 +41,44 @@ def test_summary_is_a_ratio_of_means_per_category_and_overall():
     assert "rag" in table and "1.50x" in table and "2.00x" in table
 
 
+def paired(mode, tok_s, category="rag"):
+    """One run per prompt id, tokens/s as given."""
+    return [{**record(mode, category, x, 8, 8), "prompt_id": i} for i, x in enumerate(tok_s)]
+
+
+def test_ratio_ci_is_a_paired_bootstrap_over_prompts():
+    ar = paired("autoregressive", [10.0, 20.0, 30.0, 40.0])
+    # Twice as fast on every prompt: the ratio is exactly 2 in every resample, so the interval is [2, 2].
+    fast = paired("prompt_lookup", [20.0, 40.0, 60.0, 80.0])
+    assert bench.ratio_ci(ar + fast, "prompt_lookup", "autoregressive") == pytest.approx((2.0, 2.0, 2.0))
+    # Prompt-dependent gains: the point is the ratio of means, inside an interval that has width.
+    mixed = paired("prompt_lookup", [10.0, 20.0, 60.0, 80.0])
+    point, low, high = bench.ratio_ci(ar + mixed, "prompt_lookup", "autoregressive")
+    assert point == pytest.approx(170 / 100) and low < point < high
+    assert low >= 1.0 and high <= 2.0  # no resample can leave the per-prompt ratios' range
+    assert bench.ratio_ci(ar + mixed, "prompt_lookup", "autoregressive", seed=0) == (point, low, high)  # reproducible
+    # Only prompts both modes ran count, and a category narrows it down.
+    other = [{**r, "prompt_id": r["prompt_id"] + 10, "category": "math"} for r in paired("prompt_lookup", [5.0])]
+    assert bench.ratio_ci(ar + fast + other, "prompt_lookup", "autoregressive")[0] == pytest.approx(2.0)
+    assert bench.ratio_ci(ar + fast, "prompt_lookup", "autoregressive", category="math") is None
+    assert bench.ratio_ci([record("a", "rag", 1.0, 8, 8)], "a", "autoregressive") is None  # no prompt ids: no pairs
+
+
+def test_summary_and_versus_carry_the_intervals():
+    runs = (paired("autoregressive", [10.0, 20.0, 30.0]) + paired("prompt_lookup", [15.0, 30.0, 50.0])
+            + paired("hf_prompt_lookup", [12.0, 28.0, 35.0]) + paired("hf_generate", [10.0, 19.0, 30.0]))
+    s = bench.summarize(runs)
+    low, high = s["prompt_lookup"]["speedup_ci"]
+    assert low <= s["prompt_lookup"]["speedup"] <= high
+    assert s["prompt_lookup"]["categories"]["rag"]["speedup_ci"] == [low, high]  # one category: the same prompts
+    rows = bench.versus(runs)
+    assert [(r["mode"], r["peer"]) for r in rows] == [("autoregressive", "hf_generate"), ("prompt_lookup", "hf_prompt_lookup")]
+    assert rows[1]["ratio"] == pytest.approx(95 / 75)
+    text = bench.format_versus(rows)
+    assert "prompt_lookup / hf_prompt_lookup: 1.27x tokens/s (95% CI " in text
+    assert "95% CI" in bench.format_table(s) and f"{low:.2f}-{high:.2f}" in bench.format_table(s)
+
+
 def test_verify_cost_times_every_size_on_a_real_model(tiny_model):
     target = LoadedModel(name="tiny", model=tiny_model, tokenizer=None, dtype="float32")
     cost = bench.verify_cost(target, list(range(1, 20)), sizes=(1, 3, 9), repeats=3)
@@ -81,6 +119,10 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     assert cost["tokens"] == list(bench.VERIFY_SIZES) and cost["relative"][0] == 1.0
     assert {"cpu_capability", "fast_bf16", "threads"} <= set(result["settings"])
     assert "verify pass of k tokens vs one" in proc.stdout and "summarization" in proc.stdout
+    assert [(r["mode"], r["peer"]) for r in result["versus"]] == [("autoregressive", "hf_generate"),
+                                                                   ("prompt_lookup", "hf_prompt_lookup")]
+    assert "prompt_lookup / hf_prompt_lookup: " in proc.stdout
+    assert all(len(row["speedup_ci"]) == 2 for row in summary.values())
 
 
 def test_bench_rejects_an_invalid_config_with_status_2():
