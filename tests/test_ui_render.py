@@ -550,6 +550,60 @@ def test_summary_table_marks_identical_and_best():
     best = [r for r in body if "best" in r.classes]
     assert [r.attrs["data-mode"] for r in best] == ["prompt_lookup"]
     assert "Prompt lookup" in best[0].text() and "1.80×" in best[0].text() and "42%" in best[0].text()
+    assert "step time (× AR)" in dom.find(tag="tr")[0].text()
+    with_cost = parse(render.summary_table([{**rows[1], "step_cost": 1.17}]))
+    assert "1.17" in with_cost.find(tag="tr")[1].text()
+
+
+def _timed(kind, tokens, elapsed, draft=0.0, verify=0.0):
+    return {"kind": kind, "tokens": tokens, "draft_time_s": draft, "verify_time_s": verify,
+            "totals": {"elapsed_s": elapsed, "new_tokens": None}}
+
+
+def _run(prefill_s, steps):
+    """A prefill then decode steps of (tokens, seconds, draft seconds, verify seconds), totals running."""
+    events, elapsed, new = [_timed("prefill", [1], prefill_s, verify=prefill_s)], prefill_s, 1
+    events[0]["totals"]["new_tokens"] = 1
+    for n, seconds, draft, verify in steps:
+        elapsed, new = elapsed + seconds, new + n
+        events.append(_timed("decode", list(range(n)), elapsed, draft, verify))
+        events[-1]["totals"]["new_tokens"] = new
+    return events
+
+
+def test_speedup_parts_split_the_decoding_speedup_into_tau_and_step_cost():
+    base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)  # autoregressive: 0.1 s a token
+    # 4 steps of 2 tokens at 0.125 s (a step costs 1.25 autoregressive steps: verify 1.0, draft 0.2, loop 0.05).
+    run = _run(0.5, [(2, 0.125, 0.02, 0.1)] * 4)
+    parts = render.speedup_parts(run, base)
+    assert parts["tau"] == 2.0 and parts["step_cost"] == pytest.approx(1.25)
+    assert parts["verify"] == pytest.approx(1.0) and parts["draft"] == pytest.approx(0.2)
+    assert parts["loop"] == pytest.approx(0.05)
+    assert parts["decoding"] == pytest.approx(2.0 / 1.25)
+    # Same 9 tokens; 1.0 s against 1.3 s in all, prefill included.
+    assert parts["overall"] == pytest.approx(1.3 / 1.0)
+    line = render.speedup_line(run, base)
+    assert line == ("**1.30×** the autoregressive run's tokens/s · after the prefill 1.60× = τ 2.00 ÷ a step costing 1.25 "
+                    "autoregressive steps (verify 1.00 + draft 0.20 + loop 0.05)")
+
+
+def test_speedup_parts_need_decoding_steps_and_usable_times():
+    base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 3)
+    assert render.speedup_parts(_run(0.5, []), base) is None  # one token from the prefill alone
+    assert render.speedup_parts(base, _run(0.5, [])) is None
+    broken = _run(0.5, [(2, 0.1, 0.0, 0.1)])
+    broken[1]["verify_time_s"] = "soon"  # an uploaded trace may carry anything
+    assert render.speedup_parts(broken, base) is None and render.speedup_line(broken, base) == ""
+    assert render.speedup_parts(None, None) is None
+
+
+@pytest.mark.parametrize("mode", MODES[1:])
+def test_speedup_parts_of_real_traces_add_up(mode):
+    run, base = load(mode)["steps"], load("autoregressive")["steps"]
+    parts = render.speedup_parts(run, base)
+    assert parts["step_cost"] == pytest.approx(parts["verify"] + parts["draft"] + parts["loop"], abs=1e-9)
+    assert parts["decoding"] == pytest.approx(parts["tau"] / parts["step_cost"])
+    assert parts["tau"] >= 1.0
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -149,6 +149,9 @@ def test_api_merged_tree_commits_the_autoregressive_output_and_shows_copied_node
 def test_api_runs_in_the_chosen_dtype_and_says_so(client):
     out = client.predict(*run_args("prompt_lookup", race=True, dtype="bfloat16"), api_name="/run")
     assert "**Prompt lookup** (bfloat16) finished" in out[1], out[1]
+    # It raced the baseline: the status says why it is as fast as it is.
+    assert re.search(r"the autoregressive run's tokens/s · after the prefill \d+\.\d\d× = τ \d+\.\d\d ÷ a step costing "
+                     r"\d+\.\d\d autoregressive steps \(verify", out[1]), out[1]
     assert "**Autoregressive** (float32) finished" in client.predict(*run_args("autoregressive"), api_name="/run")[1]
 
 
@@ -171,6 +174,7 @@ def test_api_replays_a_trace_file_at_once_and_refuses_other_files(client, tmp_pa
     trace = json.loads(recording.read_text())
     view, status, *_ = client.predict(handle_file(str(recording)), False, api_name="/replay")
     assert "Replayed a recording" in status and MODE_LABELS[trace["mode"]] in status
+    assert "a step costing" in status  # the recording carries the baseline it raced
     committed = re.findall(r'<span class="tok [^"]*\btok-(?:accepted|added)\b[^"]*" data-tok="(\d+)"', view)
     assert view.count('data-step="') == len(trace["steps"]) and list(map(int, committed)) == trace["token_ids"]
     detail = client.predict(3, api_name="/inspect")  # the replayed run is the session's run: its steps inspect
@@ -202,6 +206,9 @@ def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
     for label in ("Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"):
         assert label in table
     assert table.count("identical-yes") == 3  # every speculative mode reproduces the greedy output
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in table.split("<tr")[2:]]
+    costs = [cells[4] for cells in rows]  # step time in autoregressive steps (speedup ≈ τ ÷ it)
+    assert len(costs) == 4 and costs[0] == "–" and all(float(c) > 0 for c in costs[1:]), costs
     # The race again, side by side on one clock: the session kept the runs; the final frame has every curve.
     replay = client.submit(api_name="/compare_replay")
     frames = list(replay)

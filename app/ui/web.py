@@ -201,7 +201,9 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None) -> dict[s
     tps = t.get("new_tokens", 0) / t["elapsed_s"] if t.get("elapsed_s") else 0.0
     base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
+    parts = render.speedup_parts(run.events, baseline.events) if baseline is not None else None
     return {"mode": learn.label(mode), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
+            "step_cost": parts["step_cost"] if parts else None,
             "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
             "identical": None if baseline is None else run.token_ids == baseline.token_ids,
             "new_tokens": t.get("new_tokens", 0), "elapsed_s": t.get("elapsed_s")}
@@ -327,6 +329,9 @@ class Studio:
         events = run.events
         last = len(events) - 1
         history = [t for e in events[:-1] for t in e["tokens"]]
+        if final and baseline is not None and run.mode != "autoregressive":
+            versus = render.speedup_line(events, baseline.events)
+            status = f"{status}\n\n{versus}" if versus else status
         detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history) if events else ""
         return (
             render.step_view(events, run.texts),
