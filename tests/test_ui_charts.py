@@ -142,7 +142,8 @@ def test_compare():
     assert fig.layout.shapes and fig.layout.shapes[0].y0 == 1
 
 
-@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare, charts.pass_cost, charts.acceptance_by_depth, charts.earnings])
+@pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare, charts.pass_cost, charts.acceptance_by_depth, charts.earnings,
+                                   charts.tau_vs_cost])
 def test_empty_input_gives_annotated_figure(build):
     for empty in ([], None):
         fig = build(empty)
@@ -207,6 +208,28 @@ def test_race_runs_until_cuts_every_run_at_that_time_on_the_whole_race_axes():
         assert len(trace.x) == sum(s["totals"]["elapsed_s"] <= end / 3 for s in steps) and max(trace.x, default=0) <= end / 3
     assert any(0 < len(t.x) < len(s) for t, s in zip(middle.data, runs.values()))  # mid-race: someone is partway
     assert [len(t.x) for t in frames[2].data] == [len(s) for s in runs.values()]  # the end: every step drawn
+
+
+def test_tau_vs_cost_places_each_mode_between_iso_speedup_rays():
+    rows = [{"mode": "Autoregressive", "decoding_tau": None, "step_cost": None},
+            {"mode": "Prompt lookup", "decoding_tau": 2.4, "step_cost": 1.2},
+            {"mode": "EAGLE", "decoding_tau": 3.0, "step_cost": 1.5},
+            {"mode": "Medusa", "decoding_tau": None, "step_cost": None}]  # still running: not drawn yet
+    fig = charts.tau_vs_cost(rows)
+    _common(fig)
+    points = {t.name: (t.x[0], t.y[0]) for t in fig.data if t.name}
+    assert points == {"Autoregressive": (1.0, 1.0), "Prompt lookup": (1.2, 2.4), "EAGLE": (1.5, 3.0)}
+    assert fig.data[-1].marker.color == charts.COLORS["eagle"]
+    rays = [t for t in fig.data if not t.name]
+    assert all(list(t.x)[0] == 0 and list(t.y)[0] == 0 for t in rays)  # through the origin: speedup = τ ÷ step time
+    slopes = sorted(round(t.y[1] / t.x[1], 3) for t in rays)
+    assert 1.0 in slopes and 2.0 in slopes  # both points lie on the 2× ray
+    assert {a.text for a in fig.layout.annotations} >= {"1×", "2×"}
+    assert fig.layout.xaxis.range[1] >= 1.5 and fig.layout.yaxis.range[1] >= 3.0  # every point inside
+    assert "= 2.00× after the prefill" in fig.data[-1].hovertemplate
+    assert not charts.tau_vs_cost(rows[:1]).data  # autoregressive alone: nothing to compare
+    cheap = charts.tau_vs_cost(rows[:1] + [{"mode": "prompt_lookup", "decoding_tau": 2.0, "step_cost": 0.77}])
+    assert cheap.layout.xaxis.range[0] < 0.77  # a step measured cheaper than autoregressive's stays in view
 
 
 def test_compare_accepts_labels():

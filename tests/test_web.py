@@ -200,8 +200,8 @@ def test_api_replay_reads_uploaded_files_only(app_url):
 
 
 def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
-    table, race, bars, status = client.predict(PROMPT, ["prompt_lookup", "medusa", "eagle+prompt_lookup"], 24, "auto",
-                                               "defaults", api_name="/compare")
+    table, race, bars, tau, status = client.predict(PROMPT, ["prompt_lookup", "medusa", "eagle+prompt_lookup"], 24, "auto",
+                                                    "defaults", api_name="/compare")
     assert "Done" in status and "in float32" in status
     for label in ("Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"):
         assert label in table
@@ -209,6 +209,11 @@ def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
     rows = [re.findall(r"<td>(.*?)</td>", row) for row in table.split("<tr")[2:]]
     costs = [cells[4] for cells in rows]  # step time in autoregressive steps (speedup ≈ τ ÷ it)
     assert len(costs) == 4 and costs[0] == "–" and all(float(c) > 0 for c in costs[1:]), costs
+    # Each mode a point at (its step time, its τ), autoregressive at (1, 1); the rays are the iso-speedup lines.
+    points = {t["name"]: (t["x"][0], t["y"][0]) for t in json.loads(tau["plot"])["data"] if t.get("name")}
+    assert set(points) == {"Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"}
+    assert points["Autoregressive"] == (1.0, 1.0)
+    assert points["Medusa"][0] == pytest.approx(float(costs[2]), abs=0.006)
     # The race again, side by side on one clock: the session kept the runs; the final frame has every curve.
     replay = client.submit(api_name="/compare_replay")
     frames = list(replay)
@@ -501,6 +506,7 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     table = page.inner_text("#cmp-table")
     assert "Prompt lookup" in table and "Lookahead" in table and "✓" in table
     page.wait_for_function("document.querySelectorAll('#cmp-speedup .bars .point').length >= 3")
+    page.wait_for_function("document.querySelectorAll('#cmp-tau-cost .scatterlayer .trace .point').length >= 3")
     screenshot("compare")
     page.get_by_role("tab", name="Learn").click()
     page.wait_for_selector("#learn-tree svg")

@@ -320,6 +320,46 @@ def compare(rows: list[dict]) -> go.Figure:
     return _layout(fig, title, "", "× autoregressive tokens/s")
 
 
+def tau_vs_cost(rows: list[dict]) -> go.Figure:
+    """Each compared mode as a point: τ after the prefill (`decoding_tau`) against what one of its steps cost in
+    autoregressive steps (`step_cost`, render.speedup_parts). The speedup is τ ÷ step time, the same all along
+    each dotted ray from the origin: up is better drafting, left is cheaper steps. Autoregressive is (1, 1)."""
+    title = "τ vs step time"
+    points = []
+    for r in rows or []:
+        if not isinstance(r, Mapping):
+            continue
+        mode = mode_key(str(r.get("mode", "")))
+        tau, cost = (1.0, 1.0) if mode == "autoregressive" else (_number(r.get("decoding_tau")), _number(r.get("step_cost")))
+        if tau is not None and cost is not None and cost > 0:
+            points.append((mode, tau, cost))
+    if len(points) < 2:
+        return _empty(title, "No comparison yet: run one prompt through several modes.")
+    # A step can cost less than an autoregressive one (a noisy machine, a short run): keep every point in view.
+    x_low = min(0.9, min(c for _, _, c in points) * 0.9)
+    y_low = 0.9
+    x_high = max(1.2, max(c for _, _, c in points) * 1.15)
+    y_high = max(1.5, max(t for _, t, _ in points) * 1.15)
+    fig = go.Figure()
+    for speed in (1, 1.5, 2, 3, 4, 6):
+        if speed * x_high <= y_low or speed * x_low >= y_high:
+            continue  # this ray does not cross the plotted area
+        fig.add_trace(go.Scatter(x=[0, x_high], y=[0, speed * x_high], mode="lines", showlegend=False, hoverinfo="skip",
+                                 line=dict(color=FONT, dash="dot", width=1 if speed != 1 else 2)))
+        end = (x_high, speed * x_high) if speed * x_high <= y_high else (y_high / speed, y_high)
+        fig.add_annotation(x=end[0], y=end[1], text=f"{speed:g}×", showarrow=False, xanchor="right", yanchor="bottom",
+                           font=dict(color=FONT, size=14))
+    for mode, tau, cost in points:
+        name = MODE_LABELS.get(mode, mode)
+        fig.add_trace(go.Scatter(
+            x=[round(cost, 4)], y=[round(tau, 4)], mode="markers+text", name=name, text=[name], textposition="top center",
+            marker=dict(color=COLORS.get(mode, "#0072B2"), size=16, line=dict(color="#ffffff", width=1)),
+            hovertemplate=f"{name}: τ %{{y:.2f}} ÷ step %{{x:.2f}} = {tau / cost:.2f}× after the prefill<extra></extra>",
+        ))
+    fig.update_layout(showlegend=False, xaxis=dict(range=[x_low, x_high]), yaxis=dict(range=[y_low, y_high]))
+    return _layout(fig, title, "step time (× autoregressive)", "τ after the prefill")
+
+
 DTYPE_COLORS = {"float32": "#0072B2", "bfloat16": "#D55E00"}
 
 

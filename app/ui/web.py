@@ -203,7 +203,7 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None) -> dict[s
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
     parts = render.speedup_parts(run.events, baseline.events) if baseline is not None else None
     return {"mode": learn.label(mode), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
-            "step_cost": parts["step_cost"] if parts else None,
+            "step_cost": parts["step_cost"] if parts else None, "decoding_tau": parts["tau"] if parts else None,
             "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
             "identical": None if baseline is None else run.token_ids == baseline.token_ids,
             "new_tokens": t.get("new_tokens", 0), "elapsed_s": t.get("elapsed_s")}
@@ -425,7 +425,7 @@ class Studio:
             def draw(part: Recording, name=name) -> tuple:
                 current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None)]
                 return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
-                        f"Running {learn.label(name)}…", gr.skip())
+                        charts.tau_vs_cost(current), f"Running {learn.label(name)}…", gr.skip())
 
             yield from _paced(self._stream(session, mode, values, prompt, run), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
@@ -436,7 +436,8 @@ class Studio:
         done = ("Done. " + " ".join(notes) if notes
                 else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another.")
         records = {name: run.record() for name, run in runs.items() if run.events}
-        yield render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), done, records
+        yield (render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), charts.tau_vs_cost(rows),
+               done, records)
 
     def replay_race(self, records: dict, request: gr.Request):
         """The last comparison's race again, every mode on one clock from one start, as if they had run side
@@ -592,6 +593,7 @@ class Studio:
                 with gr.Row():
                     cmp_race = gr.Plot(charts.race_runs({}), label="Race", elem_id="cmp-race")
                     cmp_bars = gr.Plot(charts.compare([]), label="Speedup", elem_id="cmp-speedup")
+                    cmp_tau = gr.Plot(charts.tau_vs_cost([]), label="τ vs step time", elem_id="cmp-tau-cost")
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(learn.OVERVIEW)
                 gr.HTML(_example_tree(), elem_id="learn-tree")
@@ -660,7 +662,7 @@ class Studio:
             cmp_preset.change(lambda name: preset(name, service.fast_dtype())["dtype"], cmp_preset, cmp_dtype, queue=False,
                               show_progress="hidden", api_visibility="private")
             cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype, cmp_preset],
-                                    [cmp_table, cmp_race, cmp_bars, cmp_status, compared], api_name="compare",
+                                    [cmp_table, cmp_race, cmp_bars, cmp_tau, cmp_status, compared], api_name="compare",
                                     show_progress="hidden", concurrency_id="generate")
             cmp_stop.click(self.stop, None, cmp_status, queue=False, api_name="compare_stop")
             cmp_replay.click(self.replay_race, compared, [cmp_race, cmp_status], api_name="compare_replay", show_progress="hidden",
