@@ -35,7 +35,9 @@ The one exception here is Medusa's optional *typical acceptance*.
 **Two numbers.** τ (tokens per target pass) says how good the drafts are; the **speedup**
 (tokens/s against autoregressive) is what you get after paying for drafting and for the larger
 verify pass. On a 2-core CPU with native bfloat16 a pass costs about 20 ms plus about 0.5 ms per
-extra verified position, so roughly: speedup ≈ τ · 20 / (20 + 0.5 · positions + draft ms).
+extra verified position, so roughly: speedup ≈ τ · 20 / (20 + 0.5 · positions + draft ms). After a run
+that raced the baseline, the Run tab's status splits its speedup exactly so: τ ÷ the time of one of its
+steps in autoregressive steps (verify + draft + loop), and the Compare tab plots every mode that way.
 
 **Reading the token view.** Underlined: accepted draft token. Struck through: rejected draft.
 Boxed (c): the target's correction. Dashed box (+): bonus token. Plain: the target's next token

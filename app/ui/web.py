@@ -301,12 +301,13 @@ class Studio:
         v = dict(zip(CONTROLS, values))
         session = request.session_hash if request is not None else "local"
         baseline: Recording | None = None
-        key = json.dumps([prompt, request_from("autoregressive", v)], sort_keys=True)
+        base_request = request_from("autoregressive", v)
+        key = json.dumps([prompt, base_request], sort_keys=True)
         if race and mode != "autoregressive":
             if key in baselines:
                 baseline = Recording.from_record(baselines[key])
             else:
-                baseline = Recording("autoregressive", request_from("autoregressive", v), prompt)
+                baseline = Recording("autoregressive", base_request, prompt)
                 yield from _paced(self._stream(session, "autoregressive", v, prompt, baseline), lambda part: self._run_outputs(
                     Recording(run_name(mode, v)), part, "Racing… first the autoregressive baseline", baselines, final=False))
                 if baseline.end and baseline.end.get("finish_reason") == "cancelled":
