@@ -280,6 +280,7 @@ def test_expected_tokens_and_speedup_follow_leviathans_formulas():
     assert expected_speedup(0.5, 3, 1.05) == pytest.approx(1.875 / 1.05)
     assert expected_speedup(0.5, 3, 1.05, draft_cost=0.1) == pytest.approx(1.875 / 1.35)
     assert expected_speedup(0.0, 7, 1.18) == pytest.approx(1 / 1.18)  # drafting only costs when nothing is accepted
+    assert expected_speedup(0.5, 1, 1.03, draft_cost=-1.03) == expected_speedup(0.5, 1, 1.03)  # no negative costs
 
 
 def test_break_even_solves_speedup_equal_one():
@@ -320,6 +321,7 @@ def test_earnings_note_names_break_even_rates_and_best_draft_lengths():
     assert "at α 0.3, none pays" in costly and "15 tokens needs α ≥ 0.9" in costly
     assert "never pays" in earnings_note({**BF16_COST, "relative": [1.0, 2.5, 5.0, 9.0, 17.0, 33.0]}, 0.0)
     assert earnings_note(None, 0.0) == ""
+    assert earnings_note(BF16_COST, -5.0) == note  # a negative cost typed into the slider's box counts as free
 
 
 # ----------------------------------------------------------------------------- acceptance by depth

@@ -224,8 +224,9 @@ def expected_tokens(alpha: float, drafted: int) -> float:
 
 def expected_speedup(alpha: float, drafted: int, relative_cost: float, draft_cost: float = 0.0) -> float:
     """Leviathan's walltime factor over autoregressive decoding: tokens per step over what a step costs in
-    one-token passes (a verify pass over drafted + 1 tokens, `relative_cost` of them, plus each draft)."""
-    return expected_tokens(alpha, drafted) / (relative_cost + drafted * draft_cost)
+    one-token passes (a verify pass over drafted + 1 tokens, `relative_cost` of them, plus each draft). A
+    negative draft cost (typed into the slider's box) counts as free."""
+    return expected_tokens(alpha, drafted) / (relative_cost + drafted * max(draft_cost, 0.0))
 
 
 def break_even(drafted: int, relative_cost: float, draft_cost: float = 0.0) -> float | None:
@@ -251,6 +252,7 @@ def earnings_note(cost: dict | None, draft_cost: float) -> str:
     """Break-even acceptance rates and the best draft length at a few rates, for one measured curve."""
     if not cost:
         return ""
+    draft_cost = max(draft_cost, 0.0)
     sizes = earning_sizes(cost)
     needs = []
     for drafted, rel in sizes:
