@@ -218,7 +218,7 @@ def summarize(runs: list[dict]) -> dict:
         base = table.get(("autoregressive", cat))
         s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"] if base else None
         ratio = ratio_ci(runs, mode, "autoregressive", None if cat == "overall" else cat) if base else None
-        s["speedup_ci"] = list(ratio[1:]) if ratio else None
+        s["speedup_ci"] = list(ratio[1:]) if ratio and ratio[1] is not None else None
         if cat == "overall":
             summary[mode].update(s)
         else:
@@ -226,12 +226,16 @@ def summarize(runs: list[dict]) -> dict:
     return dict(summary)
 
 
+MIN_PAIRS = 3
+
+
 def ratio_ci(runs: list[dict], a: str, b: str, category: str | None = None, level: float = 0.95,
              resamples: int = 2000, seed: int = 0) -> tuple[float, float, float] | None:
     """Mode a's mean tokens/s over mode b's on the prompts both ran (one category, or all), with a
     percentile-bootstrap interval over prompts. The bench runs the modes interleaved prompt by prompt,
     so the two runs of a prompt saw the same machine state: resampling keeps them paired. None when the
-    runs carry no prompt ids or share no prompt."""
+    runs carry no prompt ids or share no prompt; the interval is (None, None) under MIN_PAIRS prompts, where
+    resampling one or two prompts would only pretend to know the spread."""
     by_prompt: dict[tuple, dict[str, float]] = defaultdict(dict)
     for r in runs:
         if r.get("prompt_id") is None or (category is not None and r["category"] != category):
@@ -243,6 +247,8 @@ def ratio_ci(runs: list[dict], a: str, b: str, category: str | None = None, leve
     point = sum(x for x, _ in pairs) / sum(y for _, y in pairs)
     if a == b:
         return 1.0, 1.0, 1.0
+    if len(pairs) < MIN_PAIRS:
+        return point, None, None
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
@@ -263,7 +269,8 @@ def versus(runs: list[dict]) -> list[dict]:
     for ours, peer in VERSUS:
         ratio = ratio_ci(runs, ours, peer)
         if ratio:
-            rows.append({"mode": ours, "peer": peer, "ratio": ratio[0], "ci": [ratio[1], ratio[2]]})
+            rows.append({"mode": ours, "peer": peer, "ratio": ratio[0],
+                         "ci": [ratio[1], ratio[2]] if ratio[1] is not None else None})
     return rows
 
 
@@ -292,5 +299,8 @@ def format_table(summary: dict) -> str:
 
 def format_versus(rows: list[dict]) -> str:
     """Our modes against transformers' peers, one line each (empty without peers)."""
-    return "\n".join(f"{r['mode']} / {r['peer']}: {r['ratio']:.2f}x tokens/s (95% CI {r['ci'][0]:.2f}-{r['ci'][1]:.2f}, "
-                     "bootstrap over prompts)" for r in rows)
+    def interval(ci):
+        return (f"95% CI {ci[0]:.2f}-{ci[1]:.2f}, bootstrap over prompts" if ci
+                else f"no interval under {MIN_PAIRS} prompts")
+
+    return "\n".join(f"{r['mode']} / {r['peer']}: {r['ratio']:.2f}x tokens/s ({interval(r['ci'])})" for r in rows)

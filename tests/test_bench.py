@@ -62,6 +62,10 @@ def test_ratio_ci_is_a_paired_bootstrap_over_prompts():
     assert bench.ratio_ci(ar + fast + other, "prompt_lookup", "autoregressive")[0] == pytest.approx(2.0)
     assert bench.ratio_ci(ar + fast, "prompt_lookup", "autoregressive", category="math") is None
     assert bench.ratio_ci([record("a", "rag", 1.0, 8, 8)], "a", "autoregressive") is None  # no prompt ids: no pairs
+    # Two prompts: the ratio, but no interval (resampling two prompts says nothing about the spread).
+    two = paired("autoregressive", [10.0, 20.0]) + paired("prompt_lookup", [15.0, 40.0])
+    assert bench.ratio_ci(two, "prompt_lookup", "autoregressive") == (pytest.approx(55 / 30), None, None)
+    assert bench.summarize(two)["prompt_lookup"]["speedup_ci"] is None
 
 
 def test_summary_and_versus_carry_the_intervals():
@@ -122,7 +126,10 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     assert [(r["mode"], r["peer"]) for r in result["versus"]] == [("autoregressive", "hf_generate"),
                                                                    ("prompt_lookup", "hf_prompt_lookup")]
     assert "prompt_lookup / hf_prompt_lookup: " in proc.stdout
-    assert all(len(row["speedup_ci"]) == 2 for row in summary.values())
+    # Two prompts (one per category): ratios, but too few prompts for an interval.
+    assert all(row["speedup_ci"] is None for mode, row in summary.items() if mode != "autoregressive")
+    assert summary["autoregressive"]["speedup_ci"] == [1.0, 1.0]  # itself: exact however few the prompts
+    assert all(r["ci"] is None for r in result["versus"]) and "no interval under 3 prompts" in proc.stdout
 
 
 def test_bench_rejects_an_invalid_config_with_status_2():
