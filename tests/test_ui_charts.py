@@ -305,6 +305,8 @@ def test_earnings_draws_one_curve_per_measured_draft_length():
     assert one.y[0] == pytest.approx(1 / 1.03, abs=1e-4) and one.y[50] == pytest.approx(1.5 / 1.03, abs=1e-4)
     assert fig.data[3].y[0] < fig.data[0].y[0] and fig.data[3].y[-1] > fig.data[0].y[-1]  # long drafts: cost, then gain
     assert fig.layout.shapes[0].y0 == 1  # break-even line
+    assert fig.layout.yaxis.range[1] == 5.0  # long drafts reach ~14× at α 0.99: the view stops at 5×
+    assert charts.earnings(BF16_COST, draft_cost=0.5).layout.yaxis.range[1] < 5.0  # ... or at the highest curve
     cheaper = charts.earnings(BF16_COST, draft_cost=0.1)
     assert all(b < a for a, b in zip(fig.data[1].y, cheaper.data[1].y))
 

@@ -401,5 +401,7 @@ def earnings(cost: Mapping | None, draft_cost: float = 0.0) -> go.Figure:
             hovertemplate=f"drafting {drafted}, α %{{x:.2f}}: %{{y:.2f}}× autoregressive<extra></extra>",
         ))
     fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
-    fig.update_layout(xaxis=dict(range=[0, 1]))
+    # Near α = 1 long drafts reach 10× and more; up to 5× keeps the break-even region readable (zoom out for the rest).
+    top = max((y for t in fig.data for y in t.y), default=1.0)
+    fig.update_layout(xaxis=dict(range=[0, 1]), yaxis=dict(range=[0, min(5.0, top * 1.05)]))
     return _layout(fig, f"{title}, {cost['dtype']}" if cost.get("dtype") else title, "acceptance rate α", "× autoregressive")
