@@ -336,7 +336,7 @@ def tau_vs_cost(rows: list[dict]) -> go.Figure:
     if len(points) < 2:
         return _empty(title, "No comparison yet: run one prompt through several modes.")
     # A step can cost less than an autoregressive one (a noisy machine, a short run): keep every point in view.
-    x_low = min(0.9, min(c for _, _, c in points) * 0.9)
+    x_low = min(0.9, min(c for _, _, c in points) * 0.85)
     y_low = 0.9
     x_high = max(1.2, max(c for _, _, c in points) * 1.15)
     y_high = max(1.5, max(t for _, t, _ in points) * 1.15)
@@ -353,6 +353,7 @@ def tau_vs_cost(rows: list[dict]) -> go.Figure:
         name = MODE_LABELS.get(mode, mode)
         fig.add_trace(go.Scatter(
             x=[round(cost, 4)], y=[round(tau, 4)], mode="markers+text", name=name, text=[name], textposition="top center",
+            cliponaxis=False,  # a label near the edge stays whole
             marker=dict(color=COLORS.get(mode, "#0072B2"), size=16, line=dict(color="#ffffff", width=1)),
             hovertemplate=f"{name}: τ %{{y:.2f}} ÷ step %{{x:.2f}} = {tau / cost:.2f}× after the prefill<extra></extra>",
         ))
