@@ -53,6 +53,28 @@ def test_packed_linear_matches_f_linear(rows, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_gathered_from_a_head_are_packed_once_with_the_same_results(dtype):
+    torch.manual_seed(0)
+    head = nn.Linear(32, 96, bias=True).to(dtype).requires_grad_(False)
+    ids = torch.tensor([5, 0, 95, 17])
+    weight, bias = head.weight[ids], head.bias[ids]
+    fn = linear.rows(weight, bias)
+    assert isinstance(fn, PackedLinear)
+    x = torch.randn(3, 32, dtype=dtype)
+    with torch.inference_mode():
+        assert_same(fn(x), F.linear(x, weight, bias))
+        assert_same(fn(x)[:, 1], F.linear(x, head.weight, head.bias)[:, 0])  # column j is row ids[j]
+
+
+def test_rows_of_a_dtype_that_does_not_pack_use_f_linear():
+    weight = torch.randn(8, 4, dtype=torch.float64)
+    fn = linear.rows(weight)
+    assert not isinstance(fn, PackedLinear)
+    x = torch.randn(2, 4, dtype=torch.float64)
+    assert torch.equal(fn(x), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_pack_swaps_every_linear_keeps_ties_and_logits(dtype):
     model = _tiny(dtype)
     reference = copy.deepcopy(model)

@@ -42,10 +42,12 @@ def fast_bf16() -> bool:
 def available(model: nn.Module) -> bool:
     """Packing applies on CPU to a float32 model, and to a bfloat16 one where oneDNN multiplies bfloat16 natively."""
     weight = next(model.parameters(), None)
-    return (
-        weight is not None and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-        and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and fast_bf16()))
-    )
+    return weight is not None and _packable(weight)
+
+
+def _packable(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and (
+        weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and fast_bf16()))
 
 
 class PackedLinear(nn.Linear):
@@ -53,10 +55,15 @@ class PackedLinear(nn.Linear):
 
     @classmethod
     def wrap(cls, linear: nn.Linear) -> PackedLinear:
+        return cls.of(linear.weight, linear.bias)
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+        """A packed linear layer over these (out, in) weights, e.g. rows gathered from an LM head."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight, new.bias = linear.weight, linear.bias
+        new.out_features, new.in_features = weight.shape
+        new.weight, new.bias = weight, bias
         new._repack()
         return new
 
@@ -84,6 +91,16 @@ class PackedLinear(nn.Linear):
             self._repack()
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def rows(weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """y = x @ weight.T + bias as a function: packed once where packing applies (a CPU float32 weight, or
+    bfloat16 with native support), else F.linear. For weights gathered per generation (a draft vocabulary's
+    rows of an LM head), which `pack` never sees: unpacked, every call re-lays them out (0.34 vs 0.12 ms for
+    one row against 8192 rows of 576 in bfloat16 here)."""
+    if _packable(weight):
+        return PackedLinear.of(weight.detach(), None if bias is None else bias.detach())
+    return lambda x: F.linear(x, weight, bias)
 
 
 def pack(model: nn.Module) -> int:

@@ -103,11 +103,13 @@ class MedusaHeads(nn.Module):
         hidden = hidden.to(self.medusa_head[0][0].linear.weight.dtype)
         return torch.stack([head(hidden) for head in self.medusa_head])
 
-    def logits(self, hidden: torch.Tensor, lm_head: nn.Module, rows=None) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module, head=None) -> torch.Tensor:
         """(num_heads, *hidden.shape[:-1], ranked tokens) float32: all heads through the shared LM head
         in one call; column j is target token `target_ids[j]` (j itself for the whole vocabulary).
-        `rows`: head_rows(lm_head), when the caller keeps them."""
-        weight, bias = rows if rows is not None else self.head_rows(lm_head)
+        `head`: linear.rows(*head_rows(lm_head)), when the caller keeps it across calls."""
+        if head is not None:
+            return head(self(hidden).to(lm_head.weight.dtype)).float()
+        weight, bias = self.head_rows(lm_head)
         return F.linear(self(hidden).to(weight.dtype), weight, bias).float()
 
 

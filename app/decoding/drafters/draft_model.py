@@ -9,8 +9,8 @@ draft vocabulary, which Leviathan's rule handles like any other q: still lossles
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from app.decoding import linear
 from app.decoding.attention import kv_dtype
 from app.decoding.kv_cache import new_cache
 from app.decoding.sampling import probs, sample
@@ -43,7 +43,7 @@ class DraftModel:
             # caller's thread), computing happens where the generation runs.
             head = self.model.get_output_embeddings()
             bias = getattr(head, "bias", None)
-            self.rows = (head.weight[self.ids], bias[self.ids] if bias is not None else None)
+            self.head = linear.rows(head.weight[self.ids], bias[self.ids] if bias is not None else None)
         self.cache = new_cache(self.model.config, kv_dtype(self.model.config))
         self.fed: list[int] = []  # tokens whose KV is in the draft's cache
 
@@ -66,7 +66,7 @@ class DraftModel:
         if self.ids is None:
             return self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
         hidden = self.model.get_decoder()(input_ids=x, past_key_values=self.cache, use_cache=True).last_hidden_state[0, -1]
-        return F.linear(hidden, *self.rows)
+        return self.head(hidden[None])[0]
 
     @torch.inference_mode()
     def propose(self, context: list[int], room: int) -> Proposal:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from app.decoding import linear
 from app.decoding.tree import from_paths
 from app.decoding.types import Proposal
 from app.heads.medusa import MedusaHeads
@@ -76,7 +77,7 @@ class Medusa:
         self.sampling = sampling
         # Once per generation (a reduced vocabulary's rows are a copy); here and not in __init__, which only
         # validates: the service builds drafters on the caller's thread, and computes where generations run.
-        self.rows = self.heads.head_rows(self.lm_head)
+        self.head = linear.rows(*self.heads.head_rows(self.lm_head))
         # The hidden state that produced the logits of the first token (the first root).
         self.hidden = prefill.hidden[-1]
 
@@ -89,7 +90,7 @@ class Medusa:
         scores: list[float] = []
         if n:
             depth = len(paths[-1])
-            probs = self.heads.logits(self.hidden, self.lm_head, self.rows)[:depth].softmax(-1)  # (depth, ranked)
+            probs = self.heads.logits(self.hidden, self.lm_head, self.head)[:depth].softmax(-1)  # (depth, ranked)
             values, indices = probs.topk(self.top_k, dim=-1)
             if self.ids is not None:
                 indices = self.ids[indices]
