@@ -170,6 +170,7 @@ def _mutations(value, rng, depth=0):
 def test_damaged_traces_are_refused_or_drawn_never_crash(mode):
     """What parse lets through, the step view, every step's detail and every chart draw without an error."""
     original = json.loads((FIXTURES / f"{mode}.json").read_text())
+    sound, _ = traces.parse(json.loads((FIXTURES / "autoregressive.json").read_text()))
     rng = random.Random(mode)
     drawn = refused = 0
     for _ in range(60):
@@ -188,5 +189,8 @@ def test_damaged_traces_are_refused_or_drawn_never_crash(mode):
                        charts.tokens_per_step_hist(run.events), charts.acceptance_by_depth(run.events),
                        charts.throughput(run.events), charts.timing(run.events)):
             assert figure is not None
+        # The replay's status line: the damaged run against a sound baseline, and as the baseline of a sound run.
+        assert isinstance(render.speedup_line(run.events, sound.events), str)
+        assert isinstance(render.speedup_line(sound.events, run.events), str)
         drawn += 1
     assert drawn >= 10 and refused >= 5  # the damage exercised both paths
