@@ -77,14 +77,22 @@ def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], d
 
 
 def _one(name, target, configs, ids, draft, companions):
+    """(output ids, target passes, seconds, and for our modes where the decoding steps' time went)."""
     t0 = time.perf_counter()
+    split = None
     if name in PEERS:
         base = configs.get("prompt_lookup") or configs["autoregressive"]
         out, steps = _peer(name, target, base, ids, draft)
     else:
         events = list(run_mode(target, configs[name], ids, companions.get(name)))
         out, steps = output_ids(events), events[-1].totals["target_steps"]
-    return out, steps, time.perf_counter() - t0
+        decode = events[1:]
+        split = {"prefill_s": events[0].verify_time_s, "decode_steps": len(decode),
+                 "draft_s": sum(e.draft_time_s for e in decode), "verify_s": sum(e.verify_time_s for e in decode)}
+    elapsed = time.perf_counter() - t0
+    if split is not None:
+        split["decode_s"] = elapsed - split["prefill_s"]  # everything after the prefill pass, the loop's own work included
+    return out, steps, elapsed, split
 
 
 def run(
@@ -112,7 +120,7 @@ def run(
         ids = target.encode(prompt["text"])
         reference = None
         for name in names:  # interleaved: every mode sees the same machine state, prompt by prompt
-            out, steps, elapsed = _one(name, target, configs, ids, draft, companions)
+            out, steps, elapsed, split = _one(name, target, configs, ids, draft, companions)
             if name == "autoregressive":
                 reference = out
             runs.append(
@@ -129,6 +137,7 @@ def run(
                     "identical": out == reference,
                     "identical_prefix": _common_prefix(out, reference),
                     "token_ids": out,
+                    **(split or {}),
                 }
             )
             if progress:
@@ -213,10 +222,12 @@ def summarize(runs: list[dict]) -> dict:
         }
 
     table = {key: stats(rs) for key, rs in groups.items()}
+    step_times = {key: _step_time(rs) for key, rs in groups.items()}
     summary: dict[str, dict] = defaultdict(dict)
     for (mode, cat), s in table.items():
         base = table.get(("autoregressive", cat))
         s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"] if base else None
+        s.update(_step_cost(step_times[(mode, cat)], step_times.get(("autoregressive", cat))))
         ratio = ratio_ci(runs, mode, "autoregressive", None if cat == "overall" else cat) if base else None
         s["speedup_ci"] = list(ratio[1:]) if ratio and ratio[1] is not None else None
         if cat == "overall":
@@ -224,6 +235,25 @@ def summarize(runs: list[dict]) -> dict:
         else:
             summary[mode].setdefault("categories", {})[cat] = s
     return dict(summary)
+
+
+def _step_time(runs: list[dict]) -> dict | None:
+    """Seconds per decoding step (after the prefill), in all and drafting and verifying, over runs that
+    recorded them (our modes; transformers' generate() does not say)."""
+    timed = [r for r in runs if r.get("decode_steps")]
+    if not timed:
+        return None
+    steps = sum(r["decode_steps"] for r in timed)
+    return {k: sum(r[f"{k}_s"] for r in timed) / steps for k in ("decode", "draft", "verify")}
+
+
+def _step_cost(mode: dict | None, autoregressive: dict | None) -> dict:
+    """A mode's decoding step in autoregressive steps: `step_cost` in all, `draft_cost` and `verify_cost` of
+    it; the speedup after the prefill is about τ ÷ step_cost."""
+    if not mode or not autoregressive or autoregressive["decode"] <= 0:
+        return {"step_cost": None, "draft_cost": None, "verify_cost": None}
+    unit = autoregressive["decode"]
+    return {"step_cost": mode["decode"] / unit, "draft_cost": mode["draft"] / unit, "verify_cost": mode["verify"] / unit}
 
 
 MIN_PAIRS = 3
@@ -282,7 +312,8 @@ def format_verify_cost(cost: dict) -> str:
 def format_table(summary: dict) -> str:
     cats = sorted({c for s in summary.values() for c in s.get("categories", {})})
     width = max([18, *(len(m) + 2 for m in summary)])
-    lines = [f"{'category':<16}{'mode':<{width}}{'tok/s':>8}{'speedup':>9}{'95% CI':>13}{'tau':>7}{'identical':>11}"]
+    lines = [f"{'category':<16}{'mode':<{width}}{'tok/s':>8}{'speedup':>9}{'95% CI':>13}{'tau':>7}{'step (draft)':>14}"
+             f"{'identical':>11}"]
     for cat in [*cats, "overall"]:
         for mode, s in summary.items():
             row = s if cat == "overall" else s.get("categories", {}).get(cat)
@@ -291,9 +322,13 @@ def format_table(summary: dict) -> str:
             tau = f"{row['mean_accepted_tokens']:.2f}" if row["mean_accepted_tokens"] else "-"
             ci = row.get("speedup_ci")
             ci = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci and mode != "autoregressive" else ""
+            step = (f"{row['step_cost']:.2f} ({row['draft_cost']:.2f})" if row.get("step_cost") is not None
+                    and mode != "autoregressive" else "")
             lines.append(f"{cat:<16}{mode:<{width}}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{ci:>13}{tau:>7}"
-                         f"{row['identical_share']:>10.0%}")
+                         f"{step:>14}{row['identical_share']:>10.0%}")
         lines.append("")
+    lines.append("step (draft): a decoding step's time in autoregressive steps (of it, drafting); after the prefill, "
+                 "speedup = tau / step")
     return "\n".join(lines)
 
 

@@ -68,6 +68,26 @@ def test_ratio_ci_is_a_paired_bootstrap_over_prompts():
     assert bench.summarize(two)["prompt_lookup"]["speedup_ci"] is None
 
 
+def test_step_cost_is_a_decoding_step_in_autoregressive_steps():
+    def timed(mode, steps, decode_s, draft_s, verify_s, prompt_id):
+        return {**record(mode, "rag", 10.0, 8, steps), "prompt_id": prompt_id, "decode_steps": steps,
+                "decode_s": decode_s, "draft_s": draft_s, "verify_s": verify_s, "prefill_s": 0.1}
+
+    runs = [timed("autoregressive", 8, 0.8, 0.0, 0.78, 0), timed("autoregressive", 8, 1.6, 0.0, 1.5, 1),
+            timed("eagle", 4, 0.6, 0.1, 0.48, 0), timed("eagle", 4, 0.9, 0.14, 0.7, 1),
+            {**record("hf_generate", "rag", 9.0, 8, 8), "prompt_id": 0}]  # generate() records no steps' times
+    s = bench.summarize(runs)
+    # Autoregressive: 2.4 s over 16 steps = 0.15 s a step; EAGLE: 1.5 s over 8 = 0.1875 s, 1.25 of those.
+    assert s["eagle"]["step_cost"] == pytest.approx(1.25)
+    assert s["eagle"]["draft_cost"] == pytest.approx(0.24 / 8 / 0.15)
+    assert s["eagle"]["verify_cost"] == pytest.approx(1.18 / 8 / 0.15)
+    assert s["eagle"]["categories"]["rag"]["step_cost"] == pytest.approx(1.25)
+    assert s["autoregressive"]["step_cost"] == pytest.approx(1.0)
+    assert s["hf_generate"]["step_cost"] is None
+    table = bench.format_table(s)
+    assert "1.25 (0.20)" in table and "speedup = tau / step" in table
+
+
 def test_summary_and_versus_carry_the_intervals():
     runs = (paired("autoregressive", [10.0, 20.0, 30.0]) + paired("prompt_lookup", [15.0, 30.0, 50.0])
             + paired("hf_prompt_lookup", [12.0, 28.0, 35.0]) + paired("hf_generate", [10.0, 19.0, 30.0]))
@@ -129,6 +149,11 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     # Two prompts (one per category): ratios, but too few prompts for an interval.
     assert all(row["speedup_ci"] is None for mode, row in summary.items() if mode != "autoregressive")
     assert summary["autoregressive"]["speedup_ci"] == [1.0, 1.0]  # itself: exact however few the prompts
+    # Where our modes' decoding steps went; transformers' generate() does not say.
+    ours = [r for r in result["runs"] if not r["mode"].startswith("hf_")]
+    assert all(r["decode_steps"] == r["target_steps"] - 1 and 0 < r["draft_s"] + r["verify_s"] <= r["decode_s"] < r["elapsed_s"]
+               for r in ours)
+    assert summary["lookahead"]["step_cost"] > 0 and summary["hf_prompt_lookup"]["step_cost"] is None
     assert all(r["ci"] is None for r in result["versus"]) and "no interval under 3 prompts" in proc.stdout
 
 
