@@ -249,7 +249,8 @@ def _step_time(runs: list[dict]) -> dict | None:
 
 def _step_cost(mode: dict | None, autoregressive: dict | None) -> dict:
     """A mode's decoding step in autoregressive steps: `step_cost` in all, `draft_cost` and `verify_cost` of
-    it; the speedup after the prefill is about τ ÷ step_cost."""
+    it. τ ÷ step_cost is the speedup after the prefill over the pooled tokens of the runs (the speedup column
+    averages each run's tokens/s, prefill included, so the two differ where prompts differ)."""
     if not mode or not autoregressive or autoregressive["decode"] <= 0:
         return {"step_cost": None, "draft_cost": None, "verify_cost": None}
     unit = autoregressive["decode"]
@@ -327,8 +328,9 @@ def format_table(summary: dict) -> str:
             lines.append(f"{cat:<16}{mode:<{width}}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{ci:>13}{tau:>7}"
                          f"{step:>14}{row['identical_share']:>10.0%}")
         lines.append("")
-    lines.append("step (draft): a decoding step's time in autoregressive steps (of it, drafting); after the prefill, "
-                 "speedup = tau / step")
+    lines.append("step (draft): a decoding step's time in autoregressive steps (of it, drafting). tau / step is the "
+                 "speedup after the prefill with all prompts' tokens pooled; the speedup column averages each prompt's "
+                 "tokens/s, prefill included, as Spec-Bench does")
     return "\n".join(lines)
 
 

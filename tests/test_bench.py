@@ -85,7 +85,7 @@ def test_step_cost_is_a_decoding_step_in_autoregressive_steps():
     assert s["autoregressive"]["step_cost"] == pytest.approx(1.0)
     assert s["hf_generate"]["step_cost"] is None
     table = bench.format_table(s)
-    assert "1.25 (0.20)" in table and "speedup = tau / step" in table
+    assert "1.25 (0.20)" in table and "tau / step is the speedup after the prefill" in table
 
 
 def test_summary_and_versus_carry_the_intervals():
