@@ -150,19 +150,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     configs.parse(data)  # every config rule before any model loads
     # The command line is one user on their own machine: no queue limits beyond the model's context.
     service = _service(args, max_new_tokens=max(args.max_new_tokens, 1), max_prompt_tokens=2**31, time_limit_s=float("inf"))
-    run = Recording(args.mode, data, args.prompt)
+    baseline = None
     try:
-        for message in service.stream(data, args.prompt):
-            run.add(message)
-            if message["type"] == "end":
-                break
-            if message["type"] == "step" and not args.json:
-                print(
-                    f"step {message['step']:4d}  proposed {len(message['proposed']['tokens']):3d}  accepted "
-                    f"{len(message['accepted_tokens']):3d}  +{len(message['tokens'])} {message['text']!r}"
-                    f"{_rejection(message)}",
-                    file=sys.stderr,
-                )
+        if args.race and args.mode != "autoregressive":
+            # The Run tab's race: autoregressive first, on the same prompt, settings and machine.
+            baseline = _generate(service, request_data(args, "autoregressive"), "autoregressive", args.prompt, show=False)
+            if (baseline.end or {}).get("error"):
+                print(f"error: the autoregressive baseline failed: {baseline.end['error']}", file=sys.stderr)
+                return 1
+        run = _generate(service, data, args.mode, args.prompt, show=not args.json)
     finally:
         service.close()
     end = run.end or {}
@@ -170,8 +166,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"error: generation failed: {end['error']}", file=sys.stderr)
         return 1
     if args.json:
-        # The Run tab's trace format, so the Run tab replays it.
-        json.dump(run.trace(), sys.stdout)
+        # The Run tab's trace format (with the baseline it raced, like its download), so the Run tab replays it.
+        json.dump(run.trace(baseline), sys.stdout)
         print()
         return 0
     t = end["totals"]
@@ -182,7 +178,34 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"accepted {t['accepted']}/{t['drafted']} drafted, finish: {end['finish_reason']}",
         file=sys.stderr,
     )
+    if baseline is not None:
+        from app.ui.render import speedup_parts
+
+        parts = speedup_parts(run.events, baseline.events)
+        if parts:
+            overall = f"{parts['overall']:.2f}x tokens/s; " if "overall" in parts else ""
+            print(f"[vs autoregressive] {overall}after the prefill "
+                  f"{parts['decoding']:.2f}x = tau {parts['tau']:.2f} / a step of {parts['step_cost']:.2f} autoregressive "
+                  f"steps (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})",
+                  file=sys.stderr)
     return 0
+
+
+def _generate(service, data: dict, mode: str, prompt: str, show: bool) -> Recording:
+    """One generation through the service, recorded; with `show`, a line per step on stderr."""
+    run = Recording(mode, data, prompt)
+    for message in service.stream(data, prompt):
+        run.add(message)
+        if message["type"] == "end":
+            break
+        if message["type"] == "step" and show:
+            print(
+                f"step {message['step']:4d}  proposed {len(message['proposed']['tokens']):3d}  accepted "
+                f"{len(message['accepted_tokens']):3d}  +{len(message['tokens'])} {message['text']!r}"
+                f"{_rejection(message)}",
+                file=sys.stderr,
+            )
+    return run
 
 
 def _rejection(message: dict) -> str:
@@ -415,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
     g.add_argument("--json", action="store_true", help="print the run as one JSON trace (text, token_ids, steps: the trace events, "
                    "texts, mode, request...); the web app's Run tab replays it")
+    g.add_argument("--race", action="store_true", help="run autoregressive first on the same prompt and settings, then "
+                   "say why the mode is as fast as it is against it (tau / a step's cost); with --json the trace "
+                   "carries it as `baseline`")
     _add_decoding_flags(g)
     _add_backend_flags(g)
     g.set_defaults(func=cmd_generate)

@@ -94,6 +94,23 @@ def test_generate_says_per_step_where_the_draft_was_cut(bundled):
     assert f"p {first['decided'][-1]['top_p']:.2f}; draft: " in cut[0]
 
 
+@pytest.mark.bundled
+def test_generate_race_says_why_and_carries_the_baseline(bundled):
+    """--race runs autoregressive first and splits the mode's speedup into τ and a step's cost; with --json
+    the trace carries that run as `baseline`, which the Run tab's replay draws and reads back."""
+    proc = run_cli("generate", "--prompt", PROMPT, "--dtype", "float32", "--max-new-tokens", str(MAX_NEW),
+                   "--mode", "prompt_lookup", "--race")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stderr.splitlines() if line.startswith("[vs autoregressive]"))
+    assert "x tokens/s; after the prefill " in line and " = tau " in line and "(verify " in line, line
+    trace = generate_json("prompt_lookup", "--race")
+    run, baseline = traces.parse(trace)
+    assert baseline is not None and baseline.mode == "autoregressive"
+    assert baseline.token_ids == run.token_ids  # float32: prompt lookup is lossless
+    alone = generate_json("autoregressive", "--race")  # nothing to race against itself
+    assert "baseline" not in alone or alone["baseline"] is None
+
+
 # ----------------------------------------------------------------------------- invalid configs: exit 2, one line, no model load
 
 INVALID = {
