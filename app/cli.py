@@ -153,8 +153,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     baseline = None
     try:
         if args.race and args.mode != "autoregressive":
-            # The Run tab's race: autoregressive first, on the same prompt, settings and machine.
-            baseline = _generate(service, request_data(args, "autoregressive"), "autoregressive", args.prompt, show=False)
+            # The Run tab's race: autoregressive first, on the same prompt, settings and machine. A short run of
+            # each first, as `bench` does: a process's first calls pay one-off costs (allocations, kernel choice).
+            base = request_data(args, "autoregressive")
+            for warm, mode in ((base, "autoregressive"), (data, args.mode)):
+                _generate(service, {**warm, "max_new_tokens": min(8, args.max_new_tokens)}, mode, "Say hello.", show=False)
+            baseline = _generate(service, base, "autoregressive", args.prompt, show=False)
             if (baseline.end or {}).get("error"):
                 print(f"error: the autoregressive baseline failed: {baseline.end['error']}", file=sys.stderr)
                 return 1
