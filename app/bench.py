@@ -16,6 +16,7 @@ from app.decoding.target import TransformersTarget
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
 from app.runner import output_ids, run as run_mode
+from app.service import traces
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_bench" / "question.jsonl"
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
@@ -86,12 +87,12 @@ def _one(name, target, configs, ids, draft, companions):
     else:
         events = list(run_mode(target, configs[name], ids, companions.get(name)))
         out, steps = output_ids(events), events[-1].totals["target_steps"]
-        decode = events[1:]
-        split = {"prefill_s": events[0].verify_time_s, "decode_steps": len(decode),
-                 "draft_s": sum(e.draft_time_s for e in decode), "verify_s": sum(e.verify_time_s for e in decode)}
     elapsed = time.perf_counter() - t0
-    if split is not None:
-        split["decode_s"] = elapsed - split["prefill_s"]  # everything after the prefill pass, the loop's own work included
+    if name not in PEERS:
+        decoding = traces.decoding([e.to_dict() for e in events])  # the Run tab's split of a step, by the loop's clock
+        if decoding:
+            split = {"prefill_s": events[0].verify_time_s, "decode_steps": decoding["steps"], "decode_s": decoding["seconds"],
+                     "draft_s": decoding["draft_s"], "verify_s": decoding["verify_s"]}
     return out, steps, elapsed, split
 
 

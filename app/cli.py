@@ -13,6 +13,7 @@ from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
 from app.models import BUNDLED, DTYPES, ModelError
 from app.service.engines import EngineError
+from app.service import traces
 from app.service.traces import Recording
 from app.training.export import ExportError
 
@@ -183,9 +184,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if baseline is not None:
-        from app.ui.render import speedup_parts
-
-        parts = speedup_parts(run.events, baseline.events)
+        parts = traces.speedup_parts(run.events, baseline.events)
         if parts:
             overall = f"{parts['overall']:.2f}x tokens/s; " if "overall" in parts else ""
             print(f"[vs autoregressive] {overall}after the prefill "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app.service import traces
 from app.ui import learn, render
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
@@ -575,7 +576,7 @@ def test_speedup_parts_split_the_decoding_speedup_into_tau_and_step_cost():
     base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)  # autoregressive: 0.1 s a token
     # 4 steps of 2 tokens at 0.125 s (a step costs 1.25 autoregressive steps: verify 1.0, draft 0.2, loop 0.05).
     run = _run(0.5, [(2, 0.125, 0.02, 0.1)] * 4)
-    parts = render.speedup_parts(run, base)
+    parts = traces.speedup_parts(run, base)
     assert parts["tau"] == 2.0 and parts["step_cost"] == pytest.approx(1.25)
     assert parts["verify"] == pytest.approx(1.0) and parts["draft"] == pytest.approx(0.2)
     assert parts["loop"] == pytest.approx(0.05)
@@ -589,18 +590,18 @@ def test_speedup_parts_split_the_decoding_speedup_into_tau_and_step_cost():
 
 def test_speedup_parts_need_decoding_steps_and_usable_times():
     base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 3)
-    assert render.speedup_parts(_run(0.5, []), base) is None  # one token from the prefill alone
-    assert render.speedup_parts(base, _run(0.5, [])) is None
+    assert traces.speedup_parts(_run(0.5, []), base) is None  # one token from the prefill alone
+    assert traces.speedup_parts(base, _run(0.5, [])) is None
     broken = _run(0.5, [(2, 0.1, 0.0, 0.1)])
     broken[1]["verify_time_s"] = "soon"  # an uploaded trace may carry anything
-    assert render.speedup_parts(broken, base) is None and render.speedup_line(broken, base) == ""
-    assert render.speedup_parts(None, None) is None
+    assert traces.speedup_parts(broken, base) is None and render.speedup_line(broken, base) == ""
+    assert traces.speedup_parts(None, None) is None
 
 
 @pytest.mark.parametrize("mode", MODES[1:])
 def test_speedup_parts_of_real_traces_add_up(mode):
     run, base = load(mode)["steps"], load("autoregressive")["steps"]
-    parts = render.speedup_parts(run, base)
+    parts = traces.speedup_parts(run, base)
     assert parts["step_cost"] == pytest.approx(parts["verify"] + parts["draft"] + parts["loop"], abs=1e-9)
     assert parts["decoding"] == pytest.approx(parts["tau"] / parts["step_cost"])
     assert parts["tau"] >= 1.0

@@ -89,6 +89,49 @@ class Recording:
         return out
 
 
+def decoding(events: list[dict] | None) -> dict | None:
+    """What a run spent after its prefill, by the loop's clock: tokens, target passes, seconds, and the
+    draft and verify seconds of its decoding steps; None without a decoding step or usable times."""
+    events = _steps(events)
+    steps = [e for e in events if e.get("kind") == "decode"]
+    if not steps:
+        return None
+    prefill = next((e for e in events if e.get("kind") == "prefill"), None)
+    start = ((prefill or {}).get("totals") or {}).get("elapsed_s", 0.0)
+    end = (steps[-1].get("totals") or {}).get("elapsed_s")
+    times = [start, end] + [e.get(k) for e in steps for k in ("draft_time_s", "verify_time_s")]
+    if not all(_number(x) for x in times) or end <= start:
+        return None
+    return {"tokens": sum(len(e.get("tokens") or []) for e in steps), "steps": len(steps), "seconds": end - start,
+            "draft_s": sum(e["draft_time_s"] for e in steps), "verify_s": sum(e["verify_time_s"] for e in steps)}
+
+
+def _steps(events: list[dict] | None) -> list[dict]:
+    """Step events only: a service stream also carries "start" and "end" messages."""
+    return [e for e in events or [] if isinstance(e, dict) and e.get("type", "step") == "step"]
+
+
+def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dict | None:
+    """Why a run is as fast as it is against the autoregressive run it raced: its decoding speedup is τ
+    (tokens per target pass) divided by what a step of it cost in autoregressive steps, and that cost
+    splits into the verify pass, the drafting and the loop's own work. Prefill excluded: both runs pay
+    it alike (the race and `overall` include it)."""
+    run, base = decoding(events), decoding(baseline)
+    if not run or not base or not base["tokens"]:
+        return None
+    ar_step = base["seconds"] / base["tokens"]  # autoregressive commits one token a step
+    step = run["seconds"] / run["steps"]
+    cost = step / ar_step
+    verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
+    parts = {"tau": run["tokens"] / run["steps"], "step_cost": cost, "verify": verify, "draft": draft,
+             "loop": max(0.0, cost - verify - draft)}
+    parts["decoding"] = parts["tau"] / cost
+    totals = [(_steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
+    if all(_number(t.get("elapsed_s")) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
+        parts["overall"] = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])
+    return parts
+
+
 def read(path: str | Path, max_bytes: int = MAX_BYTES) -> tuple[Recording, Recording | None]:
     """The run (and the baseline it raced, if any) of a trace file; TraceError if it is not one."""
     path = Path(path)

@@ -322,7 +322,7 @@ def compare(rows: list[dict]) -> go.Figure:
 
 def tau_vs_cost(rows: list[dict]) -> go.Figure:
     """Each compared mode as a point: τ after the prefill (`decoding_tau`) against what one of its steps cost in
-    autoregressive steps (`step_cost`, render.speedup_parts). The speedup is τ ÷ step time, the same all along
+    autoregressive steps (`step_cost`, traces.speedup_parts). The speedup is τ ÷ step time, the same all along
     each dotted ray from the origin: up is better drafting, left is cheaper steps. Autoregressive is (1, 1)."""
     title = "τ vs step time"
     points = []

@@ -33,6 +33,7 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from app.service import traces
 from app.ui.learn import MODE_LABELS
 
 MAX_TREE_NODES = 64
@@ -798,47 +799,9 @@ def summary_table(rows: list[dict] | None) -> str:
     return _wrap(f'<table class="sd-table">{head}{"".join(body)}</table>', "sd-compare")
 
 
-def _decoding(events: Iterable[Any] | None) -> dict | None:
-    """What a run spent after its prefill: tokens, target passes, seconds, and the draft and verify seconds
-    the loop timed; None without a decoding step or usable times."""
-    events = _step_events(events)
-    steps = [e for e in events if e.get("kind") == "decode"]
-    if not steps:
-        return None
-    prefill = next((e for e in events if e.get("kind") == "prefill"), None)
-    start = ((prefill or {}).get("totals") or {}).get("elapsed_s", 0.0)
-    end = (steps[-1].get("totals") or {}).get("elapsed_s")
-    times = [start, end] + [e.get(k) for e in steps for k in ("draft_time_s", "verify_time_s")]
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in times) or end <= start:
-        return None
-    return {"tokens": sum(len(e.get("tokens") or []) for e in steps), "steps": len(steps), "seconds": end - start,
-            "draft_s": sum(e["draft_time_s"] for e in steps), "verify_s": sum(e["verify_time_s"] for e in steps)}
-
-
-def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dict | None:
-    """Why a run is as fast as it is against the autoregressive run it raced: its decoding speedup is τ
-    (tokens per target pass) divided by what a step of it cost in autoregressive steps, and that cost
-    splits into the verify pass, the drafting and the loop's own work. Prefill excluded: both runs pay
-    it alike (the race and `overall` include it)."""
-    run, base = _decoding(events), _decoding(baseline)
-    if not run or not base or not base["tokens"]:
-        return None
-    ar_step = base["seconds"] / base["tokens"]  # autoregressive commits one token a step
-    step = run["seconds"] / run["steps"]
-    cost = step / ar_step
-    verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
-    parts = {"tau": run["tokens"] / run["steps"], "step_cost": cost, "verify": verify, "draft": draft,
-             "loop": max(0.0, cost - verify - draft)}
-    parts["decoding"] = parts["tau"] / cost
-    totals = [(_step_events(e)[-1].get("totals") or {}) for e in (events, baseline)]
-    if all(isinstance(t.get("elapsed_s"), (int, float)) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
-        parts["overall"] = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])
-    return parts
-
-
 def speedup_line(events: list[dict] | None, baseline: list[dict] | None) -> str:
-    """speedup_parts in one line of Markdown for the Run tab's status ("" when there is nothing to compare)."""
-    parts = speedup_parts(events, baseline)
+    """traces.speedup_parts in one line of Markdown for the Run tab's status ("" when there is nothing to compare)."""
+    parts = traces.speedup_parts(events, baseline)
     if not parts:
         return ""
     overall = f"**{parts['overall']:.2f}×** the autoregressive run's tokens/s · " if "overall" in parts else ""

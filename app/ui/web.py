@@ -201,7 +201,7 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None) -> dict[s
     tps = t.get("new_tokens", 0) / t["elapsed_s"] if t.get("elapsed_s") else 0.0
     base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
-    parts = render.speedup_parts(run.events, baseline.events) if baseline is not None else None
+    parts = traces.speedup_parts(run.events, baseline.events) if baseline is not None else None
     return {"mode": learn.label(mode), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
             "step_cost": parts["step_cost"] if parts else None, "decoding_tau": parts["tau"] if parts else None,
             "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
