@@ -627,10 +627,15 @@ class Studio:
                 eng_plan = gr.Code(language="json", label="Plan", elem_id="eng-plan-out")
 
             inputs = [c[name] for name in CONTROLS]
-            # Validation before anything runs: every control change re-checks the settings.
-            for comp in [mode, *inputs]:
-                comp.change(lambda m, *vals: check_message(service, m, dict(zip(CONTROLS, vals))), [mode, *inputs], check,
-                            queue=False, show_progress="hidden", api_visibility="private")
+            # Validation before anything runs: every control change re-checks the settings. One event for all
+            # the controls, not one each: a preset changes many at once, and the browser sends a check per change
+            # (some with the values half set); as separate events their answers could arrive in any order and
+            # leave a verdict on settings no longer shown. One queued event with a concurrency of its own runs one
+            # check at a time (never behind a generation), and while one runs only the latest change waits.
+            gr.on([comp.change for comp in [mode, *inputs]],
+                  lambda m, *vals: check_message(service, m, dict(zip(CONTROLS, vals))), [mode, *inputs], check,
+                  show_progress="hidden", api_visibility="private", trigger_mode="always_last",
+                  concurrency_id="check", concurrency_limit=1)
             for name, button in presets.items():
                 button.click(lambda name=name: list(preset(name, service.fast_dtype()).values()), None,
                              [c[k] for k in PRESET_KEYS], queue=False, show_progress="hidden", api_visibility="private")
