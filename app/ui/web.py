@@ -263,7 +263,7 @@ class Studio:
         """A replay's skip flag, registered as the session's active job so Stop sets it."""
         session = request.session_hash if request is not None else "local"
         skip = threading.Event()
-        handle = SimpleNamespace(cancel=skip.set)
+        handle = SimpleNamespace(cancel=skip.set, replay=True)
         with self._lock:
             self._active[session] = handle
         try:
@@ -279,7 +279,8 @@ class Studio:
         if job is None:
             return "Nothing is running."
         job.cancel()
-        return "⏹ Stopping after the current step…"
+        # A replay skips to its end at once and says so itself: this answer could land after that line.
+        return gr.skip() if getattr(job, "replay", False) else "⏹ Stopping after the current step…"
 
     def _stream(self, session: str, mode: str, values: dict[str, Any], prompt: str, run: Recording):
         job = self._start(session, mode, values, prompt)
@@ -627,22 +628,28 @@ class Studio:
                 eng_plan = gr.Code(language="json", label="Plan", elem_id="eng-plan-out")
 
             inputs = [c[name] for name in CONTROLS]
-            # Validation before anything runs: every control change re-checks the settings. One event for all
-            # the controls, not one each: a preset changes many at once, and the browser sends a check per change
-            # (some with the values half set); as separate events their answers could arrive in any order and
-            # leave a verdict on settings no longer shown. One queued event with a concurrency of its own runs one
-            # check at a time (never behind a generation), and while one runs only the latest change waits.
-            gr.on([comp.change for comp in [mode, *inputs]],
-                  lambda m, *vals: check_message(service, m, dict(zip(CONTROLS, vals))), [mode, *inputs], check,
-                  show_progress="hidden", api_visibility="private", trigger_mode="always_last",
-                  concurrency_id="check", concurrency_limit=1)
+            # What the settings decide is shown: the service's verdict on them (before anything runs), which
+            # groups of controls show, and the mode's explanation. A user's move (.input) redraws them; code that
+            # sets many controls at once (a preset, a replay's settings) redraws them once after. Not on .change:
+            # the browser then sends one request per changed control, some with the values half set, and
+            # answered out of order those left a verdict on settings no longer shown.
+            def verdict(m, *vals):
+                return check_message(service, m, dict(zip(CONTROLS, vals)))
+
+            shown = [(verdict, [mode, *inputs], check), (_visible, [mode, c["md_pl"], c["eg_pl"]], c["groups"]),
+                     (lambda m: learn.LEARN[m], [mode], explain)]
+            quiet = dict(queue=False, show_progress="hidden", api_visibility="private")
+            for fn, ins, outs in shown:
+                gr.on([comp.input for comp in ins], fn, ins, outs, **quiet)
+
+            def redraw(event):
+                for fn, ins, outs in shown:
+                    event.then(fn, ins, outs, **quiet)
+                return event
+
             for name, button in presets.items():
-                button.click(lambda name=name: list(preset(name, service.fast_dtype()).values()), None,
-                             [c[k] for k in PRESET_KEYS], queue=False, show_progress="hidden", api_visibility="private")
-            mode.change(lambda m: learn.LEARN[m], mode, explain, queue=False, show_progress="hidden", api_visibility="private")
-            for comp in (mode, c["md_pl"], c["eg_pl"]):
-                comp.change(_visible, [mode, c["md_pl"], c["eg_pl"]], c["groups"], queue=False, show_progress="hidden",
-                            api_visibility="private")
+                redraw(button.click(lambda name=name: list(preset(name, service.fast_dtype()).values()), None,
+                                    [c[k] for k in PRESET_KEYS], **quiet))
             c["backend"].change(lambda b: _modes_note(service, b), c["backend"], modes_note, queue=False, show_progress="hidden",
                                 api_visibility="private")
             for menu, box in ((example, prompt), (cmp_example, cmp_prompt)):
@@ -655,11 +662,10 @@ class Studio:
             # Replays use no model: their own queue, so one never waits behind a generation.
             # First the controls the trace ran with (so Run runs it again here), then the replay.
             settings = [prompt, mode, *inputs]
-            upload.upload(self.replay_settings, upload, settings, queue=False, show_progress="hidden", api_visibility="private").then(
+            redraw(upload.upload(self.replay_settings, upload, settings, **quiet)).then(
                 self.replay, [upload, paced, baselines], outputs, api_name="replay", show_progress="hidden",
                 concurrency_id="replay", concurrency_limit=4)
-            recording_btn.click(lambda name: self.replay_settings(_recording_path(name)), recording, settings, queue=False,
-                                show_progress="hidden", api_visibility="private").then(
+            redraw(recording_btn.click(lambda name: self.replay_settings(_recording_path(name)), recording, settings, **quiet)).then(
                 self.replay_recording, [recording, paced, baselines], outputs, api_name="replay_recording",
                 show_progress="hidden", concurrency_id="replay", concurrency_limit=4)
             # Only the user's moves: the run's own updates of the slider would each call inspect with the
