@@ -381,9 +381,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     engines = Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
     target = models.load(args.model, dtype=args.dtype, engines=engines)
     out = Path(args.output_dir) if args.output_dir else engines / "trained" / f"{args.model.replace('/', '--')}-{args.mode}"
-    summary = recipes.train(args.mode, target, out, settings, engines)
+    report = recipes.jsonl_report() if args.progress_jsonl else recipes.stderr_report(args.mode)
+    summary = recipes.train(args.mode, target, out, settings, engines, report=report)
     if args.eval_prompts:
-        summary["eval"] = recipes.evaluate(args.mode, target, out, args.eval_prompts, engines)
+        summary["eval"] = recipes.evaluate(args.mode, target, out, args.eval_prompts, engines, report=report)
         (out / "train.json").write_text(json.dumps(summary, indent=2))
     json.dump(summary, sys.stdout, indent=2)
     print()
@@ -526,6 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "its architecture and draft vocabulary replace the flags that describe them")
     t.add_argument("--eval-prompts", type=int, default=13, help="Spec-Bench prompts (one per category) for the final acceptance check; 0 = skip")
     t.add_argument("--engines-dir", default=None)
+    t.add_argument("--progress-jsonl", action="store_true",
+                   help="progress as one JSON object per line on stderr ({stage, done, total, loss}) instead of bars")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("export", help="write trained heads in the layout TensorRT-LLM consumes")
     e.add_argument("source", help="a directory written by `train` (Medusa heads, EAGLE module or draft layers)")

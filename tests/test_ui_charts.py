@@ -369,3 +369,15 @@ def test_acceptance_by_depth_on_real_traces(mode):
     else:
         _common(fig)
         assert len(fig.data[0].x) == len(offered) >= 1
+
+
+def test_training_loss_draws_each_step_and_its_running_mean():
+    _common(charts.training_loss([]))
+    assert charts.training_loss(None).layout.annotations[0].text == "No run yet: press Train."
+    losses = [float(12 - i) for i in range(12)]
+    fig = charts.training_loss(losses + ["junk", None])  # what is not a number is left out
+    _common(fig)
+    per_step, mean = fig.data
+    assert list(per_step.x) == list(range(1, 13)) and list(per_step.y) == losses
+    assert mean.y[0] == 12 and mean.y[9] == pytest.approx(sum(losses[:10]) / 10) and mean.y[11] == pytest.approx(sum(losses[2:]) / 10)
+    assert fig.layout.xaxis.title.text == "optimiser step"

@@ -33,9 +33,18 @@ def app_url(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gradio")
     env = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(tmp),
            "GRADIO_EXAMPLES_CACHE": str(tmp / "examples")}
+    # A store of its own (builds and training runs stay out of the working tree's engines/), sharing the
+    # dequantized models through a link.
+    from app import models
+
+    engines = tmp / "engines"
+    engines.mkdir()
+    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
+    models.locate(models.BUNDLED)
     port = free_port()
     # Gradio prints "Running on local URL" before it answers: wait for its API info instead.
-    with running_server(["--port", str(port), "--max-concurrency", "1"], "/gradio_api/info", port, tmp / "app.log", env) as url:
+    with running_server(["--port", str(port), "--max-concurrency", "1", "--engines-dir", str(engines)], "/gradio_api/info",
+                        port, tmp / "app.log", env) as url:
         yield url
 
 
@@ -47,7 +56,7 @@ def test_the_server_binds_to_loopback_only(app_url):
     info = json.load(urllib.request.urlopen(app_url + "/gradio_api/info", timeout=10))
     endpoints = set(info["named_endpoints"])
     assert {"/run", "/stop", "/inspect", "/replay", "/replay_recording", "/compare", "/engine_build", "/engine_plan",
-            "/engine_remove"} <= endpoints
+            "/engine_remove", "/train", "/train_stop"} <= endpoints
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +242,30 @@ def test_api_pass_cost_measures_both_dtypes_with_the_prompt_as_context(client):
     names = [t["name"] for t in json.loads(figure["plot"])["data"]]
     assert names == ["float32", "bfloat16"]
     assert "**float32**: one-token pass" in note and "**bfloat16**: one-token pass" in note and "32 tokens" in note
+
+
+def test_api_train_keeps_a_run_that_the_run_tab_then_decodes_with(client):
+    from app.ui.train import FIELDS
+
+    values = {"kind": "eagle", "init_from": "shipped", "data_source": "sharegpt", "data_offset": 40, "data_limit": 8,
+              "epochs": 1, "lr": 0, "eval_prompts": 1, "medusa_num_heads": 4, "medusa_num_layers": 1, "eagle_steps": 1,
+              "max_len": 64, "answer_tokens": 256, "dtype": "float32"}
+    assert client.predict(api_name="/train_stop") == "No training run of yours is under way."
+    job = client.submit(*[values[k] for k in FIELDS], api_name="/train")
+    updates = list(job)
+    status, loss, table, check, medusa, eagle = job.result()
+    assert status.startswith("✓ **EAGLE module** `trained:") and "on 1 Spec-Bench prompts" in status, status
+    assert len(updates) >= 2 and any("▶ Step" in u[0] for u in updates[:-1])  # it said where it was while it ran
+    name = status.split("`")[1]
+    assert name in json.dumps(table) and "this exact run is done" in check
+    assert [t["name"] for t in json.loads(loss["plot"])["data"]] == ["Training: per step", "mean of the last 10"]
+    assert name in json.dumps(eagle) and name not in json.dumps(medusa)  # offered where it fits
+    view, run_status, *_ = client.predict(*run_args("eagle", eg_model=name), api_name="/run")
+    assert "EAGLE** (float32) finished" in run_status and "tok-accepted" in view
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="data_limit must be in"):
+        client.predict(*[{**values, "data_limit": 2}[k] for k in FIELDS], api_name="/train")
 
 
 def test_api_engines_plan_build_and_remove(client):
@@ -561,6 +594,51 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     page.get_by_role("tab", name="Engines").click()
     page.wait_for_selector("#eng-table")
     screenshot("engines")
+
+
+def test_browser_trains_heads_then_runs_with_them(page, screenshot):
+    """The seed workflow in the browser: train Medusa heads (a tiny slice of ShareGPT's answers), watch the loss,
+    pick the run in the Run tab, decode with it; Stop ends a run that is under way."""
+    page.get_by_role("tab", name="Train").click()
+    page.get_by_label("Medusa heads", exact=True).check()
+    page.get_by_label("from scratch", exact=True).check()  # new heads: the loss falls steeply
+    page.get_by_label("ShareGPT's answers", exact=True).check()
+    for label, value in (("first ShareGPT conversation (data_offset)", "60"), ("conversations (data_limit)", "64"),
+                         ("epochs", "2")):
+        page.get_by_label(label).fill(value)
+    page.click("text=Architecture (from scratch) and data details")
+    page.get_by_label("tokens kept per conversation (max_len)").fill("64")
+    set_number(page, "Spec-Bench prompts for the τ check (eval_prompts)", 1)
+    page.wait_for_function("/Valid · the answers for this slice are at hand/.test(document.querySelector('#tr-check').innerText)")
+    page.click("#tr-run")
+    page.wait_for_function("/^✓ Medusa heads/.test(document.querySelector('#tr-status').innerText)", timeout=180_000)
+    status = page.inner_text("#tr-status")
+    assert "on 1 Spec-Bench prompts" in status and "heads it started from" not in status, status
+    name = re.search(r"trained:[0-9a-f]{16}", status).group(0)
+    page.wait_for_function("document.querySelectorAll('#tr-loss .scatterlayer .trace').length == 2")
+    assert name in page.inner_text("#tr-table")
+    screenshot("train")
+    # The Run tab offers it under Medusa's heads (and only there), and decodes with it.
+    page.get_by_role("tab", name="Run").click()
+    page.get_by_label("Medusa", exact=True).check()
+    page.locator("#md-model input").click()
+    page.get_by_role("option", name=re.compile("^trained " + name[8:16])).click()
+    page.wait_for_function("/✓ Valid/.test(document.querySelector('#check').innerText)")
+    page.fill("#prompt textarea", PROMPT)
+    page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(False)
+    page.click("#run")
+    assert "Medusa" in wait_status(page, "finished")
+    page.get_by_label("EAGLE", exact=True).check()
+    page.locator("#eg-model input").click()
+    assert not page.get_by_role("option", name=re.compile("^trained " + name[8:16])).count()
+    page.keyboard.press("Escape")
+    # A run under way stops on Stop, and says so.
+    page.get_by_role("tab", name="Train").click()
+    page.get_by_label("epochs").fill("8")
+    page.click("#tr-run")
+    page.wait_for_function("/▶ Step/.test(document.querySelector('#tr-status').innerText)", timeout=60_000)
+    page.click("#tr-stop")
+    page.wait_for_function("/⏹ Stopped/.test(document.querySelector('#tr-status').innerText)", timeout=60_000)
 
 
 def test_browser_run_updates_do_not_call_inspect(page):

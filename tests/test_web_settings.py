@@ -27,9 +27,9 @@ def test_every_preset_is_valid_for_every_mode(service, name, mode):
     assert web.check_message(service, mode, values).startswith("✓ Valid"), web.check_message(service, mode, values)
 
 
-def test_a_preset_leaves_sampling_length_draft_model_and_backend_to_the_user():
+def test_a_preset_leaves_sampling_length_draft_model_heads_and_backend_to_the_user():
     assert set(web.PRESET_KEYS) == set(web.CONTROLS) - {"max_new_tokens", "temperature", "top_p", "top_k", "seed",
-                                                         "dt_model", "backend"}
+                                                         "dt_model", "md_model", "eg_model", "backend"}
     for name in web.PRESETS:
         assert list(web.preset(name, "float32")) == list(web.PRESET_KEYS)  # the order the UI's outputs are in
     assert web.preset("defaults", "bfloat16")["dtype"] == "auto"  # the server's dtype
@@ -98,3 +98,15 @@ def test_a_request_the_run_tab_cannot_express_sets_no_controls():
     mode, values = web.values_from({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 2,
                                                            "speculative_model": None}, "max_new_tokens": 30})
     assert mode == "draft_target" and values["dt_len"] == 2 and "dt_model" not in values and values["seed"] == -1
+
+
+@pytest.mark.parametrize("mode, key", [("medusa", "md_model"), ("eagle", "eg_model")])
+def test_heads_are_picked_shipped_or_by_a_training_runs_name_never_by_path(mode, key):
+    name = "trained:" + "ab" * 8
+    assert web.request_from(mode, web.DEFAULTS)["speculative_config"]["speculative_model"] is None  # the shipped heads
+    request = web.request_from(mode, {**web.DEFAULTS, key: name})
+    assert request["speculative_config"]["speculative_model"] == name
+    assert web.values_from(request)[1][key] == name  # a replayed trace picks the same run
+    assert web.values_from(web.request_from(mode, web.DEFAULTS))[1][key] == web.SHIPPED
+    path = {**request, "speculative_config": {**request["speculative_config"], "speculative_model": "/tmp/heads"}}
+    assert web.values_from(path) is None

@@ -7,6 +7,7 @@ time limit) that stream JSON-like messages, and manages engine builds.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from app import bench, models
 from app.config import MODES, ConfigError
 from app.decoding.linear import fast_bf16
-from app.service import configs
+from app.service import configs, training
 from app.service.backends.base import Availability, Prompt
 from app.service.backends.remote import RemoteBackend
 from app.service.backends.tensorrt_llm import TensorRTLLMBackend
@@ -56,6 +57,7 @@ class Service:
         self.store = EngineStore(self.engines)
         self.tensor_parallel_size = tensor_parallel_size
         self.jobs = JobManager(limits)
+        self._training = threading.Lock()  # one training run at a time: each takes both cores for minutes
         self.backends = {
             "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call),
             "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
@@ -112,9 +114,20 @@ class Service:
             data["backend"] = self.default_backend({v: k for k, v in configs.MODE_TYPES.items()}.get(mode, "autoregressive"))
         if data.get("max_new_tokens") is None:
             data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
-        request = configs.parse(data)
+        request = self._trained(configs.parse(data))
         request.check(max_new_tokens_limit=self.limits.max_new_tokens)
         return request
+
+    def _trained(self, request: DecodeRequest) -> DecodeRequest:
+        """The request with a trained artifact named `trained:<id>` replaced by its directory in the store."""
+        c = request.speculative_config
+        name = getattr(c, "speculative_model", None)
+        if not name or not name.startswith(training.PREFIX):
+            return request
+        if c.mode not in training.KINDS:
+            raise ConfigError(f"'{name}' names trained Medusa heads or an EAGLE module; {c.mode} cannot use it")
+        path = training.artifact_dir(self.store, name, c.mode, self.model)
+        return request.model_copy(update={"speculative_config": c.model_copy(update={"speculative_model": str(path)})})
 
     # ------------------------------------------------------------------ generation
     def submit(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None) -> Job:
@@ -184,6 +197,38 @@ class Service:
 
     def engine_remove(self, build_id: str) -> None:
         self.store.remove(build_id)
+
+    # ------------------------------------------------------------------ training (the seed workflow)
+    def train_config(self, data: dict[str, Any] | training.TrainConfig) -> training.TrainConfig:
+        """A checked training config, its starting artifact included. Raises ConfigError (one sentence)."""
+        config = training.parse(data)
+        training.start_dir(self.store, config, self.model)
+        return config
+
+    def train_plan(self, data: dict[str, Any] | training.TrainConfig) -> dict[str, Any]:
+        """What training `data` would do before it runs (training.plan): reused, or how many answers to generate first."""
+        return training.plan(self.store, self.model, self.train_config(data))
+
+    def train(self, data: dict[str, Any] | training.TrainConfig, progress: Progress | None = None,
+              events: training.Events | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """Train Medusa heads or an EAGLE module on this server's frozen model (training.py) and keep them in the
+        store; returns the build's manifest (reused when the same run was made before). `events` receives every
+        progress event ({stage, done, total, loss}); setting `cancel` stops the run. One run at a time."""
+        config = self.train_config(data)
+        start = training.start_dir(self.store, config, self.model)
+        if not self._training.acquire(blocking=False):
+            raise ConfigError("another training run is under way on this server: wait for it to finish")
+        try:
+            return self.store.build(training.spec(self.model, config, start),
+                                    training.builder(self.model, config, start, self.engines, events=events, cancel=cancel),
+                                    progress=progress)
+        finally:
+            self._training.release()
+
+    def trained(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """The finished training runs for this server's model (their manifests, newest first)."""
+        return [m for m in self.store.list() if m["spec"]["backend"] == "training" and m["spec"]["model"] == self.model
+                and kind in (None, m["spec"]["mode"])]
 
     def close(self) -> None:
         self.jobs.shutdown()

@@ -312,14 +312,19 @@ class DecodeRequest(_Config):
                 raise ConfigError("TensorRT-LLM's Medusa verifies by token match only: use temperature 0")
 
 
-def parse(data: dict[str, Any]) -> DecodeRequest:
-    """A DecodeRequest from JSON-like data, checked; every problem becomes one ConfigError sentence."""
+def validated(model: type[BaseModel], data: Any, what: str):
+    """`model` from JSON-like data; pydantic's first complaint becomes one ConfigError sentence naming the field."""
     try:
-        request = DecodeRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "request"
+        where = ".".join(str(x) for x in first["loc"]) or what
         raise ConfigError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+
+
+def parse(data: dict[str, Any]) -> DecodeRequest:
+    """A DecodeRequest from JSON-like data, checked; every problem becomes one ConfigError sentence."""
+    request = validated(DecodeRequest, data, "request")
     request.check()
     return request
 

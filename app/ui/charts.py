@@ -406,3 +406,21 @@ def earnings(cost: Mapping | None, draft_cost: float = 0.0) -> go.Figure:
     top = max((y for t in fig.data for y in t.y), default=1.0)
     fig.update_layout(xaxis=dict(range=[0, 1]), yaxis=dict(range=[0, min(5.0, top * 1.05)]))
     return _layout(fig, f"{title}, {cost['dtype']}" if cost.get("dtype") else title, "acceptance rate α", "× autoregressive")
+
+
+def training_loss(losses: list[float] | None, label: str = "Training") -> go.Figure:
+    """A training run's loss per optimiser step (Service.train's progress events), with its running mean
+    over 10 steps: one batch's loss is noisy, the mean says whether the heads are still learning."""
+    title = "Training loss"
+    values = [v for v in (_number(x) for x in (losses or [])) if v is not None]
+    if not values:
+        return _empty(title, "No run yet: press Train.")
+    steps = list(range(1, len(values) + 1))
+    window = [values[max(0, i - 9): i + 1] for i in range(len(values))]
+    fig = go.Figure([
+        go.Scatter(x=steps, y=values, mode=_markers(len(values)), name=f"{label}: per step", line=dict(color=DRAFT, width=1),
+                   marker=dict(size=4), hovertemplate="step %{x}: loss %{y:.4f}<extra></extra>"),
+        go.Scatter(x=steps, y=[sum(w) / len(w) for w in window], mode="lines", name="mean of the last 10",
+                   line=dict(color=VERIFY, width=3), hovertemplate="step %{x}: mean %{y:.4f}<extra></extra>"),
+    ])
+    return _layout(fig, title, "optimiser step", "loss")

@@ -1,4 +1,4 @@
-"""The web app (Gradio 6): Run, Compare, Learn and Engines tabs, all through the service.
+"""The web app (Gradio 6): Run, Compare, Train, Learn and Engines tabs, all through the service.
 
 Nothing here touches tensors or tokenizers: the service streams JSON-like messages with token
 texts, `render` turns them into escaped HTML and `charts` into Plotly figures. Drawing happens
@@ -31,7 +31,9 @@ from app.service.configs import (MIN_PATH_PROB, MODE_TYPES, DraftTargetDecodingC
                                  LookaheadDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig)
 from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
+from app.service.training import PREFIX
 from app.ui import charts, learn, render
+from app.ui.train import SHIPPED, TrainTab, artifact_choices
 
 REDRAW_S = 0.75
 REPLAY_MAX_S = 120  # a replay at the recorded pace lasts at most this long
@@ -50,8 +52,8 @@ CONTROLS = (
     "pl_num_tokens", "pl_ngram", "pl_draft_lens", "pl_candidates", "pl_oldest",
     "la_W", "la_N", "la_G", "la_w", "la_n", "la_g",
     "dt_model", "dt_len",
-    "md_tree", "md_typical", "md_threshold", "md_alpha", "md_prune", "md_pl",
-    "eg_total", "eg_depth", "eg_topk", "eg_tree", "eg_prune", "eg_pl",
+    "md_tree", "md_typical", "md_threshold", "md_alpha", "md_prune", "md_pl", "md_model",
+    "eg_total", "eg_depth", "eg_topk", "eg_tree", "eg_prune", "eg_pl", "eg_model",
     "backend", "dtype",
 )
 
@@ -59,7 +61,7 @@ CONTROLS = (
 # Settings presets: every control a preset sets (the sampling, the length, the draft model and the backend stay
 # the user's), and what the README's bench ran (the fastest settings its sweeps found on a 2-core CPU).
 PRESET_KEYS = tuple(k for k in CONTROLS if k not in ("max_new_tokens", "temperature", "top_p", "top_k", "seed",
-                                                      "dt_model", "backend"))
+                                                      "dt_model", "md_model", "eg_model", "backend"))
 FASTEST = {"pl_ngram": 3, "pl_oldest": False, "pl_candidates": 2, "dt_len": 2, "eg_total": 24, "eg_depth": 5, "eg_topk": 4}
 PRESETS = ("defaults", "fastest here")
 
@@ -90,12 +92,13 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
     elif mode == "medusa":
         spec.update(medusa_choices=v["md_tree"], typical_acceptance=bool(v["md_typical"]),
                     posterior_threshold=float(v["md_threshold"]), posterior_alpha=float(v["md_alpha"]),
-                    min_path_prob=float(v["md_prune"]))
+                    min_path_prob=float(v["md_prune"]), speculative_model=_heads(v.get("md_model")))
     elif mode == "eagle":
         static = v["eg_tree"] not in (None, "", DYNAMIC)
         spec.update(max_draft_len=int(v["eg_total"]) - 1, num_eagle_layers=int(v["eg_depth"]),
                     dynamic_tree_max_topK=int(v["eg_topk"]), use_dynamic_tree=not static,
-                    eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else float(v["eg_prune"]))
+                    eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else float(v["eg_prune"]),
+                    speculative_model=_heads(v.get("eg_model")))
     if run_name(mode, v) != mode:
         spec["prompt_lookup"] = _ngram(v)
     seed = v["seed"]
@@ -132,18 +135,28 @@ def values_from(data: Any) -> tuple[str, dict[str, Any]] | None:
     elif isinstance(c, DraftTargetDecodingConfig):
         v.update(dt_len=c.max_draft_len, **({"dt_model": c.speculative_model} if c.speculative_model else {}))
     elif isinstance(c, MedusaDecodingConfig):
-        if c.medusa_choices not in TREES or c.speculative_model:
+        if c.medusa_choices not in TREES or not _nameable(c.speculative_model):
             return None
         v.update(md_tree=c.medusa_choices, md_typical=c.typical_acceptance, md_threshold=c.posterior_threshold,
-                 md_alpha=c.posterior_alpha, md_prune=prune, md_pl=pl is not None)
+                 md_alpha=c.posterior_alpha, md_prune=prune, md_pl=pl is not None, md_model=c.speculative_model or SHIPPED)
     elif isinstance(c, EagleDecodingConfig):
         static = not c.use_dynamic_tree
-        if (static and c.eagle_choices not in TREES) or c.speculative_model:
+        if (static and c.eagle_choices not in TREES) or not _nameable(c.speculative_model):
             return None
         v.update(eg_total=c.max_draft_len + 1, eg_depth=c.num_eagle_layers, eg_topk=c.dynamic_tree_max_topK,
-                 eg_tree=c.eagle_choices if static else DYNAMIC, eg_pl=pl is not None,
+                 eg_tree=c.eagle_choices if static else DYNAMIC, eg_pl=pl is not None, eg_model=c.speculative_model or SHIPPED,
                  **({} if static else {"eg_prune": prune}))  # a static tree is never pruned
     return c.mode, v
+
+
+def _heads(choice: str | None) -> str | None:
+    """The speculative_model of a heads picker's choice: None for the shipped heads, else a run's trained:<id>."""
+    return None if choice in (None, "", SHIPPED) else choice
+
+
+def _nameable(speculative_model: str | None) -> bool:
+    """Whether the Run tab can pick these heads: the shipped ones or a training run by name (never a path)."""
+    return speculative_model is None or speculative_model.startswith(PREFIX)
 
 
 def mode_values(name: str, **overrides) -> tuple[str, dict[str, Any]]:
@@ -244,6 +257,7 @@ class Studio:
         self.service = service
         self._lock = threading.Lock()
         self._active: dict[str, Any] = {}  # session -> running job, so Stop can cancel it
+        self.trainer = TrainTab(service)
         # The Run tab's downloads: a folder per session, a file per mode, rewritten by the next run (Gradio serves a copy).
         self._traces = Path(tempfile.mkdtemp(prefix="specdec-traces-"))
         weakref.finalize(self, shutil.rmtree, self._traces, ignore_errors=True)
@@ -397,6 +411,9 @@ class Studio:
         mode, v = settings
         if v.get("dt_model") not in (None, *_draft_choices(self.service)):
             del v["dt_model"]
+        for key, kind in (("md_model", "medusa"), ("eg_model", "eagle")):  # a run this server has not made
+            if key in v and v[key] not in {value for _, value in artifact_choices(self.service, kind)}:
+                del v[key]
         if v["backend"] not in self.service.availability():
             del v["backend"]
         return [run.prompt or gr.skip(), mode, *(v[k] if k in v else gr.skip() for k in CONTROLS)]
@@ -596,6 +613,8 @@ class Studio:
                     cmp_race = gr.Plot(charts.race_runs({}), label="Race", elem_id="cmp-race")
                     cmp_bars = gr.Plot(charts.compare([]), label="Speedup", elem_id="cmp-speedup")
                     cmp_tau = gr.Plot(charts.tau_vs_cost([]), label="τ vs step time", elem_id="cmp-tau-cost")
+            with gr.Tab("Train", id="train"):
+                self.trainer.layout({"medusa": c["md_model"], "eagle": c["eg_model"]})
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(learn.OVERVIEW)
                 gr.HTML(_example_tree(), elem_id="learn-tree")
@@ -731,6 +750,8 @@ class Studio:
             c["md_alpha"] = gr.Slider(0, 1, value=d["md_alpha"], step=0.05, label="posterior_alpha")
             c["md_prune"] = gr.Slider(0, 0.5, value=d["md_prune"], step=0.01, label=PRUNE_LABEL)
             c["md_pl"] = gr.Checkbox(value=d["md_pl"], label=MERGE_LABEL, elem_id="md-pl")
+            c["md_model"] = gr.Dropdown(artifact_choices(service, "medusa"), value=SHIPPED, allow_custom_value=False,
+                                        label="heads (speculative_model; train your own in the Train tab)", elem_id="md-model")
         with gr.Group(visible=False) as g_eg:
             gr.Markdown("**EAGLE** (`EagleDecodingConfig`): EAGLE-2 dynamic tree or a static tree")
             c["eg_total"] = gr.Slider(2, 64, value=d["eg_total"], step=1, label="total tokens (max_draft_len + 1)")
@@ -739,6 +760,8 @@ class Studio:
             c["eg_tree"] = gr.Dropdown([DYNAMIC, *TREES], value=DYNAMIC, label="tree (eagle_choices)")
             c["eg_prune"] = gr.Slider(0, 0.5, value=d["eg_prune"], step=0.01, label=PRUNE_LABEL + ", dynamic tree")
             c["eg_pl"] = gr.Checkbox(value=d["eg_pl"], label=MERGE_LABEL, elem_id="eg-pl")
+            c["eg_model"] = gr.Dropdown(artifact_choices(service, "eagle"), value=SHIPPED, allow_custom_value=False,
+                                        label="module (speculative_model; train your own in the Train tab)", elem_id="eg-model")
         c["backend"] = gr.Dropdown(
             [(name if state.available else f"{name} (unavailable)", name) for name, state in availability.items()],
             value=service.default_backend("lookahead"), label="Backend", elem_id="backend",
@@ -757,8 +780,9 @@ DEFAULTS: dict[str, Any] = {
     "la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4,
     "dt_model": None, "dt_len": 4,
     "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": MIN_PATH_PROB,
-    "md_pl": False,
+    "md_pl": False, "md_model": SHIPPED,
     "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": MIN_PATH_PROB, "eg_pl": False,
+    "eg_model": SHIPPED,
     "backend": "transformers", "dtype": "auto",
 }
 

@@ -1,0 +1,242 @@
+"""The Train tab: the seed workflow in the browser. Medusa heads or an EAGLE module are trained on the frozen
+model through the service (a training run is a build of its store, service/training.py), the loss is drawn as
+it falls, the run ends with its acceptance check, and the result is offered to the Run tab by name.
+
+Pure helpers first (the controls' values -> the service's TrainConfig data, the verdict line, the table rows,
+the status lines), then the tab itself. Nothing here touches tensors or paths: runs are named trained:<id>.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import gradio as gr
+
+from app.config import ConfigError
+from app.models import ModelError
+from app.service.api import Service
+from app.service.training import PREFIX, STAGES, TrainConfig
+from app.ui import charts
+
+SHIPPED = "shipped"
+# The tab's controls, by TrainConfig field; the handlers receive their values in this order.
+FIELDS = ("kind", "init_from", "data_source", "data_offset", "data_limit", "epochs", "lr", "eval_prompts",
+          "medusa_num_heads", "medusa_num_layers", "eagle_steps", "max_len", "answer_tokens", "dtype")
+KIND_LABELS = {"medusa": "Medusa heads", "eagle": "EAGLE module"}
+# A CPU answers about one ShareGPT prompt a second at 256 new tokens, batched (assets/defaults/README.md: ~17 min
+# per 1000): said before a run that must generate, so nobody waits blind.
+ANSWER_S = 1.0 / 256
+
+INTRO = """\
+### Train draft heads on the frozen model (the seed workflow)
+ModelOpt's speculative-decoding example at this model's scale. The target model stays **frozen**:
+1. **Answers**: it answers ShareGPT prompts itself (*self-distillation*: the heads learn the text the model
+   really writes). The answers to conversations 6000–9000 ship with the app: that slice needs no generation.
+2. **Reads**: it reads every conversation once; its hidden states are cached under `engines/data/`.
+3. **Trains**: the heads learn to predict its next tokens from those states. Medusa: one small head per
+   position ahead. EAGLE: one decoder layer that predicts the next hidden state, then the token.
+4. **Checks**: τ (tokens per target pass) on Spec-Bench prompts, next to what the heads it started from measured.
+
+The result is kept under `engines/builds/` and offered in the Run tab (Medusa / EAGLE → heads). The same
+settings give the same run (seeds are fixed): then it is reused, not trained again. One run at a time per
+server; while one runs, generations share the CPU with it.
+"""
+
+
+def config_from(values: dict[str, Any]) -> dict[str, Any]:
+    """The service's TrainConfig data for the tab's control values (lr 0 or empty = the recipe's default)."""
+    def number(k: str, cast):
+        return cast(values[k]) if values.get(k) not in (None, "") else TrainConfig.model_fields[k].default
+
+    lr = values.get("lr")
+    return {"kind": values["kind"], "init_from": values.get("init_from") or SHIPPED, "data_source": values["data_source"],
+            "data_offset": number("data_offset", int), "data_limit": number("data_limit", int),
+            "epochs": number("epochs", float), "lr": float(lr) if lr not in (None, "") and float(lr) > 0 else None,
+            "eval_prompts": number("eval_prompts", int), "medusa_num_heads": number("medusa_num_heads", int),
+            "medusa_num_layers": number("medusa_num_layers", int), "eagle_steps": number("eagle_steps", int),
+            "max_len": number("max_len", int), "answer_tokens": number("answer_tokens", int), "dtype": values["dtype"]}
+
+
+def check_message(service: Service, values: dict[str, Any]) -> str:
+    """The line under the controls: the service's verdict on the run, and what it will cost before it trains."""
+    try:
+        plan = service.train_plan(config_from(values))
+    except (ConfigError, ModelError, ValueError) as err:
+        return f"⚠ **Invalid:** {err}"
+    if plan["ready"]:
+        return f"✓ Valid · this exact run is done: **Train** shows `{PREFIX}{plan['id']}` at once"
+    if plan["generate"]:
+        minutes = plan["generate"] * int(values.get("answer_tokens") or 256) * ANSWER_S / 60
+        return (f"✓ Valid · the model first writes **{plan['generate']}** answers for this slice (about {minutes:.0f} min "
+                "on a 2-core CPU; conversations 6000–9000 ship theirs)")
+    return "✓ Valid · the answers for this slice are at hand: it starts with reading the conversations"
+
+
+def artifact_choices(service: Service, kind: str) -> list[tuple[str, str]]:
+    """The Run tab's choices of heads for `kind`: the shipped ones, then every finished run, newest first."""
+    return [("shipped (assets/defaults)", SHIPPED)] + [(_run_label(m), PREFIX + m["id"]) for m in service.trained(kind)]
+
+
+def _run_label(manifest: dict) -> str:
+    source, train = manifest.get("source") or {}, manifest["spec"]["config"]["train"]
+    tau = (source.get("eval") or {}).get("mean_accepted_tokens")
+    return (f"trained {manifest['id'][:8]} · {train['data_limit']} conv. from {train['data_offset']}"
+            + (f" · τ {tau:.2f}" if tau else "") + f" · {manifest['created'][:16].replace('T', ' ')}")
+
+
+def trained_rows(manifests: list[dict]) -> list[list[Any]]:
+    rows = []
+    for m in manifests:
+        s, t = m.get("source") or {}, m["spec"]["config"]["train"]
+        tau = (s.get("eval") or {}).get("mean_accepted_tokens")
+        rows.append([PREFIX + m["id"], KIND_LABELS.get(m["spec"]["mode"], m["spec"]["mode"]), t["init_from"],
+                     f"{t['data_source']} {t['data_offset']}+{t['data_limit']}", t["epochs"], s.get("steps"),
+                     None if s.get("last_loss") is None else round(s["last_loss"], 3),
+                     None if tau is None else round(tau, 2), m["created"][:19].replace("T", " "), round(m["duration_s"])])
+    return rows
+
+
+TABLE_HEADERS = ["name", "what", "from", "data", "epochs", "steps", "last loss", "τ", "created (UTC)", "s"]
+
+
+def progress_line(event: dict | None, elapsed: float) -> str:
+    if event is None:
+        return f"▶ Starting: loading the model… ({elapsed:.0f} s)"
+    stage = STAGES.index(event["stage"]) + 1
+    what = {"self-distil": "the model answers the prompts", "features": "the model reads the conversations",
+            "train": "training the heads", "eval": "measuring τ on Spec-Bench prompts"}[event["stage"]]
+    loss = f" · loss {event['loss']:.3f}" if event.get("loss") is not None else ""
+    return f"▶ Step {stage} of {len(STAGES)}, {what}: {event['done']}/{event['total']}{loss} ({elapsed:.0f} s)"
+
+
+def finished_line(manifest: dict) -> str:
+    s = manifest.get("source") or {}
+    name = f"`{PREFIX}{manifest['id']}`"
+    what = KIND_LABELS.get(manifest["spec"]["mode"], manifest["spec"]["mode"])
+    steps = s.get("steps") or 0
+    line = (f"✓ **{what}** {name}: {steps} step{'' if steps == 1 else 's'}, loss {s.get('first_loss', 0):.3f} → "
+            f"{s.get('last_loss', 0):.3f}")
+    ev, before = s.get("eval"), s.get("start_eval")
+    if ev:
+        line += f" · **τ {ev['mean_accepted_tokens']:.2f}** on {ev['prompts']} Spec-Bench prompts ({ev['max_new_tokens']} tokens)"
+        shared = sorted(set(ev.get("per_category") or {}) & set((before or {}).get("per_category") or {}))
+        if shared:
+            mean = lambda per: sum(per[c] for c in shared) / len(shared)  # noqa: E731
+            line += (f"; over those categories τ averages {mean(ev['per_category']):.2f}, and the heads it started "
+                     f"from averaged {mean(before['per_category']):.2f} in the same check when they were made")
+    return line + ". Pick it in the Run tab under its mode's heads."
+
+
+class TrainTab:
+    """The tab's layout and handlers, around the Studio's service."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._lock = threading.Lock()
+        self._cancels: dict[str, threading.Event] = {}  # session -> its run's Stop
+
+    def layout(self, run_heads: dict[str, gr.Dropdown]) -> None:
+        """Build the tab inside the current Blocks context; `run_heads` are the Run tab's heads pickers per kind,
+        whose choices a finished run refreshes."""
+        d = TrainConfig.model_fields
+        fast = self.service.fast_dtype()
+        gr.Markdown(INTRO)
+        c: dict[str, Any] = {}
+        with gr.Row():
+            c["kind"] = gr.Radio([(v, k) for k, v in KIND_LABELS.items()], value="eagle", label="what to train", elem_id="tr-kind")
+            c["init_from"] = gr.Radio([("the shipped heads (fine-tune)", SHIPPED), ("from scratch", "scratch")],
+                                      value=SHIPPED, label="start from", elem_id="tr-start")
+            c["data_source"] = gr.Radio([("the model's own answers", "self"), ("ShareGPT's answers", "sharegpt")],
+                                        value="self", label="data (data_source)", elem_id="tr-source")
+        with gr.Row():
+            c["data_offset"] = gr.Number(d["data_offset"].default, precision=0, label="first ShareGPT conversation (data_offset)")
+            c["data_limit"] = gr.Number(d["data_limit"].default, precision=0, label="conversations (data_limit)", elem_id="tr-limit")
+            c["epochs"] = gr.Number(d["epochs"].default, label="epochs")
+            c["lr"] = gr.Number(0, label="lr (0 = the recipe's default)")
+            c["eval_prompts"] = gr.Slider(0, 13, value=d["eval_prompts"].default, step=1,
+                                          label="Spec-Bench prompts for the τ check (eval_prompts)")
+        with gr.Accordion("Architecture (from scratch) and data details", open=False):
+            with gr.Row():
+                c["medusa_num_heads"] = gr.Slider(1, 5, value=d["medusa_num_heads"].default, step=1, label="medusa_num_heads")
+                c["medusa_num_layers"] = gr.Slider(1, 3, value=d["medusa_num_layers"].default, step=1, label="medusa_num_layers")
+                c["eagle_steps"] = gr.Slider(1, 6, value=d["eagle_steps"].default, step=1,
+                                             label="EAGLE: training-time test steps (eagle_steps)")
+            with gr.Row():
+                c["max_len"] = gr.Number(d["max_len"].default, precision=0, label="tokens kept per conversation (max_len)")
+                c["answer_tokens"] = gr.Number(d["answer_tokens"].default, precision=0, label="answer_tokens (self-distilled)")
+                c["dtype"] = gr.Radio(["bfloat16", "float32"], value=fast, label="dtype of the frozen model")
+        check = gr.Markdown(check_message(self.service, {**{k: d[k].default for k in FIELDS if k in d}, "kind": "eagle",
+                                                         "lr": 0, "dtype": fast}), elem_id="tr-check")
+        with gr.Row():
+            start = gr.Button("Train", variant="primary", elem_id="tr-run")
+            stop = gr.Button("Stop", variant="stop", elem_id="tr-stop")
+        status = gr.Markdown("", elem_id="tr-status")
+        plot = gr.Plot(charts.training_loss([]), label="Loss", elem_id="tr-loss")
+        table = gr.Dataframe(trained_rows(self.service.trained()), headers=TABLE_HEADERS, interactive=False, elem_id="tr-table")
+
+        inputs = [c[k] for k in FIELDS]
+        gr.on([comp.input for comp in inputs], lambda *v: check_message(self.service, dict(zip(FIELDS, v))), inputs, check,
+              queue=False, show_progress="hidden", api_visibility="private")
+        pickers = [run_heads[k] for k in KIND_LABELS]
+        # A run waits only for another run (one at a time on the server), never for a generation's queue.
+        start.click(self.train, inputs, [status, plot, table, check, *pickers], api_name="train", show_progress="hidden",
+                    concurrency_id="train", concurrency_limit=None)
+        stop.click(self.stop, None, status, queue=False, api_name="train_stop")
+
+    def train(self, request: gr.Request, *values):
+        """Run the training (in a thread; this generator only draws), drawing the loss as it falls."""
+        v = dict(zip(FIELDS, values))
+        config = config_from(v)
+        try:
+            self.service.train_config(config)
+        except (ConfigError, ModelError, ValueError) as err:
+            raise gr.Error(str(err), duration=None) from None
+        session = request.session_hash if request is not None else "local"
+        cancel = threading.Event()
+        with self._lock:
+            self._cancels[session] = cancel
+        events: list[dict] = []
+        result: dict[str, Any] = {}
+
+        def work():
+            try:
+                result["manifest"] = self.service.train(config, events=events.append, cancel=cancel)
+            except Exception as err:  # shown to the user below; nothing escapes the thread
+                result["error"] = err
+
+        worker = threading.Thread(target=work, daemon=True)
+        started = time.monotonic()
+        worker.start()
+        keep = [gr.skip()] * (2 + len(KIND_LABELS))
+        try:
+            while worker.is_alive():
+                worker.join(0.75)
+                losses = [e["loss"] for e in events if e["stage"] == "train"]
+                yield [progress_line(events[-1] if events else None, time.monotonic() - started),
+                       charts.training_loss(losses), *keep]
+        finally:
+            if worker.is_alive():  # the page went away mid-run: stop it, free the CPU
+                cancel.set()
+            with self._lock:
+                if self._cancels.get(session) is cancel:
+                    del self._cancels[session]
+        if "error" in result:
+            err = result["error"]
+            stopped = cancel.is_set()
+            yield ["⏹ Stopped: the run was ended before it finished (cached data stays: a new run resumes from it)."
+                   if stopped else f"⚠ {err}", gr.skip(), *keep]
+            return
+        manifest = result["manifest"]
+        losses = (manifest.get("source") or {}).get("losses") or [e["loss"] for e in events if e["stage"] == "train"]
+        yield [finished_line(manifest), charts.training_loss(losses), trained_rows(self.service.trained()),
+               check_message(self.service, v), *(gr.update(choices=artifact_choices(self.service, k)) for k in KIND_LABELS)]
+
+    def stop(self, request: gr.Request) -> Any:
+        with self._lock:
+            cancel = self._cancels.get(request.session_hash)
+        if cancel is None:
+            return "No training run of yours is under way."
+        cancel.set()
+        return gr.skip()  # the run says itself that it stopped
