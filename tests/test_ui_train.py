@@ -70,3 +70,9 @@ def test_a_run_says_where_it_is_and_how_it_ended():
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_the_run_tab_offers_the_shipped_heads_first(tmp_path, kind):
     assert train.artifact_choices(Service(engines=tmp_path), kind) == [("shipped (assets/defaults)", "shipped")]
+
+
+def test_a_run_starts_from_the_shipped_heads_new_ones_or_a_finished_run_of_its_kind(tmp_path):
+    service = Service(engines=tmp_path)
+    assert [v for _, v in train.start_choices(service, "medusa")] == ["shipped", "scratch"]
+    assert service.training_run("trained:" + "0" * 16) is None and service.training_run("../x") is None

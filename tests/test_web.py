@@ -253,13 +253,14 @@ def test_api_train_keeps_a_run_that_the_run_tab_then_decodes_with(client):
     assert client.predict(api_name="/train_stop") == "No training run of yours is under way."
     job = client.submit(*[values[k] for k in FIELDS], api_name="/train")
     updates = list(job)
-    status, loss, table, check, medusa, eagle = job.result()
+    status, loss, table, check, start, medusa, eagle = job.result()
     assert status.startswith("✓ **EAGLE module** `trained:") and "on 1 Spec-Bench prompts" in status, status
     assert len(updates) >= 2 and any("▶ Step" in u[0] for u in updates[:-1])  # it said where it was while it ran
     name = status.split("`")[1]
     assert name in json.dumps(table) and "this exact run is done" in check
     assert [t["name"] for t in json.loads(loss["plot"])["data"]] == ["Training: per step", "mean of the last 10"]
     assert name in json.dumps(eagle) and name not in json.dumps(medusa)  # offered where it fits
+    assert name in json.dumps(start)  # and as a start for the next run of its kind
     view, run_status, *_ = client.predict(*run_args("eagle", eg_model=name), api_name="/run")
     assert "EAGLE** (float32) finished" in run_status and "tok-accepted" in view
     from gradio_client.exceptions import AppError
@@ -601,7 +602,8 @@ def test_browser_trains_heads_then_runs_with_them(page, screenshot):
     pick the run in the Run tab, decode with it; Stop ends a run that is under way."""
     page.get_by_role("tab", name="Train").click()
     page.get_by_label("Medusa heads", exact=True).check()
-    page.get_by_label("from scratch", exact=True).check()  # new heads: the loss falls steeply
+    page.locator("#tr-start input").click()
+    page.get_by_role("option", name="from scratch", exact=True).click()  # new heads: the loss falls steeply
     page.get_by_label("ShareGPT's answers", exact=True).check()
     for label, value in (("first ShareGPT conversation (data_offset)", "60"), ("conversations (data_limit)", "64"),
                          ("epochs", "2")):
@@ -618,6 +620,12 @@ def test_browser_trains_heads_then_runs_with_them(page, screenshot):
     page.wait_for_function("document.querySelectorAll('#tr-loss .scatterlayer .trace').length == 2")
     assert name in page.inner_text("#tr-table")
     screenshot("train")
+    # A row of the table shows that run again; the next Medusa run may go on from it.
+    page.locator("#tr-table [data-testid^='cell-'][data-testid$='-0']", has_text=name).click()
+    page.wait_for_function(f"document.querySelector('#tr-status').innerText.includes('{name}')")
+    page.locator("#tr-start input").click()
+    assert page.get_by_role("option", name=re.compile("^go on from trained " + name[8:16])).count() == 1
+    page.keyboard.press("Escape")
     # The Run tab offers it under Medusa's heads (and only there), and decodes with it.
     page.get_by_role("tab", name="Run").click()
     page.get_by_label("Medusa", exact=True).check()

@@ -230,6 +230,10 @@ class Service:
         return [m for m in self.store.list() if m["spec"]["backend"] == "training" and m["spec"]["model"] == self.model
                 and kind in (None, m["spec"]["mode"])]
 
+    def training_run(self, name: str) -> dict[str, Any] | None:
+        """The manifest of the finished training run `trained:<id>` for this server's model, or None."""
+        return next((m for m in self.trained() if training.PREFIX + m["id"] == name), None)
+
     def close(self) -> None:
         self.jobs.shutdown()
 

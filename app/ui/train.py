@@ -79,6 +79,12 @@ def artifact_choices(service: Service, kind: str) -> list[tuple[str, str]]:
     return [("shipped (assets/defaults)", SHIPPED)] + [(_run_label(m), PREFIX + m["id"]) for m in service.trained(kind)]
 
 
+def start_choices(service: Service, kind: str) -> list[tuple[str, str]]:
+    """Where a run of `kind` may start: the shipped heads, new ones, or any finished run of that kind (to go on)."""
+    return [("the shipped heads (fine-tune)", SHIPPED), ("from scratch", "scratch")] + [
+        ("go on from " + _run_label(m), PREFIX + m["id"]) for m in service.trained(kind)]
+
+
 def _run_label(manifest: dict) -> str:
     source, train = manifest.get("source") or {}, manifest["spec"]["config"]["train"]
     tau = (source.get("eval") or {}).get("mean_accepted_tokens")
@@ -146,8 +152,8 @@ class TrainTab:
         c: dict[str, Any] = {}
         with gr.Row():
             c["kind"] = gr.Radio([(v, k) for k, v in KIND_LABELS.items()], value="eagle", label="what to train", elem_id="tr-kind")
-            c["init_from"] = gr.Radio([("the shipped heads (fine-tune)", SHIPPED), ("from scratch", "scratch")],
-                                      value=SHIPPED, label="start from", elem_id="tr-start")
+            c["init_from"] = gr.Dropdown(start_choices(self.service, "eagle"), value=SHIPPED, allow_custom_value=False,
+                                         label="start from", elem_id="tr-start")
             c["data_source"] = gr.Radio([("the model's own answers", "self"), ("ShareGPT's answers", "sharegpt")],
                                         value="self", label="data (data_source)", elem_id="tr-source")
         with gr.Row():
@@ -177,13 +183,30 @@ class TrainTab:
         table = gr.Dataframe(trained_rows(self.service.trained()), headers=TABLE_HEADERS, interactive=False, elem_id="tr-table")
 
         inputs = [c[k] for k in FIELDS]
-        gr.on([comp.input for comp in inputs], lambda *v: check_message(self.service, dict(zip(FIELDS, v))), inputs, check,
-              queue=False, show_progress="hidden", api_visibility="private")
+        quiet = dict(queue=False, show_progress="hidden", api_visibility="private")
+        gr.on([comp.input for comp in inputs if comp is not c["kind"]],
+              lambda *v: check_message(self.service, dict(zip(FIELDS, v))), inputs, check, **quiet)
+        # Another kind starts from its own shipped heads: the choices and the verdict in one answer, so the
+        # verdict never speaks of a start the other kind had.
+        c["kind"].input(self.kind_changed, inputs, [c["init_from"], check], **quiet)
+        table.select(self.show_run, None, [status, plot], **quiet)
         pickers = [run_heads[k] for k in KIND_LABELS]
         # A run waits only for another run (one at a time on the server), never for a generation's queue.
-        start.click(self.train, inputs, [status, plot, table, check, *pickers], api_name="train", show_progress="hidden",
-                    concurrency_id="train", concurrency_limit=None)
+        start.click(self.train, inputs, [status, plot, table, check, c["init_from"], *pickers], api_name="train",
+                    show_progress="hidden", concurrency_id="train", concurrency_limit=None)
         stop.click(self.stop, None, status, queue=False, api_name="train_stop")
+
+    def kind_changed(self, *values):
+        v = {**dict(zip(FIELDS, values)), "init_from": SHIPPED}
+        return gr.update(choices=start_choices(self.service, v["kind"]), value=SHIPPED), check_message(self.service, v)
+
+    def show_run(self, event: gr.SelectData):
+        """A row of the runs' table picked: that run's result and loss curve."""
+        name = (event.row_value or [None])[0]
+        manifest = self.service.training_run(name) if isinstance(name, str) else None
+        if manifest is None:
+            return gr.skip(), gr.skip()
+        return finished_line(manifest), charts.training_loss((manifest.get("source") or {}).get("losses"))
 
     def train(self, request: gr.Request, *values):
         """Run the training (in a thread; this generator only draws), drawing the loss as it falls."""
@@ -209,7 +232,7 @@ class TrainTab:
         worker = threading.Thread(target=work, daemon=True)
         started = time.monotonic()
         worker.start()
-        keep = [gr.skip()] * (2 + len(KIND_LABELS))
+        keep = [gr.skip()] * (3 + len(KIND_LABELS))
         try:
             while worker.is_alive():
                 worker.join(0.75)
@@ -231,7 +254,8 @@ class TrainTab:
         manifest = result["manifest"]
         losses = (manifest.get("source") or {}).get("losses") or [e["loss"] for e in events if e["stage"] == "train"]
         yield [finished_line(manifest), charts.training_loss(losses), trained_rows(self.service.trained()),
-               check_message(self.service, v), *(gr.update(choices=artifact_choices(self.service, k)) for k in KIND_LABELS)]
+               check_message(self.service, v), gr.update(choices=start_choices(self.service, v["kind"])),
+               *(gr.update(choices=artifact_choices(self.service, k)) for k in KIND_LABELS)]
 
     def stop(self, request: gr.Request) -> Any:
         with self._lock:
