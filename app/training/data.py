@@ -367,9 +367,6 @@ def _shipped_shard(shipped: Path, key: dict, start: int, count: int, shard: int)
     """The shipped shard answering conversations [start, start + count): from the shipped slice of this key, or
     from any shipped slice made with the same settings that has exactly these conversations as one of its shards
     (a slice of 128 conversations from 6000 reads the first shard of the shipped 6000-7000)."""
-    exact = shipped / _cache_name("self", key) / f"shard-{(start - key['offset']) // shard:04d}.json.xz"
-    if exact.is_file():
-        return exact
     for path in sorted(shipped.glob("self-*/key.json")):
         made = json.loads(path.read_text())
         if any(made.get(f) != key[f] for f in key if f not in ("offset", "limit")):
