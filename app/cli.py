@@ -62,6 +62,12 @@ def _add_backend_flags(p: argparse.ArgumentParser) -> None:
                    help="auto: a reachable --remote-url, else TensorRT-LLM where installed, else transformers")
     p.add_argument("--remote-url", default=None, help="remote backend: an OpenAI-compatible server (python -m app serve, trtllm-serve)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="tensorrt_llm backend: GPUs per model")
+    p.add_argument("--vllm-python", default=None, help="vllm backend: the interpreter vLLM is installed in (default .venv-vllm)")
+    p.add_argument("--vllm-eager", action="store_true",
+                   help="vllm backend: start engines with --enforce-eager (no compilation: faster start, slower steps)")
+    p.add_argument("--vllm-reserved-cpus", type=int, default=None,
+                   help="vllm backend: cores vLLM leaves to its API server (VLLM_CPU_NUM_OF_RESERVED_CPU; default vLLM's, 1)")
+    p.add_argument("--vllm-intel-openmp", action="store_true", help="vllm backend: preload Intel's OpenMP in the engine")
 
 
 def _int_list(text: str, what: str) -> tuple[int, ...]:
@@ -143,7 +149,17 @@ def _service(args: argparse.Namespace, **limits):
 
     return Service(_engines(args), model=args.model, dtype=args.dtype, backend=getattr(args, "backend", "auto") or "auto",
                    remote_url=getattr(args, "remote_url", None), limits=Limits(**limits),
-                   tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
+                   tensor_parallel_size=getattr(args, "tensor_parallel_size", 1), vllm_settings=vllm_settings(args))
+
+
+def vllm_settings(args: argparse.Namespace):
+    from app.service import vllm
+
+    defaults = vllm.Settings()
+    return vllm.Settings(python=Path(args.vllm_python) if getattr(args, "vllm_python", None) else defaults.python,
+                         enforce_eager=getattr(args, "vllm_eager", False),
+                         reserved_cpus=getattr(args, "vllm_reserved_cpus", None),
+                         intel_openmp=getattr(args, "vllm_intel_openmp", False))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -165,7 +181,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 return 1
         run = _generate(service, data, args.mode, args.prompt, show=not args.json)
     finally:
-        service.close()
+        # A vLLM engine took a minute or more to start: it stays up for the next command (`engines stop ID` ends it).
+        service.close(stop_engines=False)
+        for build_id in sorted(service.backends["vllm"].started):
+            print(f"[vllm] engine {build_id} keeps running: python -m app engines stop {build_id}", file=sys.stderr)
     end = run.end or {}
     if end.get("error"):
         print(f"error: generation failed: {end['error']}", file=sys.stderr)
@@ -179,18 +198,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(end["text"])
     print(
         f"\n[{args.mode}] {t['new_tokens']} tokens in {t['target_steps']} target steps "
-        f"({t['tokens_per_step']:.2f} tokens/step), {t['new_tokens'] / t['elapsed_s']:.1f} tokens/s, "
-        f"accepted {t['accepted']}/{t['drafted']} drafted, finish: {end['finish_reason']}",
+        f"({t['new_tokens'] / max(t['target_steps'], 1):.2f} tokens/step), {t['new_tokens'] / t['elapsed_s']:.1f} tokens/s, "
+        f"accepted {t.get('accepted', '?')}/{t.get('drafted', '?')} drafted, finish: {end['finish_reason']}",
         file=sys.stderr,
     )
     if baseline is not None:
         parts = traces.speedup_parts(run.events, baseline.events)
         if parts:
             overall = f"{parts['overall']:.2f}x tokens/s; " if "overall" in parts else ""
+            split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
+                     if parts["verify"] is not None else "")
             print(f"[vs autoregressive] {overall}after the prefill "
                   f"{parts['decoding']:.2f}x = tau {parts['tau']:.2f} / a step of {parts['step_cost']:.2f} autoregressive "
-                  f"steps (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})",
-                  file=sys.stderr)
+                  f"steps{split}", file=sys.stderr)
     return 0
 
 
@@ -269,12 +289,14 @@ def cmd_engines(args: argparse.Namespace) -> int:
             json.dump(builds, sys.stdout, indent=1)
             print()
             return 0
-        print(f"{'id':16}  {'model':24} {'mode':14} {'backend':12} {'kind':20} {'created':24} {'build s':>8} {'MB':>8}")
+        print(f"{'id':16}  {'model':24} {'mode':14} {'backend':12} {'kind':20} {'created':24} {'build s':>8} {'MB':>8}  server")
         for m in builds:
             spec = m["spec"]
             size = sum(m.get("files", {}).values()) / 2**20
+            server = m.get("server")
+            state = "" if server is None else f"{server['state']} {server.get('url', '')}".rstrip()
             print(f"{m['id']:16}  {spec['model'][:24]:24} {spec['mode']:14} {spec['backend']:12} {m['kind']:20} "
-                  f"{m['created'][:24]:24} {m['duration_s']:8.1f} {size:8.1f}")
+                  f"{m['created'][:24]:24} {m['duration_s']:8.1f} {size:8.1f}  {state}")
         if not builds:
             print(f"(no builds in {service.store.builds})", file=sys.stderr)
         return 0
@@ -289,6 +311,11 @@ def cmd_engines(args: argparse.Namespace) -> int:
         service.engine_remove(args.id)
         print(f"removed {args.id}", file=sys.stderr)
         return 0
+    if args.action == "stop":
+        if service.engine_get(args.id) is None:
+            raise EngineError(f"there is no build '{args.id}'")
+        print(f"stopped {args.id}" if service.engine_stop(args.id) else f"{args.id} was not running", file=sys.stderr)
+        return 0
     data = request_data(args, args.mode)
     if args.plan:
         json.dump(service.engine_plan(data), sys.stdout, indent=1)
@@ -298,8 +325,11 @@ def cmd_engines(args: argparse.Namespace) -> int:
     def progress(fraction: float, message: str) -> None:
         print(f"[build {fraction:4.0%}] {message}", file=sys.stderr, flush=True)
 
-    json.dump(service.engine_build(data, progress=progress), sys.stdout, indent=1)
+    manifest = service.engine_build(data, progress=progress)
+    json.dump(manifest, sys.stdout, indent=1)
     print()
+    if "server" in manifest:  # a vLLM engine: it keeps running after this command (engines stop / rm ID ends it)
+        print(f"{manifest['id']} {manifest['server'].get('url', manifest['server']['state'])}", file=sys.stderr)
     return 0
 
 
@@ -464,14 +494,16 @@ def build_parser() -> argparse.ArgumentParser:
     el.add_argument("--json", action="store_true")
     es = en_sub.add_parser("show", help="one build's manifest (or its failed attempt's)")
     es.add_argument("id")
-    er = en_sub.add_parser("rm", help="remove a build")
+    er = en_sub.add_parser("rm", help="remove a build (a vLLM engine is stopped first)")
     er.add_argument("id")
+    est = en_sub.add_parser("stop", help="stop a vLLM engine's server (its build stays)")
+    est.add_argument("id")
     eb = en_sub.add_parser("build", help="build (or reuse) what a mode needs on a backend")
     eb.add_argument("--mode", default="autoregressive", help=", ".join(MODES))
     eb.add_argument("--plan", action="store_true", help="print what the build would do (TensorRT-LLM: LLM API arguments, trtllm-build command) and stop")
     _add_decoding_flags(eb)
     _add_backend_flags(eb)
-    for p in (el, es, er):
+    for p in (el, es, er, est):
         p.add_argument("--engines-dir", default=None)
         p.add_argument("--model", default=BUNDLED)
         p.add_argument("--dtype", default="float32", choices=list(DTYPES))

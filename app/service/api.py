@@ -15,11 +15,12 @@ from typing import Any
 from app import bench, models
 from app.config import MODES, ConfigError
 from app.decoding.linear import fast_bf16
-from app.service import configs, training
+from app.service import configs, training, vllm
 from app.service.backends.base import Availability, Prompt
 from app.service.backends.remote import RemoteBackend
 from app.service.backends.tensorrt_llm import TensorRTLLMBackend
 from app.service.backends.transformers import TransformersBackend
+from app.service.backends.vllm import VLLMBackend
 from app.service.configs import DecodeRequest
 from app.service.engines import BuildSpec, EngineStore, Progress, spec_for, trtllm_serve_kwargs
 from app.service.jobs import Job, JobManager, Limits
@@ -44,6 +45,7 @@ class Service:
         remote_url: str | None = None,
         tensor_parallel_size: int = 1,
         limits: Limits = Limits(),
+        vllm_settings: vllm.Settings = vllm.Settings(),
     ) -> None:
         if backend not in ("auto", *configs.BACKENDS):
             raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(configs.BACKENDS)}")
@@ -62,6 +64,7 @@ class Service:
             "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call),
             "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
+            "vllm": VLLMBackend(self.store, dtype, vllm_settings),
         }
 
     # ------------------------------------------------------------------ what can run
@@ -102,6 +105,20 @@ class Service:
         if not fast_bf16():
             note += "; this CPU has no native bfloat16, so many-token passes are slow here and speculation earns little"
         return note
+
+    def vllm_note(self, request: DecodeRequest) -> str:
+        """What a user should know before running `request` on a vLLM engine: its method, what it ignores, whether
+        its engine is up (a first Run starts it: a minute or more)."""
+        backend = self.backends["vllm"]
+        spec = vllm.speculative_config(request)
+        method = f"vLLM `{spec['method']}`, num_speculative_tokens {spec['num_speculative_tokens']}" if spec else "vLLM, no speculation"
+        try:
+            state = backend.processes.state(self.store.spec_id(self.engine_spec(request)))["state"]
+        except (ConfigError, ValueError):
+            state = "stopped"
+        up = "its engine is running" if state == "running" else "the first Run starts its engine (1–3 minutes)"
+        ignored = vllm.ignored(request)
+        return f"{method}; {up}" + (f"; vLLM has no counterpart for: {', '.join(ignored)}" if ignored else "")
 
     # ------------------------------------------------------------------ configs
     def request(self, data: dict[str, Any] | DecodeRequest) -> DecodeRequest:
@@ -175,7 +192,8 @@ class Service:
 
     # ------------------------------------------------------------------ engine builds
     def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> BuildSpec:
-        return spec_for(self.request(data), model or self.model, tensor_parallel_size=self.tensor_parallel_size)
+        return spec_for(self.request(data), model or self.model, tensor_parallel_size=self.tensor_parallel_size,
+                        dtype=self.dtype)
 
     def _trtllm_kwargs(self, model: str, request: DecodeRequest) -> dict[str, Any]:
         """What the TensorRT-LLM backend passes to LLM(...): the store's build of the request's spec."""
@@ -186,17 +204,37 @@ class Service:
 
     def engine_build(self, data: dict[str, Any] | DecodeRequest, model: str | None = None,
                      progress: Progress | None = None) -> dict[str, Any]:
-        """The manifest of the build this config needs: reused, or built now (once, however many ask)."""
-        return self.store.build(self.engine_spec(data, model), progress=progress)
+        """The manifest of the build this config needs: reused, or built now (once, however many ask). A vLLM
+        engine is also started (or found running): its manifest then carries `server` ({state, url, pid})."""
+        request = self.request(data)
+        if request.backend == "vllm":
+            backend = self.backends["vllm"]
+            manifest, _ = backend.engine(model or self.model, request, progress)
+            return {**manifest, "server": backend.processes.state(manifest["id"])}
+        return self.store.build(self.engine_spec(request, model), progress=progress)
 
     def engine_list(self) -> list[dict[str, Any]]:
-        return self.store.list()
+        """The ready builds, newest first; a vLLM engine's carries `server`: running (url, pid) or stopped."""
+        return [self._with_server(m) for m in self.store.list()]
 
     def engine_get(self, build_id: str) -> dict[str, Any] | None:
-        return self.store.get(build_id)
+        manifest = self.store.get(build_id)
+        return self._with_server(manifest) if manifest else None
+
+    def engine_stop(self, build_id: str) -> bool:
+        """Stop a vLLM engine's server (its build stays); True when one was running."""
+        return self.backends["vllm"].processes.stop(build_id)
 
     def engine_remove(self, build_id: str) -> None:
+        manifest = self.store.get(build_id)
+        if manifest and manifest.get("kind") == "vllm-server":
+            self.engine_stop(build_id)
         self.store.remove(build_id)
+
+    def _with_server(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        if manifest.get("kind") != "vllm-server":
+            return manifest
+        return {**manifest, "server": self.backends["vllm"].processes.state(manifest["id"])}
 
     # ------------------------------------------------------------------ training (the seed workflow)
     def train_config(self, data: dict[str, Any] | training.TrainConfig) -> training.TrainConfig:
@@ -234,8 +272,12 @@ class Service:
         """The manifest of the finished training run `trained:<id>` for this server's model, or None."""
         return next((m for m in self.trained() if training.PREFIX + m["id"] == name), None)
 
-    def close(self) -> None:
+    def close(self, stop_engines: bool = True) -> None:
+        """Stop the jobs and, unless told not to, the vLLM engines this service started (engines started
+        elsewhere keep running)."""
         self.jobs.shutdown()
+        if stop_engines:
+            self.backends["vllm"].stop_started()
 
 
 def _require_text(texts: list[str]) -> None:

@@ -28,7 +28,7 @@ MAX_DRAFT_LEN = 256  # TensorRT-LLM's engine builder asserts max_draft_len <= 25
 # bfloat16, side by side: 1.01x autoregressive unpruned, 1.45x pruned at 0.05; see README). Pruning keeps every mode
 # lossless: the tree stays a deterministic function of the context. TensorRT-LLM has no such setting (unset: none).
 MIN_PATH_PROB = 0.05
-BACKENDS = ("transformers", "tensorrt_llm", "remote")
+BACKENDS = ("transformers", "tensorrt_llm", "remote", "vllm")
 TRTLLM_BACKENDS = {
     "autoregressive": ("pytorch", "tensorrt"),
     "prompt_lookup": ("pytorch",),
@@ -289,11 +289,17 @@ class DecodeRequest(_Config):
             raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
             raise ConfigError(f"max_new_tokens is limited to {max_new_tokens_limit} here, got {self.max_new_tokens}")
-        if self.dtype != "auto" and self.backend != "transformers":
+        if self.dtype != "auto" and self.backend not in ("transformers", "vllm"):
             raise ConfigError(
-                f"dtype {self.dtype} can be chosen per request on the transformers backend only; "
+                f"dtype {self.dtype} can be chosen per request on the transformers and vllm backends only; "
                 f"{self.backend} runs the model in the dtype it was built or served with: use auto"
             )
+        if self.backend == "vllm":
+            from app.service import vllm  # it builds on these configs
+
+            reason = vllm.method_reason(self)
+            if reason:
+                raise ConfigError(reason)
         if self.backend == "tensorrt_llm":
             allowed = TRTLLM_BACKENDS[self.mode]
             flavour = self.trtllm_backend or allowed[0]

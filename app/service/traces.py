@@ -5,7 +5,10 @@ A trace is what the Run tab's download offers and `python -m app generate --json
   mode, model, dtype, request (the DecodeRequest data), prompt (the user turn), finish_reason, text, token_ids, prompt_ids,
   texts (token id -> text piece, for every id the prompt and the steps show), steps (the service's step
   messages without `type` and `texts`), totals; and, when the run raced autoregressive decoding,
-  baseline: that run's trace.
+  baseline: that run's trace. A run on a vLLM engine adds `engine` (its build, version, dtype and the
+  speculative_config it served, the request's settings it had no counterpart for, what it does not reveal)
+  and `spec_decode` (the engine's counters for the request: num_drafts, num_draft_tokens,
+  num_accepted_tokens, accepted_per_pos).
 A trace read back may come from anyone, so `parse` checks and normalises it before anything draws it.
 """
 
@@ -23,7 +26,7 @@ MAX_BYTES = 32 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
 MAX_STEPS = 4096  # four times the service's longest generation; the step view of more is megabytes of HTML a redraw
 FINISH_REASONS = ("eos", "length", "cancelled", "timeout", "error")
 KINDS = ("prefill", "decode")
-ADDED_KINDS = ("next", "correction", "bonus")
+ADDED_KINDS = ("next", "correction", "bonus", "engine")  # engine: correction or bonus, the engine does not say
 NOT_A_TRACE = ("not a SpecDec trace: expected the Run tab's download or the output of "
                "`python -m app generate --json`")
 
@@ -45,6 +48,7 @@ class Recording:
         self.texts: dict[int, str] = {}
         self.events: list[dict[str, Any]] = []
         self.end: dict[str, Any] | None = None
+        self.engine: dict[str, Any] | None = None  # a vLLM run's engine (see the module's docstring)
 
     def add(self, message: dict[str, Any]) -> None:
         self.texts.update(message.get("texts") or {})
@@ -52,6 +56,8 @@ class Recording:
             self.prompt_ids = message["prompt_ids"]
             self.dtype = message.get("dtype")
             self.model = message.get("model")
+            if message.get("engine"):
+                self.engine = {**message["engine"], "not_visible": message.get("not_visible") or []}
         elif message["type"] == "step":
             self.events.append({k: v for k, v in message.items() if k not in ("texts", "type")})
         else:
@@ -68,14 +74,20 @@ class Recording:
     def record(self) -> dict[str, Any]:
         """The run as session state (gr.State): from_record gives it back."""
         return {"mode": self.mode, "request": self.request, "prompt": self.prompt, "model": self.model, "dtype": self.dtype,
-                "prompt_ids": self.prompt_ids, "texts": self.texts, "events": self.events, "end": self.end}
+                "prompt_ids": self.prompt_ids, "texts": self.texts, "events": self.events, "end": self.end,
+                "engine": self.engine}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Recording:
         run = cls(record["mode"], record.get("request"), record.get("prompt"))
         run.prompt_ids, run.texts, run.events, run.end = record["prompt_ids"], record["texts"], record["events"], record["end"]
-        run.dtype, run.model = record.get("dtype"), record.get("model")
+        run.dtype, run.model, run.engine = record.get("dtype"), record.get("model"), record.get("engine")
         return run
+
+    @property
+    def spec_decode(self) -> dict[str, Any] | None:
+        """The engine's own acceptance counters for this run (vLLM), or None."""
+        return (self.end or {}).get("spec_decode")
 
     def trace(self, baseline: Recording | None = None) -> dict[str, Any]:
         """The run as a trace (the module's docstring)."""
@@ -84,6 +96,8 @@ class Recording:
                "finish_reason": end.get("finish_reason"), "text": end.get("text", ""),
                "token_ids": end.get("token_ids", self.token_ids), "prompt_ids": self.prompt_ids, "texts": self.texts,
                "steps": self.events, "totals": end.get("totals")}
+        if self.engine is not None:
+            out.update(engine=self.engine, spec_decode=self.spec_decode)
         if baseline is not None:
             out["baseline"] = baseline.trace()
         return out
@@ -99,11 +113,14 @@ def decoding(events: list[dict] | None) -> dict | None:
     prefill = next((e for e in events if e.get("kind") == "prefill"), None)
     start = ((prefill or {}).get("totals") or {}).get("elapsed_s", 0.0)
     end = (steps[-1].get("totals") or {}).get("elapsed_s")
-    times = [start, end] + [e.get(k) for e in steps for k in ("draft_time_s", "verify_time_s")]
-    if not all(_number(x) for x in times) or end <= start:
+    if not (_number(start) and _number(end)) or end <= start:
         return None
-    return {"tokens": sum(len(e.get("tokens") or []) for e in steps), "steps": len(steps), "seconds": end - start,
-            "draft_s": sum(e["draft_time_s"] for e in steps), "verify_s": sum(e["verify_time_s"] for e in steps)}
+    out = {"tokens": sum(len(e.get("tokens") or []) for e in steps), "steps": len(steps), "seconds": end - start,
+           "draft_s": None, "verify_s": None}
+    # An engine that does not time its steps apart (vLLM) leaves them None: tau and the step's cost are still known.
+    if all(_number(e.get(k)) for e in steps for k in ("draft_time_s", "verify_time_s")):
+        out.update(draft_s=sum(e["draft_time_s"] for e in steps), verify_s=sum(e["verify_time_s"] for e in steps))
+    return out
 
 
 def _steps(events: list[dict] | None) -> list[dict]:
@@ -122,9 +139,10 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dic
     ar_step = base["seconds"] / base["tokens"]  # autoregressive commits one token a step
     step = run["seconds"] / run["steps"]
     cost = step / ar_step
-    verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
-    parts = {"tau": run["tokens"] / run["steps"], "step_cost": cost, "verify": verify, "draft": draft,
-             "loop": max(0.0, cost - verify - draft)}
+    parts = {"tau": run["tokens"] / run["steps"], "step_cost": cost, "verify": None, "draft": None, "loop": None}
+    if run["verify_s"] is not None:
+        verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
+        parts.update(verify=verify, draft=draft, loop=max(0.0, cost - verify - draft))
     parts["decoding"] = parts["tau"] / cost
     totals = [(_steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
     if all(_number(t.get("elapsed_s")) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
@@ -183,8 +201,39 @@ def _parse(data: Any, what: str) -> Recording:
     last = run.events[-1]
     run.end = {"type": "end", "finish_reason": _reason(data.get("finish_reason")) or last.get("finish_reason"),
                "text": text if isinstance(text, str) else "", "token_ids": run.token_ids, "totals": last["totals"],
-               "error": None}
+               "error": None, "spec_decode": _spec_decode(data.get("spec_decode"))}
+    run.engine = _engine(data.get("engine"))
     return run
+
+
+def _spec_decode(value: Any) -> dict[str, Any] | None:
+    """An engine's counters: whole numbers only (anything else is dropped, not shown)."""
+    if not isinstance(value, dict):
+        return None
+    out = {k: value[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens") if _is_count(value.get(k))}
+    per_pos = value.get("accepted_per_pos")
+    if isinstance(per_pos, list) and len(per_pos) <= MAX_STEPS and all(_is_count(x) for x in per_pos):
+        out["accepted_per_pos"] = per_pos
+    return out if len(out) == 4 else None
+
+
+def _engine(value: Any) -> dict[str, Any] | None:
+    """An engine's description, reduced to short strings and numbers the display prints."""
+    if not isinstance(value, dict) or not isinstance(value.get("engine"), str):
+        return None
+    out: dict[str, Any] = {k: value[k][:64] for k in ("engine", "build", "version", "dtype") if isinstance(value.get(k), str)}
+    spec = value.get("speculative_config")
+    if isinstance(spec, dict):
+        out["speculative_config"] = {str(k)[:64]: v for k, v in list(spec.items())[:16]
+                                     if _number(v) or (isinstance(v, str) and len(v) <= 256) or v is None}
+    for key in ("ignored", "not_visible"):
+        items = value.get(key)
+        out[key] = [x[:200] for x in items[:16] if isinstance(x, str)] if isinstance(items, list) else []
+    return out
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
 
 
 def _step(step: Any, i: int, what: str) -> dict[str, Any]:

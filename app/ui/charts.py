@@ -238,13 +238,20 @@ def acceptance_counts(events: list[dict]) -> tuple[list[int], list[int]]:
     return offered, accepted
 
 
-def acceptance_by_depth(events: list[dict]) -> go.Figure:
-    """α_d per draft depth: where along a draft the target stops agreeing (acceptance_counts)."""
+def acceptance_by_depth(events: list[dict], spec_decode: Mapping | None = None) -> go.Figure:
+    """α_d per draft depth: where along a draft the target stops agreeing (acceptance_counts), or, for an engine
+    that does not show its drafts (vLLM), from its own counters: drafts reaching depth d = those accepted at d − 1."""
     title = "Acceptance by draft depth"
     events = _steps(events)
     if not events:
         return _empty(title)
     offered, accepted = acceptance_counts(events)
+    if not offered and isinstance(spec_decode, Mapping) and spec_decode.get("num_drafts"):
+        title = "Acceptance by draft position (the engine's counters)"
+        accepted = [int(x) for x in spec_decode.get("accepted_per_pos") or []]
+        offered = [int(spec_decode["num_drafts"])] + accepted[:-1]
+        # A draft shorter than d never reaches d: this reads a little low where drafts vary in length (ngram).
+        accepted, offered = zip(*[(a, n) for a, n in zip(accepted, offered) if n]) if any(offered) else ((), ())
     if not offered:
         return _empty(title, "Nothing drafted: one target pass per token.")
     depth = list(range(1, len(offered) + 1))

@@ -14,6 +14,7 @@ Stable CSS classes, all under the root class `specdec` (tests and the browser te
   tok-rejected    a draft token not committed: struck through and faded
   tok-added       the token the target added itself; plus one of
     tok-next        plain next token (no draft, or no draft child at that node): no mark
+    tok-engine      an engine's own token, correction or bonus (vLLM does not say which): solid box, superscript "?"
     tok-correction  replaces a rejected draft token: solid box, superscript "c"
     tok-bonus       the whole draft path was accepted: dashed box, superscript "+"
   more-rejected   "+k": draft nodes rejected in other branches of a tree (not shown inline)
@@ -43,7 +44,7 @@ NODE_ON_PATH = ('class="node accepted"', 'fill="#56B4E9" fill-opacity="0.35" str
                 ' font-weight="700"')
 NODE_OFF_PATH = ('class="node rejected" opacity="0.7"',
                  'fill="#8c8c8c" fill-opacity="0.12" stroke="#8c8c8c" stroke-width="1" stroke-dasharray="4 3"', "")
-ADDED_KINDS = ("next", "correction", "bonus")
+ADDED_KINDS = ("next", "correction", "bonus", "engine")
 
 # Okabe-Ito colours (colour-blind safe); every colour also has a non-colour cue (underline, strike,
 # box, superscript). Backgrounds are translucent tints so the text keeps the page's own colour on
@@ -66,6 +67,8 @@ line-height:1.9;font-size:1.05em}
 .specdec .tok-correction::after,.specdec .lg-correction::after{content:"c";font-size:.6em;vertical-align:super;font-weight:700;color:var(--sd-cor)}
 .specdec .tok-bonus::after,.specdec .lg-bonus::after{content:"+";font-size:.7em;vertical-align:super;font-weight:700;color:var(--sd-bon)}
 .specdec .lg-next{border-bottom:1px dotted var(--sd-line)}
+.specdec .tok-engine,.specdec .lg-engine{outline:2px solid var(--sd-line);outline-offset:-1px}
+.specdec .tok-engine::after,.specdec .lg-engine::after{content:"?";font-size:.6em;vertical-align:super;font-weight:700}
 .specdec .special{opacity:.6;font-size:.85em}
 .specdec .ws{opacity:.55}
 .specdec .more-rejected{font-size:.6em;vertical-align:super;color:var(--sd-rej);opacity:.8}
@@ -105,6 +108,7 @@ LEGEND = (
     '<span class="lg-item"><span class="lg-correction">token</span> target\'s correction (box, c)</span>'
     '<span class="lg-item"><span class="lg-bonus">token</span> bonus after a fully accepted draft (dashed box, +)</span>'
     '<span class="lg-item"><span class="lg-next">token</span> target\'s next token, nothing drafted (plain)</span>'
+    '<span class="lg-item"><span class="lg-engine">token</span> an engine\'s own token, correction or bonus: it does not say (box, ?)</span>'
     '<span class="lg-item"><span class="lg-step">&#8203;</span>step boundary and number (one target pass)</span>'
     "</div>"
 )
@@ -242,6 +246,23 @@ def rejected_branch(parents: list[int], accepted: list[int], rejected: Iterable[
         node = nxt
 
 
+def _engine_step(event: Mapping) -> bool:
+    """A step an engine streamed (vLLM): its committed tokens are known, its draft is not."""
+    source = event.get("source")
+    return isinstance(source, Mapping) and isinstance(source.get("engine"), str)
+
+
+def spec_decode_line(counters: Mapping | None) -> str:
+    """An engine's acceptance counters for one run, in words (vLLM: /metrics before and after the request)."""
+    if not isinstance(counters, Mapping) or not counters.get("num_drafts"):
+        return ""
+    drafts, drafted, accepted = counters["num_drafts"], counters["num_draft_tokens"], counters["num_accepted_tokens"]
+    per_pos = " / ".join(str(x) for x in counters.get("accepted_per_pos") or [])
+    return (f"engine counters: {drafts} drafts of {drafted} tokens, {accepted} accepted "
+            f"({accepted / drafted:.0%}; mean acceptance length {1 + accepted / drafts:.2f})"
+            + (f"; accepted by draft position {per_pos}" if per_pos else ""))
+
+
 def _split(event: Mapping) -> tuple[list[int], list[int], str]:
     """(accepted draft tokens, tokens the target added, added kind), both cut to what was committed."""
     tokens = list(event.get("tokens") or [])
@@ -257,13 +278,16 @@ def _step_title(event: Mapping, texts: dict[int, str], number: Any) -> str:
     tokens, parents = _parents(event)
     accepted, added, kind = _split(event)
     lines = [f"Step {number} · {event.get('kind') or 'decode'}"]
+    engine = _engine_step(event)
     if event.get("kind") != "prefill":
-        lines.append(f"drafted {len(tokens)} · accepted {len(accepted)} · rejected {len(event.get('rejected') or [])}")
+        lines.append(f"accepted {len(accepted)} (the engine does not show its draft)" if engine else
+                     f"drafted {len(tokens)} · accepted {len(accepted)} · rejected {len(event.get('rejected') or [])}")
     if added:
         lines.append(f"target added {_quote(added[0], texts)} ({kind})")
     elif event.get("added_token") is None and event.get("tokens"):
         lines.append("nothing added: the output ended inside the accepted draft")
-    lines.append(f"draft {_ms(event.get('draft_time_s'))} · verify {_ms(event.get('verify_time_s'))}")
+    if not engine:
+        lines.append(f"draft {_ms(event.get('draft_time_s'))} · verify {_ms(event.get('verify_time_s'))}")
     if event.get("finish_reason"):
         lines.append(f"finished: {event['finish_reason']}")
     return esc("\n".join(lines))
@@ -344,15 +368,21 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     mode = infer_mode([event])
 
     out = [f"<h4>Step {esc(number)} · {esc(event.get('kind') or 'decode')}</h4>"]
-    summary = [f"drafted {len(tokens)}", f"accepted {len(accepted)}"]
-    summary.append(f"draft {_ms(event.get('draft_time_s'))}, verify {_ms(event.get('verify_time_s'))}")
+    if _engine_step(event):
+        summary = [f"accepted {len(accepted)}", f"committed {len(event.get('tokens') or [])}",
+                   f"{source.get('engine')} engine step: its draft and timings are not visible"]
+    else:
+        summary = [f"drafted {len(tokens)}", f"accepted {len(accepted)}",
+                   f"draft {_ms(event.get('draft_time_s'))}, verify {_ms(event.get('verify_time_s'))}"]
     out.append(f'<p class="sd-summary">{esc(" · ".join(summary))}</p>')
 
     committed = [_tok(t, texts, "tok-accepted") for t in accepted]
     committed += [_tok(t, texts, f"tok-added tok-{kind}") for t in added]
     what = {"correction": "the target's correction replaces the first rejected draft token",
             "bonus": "every draft token on the path was accepted, so the target's next token comes free",
-            "next": "the target's own next token"}[kind] if added else "the output ended inside the accepted draft"
+            "next": "the target's own next token",
+            "engine": "the target's own token: a correction of a rejected draft token, or its next token after a step "
+                      "that drafted nothing (the engine does not say which)"}[kind] if added else "the output ended inside the accepted draft"
     out.append(f'<div class="sd-row">Committed: {"".join(committed) or "nothing"} '
                f'<span class="sd-note">({esc(what)})</span></div>')
 
@@ -805,9 +835,10 @@ def speedup_line(events: list[dict] | None, baseline: list[dict] | None) -> str:
     if not parts:
         return ""
     overall = f"**{parts['overall']:.2f}×** the autoregressive run's tokens/s · " if "overall" in parts else ""
+    split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
+             if parts["verify"] is not None else " (the engine does not time drafting and verifying apart)")
     return (f"{overall}after the prefill {parts['decoding']:.2f}× = τ {parts['tau']:.2f} ÷ a step costing "
-            f"{parts['step_cost']:.2f} autoregressive steps (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} "
-            f"+ loop {parts['loop']:.2f})")
+            f"{parts['step_cost']:.2f} autoregressive steps{split}")
 
 
 def totals_line(event: Mapping | None) -> str:

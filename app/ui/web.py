@@ -204,7 +204,9 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
         if getattr(c, "prompt_lookup", None) is not None:
             pl = c.prompt_lookup
             extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
-    if note := service.dtype_note(request.dtype):
+    if request.backend == "vllm":
+        extra += f" · {service.vllm_note(request)}"
+    elif note := service.dtype_note(request.dtype):
         extra += f" · {note}"
     return f"✓ Valid · {info['lossless']}{extra}"
 
@@ -358,7 +360,7 @@ class Studio:
             charts.tokens_per_step(events),
             # The browser redraws every chart it is sent, on the cores the model runs on: while generating,
             # only the race and the per-step bars are live; the rest are drawn once at the end.
-            charts.acceptance_by_depth(events) if final else gr.skip(),
+            charts.acceptance_by_depth(events, run.spec_decode) if final else gr.skip(),
             charts.tokens_per_step_hist(events) if final else gr.skip(),
             charts.throughput(events) if final else gr.skip(),
             charts.timing(events) if final else gr.skip(),
@@ -809,6 +811,9 @@ def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
 
 def _status(run: Recording) -> str:
     label = f"**{learn.label(run.mode)}**" + (f" ({run.dtype})" if run.dtype else "")
+    if run.engine:
+        method = (run.engine.get("speculative_config") or {}).get("method")
+        label += f" on vLLM {run.engine.get('version') or ''}".rstrip() + (f" (`{method}`)" if method else "")
     if not run.events:
         return f"{label}: loading and prefilling…"
     line = render.totals_line(run.events[-1])
@@ -817,7 +822,8 @@ def _status(run: Recording) -> str:
     reason = run.end.get("finish_reason")
     word = {"eos": "finished (end of sequence)", "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
             "timeout": "⏱ stopped by the time limit"}.get(reason, str(reason))
-    return f"{label} {word} · {line}"
+    counters = render.spec_decode_line(run.spec_decode)
+    return f"{label} {word} · {line}" + (f" · {counters}" if counters else "")
 
 
 def _recording_path(name: str | None) -> str | None:

@@ -1,0 +1,100 @@
+"""The vllm backend: generation on a vLLM engine the service starts and keeps (app/service/vllm.py).
+
+The engine is a vLLM OpenAI server; a run goes through the same streaming client as the remote
+backend (remote.engine_work), with the prompt encoded here by the model's own tokenizer so that vLLM
+and the project's loop see the same prompt token ids.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from app import models
+from app.config import ConfigError
+from app.service import configs, vllm
+from app.service.backends import remote
+from app.service.backends.base import Availability, Prompt
+from app.service.configs import DecodeRequest
+from app.service.engines import EngineError, EngineStore, Progress, spec_for
+from app.service.jobs import Limits, Work
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, store: EngineStore, dtype: str = "float32", settings: vllm.Settings = vllm.Settings()) -> None:
+        self.store = store
+        self.dtype = dtype
+        self.settings = settings
+        self.processes = vllm.Processes(store.builds, settings)
+        self.started: set[str] = set()  # engines this backend started: stopped when the service closes
+        self._tokenizers: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def availability(self) -> Availability:
+        reason = vllm.unavailable(self.settings)
+        return Availability(reason is None, reason or "")
+
+    def supports(self, mode: str, model: str | None = None) -> str | None:
+        reason = vllm.unavailable(self.settings)
+        if reason:
+            return reason
+        request = DecodeRequest(speculative_config={"decoding_type": configs.MODE_TYPES[mode]}
+                                if mode != "eagle" else {"decoding_type": "Eagle", "eagle_choices": "[[0],[0,0],[0,0,0]]",
+                                                         "use_dynamic_tree": False})
+        artifact = models.default_artifact(model or models.BUNDLED, "eagle") if mode == "eagle" else None
+        if mode == "eagle" and artifact is None:
+            return f"no EAGLE-3 module for {model}: set speculative_model"
+        return vllm.method_reason(request, artifact)
+
+    def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None, cancel=None) -> tuple[dict, str]:
+        """The build of the request's engine and its running server's URL (built, started or reused)."""
+        try:
+            manifest = self.store.build(spec_for(request, model, dtype=self.dtype), progress=progress)
+        except EngineError as err:
+            raise ConfigError(str(err)) from None
+        url = self.processes.ensure(manifest, progress or (lambda f, m: None), cancel)
+        with self._lock:
+            self.started.add(manifest["id"])
+        return manifest, url
+
+    def tokenizer(self, model: str):
+        with self._lock:
+            if model not in self._tokenizers:
+                self._tokenizers[model] = models.load_tokenizer(model, self.store.root)
+            return self._tokenizers[model]
+
+    def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
+        try:
+            manifest, url = self.engine(model, request)
+        except vllm.VLLMError as err:
+            raise remote.RemoteError(str(err)) from None
+        tok = self.tokenizer(model)
+        prompt_ids = encode(tok, prompt)
+        configs.check_prompt_limit(len(prompt_ids), limits.max_prompt_tokens)
+        configs.check_context(len(prompt_ids), request.max_new_tokens, self.settings.max_model_len - request.max_new_tokens)
+        engine = {"engine": "vllm", "build": manifest["id"], "version": manifest["spec"]["versions"].get("vllm"),
+                  "dtype": manifest["spec"]["config"]["dtype"],
+                  "speculative_config": manifest["spec"]["config"]["speculative_config"],
+                  "ignored": vllm.ignored(request)}
+        client = remote.Engine(url, model, texts=lambda ids: {i: tok.decode([i]) for i in set(ids)})
+        return client.work(request, prompt_ids, engine)
+
+    def stop_started(self) -> None:
+        with self._lock:
+            started, self.started = self.started, set()
+        for build_id in started:
+            self.processes.stop(build_id)
+
+
+def encode(tok, prompt: Prompt) -> list[int]:
+    """The prompt's token ids as the transformers backend makes them (the chat template for a user turn)."""
+    if prompt.messages or (not prompt.raw and getattr(tok, "chat_template", None)):
+        messages = prompt.messages or [{"role": "user", "content": prompt.text}]
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    return tok.encode(prompt.text, add_special_tokens=True)
+
+
+def model_dir(store: EngineStore, model: str) -> Path:
+    return Path(models.locate(model, store.root))

