@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -20,6 +21,8 @@ from app.service import traces
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_bench" / "question.jsonl"
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+# Our mode -> the vLLM method that does its job (vllm.METHODS); a vLLM peer row is named vllm_<method>.
+VLLM_PEERS = {"autoregressive": "vllm_generate", "prompt_lookup": "vllm_ngram", "draft_target": "vllm_draft_model"}
 VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
 
 
@@ -77,18 +80,33 @@ def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], d
     return out[0, len(ids) :].tolist(), counter.calls
 
 
-def _one(name, target, configs, ids, draft, companions):
+def _engine_run(engine, ids: list[int]) -> tuple[list[int], int]:
+    """A vLLM peer: its output and engine steps (one streamed chunk each), the stream read to its last step."""
+    client, request, info = engine
+    out, steps = [], 0
+    for message in client.work(request, ids, info)(threading.Event()):
+        if message["type"] == "step":
+            out += message["tokens"]
+            steps += 1
+            if message["finish_reason"]:
+                break  # the engine's counters are read after this; they are not the peer's time
+    return out, steps
+
+
+def _one(name, target, configs, ids, draft, companions, engines=None):
     """(output ids, target passes, seconds, and for our modes where the decoding steps' time went)."""
     t0 = time.perf_counter()
     split = None
-    if name in PEERS:
+    if name in (engines or {}):
+        out, steps = _engine_run(engines[name], ids)
+    elif name in PEERS:
         base = configs.get("prompt_lookup") or configs["autoregressive"]
         out, steps = _peer(name, target, base, ids, draft)
     else:
         events = list(run_mode(target, configs[name], ids, companions.get(name)))
         out, steps = output_ids(events), events[-1].totals["target_steps"]
     elapsed = time.perf_counter() - t0
-    if name not in PEERS:
+    if name not in PEERS and name not in (engines or {}):
         decoding = traces.decoding([e.to_dict() for e in events])  # the Run tab's split of a step, by the loop's clock
         if decoding:
             split = {"prefill_s": events[0].verify_time_s, "decode_steps": decoding["steps"], "decode_s": decoding["seconds"],
@@ -104,24 +122,29 @@ def run(
     draft: LoadedModel | None = None,
     peers: bool = False,
     progress: TextIO | None = None,
+    engines: dict | None = None,
 ) -> dict:
+    """`engines`: vLLM peers by row name (vllm_generate, vllm_ngram, ...), each (remote.Engine, its DecodeRequest, its
+    engine description),
+    run interleaved with our modes prompt by prompt, timed as their client sees them (request to last step)."""
     if "autoregressive" not in configs:
         configs = {"autoregressive": DecodingConfig(**{**vars(next(iter(configs.values()))), "mode": "autoregressive"}), **configs}
     companions = companions or {}
     names = list(configs)
     if peers:
         names += ["hf_generate", "hf_prompt_lookup"] + (["hf_assisted"] if draft is not None else [])
+    names += list(engines or {})
     # Warm-up: the first calls of each path pay one-off costs (allocations, kernel selection).
     warm = target.encode("Say hello.")
     short = {k: DecodingConfig(**{**vars(c), "max_new_tokens": 8}) for k, c in configs.items()}
     for name in names:
-        _one(name, target, short, warm, draft, companions)
+        _one(name, target, short, warm, draft, companions, engines)
     runs = []
     for i, prompt in enumerate(prompts):
         ids = target.encode(prompt["text"])
         reference = None
         for name in names:  # interleaved: every mode sees the same machine state, prompt by prompt
-            out, steps, elapsed, split = _one(name, target, configs, ids, draft, companions)
+            out, steps, elapsed, split = _one(name, target, configs, ids, draft, companions, engines)
             if name == "autoregressive":
                 reference = out
             runs.append(
@@ -292,7 +315,8 @@ def ratio_ci(runs: list[dict], a: str, b: str, category: str | None = None, leve
 
 
 # Our mode and the transformers peer doing the same job, compared side by side in a bench run.
-VERSUS = (("autoregressive", "hf_generate"), ("prompt_lookup", "hf_prompt_lookup"), ("draft_target", "hf_assisted"))
+VERSUS = (("autoregressive", "hf_generate"), ("prompt_lookup", "hf_prompt_lookup"), ("draft_target", "hf_assisted"),
+          *VLLM_PEERS.items())
 
 
 def versus(runs: list[dict]) -> list[dict]:

@@ -62,6 +62,10 @@ def _add_backend_flags(p: argparse.ArgumentParser) -> None:
                    help="auto: a reachable --remote-url, else TensorRT-LLM where installed, else transformers")
     p.add_argument("--remote-url", default=None, help="remote backend: an OpenAI-compatible server (python -m app serve, trtllm-serve)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="tensorrt_llm backend: GPUs per model")
+    _add_vllm_flags(p)
+
+
+def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-python", default=None, help="vllm backend: the interpreter vLLM is installed in (default .venv-vllm)")
     p.add_argument("--vllm-eager", action="store_true",
                    help="vllm backend: start engines with --enforce-eager (no compilation: faster start, slower steps)")
@@ -370,7 +374,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
               "k tokens costs several one-token passes and speculative modes earn little; see the verify cost below, "
               "or use --dtype float32",
               file=sys.stderr)
-    result = bench.run(target, configs, prompts, companions=companions, draft=draft, peers=args.peers, progress=sys.stderr)
+    service = _service(args)
+    try:
+        engines = _vllm_peers(args, service, modes) if args.peers else {}
+        result = bench.run(target, configs, prompts, companions=companions, draft=draft, peers=args.peers,
+                           progress=sys.stderr, engines=engines)
+    finally:
+        service.close()  # the vLLM engines the bench started
     print(bench.format_table(result["summary"]))
     if result["versus"]:
         print(bench.format_versus(result["versus"]) + "\n")
@@ -378,6 +388,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, result)
     return 0
+
+
+def _vllm_peers(args: argparse.Namespace, service, modes: list[str]) -> dict:
+    """The vLLM engines doing our modes' jobs (bench.VLLM_PEERS), started in the bench's dtype; {} without vLLM."""
+    from app import bench
+    from app.service.backends.remote import Engine
+
+    backend = service.backends["vllm"]
+    if not backend.availability().available:
+        print(f"note: no vLLM peers: {backend.availability().reason}", file=sys.stderr)
+        return {}
+    engines = {}
+    for mode in ["autoregressive", *modes]:
+        name = bench.VLLM_PEERS.get(mode)
+        if name is None or name in engines:
+            continue
+        request = service.request({**request_data(args, mode), "backend": "vllm"})
+        try:
+            manifest, url = backend.engine(args.model, request, progress=lambda f, m: print(f"[vllm] {m}", file=sys.stderr, flush=True))
+        except (ConfigError, EngineError) as err:
+            print(f"note: no {name} row: {err}", file=sys.stderr)
+            continue
+        info = {"engine": "vllm", "speculative_config": manifest["spec"]["config"]["speculative_config"]}
+        engines[name] = (Engine(url, args.model, texts=lambda ids: {}), request, info)
+    return engines
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -513,12 +548,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
     b.add_argument("--limit", type=int, default=5, help="prompts per category")
     b.add_argument("--modes", default="autoregressive,prompt_lookup,lookahead")
-    b.add_argument("--peers", action="store_true", help="also run transformers' generate() variants")
+    b.add_argument("--peers", action="store_true", help="also run transformers' generate() variants and, where vLLM "
+                   "is installed (.venv-vllm), vLLM engines doing the same jobs (vllm_generate, vllm_ngram, vllm_draft_model)")
     b.add_argument("--json", default=None, metavar="OUT", help="write summary and per-run records here")
     b.add_argument("--ui-overhead", action="store_true",
                    help="instead: time each mode through the web app (launched in this process) against the same "
                    "generation without it, alternately, and report the overhead (the app's own defaults per mode)")
     _add_decoding_flags(b)
+    _add_vllm_flags(b)
     b.set_defaults(func=cmd_bench)
     t = sub.add_parser("train", help="train Medusa heads, an EAGLE module or a distilled draft on a frozen model")
     t.add_argument("--mode", required=True, choices=["medusa", "eagle", "draft"])

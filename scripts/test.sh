@@ -31,7 +31,8 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 
 status=0
-.venv/bin/python -m pytest -n 2 -q --junitxml="$TEST_ARTIFACTS_DIR/junit.xml" "${@:-tests}" || status=$?
+# loadgroup: the vLLM tests (xdist_group "vllm") share their started engines in one worker.
+.venv/bin/python -m pytest -n 2 --dist loadgroup -q --junitxml="$TEST_ARTIFACTS_DIR/junit.xml" "${@:-tests}" || status=$?
 
 if ((status == 5)); then
     echo "test.sh: no tests were collected; treating as failure" >&2

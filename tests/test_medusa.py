@@ -736,7 +736,7 @@ def test_export_trtllm_layout_and_round_trip(tmp_path, tiny_model):
     mh.export_trtllm(heads, lm_weight, tmp_path / "x", base_model="org/tiny", dtype=torch.float32)
     config = json.loads((tmp_path / "x" / "config.json").read_text())
     assert config == {"medusa_num_heads": 3, "medusa_num_layers": 2, "hidden_size": H, "vocab_size": V,
-                      "base_model_name_or_path": "org/tiny"}
+                      "base_model_name_or_path": "org/tiny", "medusa_fc_bias": True}
     tensors = load_file(str(tmp_path / "x" / "medusa_lm_head.safetensors"))
     # The keys TensorRT-LLM's load_medusa_hf reads (state dict of Medusa's `medusa_head` ModuleList).
     expected = {f"{k}.{l}.linear.{w}" for k in range(3) for l in range(2) for w in ("weight", "bias")}

@@ -594,6 +594,11 @@ def test_speedup_parts_need_decoding_steps_and_usable_times():
     assert traces.speedup_parts(base, _run(0.5, [])) is None
     broken = _run(0.5, [(2, 0.1, 0.0, 0.1)])
     broken[1]["verify_time_s"] = "soon"  # an uploaded trace may carry anything
+    # τ and the step's cost come from the clock alone; the split into verify and draft needs every step's times.
+    parts = traces.speedup_parts(broken, base)
+    assert parts["tau"] == 2 and parts["verify"] is parts["draft"] is parts["loop"] is None
+    assert "no draft and verify times" in render.speedup_line(broken, base)
+    broken[1]["totals"]["elapsed_s"] = float("nan")
     assert traces.speedup_parts(broken, base) is None and render.speedup_line(broken, base) == ""
     assert traces.speedup_parts(None, None) is None
 

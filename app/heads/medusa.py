@@ -296,6 +296,8 @@ def export_trtllm(
         "hidden_size": cfg.hidden_size,
         "vocab_size": cfg.vocab_size,
         "base_model_name_or_path": base_model,
+        # vLLM's Medusa loader builds its ResBlocks without biases (and drops ours) unless this says they have them.
+        "medusa_fc_bias": True,
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory

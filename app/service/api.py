@@ -22,7 +22,7 @@ from app.service.backends.tensorrt_llm import TensorRTLLMBackend
 from app.service.backends.transformers import TransformersBackend
 from app.service.backends.vllm import VLLMBackend
 from app.service.configs import DecodeRequest
-from app.service.engines import BuildSpec, EngineStore, Progress, spec_for, trtllm_serve_kwargs
+from app.service.engines import BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
 from app.service.jobs import Job, JobManager, Limits
 
 LOSSLESS = {
@@ -110,12 +110,13 @@ class Service:
         """What a user should know before running `request` on a vLLM engine: its method, what it ignores, whether
         its engine is up (a first Run starts it: a minute or more)."""
         backend = self.backends["vllm"]
-        spec = vllm.speculative_config(request)
-        method = f"vLLM `{spec['method']}`, num_speculative_tokens {spec['num_speculative_tokens']}" if spec else "vLLM, no speculation"
         try:
-            state = backend.processes.state(self.store.spec_id(self.engine_spec(request)))["state"]
-        except (ConfigError, ValueError):
-            state = "stopped"
+            build = self.engine_spec(request)
+        except EngineError as err:
+            raise ConfigError(str(err)) from None
+        spec = build.config["speculative_config"]
+        method = f"vLLM `{spec['method']}`, num_speculative_tokens {spec['num_speculative_tokens']}" if spec else "vLLM, no speculation"
+        state = backend.processes.state(build.key())["state"]
         up = "its engine is running" if state == "running" else "the first Run starts its engine (1–3 minutes)"
         ignored = vllm.ignored(request)
         return f"{method}; {up}" + (f"; vLLM has no counterpart for: {', '.join(ignored)}" if ignored else "")

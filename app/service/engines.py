@@ -69,7 +69,8 @@ ENGINE_KINDS = {
     "trained-eagle": "a training run (training.py): `eagle/`, an EAGLE module trained on the frozen model, and train.log; "
     "requests name it trained:<id>",
     "vllm-server": "a vLLM engine (vllm.py): vllm.json (the server's arguments), `draft/` (draft_model: the distilled draft "
-    "as a plain model directory) or `eagle3/` (the EAGLE-3 module); while it runs, server.json (pid, port) and server.log",
+    "as a plain model directory), `medusa/` (the heads exported in Medusa's own layout) or `eagle3/` (the EAGLE-3 "
+    "module); while it runs, server.json (pid, port) and server.log",
 }
 # Build settings of a TensorRT engine (TRTLLM.md section 6); a spec may override them.
 TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120}
@@ -625,16 +626,30 @@ def _vllm_spec(request: DecodeRequest, model: str, dtype: str) -> BuildSpec:
 
     dtype = dtype if request.dtype == "auto" else request.dtype
     c = request.speculative_config
-    config: dict[str, Any] = {"dtype": dtype, "speculative_config": vllm.speculative_config(request)}
+    config: dict[str, Any] = {"dtype": dtype}
     if hasattr(c, "speculative_model"):
         config["speculative_model"] = c.speculative_model
-    spec = resolve(BuildSpec(model, c.mode, "vllm", config))
-    if c.mode == "eagle":
-        artifact = Path(spec.config.get("speculative_model") or models.default_artifact(model, "eagle"))
+    spec = resolve(BuildSpec(model, c.mode, "vllm", {**config, "speculative_config": None}))
+    heads = None
+    if c.mode in ARTIFACT_MODES:
+        artifact = Path(spec.config.get("speculative_model") or models.default_artifact(model, c.mode))
         reason = vllm.method_reason(request, artifact)
         if reason:
             raise EngineError(reason)
-    return spec
+        if c.mode == "medusa":
+            heads = medusa_heads(artifact)
+            if c.num_medusa_heads is not None and c.num_medusa_heads > heads:
+                raise EngineError(f"num_medusa_heads is {c.num_medusa_heads} but the Medusa artifact has {heads} heads")
+    return replace(spec, config={**spec.config, "speculative_config": vllm.speculative_config(request, heads=heads)})
+
+
+def medusa_heads(artifact: Path) -> int:
+    """The head count of a Medusa artifact (ours or an export), from its config.json."""
+    try:
+        config = json.loads((Path(artifact) / "config.json").read_text())
+        return int(config.get("medusa_num_heads") or config["num_heads"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise EngineError(f"the Medusa artifact {Path(artifact).name} has no readable head count: {err}") from None
 
 
 def vllm_plan(spec: BuildSpec, engines: Path, build_dir: str) -> dict:
@@ -642,7 +657,7 @@ def vllm_plan(spec: BuildSpec, engines: Path, build_dir: str) -> dict:
     spec = resolve(spec)
     speculative = spec.config.get("speculative_config")
     if speculative is not None and "model" in speculative:
-        folder = {"draft_model": "draft", "eagle3": "eagle3"}[speculative["method"]]
+        folder = {"draft_model": "draft", "eagle3": "eagle3", "medusa": "medusa"}[speculative["method"]]
         speculative = {**speculative, "model": f"{build_dir}/{folder}"}
     return {"backend": "vllm", "kind": "vllm-server", "model": spec.model, "served_model_name": spec.model,
             "model_dir": _model_dir(spec.model, engines), "dtype": spec.config["dtype"], "speculative_config": speculative,
@@ -668,6 +683,14 @@ def vllm_builder(spec: BuildSpec, engines: Path) -> Builder:
             draft_dir = Path(models.locate(draft, engines))
             _link_tree(draft_dir, out / "draft", skip={DRAFT_VOCAB, "specdec_source.json"})
             source["speculative_model"] = draft
+        elif method == "medusa":
+            src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, "medusa"))
+            progress(0.3, "exporting the Medusa heads")
+            if _is_our_medusa(src):
+                _export_medusa(src, Path(where), out / "medusa", spec.model)
+            else:  # already in Medusa's own layout
+                shutil.copytree(src, out / "medusa")
+            source["speculative_model_sha256"] = spec.config.get("speculative_model_sha256")
         elif method == "eagle3":
             src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, "eagle"))
             shutil.copytree(src, out / "eagle3")

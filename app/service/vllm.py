@@ -14,7 +14,8 @@ that command and answers /health; a killed one reads as stopped, with its log's 
 next request starts it again.
 
 Modes map to vLLM's methods by name: prompt lookup -> `ngram`, draft-target -> `draft_model`,
-EAGLE -> `eagle3` (an EAGLE-3 checkpoint only), Medusa -> `medusa`; lookahead has no vLLM counterpart.
+EAGLE -> `eagle3` (an EAGLE-3 checkpoint only), Medusa -> `medusa` (the heads exported in the layout
+TensorRT-LLM and vLLM read); lookahead has no vLLM counterpart.
 """
 
 from __future__ import annotations
@@ -99,8 +100,6 @@ def method_reason(request: DecodeRequest, artifact: Path | None = None) -> str |
         if artifact is not None and not is_eagle3(artifact):
             return ("vLLM's eagle3 loads EAGLE-3 checkpoints (an fc over three captured layers' hidden states and a "
                     "reduced-vocabulary head); this EAGLE module is not one")
-    if mode == "medusa":
-        return "vLLM's medusa needs the heads exported in its layout, which this app does not write yet"
     return None
 
 
@@ -117,6 +116,10 @@ def ignored(request: DecodeRequest) -> list[str]:
             out.append("the newest match (vLLM picks its own match)")
     if isinstance(c, configs.EagleDecodingConfig) and c.use_dynamic_tree:
         out.append("the dynamic tree (vLLM's eagle3 drafts a chain of num_speculative_tokens)")
+    if isinstance(c, configs.MedusaDecodingConfig):
+        out.append("the Medusa tree (vLLM's medusa verifies one chain: each head's top token)")
+        if c.typical_acceptance:
+            out.append("typical acceptance")
     if getattr(c, "min_path_prob", None):
         out.append("min_path_prob (this app's tree pruning)")
     return out
@@ -130,9 +133,10 @@ def is_eagle3(directory: Path) -> bool:
     return any("Eagle3" in a for a in config.get("architectures") or [])
 
 
-def speculative_config(request: DecodeRequest, model_dir: str | None = None) -> dict[str, Any] | None:
+def speculative_config(request: DecodeRequest, model_dir: str | None = None, heads: int | None = None) -> dict[str, Any] | None:
     """vLLM's `--speculative-config` for a checked request, by vLLM's field names; None for autoregressive.
-    `model` (the draft or the EAGLE-3 module) is filled in by the build, which knows where it put them."""
+    `model` (the draft, the Medusa heads or the EAGLE-3 module) is filled in by the build, which knows where it
+    put them; `heads` is the Medusa artifact's head count (vLLM's medusa drafts one token per head)."""
     c = request.speculative_config
     if isinstance(c, configs.AutoregressiveConfig):
         return None
@@ -141,6 +145,8 @@ def speculative_config(request: DecodeRequest, model_dir: str | None = None) -> 
                 "prompt_lookup_max": c.max_matching_ngram_size, "prompt_lookup_min": 1}
     if isinstance(c, configs.DraftTargetDecodingConfig):
         return {"method": "draft_model", "model": model_dir, "num_speculative_tokens": c.max_draft_len}
+    if isinstance(c, configs.MedusaDecodingConfig):
+        return {"method": "medusa", "model": model_dir, "num_speculative_tokens": c.num_medusa_heads or heads}
     if isinstance(c, configs.EagleDecodingConfig):
         depth = max(map(len, c.paths())) if c.eagle_choices is not None else c.num_eagle_layers
         return {"method": "eagle3", "model": model_dir, "num_speculative_tokens": depth}
@@ -199,17 +205,18 @@ class Processes:
             out["log_tail"] = log_tail(directory / SERVER_LOG)
         return out
 
-    def ensure(self, manifest: dict, progress: Callable[[float, str], None], cancel=None) -> str:
-        """The URL of the build's running server: this one, or one started now (once across threads and processes)."""
+    def ensure(self, manifest: dict, progress: Callable[[float, str], None], cancel=None) -> tuple[str, bool]:
+        """The URL of the build's running server, and whether this call started it (else it was running: started
+        by another caller, thread or process). Started at most once at a time across threads and processes."""
         build_id = manifest["id"]
         directory = self.builds / build_id
         state = self.state(build_id)
         if state["state"] == "running":
-            return state["url"]
+            return state["url"], False
         with _locked(self.builds / f"{build_id}.server.lock"):
             state = self.state(build_id)
             if state["state"] == "running":
-                return state["url"]
+                return state["url"], False
             self.stop(build_id)  # a half-started or dead server's leftovers (its workers may still run)
             plan = json.loads((directory / "vllm.json").read_text())
             port = _free_port()
@@ -233,7 +240,7 @@ class Processes:
                                     f"its log ends:\n{log_tail(directory / SERVER_LOG)}")
                 if _healthy(url):
                     progress(1.0, f"vLLM engine {build_id} ready at {url} after {time.monotonic() - start:.0f} s")
-                    return url
+                    return url, True
                 waited = time.monotonic() - start
                 if waited > START_TIMEOUT_S or (cancel is not None and cancel.is_set()):
                     self.stop(build_id)

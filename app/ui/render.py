@@ -836,7 +836,7 @@ def speedup_line(events: list[dict] | None, baseline: list[dict] | None) -> str:
         return ""
     overall = f"**{parts['overall']:.2f}×** the autoregressive run's tokens/s · " if "overall" in parts else ""
     split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
-             if parts["verify"] is not None else " (the engine does not time drafting and verifying apart)")
+             if parts["verify"] is not None else " (no draft and verify times to split it: an engine does not report them)")
     return (f"{overall}after the prefill {parts['decoding']:.2f}× = τ {parts['tau']:.2f} ÷ a step costing "
             f"{parts['step_cost']:.2f} autoregressive steps{split}")
 

@@ -193,8 +193,11 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
         return f"✗ **{learn.MODE_LABELS[mode]} is unavailable on {v['backend']}:** {info['reason']}"
     try:
         request = service.request(request_from(mode, v))
+        engine = service.vllm_note(request) if request.backend == "vllm" else None
     except ConfigError as err:
         return f"⚠ **Invalid:** {err}"
+    if engine is not None:
+        return f"✓ Valid · {info['lossless']} · {engine}"
     c = request.speculative_config
     extra = ""
     if isinstance(c, LookaheadDecodingConfig):
@@ -204,9 +207,7 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
         if getattr(c, "prompt_lookup", None) is not None:
             pl = c.prompt_lookup
             extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
-    if request.backend == "vllm":
-        extra += f" · {service.vllm_note(request)}"
-    elif note := service.dtype_note(request.dtype):
+    if note := service.dtype_note(request.dtype):
         extra += f" · {note}"
     return f"✓ Valid · {info['lossless']}{extra}"
 

@@ -8,8 +8,6 @@ and the project's loop see the same prompt token ids.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-
 from app import models
 from app.config import ConfigError
 from app.service import configs, vllm
@@ -54,9 +52,10 @@ class VLLMBackend:
             manifest = self.store.build(spec_for(request, model, dtype=self.dtype), progress=progress)
         except EngineError as err:
             raise ConfigError(str(err)) from None
-        url = self.processes.ensure(manifest, progress or (lambda f, m: None), cancel)
-        with self._lock:
-            self.started.add(manifest["id"])
+        url, started = self.processes.ensure(manifest, progress or (lambda f, m: None), cancel)
+        if started:
+            with self._lock:
+                self.started.add(manifest["id"])
         return manifest, url
 
     def tokenizer(self, model: str):
@@ -95,6 +94,3 @@ def encode(tok, prompt: Prompt) -> list[int]:
         return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
     return tok.encode(prompt.text, add_special_tokens=True)
 
-
-def model_dir(store: EngineStore, model: str) -> Path:
-    return Path(models.locate(model, store.root))
