@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -237,6 +238,19 @@ def test_browser_runs_prompt_lookup_on_vllm_racing_vllm_autoregressive(service, 
     page.screenshot(path=str(shots / "run-vllm.png"), full_page=True)
     assert not errors, errors
     context.close()
+
+
+def test_compare_includes_vllm_rows(service, app_url):
+    from gradio_client import Client
+
+    client = Client(app_url, verbose=False, download_files=False)
+    table, race, bars, tau, status = client.predict(
+        COPY, ["prompt_lookup", "vllm:autoregressive", "vllm:prompt_lookup"], 32, "auto", "defaults", api_name="/compare")
+    assert status.startswith("Done"), status
+    for label in ("Autoregressive", "Prompt lookup", "Autoregressive on vLLM", "Prompt lookup on vLLM"):
+        assert re.search(rf"<td>{re.escape(label)}( ★)?</td>", table), label
+    names = {t.get("name") for t in json.loads(race["plot"])["data"]}
+    assert {"Prompt lookup on vLLM", "Autoregressive on vLLM"} <= names
 
 
 def test_killed_engine_reads_stopped_and_restarts(service):

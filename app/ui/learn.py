@@ -14,8 +14,14 @@ MODE_LABELS = {
 }
 
 
+ENGINE_PREFIX = "vllm:"  # a Compare row run on the vLLM engine: `vllm:prompt_lookup`
+
+
 def label(name: str) -> str:
-    """A mode's display name; a merged tree's (`eagle+prompt_lookup`) reads "EAGLE + prompt lookup"."""
+    """A mode's display name; a merged tree's (`eagle+prompt_lookup`) reads "EAGLE + prompt lookup", a vLLM row's
+    (`vllm:prompt_lookup`) "Prompt lookup on vLLM"."""
+    if name.startswith(ENGINE_PREFIX):
+        return label(name.removeprefix(ENGINE_PREFIX)) + " on vLLM"
     base, _, extra = name.partition("+")
     return MODE_LABELS[base] + (f" + {MODE_LABELS[extra].lower()}" if extra else "")
 

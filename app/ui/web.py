@@ -43,6 +43,8 @@ TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda na
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
 COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
+# ... and, where vLLM is installed, the same jobs on its engines (their speedup is over our autoregressive run)
+VLLM_COMPARED = [learn.ENGINE_PREFIX + m for m in ("autoregressive", "prompt_lookup", "draft_target", "medusa")]
 MERGE_BOX = {"medusa": "md_pl", "eagle": "eg_pl"}  # the control that merges prompt lookup into that mode's tree
 MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the Prompt lookup group)"
 
@@ -432,15 +434,20 @@ class Studio:
         # `settings` is one of the radio's choices (Gradio refuses others); the dtype radio has the last word.
         overrides = dict(preset(settings, self.service.fast_dtype()), max_new_tokens=max_new_tokens, backend=backend,
                          dtype=dtype or "auto")
-        chosen = ["autoregressive"] + [m for m in COMPARED if m in (modes or []) and m != "autoregressive"]
+        chosen = ["autoregressive"] + [m for m in COMPARED + VLLM_COMPARED if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
+        engine = {m["mode"]: m for m in self.service.modes(backend="vllm")}
         runs: dict[str, Recording] = {}
         rows: list[dict[str, Any]] = []
         notes = []
         for name in chosen:
-            mode, values = mode_values(name, **overrides)
-            if not available[mode]["available"]:
-                notes.append(f"{learn.label(name)} skipped: {available[mode]['reason']}")
+            on_vllm = name.startswith(learn.ENGINE_PREFIX)
+            mode, values = mode_values(name.removeprefix(learn.ENGINE_PREFIX), **overrides)
+            if on_vllm:
+                values["backend"] = "vllm"
+            state = (engine if on_vllm else available)[mode]
+            if not state["available"]:
+                notes.append(f"{learn.label(name)} skipped: {state['reason']}")
                 continue
             run = runs[name] = Recording(name)
 
@@ -599,7 +606,10 @@ class Studio:
                         cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], elem_id="cmp-prompt")
                         cmp_example = _examples_dropdown(examples, "cmp-examples")
                     with gr.Column(scale=2):
-                        cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in COMPARED if m != "autoregressive"],
+                        offered = [m for m in COMPARED if m != "autoregressive"]
+                        if service.backends["vllm"].availability().available:
+                            offered += VLLM_COMPARED
+                        cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in offered],
                                                      value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                                      elem_id="cmp-modes")
                         cmp_tokens = gr.Slider(8, 256, value=64, step=8, label="max_new_tokens")
