@@ -31,7 +31,7 @@ from app.service.engines import (
     tree_sha256,
     trtllm_serve_kwargs,
 )
-from helpers import stand_in_package, tiny_llama
+from helpers import tiny_llama, trtllm_stand_in
 
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 SPEC = BuildSpec("tiny", "autoregressive", versions={"test": "1"})
@@ -412,65 +412,12 @@ def test_the_tensorrt_llm_build_fails_clearly_and_keeps_its_plan(tmp_path):
 
 # ----------------------------------------------------------------------------- TensorRT-LLM builder, stand-in package
 
-FAKE_TRTLLM = {
-    "__init__.py": "from .llm import LLM\n",
-    "llm.py": '''
-import json
-from pathlib import Path
-
-
-class LLM:
-    """Records what it was given; `save` writes a stand-in engine."""
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-    def save(self, engine_dir):
-        Path(engine_dir).mkdir(parents=True)
-        (Path(engine_dir) / "rank0.engine").write_bytes(b"engine")
-        record = {k: (v.model_dump() if hasattr(v, "model_dump") else vars(v) if hasattr(v, "__dict__") else v)
-                  for k, v in self.kwargs.items()}
-        (Path(engine_dir) / "kwargs.json").write_text(json.dumps(record, default=str))
-
-    def shutdown(self):
-        pass
-''',
-    "_tensorrt_engine.py": "from .llm import LLM\n",
-    "llmapi.py": '''
-from dataclasses import dataclass
-from typing import Optional
-
-from pydantic import BaseModel, Field
-
-
-@dataclass
-class BuildConfig:
-    max_batch_size: int = 2048
-    max_num_tokens: int = 8192
-    max_seq_len: Optional[int] = None
-    max_draft_len: int = 0
-
-
-class LookaheadDecodingConfig(BaseModel):
-    max_window_size: int = 4
-    max_ngram_size: int = 3
-    max_verification_set_size: int = 4
-
-
-class MedusaDecodingConfig(BaseModel):
-    max_draft_len: Optional[int] = None
-    medusa_choices: Optional[list] = None
-    num_medusa_heads: Optional[int] = None
-    speculative_model_dir: Optional[str] = None  # the 1.0-era name
-''',
-}
-
-
 @pytest.fixture
-def fake_trtllm(tmp_path, monkeypatch):
-    """A stand-in `tensorrt_llm` package on sys.path, and a 'visible' GPU, to run the builder's glue code."""
+def fake_trtllm(monkeypatch):
+    """The stand-in `tensorrt_llm` (tests/stand_ins: TensorRT-LLM 1.2's rules) and a 'visible' GPU, to run the
+    builder's glue code."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with stand_in_package(tmp_path / "fake-site", "tensorrt_llm", FAKE_TRTLLM):
+    with trtllm_stand_in():
         yield
 
 

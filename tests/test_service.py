@@ -26,7 +26,7 @@ from app.service.backends import tensorrt_llm as trt
 from app.service.backends.base import Prompt
 from app.service.backends.remote import RemoteBackend, RemoteError, body_for
 from app.service.jobs import JobManager, Limits, QueueFull
-from helpers import free_port, running_server, stand_in_package
+from helpers import free_port, running_server, trtllm_stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "List the days of the week, then list them again in the same order."
@@ -601,98 +601,12 @@ def test_trtllm_iteration_stats_are_summed_from_dicts_or_json_strings():
     assert trt.iteration_stats([]) == {"iterations": 0, "drafted": 0, "accepted": 0, "acceptance_length": None}
 
 
-# A stand-in `tensorrt_llm` (never the real one: it needs a GPU) to run the backend's glue code: which class
-# it builds with which arguments, how it drives generate_async from a worker thread, cancel, stats.
-FAKE_TRTLLM = {
-    "__init__.py": "from .llm import LLM, SamplingParams\n",
-    "_tensorrt_engine.py": "from .llm import LLM\n",
-    "llm.py": '''
-import asyncio
-import json
-from types import SimpleNamespace
-
-CREATED = []
-
-
-class SamplingParams:
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-
-class Tokenizer:
-    def apply_chat_template(self, turns, add_generation_prompt, tokenize):
-        return "<user>" + turns[-1]["content"] + "<assistant>"
-
-    def encode(self, text, add_special_tokens):
-        return [ord(c) % 50 for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(97 + i % 26) for i in ids)
-
-
-class Generation:
-    """Streams 1, 2, 1, 3 tokens per iteration, like a speculative engine."""
-
-    def __init__(self, params):
-        self.params, self.aborted, self.ids = params, False, []
-
-    def __aiter__(self):
-        return self._gen()
-
-    async def _gen(self):
-        for i, diff in enumerate([[5], [6, 7], [8], [9, 10, 11]]):
-            await asyncio.sleep(0.1)  # an iteration on the GPU
-            if self.aborted:
-                return
-            self.ids += diff
-            last = i == 3
-            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids_diff=diff, token_ids=list(self.ids),
-                                                           finish_reason="length" if last else None)])
-
-    def abort(self):
-        self.aborted = True
-
-
-class LLM:
-    def __init__(self, **kwargs):
-        self.kwargs, self.tokenizer, self.generations = kwargs, Tokenizer(), []
-        CREATED.append(self)
-
-    def generate_async(self, prompt_ids, sampling_params, streaming):
-        assert streaming
-        self.generations.append(Generation(sampling_params))
-        return self.generations[-1]
-
-    def get_stats(self, timeout):
-        return [json.dumps({"iter": 1, "specDecodingStats": {"numDraftTokens": 4, "numAcceptedTokens": 1,
-                                                             "numRequestsWithDraftTokens": 1, "acceptanceLength": 2.0}})]
-''',
-    "llmapi.py": '''
-from pydantic import BaseModel
-
-
-class NGramDecodingConfig(BaseModel):
-    max_draft_len: int
-    max_matching_ngram_size: int = 2
-    is_keep_all: bool = True
-    is_use_oldest: bool = True
-    is_public_pool: bool = True
-
-
-class LookaheadDecodingConfig(BaseModel):
-    max_window_size: int = 4
-    max_ngram_size: int = 3
-    max_verification_set_size: int = 4
-''',
-}
-
-
 @pytest.fixture
-def fake_trtllm(tmp_path, monkeypatch):
-    import torch
-
+def fake_trtllm(monkeypatch):
+    """The stand-in `tensorrt_llm` (tests/stand_ins: TensorRT-LLM 1.2's rules, no GPU) and a 'visible' GPU, to run
+    the backend's glue code: which class it builds with which arguments, how it reads the stream, cancel, stats."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with stand_in_package(tmp_path / "fake-site", "tensorrt_llm", FAKE_TRTLLM):
+    with trtllm_stand_in():
         yield
 
 
@@ -708,7 +622,7 @@ def test_trtllm_backend_glue_against_a_stand_in_package(fake_trtllm, tmp_path):
     assert llm.kwargs["tensor_parallel_size"] == 2 and llm.kwargs["disable_overlap_scheduler"]
     assert type(llm.kwargs["speculative_config"]).__name__ == "NGramDecodingConfig"
     assert llm.kwargs["speculative_config"].max_draft_len == 4
-    assert llm.generations[-1].params.kwargs["max_tokens"] == 7
+    assert llm.generations[-1].sampling_params.max_tokens == 7
     assert start["prompt_ids"] == [ord(c) % 50 for c in "<user>hi<assistant>"]
     assert [x["tokens"] for x in steps] == [[5], [6, 7], [8], [9, 10, 11]]
     assert [len(x["accepted_tokens"]) for x in steps] == [0, 1, 0, 2]
