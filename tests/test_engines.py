@@ -435,7 +435,8 @@ def test_the_tensorrt_llm_builder_runs_its_plan(tmp_path, tiny_dir, fake_trtllm)
     spec = kwargs["speculative_config"]
     assert spec["max_draft_len"] == 3 and sorted(spec["medusa_choices"]) == [[0], [0, 0], [1]]
     # the temporary directory the engine was built in is now the build directory
-    assert Path(spec["speculative_model_dir"]).name == "medusa" and ".tmp-" in spec["speculative_model_dir"]
+    assert Path(spec["speculative_model"]).name == "medusa" and ".tmp-" in spec["speculative_model"]
+    assert spec["num_medusa_heads"] == 2, "the head count is the artifact's (TensorRT-LLM takes it as given)"
     # the exported heads carry the target's own LM head (read_export checks it) and our ResBlocks
     lm = tiny_llama(vocab=96, hidden=32, layers=1).get_output_embeddings().weight
     exported = medusa.read_export(build / "medusa", lm_head_weight=lm)
@@ -443,7 +444,8 @@ def test_the_tensorrt_llm_builder_runs_its_plan(tmp_path, tiny_dir, fake_trtllm)
         assert torch.allclose(a, b, atol=1e-2)
     lookahead = store.build(spec_for(la(2, 2, 1, backend="tensorrt_llm"), str(tiny_dir)))
     kwargs = json.loads((tmp_path / "engines" / "builds" / lookahead["id"] / "engine" / "kwargs.json").read_text())
-    assert kwargs["speculative_config"] == {"max_window_size": 2, "max_ngram_size": 2, "max_verification_set_size": 1}
+    assert {k: kwargs["speculative_config"][k] for k in ("max_window_size", "max_ngram_size", "max_verification_set_size")} == {
+        "max_window_size": 2, "max_ngram_size": 2, "max_verification_set_size": 1}
     assert kwargs["build_config"]["max_draft_len"] == 2
 
 

@@ -554,7 +554,9 @@ def test_trtllm_sampling_arguments():
 
 
 def test_trtllm_steps_from_streamed_diffs():
-    steps = list(trt.steps_from_diffs([([5], 0.1, None), ([6, 7, 8], 0.2, None), ([], 0.25, None), ([9], 0.3, "eos")]))
+    # Without the engine's iteration count, a streamed chunk is taken for one iteration.
+    steps = list(trt.steps_from_diffs([([5], 0.1, None, None), ([6, 7, 8], 0.2, None, None), ([], 0.25, None, None),
+                                       ([9], 0.3, "eos", None)]))
     assert [s["tokens"] for s in steps] == [[5], [6, 7, 8], [9]]
     assert [s["accepted_tokens"] for s in steps] == [[], [6, 7], []]
     assert [s["added_token"] for s in steps] == [5, 8, 9]
@@ -562,6 +564,15 @@ def test_trtllm_steps_from_streamed_diffs():
     assert steps[-1]["totals"]["new_tokens"] == 5 and steps[-1]["totals"]["target_steps"] == 3
     assert steps[-1]["totals"]["tokens_per_step"] == pytest.approx(5 / 3)
     assert "rejected draft tokens" in steps[1]["source"]["not_visible"]
+    # With it (RequestOutput.decoding_iter): τ is tokens per engine iteration; a chunk that spans two iterations
+    # (a stream_interval of 2) accepted its length - 2 drafts, and which ones is said to be unknown.
+    steps = list(trt.steps_from_diffs([([5], 0.1, None, 1), ([6, 7, 8, 9], 0.2, None, 3), ([10, 11], 0.3, "length", 4)]))
+    assert [s["iterations"] for s in steps] == [1, 2, 1]
+    assert [s["accepted_tokens"] for s in steps] == [[], [], [10]]
+    totals = steps[-1]["totals"]
+    assert (totals["target_steps"], totals["accepted"], totals["decoding_iter"]) == (4, 3, 4)
+    assert totals["tokens_per_step"] == pytest.approx(7 / 4)
+    assert steps[1]["source"]["not_visible"][-1].startswith("which of these 4 tokens were drafts")
 
 
 def test_trtllm_backend_is_unavailable_here_with_the_reason():
@@ -629,14 +640,22 @@ def test_trtllm_backend_glue_against_a_stand_in_package(fake_trtllm, tmp_path):
     assert steps[-1]["finish_reason"] == "length" and end["finish_reason"] == "length"
     assert end["token_ids"] == [5, 6, 7, 8, 9, 10, 11]
     assert end["iteration_stats"] == {"iterations": 1, "drafted": 4, "accepted": 1, "acceptance_length": 2.0}
+    assert [s["totals"]["decoding_iter"] for s in steps] == [1, 2, 3, 4] and end["totals"]["decoding_iter"] == 4
+    assert steps[-1]["totals"]["tokens_per_step"] == pytest.approx(7 / 4)
+    # Iterated synchronously in the job's worker thread, as upstream's result allows there (no event loop).
+    assert llm.generations[-1].aqueue is None and llm.generations[-1].sampling_params.return_perf_metrics
     # The same config reuses the LLM (engines and weights load once); cancel aborts the request.
+    from tensorrt_llm.llm import HOLD
+
+    HOLD.clear()  # the engine answers no further until the first step has been seen and cancelled
     job = s.submit(data, "hi", model="some/model")
     got = []
     for m in job.messages(timeout=30):
         got.append(m)
-        if m["type"] == "step":
+        if m["type"] == "step" and not HOLD.is_set():
             job.cancel()
-    assert len(CREATED) == 1 and llm.generations[-1].aborted
+            HOLD.set()
+    assert len(CREATED) == 1 and llm.generations[-1].aborted()
     assert got[-1]["finish_reason"] == "cancelled" and len(got[-1]["token_ids"]) < 7
     s.close()
 

@@ -48,6 +48,8 @@ INVALID = {
     "beam width 2": ({"sampling": {"beam_width": 2}}, "beam width 1"),
     "max_new_tokens 0": ({"max_new_tokens": 0}, "max_new_tokens"),
     "unknown backend": ({"backend": "vllm"}, "unknown backend 'vllm'"),
+    "trtllm lookahead G=0": ({**la(1, 1, 0), "backend": "tensorrt_llm"}, "lookahead (W, N, G) = (1, 1, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
+    "trtllm lookahead request g=0": ({**la(4, 3, 4, request=(2, 2, 0)), "backend": "tensorrt_llm"}, "per-request (w, n, g) = (2, 2, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
     "trtllm lookahead on pytorch": ({**la(4, 3, 4), "backend": "tensorrt_llm", "trtllm_backend": "pytorch"}, "only on its tensorrt backend"),
     "trtllm ngram on engine": ({"speculative_config": {"decoding_type": "NGram"}, "backend": "tensorrt_llm", "trtllm_backend": "tensorrt"}, "only on its pytorch backend"),
     "trtllm draft_target on engine": ({"speculative_config": {"decoding_type": "Draft_Target"}, "backend": "tensorrt_llm", "trtllm_backend": "tensorrt"}, "pytorch backend"),
@@ -101,7 +103,11 @@ def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
         assert spec is None
     else:
         assert spec["decoding_type"] == c.MODE_TYPES[r.mode]
-        if "max_draft_len" in spec:
+        if r.mode == "eagle":  # TensorRT-LLM's max_draft_len is the drafting steps (the depth); ours the tree's nodes
+            sc = r.speculative_config
+            depth = sc.num_eagle_layers if sc.eagle_choices is None else max(map(len, spec["eagle_choices"]))
+            assert spec["max_draft_len"] == depth > 0 and "num_eagle_layers" not in spec
+        elif "max_draft_len" in spec:
             assert spec["max_draft_len"] == r.speculative_config.max_draft_len > 0
     plan = c.trtllm_build_plan(r, "ckpt", "out")
     assert plan[:5] == ["trtllm-build", "--checkpoint_dir", "ckpt", "--output_dir", "out"] and "--max_beam_width" in plan

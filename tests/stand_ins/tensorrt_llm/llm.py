@@ -5,6 +5,7 @@ Generation replays a scripted stream of 1, 2, 1, 3 tokens per iteration, like a 
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,9 @@ from . import llmapi
 
 CREATED = []  # every LLM made, for the tests to inspect
 SCRIPT = [[5], [6, 7], [8], [9, 10, 11]]
+# Cleared by a test, the engine holds every response after the first until it is set again (no timing involved).
+HOLD = threading.Event()
+HOLD.set()
 # BaseLlmArgs / TorchLlmArgs / TrtLlmArgs fields this project may pass; like upstream (extra="forbid") nothing else.
 COMMON = {"model", "tokenizer", "tensor_parallel_size", "speculative_config"}
 BACKEND_ONLY = {"pytorch": {"enable_iter_perf_stats", "disable_overlap_scheduler"}, "tensorrt": {"build_config"}}
@@ -62,6 +66,8 @@ class GenerationResult:
         return self._done
 
     def _result_step(self):
+        if self.decoding_iter:
+            HOLD.wait()
         diff = [] if self._aborted else next(self._script, None)
         if self._aborted or diff is None:
             self._done = True
