@@ -685,6 +685,8 @@ def test_remote_backend_against_a_server_that_is_not_ours(tmp_path):
             self.end_headers()
             for i, piece in enumerate(["Hello", " there", ", friend"]):
                 chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": "stop" if i == 2 else None}]}
+                if i == 2:  # the engine's own τ for the request, as a trtllm-serve that reports it adds it
+                    chunk["choices"][0]["avg_decoded_tokens_per_iter"] = 2.5
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
 
@@ -699,6 +701,7 @@ def test_remote_backend_against_a_server_that_is_not_ours(tmp_path):
         assert [x["text"] for x in steps] == ["Hello", " there", ", friend"]
         assert all("draft tree" in x["source"]["not_visible"] for x in steps)
         assert end["text"] == "Hello there, friend" and end["finish_reason"] == "eos"
+        assert end["totals"] == {"tokens_per_step": 2.5, "tokens_per_step_from": "avg_decoded_tokens_per_iter"}
         with pytest.raises(RemoteError, match="does not serve 'smollm2-135m-instruct'"):
             s.submit({}, "hi")
         s.close()

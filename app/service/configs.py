@@ -415,7 +415,11 @@ def trtllm_notes(request: DecodeRequest) -> list[str]:
         depth = c.num_eagle_layers if c.eagle_choices is None else max(map(len, _eagle_paths(c)))
         notes.append(f"TensorRT-LLM's max_draft_len is the number of drafting steps, sent as {depth} (the tree's depth); "
                      f"it sets num_eagle_layers and max_total_draft_tokens from it itself")
-        if c.use_dynamic_tree and trtllm_backend(request) == "pytorch":
+        if trtllm_backend(request) == "tensorrt":
+            notes.append(f"on the engine backend its LLM API also sets the engine's build_config.max_draft_len from it "
+                         f"(BaseLlmArgs.validate_speculative_config), so the engine holds {depth} draft tokens per step, "
+                         f"not the tree's {c.max_draft_len}")
+        elif c.use_dynamic_tree:
             notes.append(f"the dynamic tree's total tokens ({c.max_draft_len + 1}) and top-K ({c.dynamic_tree_max_topK}) are "
                          f"not sent: TensorRT-LLM 1.2's PyTorch backend drafts a chain of {depth} tokens (its "
                          f"validate_eagle_config sets max_total_draft_tokens to max_draft_len)")
