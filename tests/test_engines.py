@@ -512,7 +512,11 @@ def test_an_eagle3_module_is_exported_and_served_with_its_capture_layers(tmp_pat
     build = tmp_path / "engines" / "builds" / spec.key()
     assert kwargs["speculative_config"]["speculative_model"] == str(build / "eagle")
     assert eagle.read_export(build / "eagle").config.eagle3, "the build holds an EAGLE-3 checkpoint"
-    from tensorrt_llm import _tensorrt_engine, llmapi  # the stand-in
+    from tensorrt_llm import _tensorrt_engine, llm, llmapi  # the stand-in
+
+    manifest = store.get(spec.key())
+    assert manifest["kind"] == "tensorrt-pytorch" and "eagle/model.safetensors" in manifest["files"]
+    assert llm.CREATED == [], "the PyTorch backend compiles nothing: no LLM is made to build it"
 
     made = trt.llm_objects(kwargs)
     sc = made["speculative_config"]

@@ -62,8 +62,9 @@ ENGINE_KINDS = {
     "tensorrt-engine": "TensorRT-LLM engine backend (lookahead, medusa, eagle, autoregressive): plan.json, "
     "`engine/` (LLM.save: config.json, rank<N>.engine) and, for Medusa from our artifact, `medusa/` (the heads "
     "exported in the layout TensorRT-LLM converts)",
-    "tensorrt-pytorch": "TensorRT-LLM PyTorch backend (prompt lookup, draft_target, eagle): plan.json only; this "
-    "backend compiles nothing ahead of time, LLM(**plan['llm']) loads the checkpoint at run time",
+    "tensorrt-pytorch": "TensorRT-LLM PyTorch backend (prompt lookup, draft_target, eagle): plan.json and, for EAGLE "
+    "from this app's module, `eagle/` (exported in the EAGLE-3 layout); this backend compiles nothing ahead of time, "
+    "LLM(**plan['llm']) loads the checkpoint at run time",
     "trained-medusa": "a training run (training.py): `medusa/`, Medusa heads trained on the frozen model (config.json, "
     "model.safetensors, train.json), and train.log; requests name them trained:<id>",
     "trained-eagle": "a training run (training.py): `eagle/`, an EAGLE module trained on the frozen model, and train.log; "
@@ -628,18 +629,18 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
             progress(0.1, f"{step['step']}: from {step['from']}")
             export = {"export_medusa": _export_medusa, "export_eagle": _export_eagle}[step["step"]]
             export(Path(step["from"]), Path(where), Path(_fill(step["to"], out)), spec.model)
-        progress(0.2, f"building with {plan['llm_class']} (this takes minutes)")
         try:
-            kwargs = trt.llm_objects(_fill(plan["llm"], out))
+            kwargs = trt.llm_objects(_fill(plan["llm"], out))  # checked by the installed version's own classes
         except ConfigError as err:
             raise BuildError(str(err)) from err
-        llm = trt.import_object(plan["llm_class"])(**kwargs)
-        try:
-            if plan["save"]:
+        if plan["save"]:  # the PyTorch backend has nothing to compile: its LLM is made when it serves
+            progress(0.2, f"building with {plan['llm_class']} (this takes minutes)")
+            llm = trt.import_object(plan["llm_class"])(**kwargs)
+            try:
                 progress(0.9, "saving the engine")
                 llm.save(_fill(plan["save"], out))
-        finally:
-            llm.shutdown()
+            finally:
+                llm.shutdown()
         kind = "tensorrt-engine" if plan["save"] else "tensorrt-pytorch"
         return {"kind": kind, "source": source, "plan": PLAN}
 
