@@ -576,9 +576,11 @@ def _eagle_plan(src: str, artifact: dict, flavour: str, speculative: dict, prepa
         layers = (artifact.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []
     if flavour == "tensorrt":
         if ours or artifact.get("eagle_config"):
+            what = ("this app's module, which exports to the EAGLE-3 layout only" if ours else
+                    "in the EAGLE-3 / ModelOpt layout (its config.json has eagle_config)")
             cannot_run.append(f"TensorRT-LLM's engine backend builds EAGLE-1/2 checkpoints (the EAGLE repository's layout, "
-                              f"converted by its examples/eagle/convert_checkpoint.py); {src} is this app's module, which "
-                              "exports to the EAGLE-3 layout only: use the PyTorch backend with an EAGLE-3 module")
+                              f"converted by its examples/eagle/convert_checkpoint.py); {src} is {what}: use the PyTorch "
+                              "backend with an EAGLE-3 checkpoint")
         return src
     if ours:
         prepare.append({"step": "export_eagle", "from": src, "to": "{build_dir}/eagle"})

@@ -84,9 +84,9 @@ def steps_from_diffs(diffs: Iterable[tuple[list[int], float, str | None, int | N
     (RequestOutput.decoding_iter, executor/result.py), or None where a version does not give it: then
     each streamed chunk is taken for one iteration. τ is the tokens per iteration. Every iteration adds
     one token of the target's own, so a one-iteration chunk of k tokens accepted k - 1 draft tokens (the
-    first iteration is the prefill's token); a chunk spanning i > 1 iterations (trtllm-serve's
-    stream_interval) accepted k - i, and which of its tokens were drafts is not visible. The draft
-    itself is never visible (NOT_VISIBLE)."""
+    first iteration is the prefill's token); a chunk spanning i > 1 iterations (a stream_interval above
+    1) accepted k - i, and which of its tokens were drafts is not visible. The draft itself is never
+    visible (NOT_VISIBLE)."""
     totals = {"new_tokens": 0, "target_steps": 0, "drafted": None, "accepted": 0, "draft_time_s": None,
               "verify_time_s": None, "elapsed_s": 0.0, "tokens_per_step": 0.0, "decoding_iter": None}
     step = 0
