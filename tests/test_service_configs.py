@@ -180,3 +180,18 @@ def test_the_validator_never_crashes(decoding_type, spec, top):
         return
     c.to_runtime(r)
     c.trtllm_speculative_config(r)
+
+
+def test_what_tensorrt_llm_does_not_take_is_said():
+    """configs.trtllm_notes: this app's own settings upstream has no field for, and EAGLE's other meaning of max_draft_len."""
+    def notes(spec, **top):
+        return c.trtllm_notes(c.parse({"speculative_config": spec, "backend": "tensorrt_llm", **top}))
+
+    assert notes({"decoding_type": "NGram", "ngram_draft_lens": [], "max_candidates": 1}) == []  # TensorRT-LLM's behaviour
+    assert "max_candidates (2) and ngram_draft_lens (2, 5)" in notes({"decoding_type": "NGram", "max_candidates": 2})[0]
+    assert notes({"decoding_type": "Lookahead"}) == [], "TensorRT-LLM seeds its pool from the prompt too"
+    assert "always seeds its n-gram pool from the prompt" in notes({"decoding_type": "Lookahead", "pool_from_prompt": False})[0]
+    eagle = notes({"decoding_type": "Eagle", "speculative_model": "x", "num_eagle_layers": 4})
+    assert "sent as 4" in eagle[0] and "total tokens (24) and top-K (4) are not sent" in eagle[1]
+    engine = notes({"decoding_type": "Eagle", "speculative_model": "x", "num_eagle_layers": 4}, trtllm_backend="tensorrt")
+    assert "the engine holds 4 draft tokens per step, not the tree's 23" in engine[1]

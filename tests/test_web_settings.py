@@ -114,7 +114,7 @@ def test_heads_are_picked_shipped_or_by_a_training_runs_name_never_by_path(mode,
 
 def test_the_verdict_on_tensorrt_llm_says_what_it_does_not_take(tmp_path, monkeypatch):
     """Settings of this app's own that TensorRT-LLM has no field for are said in the verdict, not dropped silently
-    (the stand-in tensorrt_llm makes that backend available here)."""
+    (the stand-in tensorrt_llm makes that backend available here); the transformers backend takes them all."""
     import torch
 
     from helpers import trtllm_stand_in
@@ -125,7 +125,5 @@ def test_the_verdict_on_tensorrt_llm_says_what_it_does_not_take(tmp_path, monkey
         values = dict(web.DEFAULTS, backend="tensorrt_llm")
         pl = web.check_message(s, "prompt_lookup", values)
         assert pl.startswith("✓ Valid") and "⚠ max_candidates" in pl and "TensorRT-LLM's NGramDecodingConfig has neither" in pl
-        la = web.check_message(s, "lookahead", values)
-        assert la.startswith("✓ Valid") and "⚠ pool_from_prompt" in la
-        assert "⚠" not in web.check_message(s, "lookahead", dict(values, backend="transformers"))
+        assert "⚠" not in web.check_message(s, "prompt_lookup", dict(values, backend="transformers"))
         s.close()

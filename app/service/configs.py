@@ -408,9 +408,9 @@ def trtllm_notes(request: DecodeRequest) -> list[str]:
         notes.append(f"max_candidates ({c.max_candidates}) and ngram_draft_lens ({', '.join(map(str, c.ngram_draft_lens))}) "
                      f"are this app's own: TensorRT-LLM's NGramDecodingConfig has neither and drafts one match of up to "
                      f"{c.max_draft_len} tokens")
-    if isinstance(c, LookaheadDecodingConfig) and c.pool_from_prompt:
-        notes.append("pool_from_prompt (n-grams seeded from the prompt) is this app's own: TensorRT-LLM's "
-                     "LookaheadDecodingConfig has no such field, its pool starts from what the lookahead branch finds")
+    if isinstance(c, LookaheadDecodingConfig) and not c.pool_from_prompt:
+        notes.append("pool_from_prompt off is this app's own: TensorRT-LLM's LookaheadDecodingConfig has no such field "
+                     "and always seeds its n-gram pool from the prompt (lookaheadAlgorithm.cpp setup)")
     if isinstance(c, EagleDecodingConfig):
         depth = c.num_eagle_layers if c.eagle_choices is None else max(map(len, _eagle_paths(c)))
         notes.append(f"TensorRT-LLM's max_draft_len is the number of drafting steps, sent as {depth} (the tree's depth); "
