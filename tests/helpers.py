@@ -270,22 +270,6 @@ def running_server(args: list[str], ready_path: str, port: int, log: Path, env: 
             proc.kill()
 
 
-@contextlib.contextmanager
-def stand_in_package(root: Path, name: str, files: dict[str, str]):
-    """A stand-in package importable as `name` (e.g. a fake tensorrt_llm to run glue code without a GPU);
-    removed from sys.path and sys.modules afterwards."""
-    (root / name).mkdir(parents=True)
-    for filename, text in files.items():
-        (root / name / filename).write_text(text)
-    sys.path.insert(0, str(root))
-    try:
-        yield
-    finally:
-        sys.path.remove(str(root))
-        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            del sys.modules[module]
-
-
 def tiny_tokenizer(vocab: int = 96):
     """A word-level fast tokenizer of `vocab` single-character tokens ("t0".. as text), savable with
     save_pretrained, so tiny models can be written as complete model directories."""
@@ -296,3 +280,18 @@ def tiny_tokenizer(vocab: int = 96):
     tok = Tokenizer(models.WordLevel(words, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0")
+
+
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+
+
+@contextlib.contextmanager
+def trtllm_stand_in():
+    """tests/stand_ins/tensorrt_llm (TensorRT-LLM 1.2's rules, no GPU) importable as `tensorrt_llm`; removed after."""
+    sys.path.insert(0, str(STAND_INS))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(STAND_INS))
+        for module in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+            del sys.modules[module]

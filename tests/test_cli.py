@@ -286,6 +286,25 @@ def test_engines_build_list_show_rm(bundled, engines_dir):
     assert gone.returncode == 2 and "no build" in error_line(gone.stderr)
 
 
+def test_engines_tensorrt_llm_plans_hold_the_issue_contract():
+    """EAGLE: max_draft_len is the depth, the capture layers are there and the module is exported first; Medusa: a
+    head count; lookahead (1, 1, 0): refused on this backend with the reason (TensorRT-LLM's fields are PositiveInt)."""
+    base = ("engines", "build", "--plan", "--backend", "tensorrt_llm")
+    eagle = run_cli(*base, "--mode", "eagle", "--eagle-depth", "5", "--eagle-total-tokens", "24")
+    assert eagle.returncode == 0, eagle.stderr[-2000:]
+    plan = json.loads(eagle.stdout)
+    sc = plan["llm"]["speculative_config"]
+    assert sc["max_draft_len"] == 5 and sc["eagle3_layers_to_capture"] and plan["prepare"][0]["step"] == "export_eagle"
+    assert any("total tokens (24)" in n for n in plan["notes"]) and "not an EAGLE-3 checkpoint" in plan["cannot_run"][0]
+    medusa = json.loads(run_cli(*base, "--mode", "medusa").stdout)["llm"]["speculative_config"]
+    assert isinstance(medusa["num_medusa_heads"], int) and medusa["num_medusa_heads"] > 0
+    refused = run_cli(*base, "--mode", "lookahead", "--lookahead-config", "1,1,0")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "(1, 1, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only" in error_line(refused.stderr)
+    pl = json.loads(run_cli(*base, "--mode", "prompt_lookup", "--prompt-lookup-candidates", "3").stdout)
+    assert "max_candidates (3) and ngram_draft_lens" in pl["notes"][0], "said, not dropped silently"
+
+
 @pytest.mark.bundled
 def test_engines_tensorrt_llm_plan_and_a_clear_failure_here(bundled, engines_dir):
     plan = run_cli("engines", "build", "--backend", "tensorrt_llm", "--mode", "lookahead", "--lookahead-config", "4,3,4",

@@ -1,6 +1,6 @@
 """The build store: content-addressed ids, reuse, one build at a time across threads and processes,
 crash safety, failures, removal; the transformers builder on a tiny model; the TensorRT-LLM plan
-(checked against TRTLLM.md) and its builder, which fails clearly here and runs end to end against a
+(checked against TensorRT-LLM's own formulas and field meanings) and its builder, which fails clearly here and runs end to end against a
 stand-in `tensorrt_llm` package; a real bundled-model build and a real GPU build when available."""
 
 import functools
@@ -21,6 +21,7 @@ import transformers
 from app import models
 from app.heads import medusa
 from app.service import configs
+from app.service.backends import tensorrt_llm as trt
 from app.service.engines import (
     ENGINE_KINDS,
     BuildError,
@@ -31,7 +32,7 @@ from app.service.engines import (
     tree_sha256,
     trtllm_serve_kwargs,
 )
-from helpers import stand_in_package, tiny_llama
+from helpers import tiny_llama, trtllm_stand_in
 
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 SPEC = BuildSpec("tiny", "autoregressive", versions={"test": "1"})
@@ -343,7 +344,7 @@ def mode_and_len(plan):
     return build["speculative_decoding_mode"], build["max_draft_len"]
 
 
-# TRTLLM.md section 2: max_draft_len = (0 if N==1 else N-2) + (W-1+G)(N-1); its worked examples.
+# decodingConfig.cpp calculateSpeculativeResourceTuple: max_draft_len = (0 if N==1 else N-2) + (W-1+G)(N-1).
 @pytest.mark.parametrize("wng, expected", [((7, 7, 7), 83), ((4, 4, 4), 23), ((4, 3, 4), 15), ((2, 2, 1), 2)])
 def test_lookahead_plan_matches_trtllm_md(wng, expected):
     plan = trt_plan(la(*wng, backend="tensorrt_llm"))
@@ -396,6 +397,50 @@ def test_eagle_and_pytorch_backend_plans():
     assert custom["trtllm_build"]["command"][custom["trtllm_build"]["command"].index("--max_batch_size") + 1] == "4"
 
 
+def test_eagle_plans_pass_what_tensorrt_llm_1_2_means():
+    """llm_args.py EagleDecodingConfig: max_draft_len is the drafting steps (validate_eagle_config derives
+    num_eagle_layers and max_total_draft_tokens from it); EAGLE-3 reads the target layers eagle3_layers_to_capture."""
+    shipped = str(models.default_artifact(models.BUNDLED, "eagle"))
+    plan = trt_plan(request({"decoding_type": "Eagle", "max_draft_len": 23, "num_eagle_layers": 5}, backend="tensorrt_llm"))
+    sc = plan["llm"]["speculative_config"]
+    assert plan["trtllm_backend"] == "pytorch" and sc["max_draft_len"] == 5 and "num_eagle_layers" not in sc
+    assert "use_dynamic_tree" not in sc, "1.2's PyTorch backend fixes max_total_draft_tokens to max_draft_len"
+    # The shipped module fuses hidden states 2, 15, 27 = decoder layers 1, 14, 26: upstream's default {1, L//2-1, L-4}.
+    assert sc["eagle3_layers_to_capture"] == [1, 14, 26] and sc["allow_advanced_sampling"] is True
+    assert plan["prepare"] == [{"step": "export_eagle", "from": shipped, "to": "{build_dir}/eagle"}]
+    assert sc["speculative_model"] == "{build_dir}/eagle"
+    # It is not yet an EAGLE-3 checkpoint, and the plan says so instead of pretending.
+    (why,) = plan["cannot_run"]
+    assert "not an EAGLE-3 checkpoint" in why and "[1152 → 576]" in why and "--eagle3" in why
+    engine = trt_plan(request({"decoding_type": "Eagle", "num_eagle_layers": 4}, backend="tensorrt_llm", trtllm_backend="tensorrt"))
+    esc = engine["llm"]["speculative_config"]
+    assert (esc["max_draft_len"], esc["use_dynamic_tree"], esc["dynamic_tree_max_topK"]) == (4, True, 4)
+    assert engine["prepare"] == [] and "EAGLE-1/2" in engine["cannot_run"][0] and "allow_advanced_sampling" not in esc
+    hub = trt_plan(request({"decoding_type": "Eagle", "speculative_model": "org/eagle3"}, backend="tensorrt_llm"))
+    assert hub["cannot_run"] == [] and hub["prepare"] == [] and "eagle3_layers_to_capture" not in hub["llm"]["speculative_config"]
+    assert "{1, L//2-1, L-4}" in hub["notes"][0]
+    static = trt_plan(request({"decoding_type": "Eagle", "speculative_model": "org/eagle3", "use_dynamic_tree": False,
+                               "eagle_choices": [[0], [0, 0], [1], [0, 0, 0]]}, backend="tensorrt_llm"))
+    assert static["llm"]["speculative_config"]["max_draft_len"] == 3, "upstream resets it to the tree's depth"
+
+
+def test_medusa_plan_takes_the_head_count_from_the_artifact():
+    assert trt_plan(request({"decoding_type": "Medusa"}, backend="tensorrt_llm"))["llm"]["speculative_config"]["num_medusa_heads"] == 4
+    given = request({"decoding_type": "Medusa", "speculative_model": "org/medusa", "num_medusa_heads": 3}, backend="tensorrt_llm")
+    assert trt_plan(given)["llm"]["speculative_config"]["num_medusa_heads"] == 3
+    with pytest.raises(EngineError, match="set num_medusa_heads: TensorRT-LLM needs the Medusa head count and org/medusa"):
+        trt_plan(request({"decoding_type": "Medusa", "speculative_model": "org/medusa"}, backend="tensorrt_llm"))
+
+
+def test_a_build_tensorrt_llm_would_refuse_stops_first_and_says_why(tmp_path):
+    store = EngineStore(tmp_path)
+    spec = spec_for(request({"decoding_type": "Eagle"}, backend="tensorrt_llm"), models.BUNDLED)
+    with pytest.raises(BuildError, match="TensorRT-LLM would refuse this build: the EAGLE module at .* not an EAGLE-3 checkpoint"):
+        store.build(spec)
+    assert store.list() == [] and "plan.json" in store.get(spec.key())["files"]
+    assert not (tmp_path / "models").exists(), "nothing is prepared for a build that cannot run"
+
+
 @pytest.mark.skipif(HAS_TRTLLM, reason="TensorRT-LLM is installed here")
 def test_the_tensorrt_llm_build_fails_clearly_and_keeps_its_plan(tmp_path):
     store = EngineStore(tmp_path)
@@ -412,65 +457,12 @@ def test_the_tensorrt_llm_build_fails_clearly_and_keeps_its_plan(tmp_path):
 
 # ----------------------------------------------------------------------------- TensorRT-LLM builder, stand-in package
 
-FAKE_TRTLLM = {
-    "__init__.py": "from .llm import LLM\n",
-    "llm.py": '''
-import json
-from pathlib import Path
-
-
-class LLM:
-    """Records what it was given; `save` writes a stand-in engine."""
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-    def save(self, engine_dir):
-        Path(engine_dir).mkdir(parents=True)
-        (Path(engine_dir) / "rank0.engine").write_bytes(b"engine")
-        record = {k: (v.model_dump() if hasattr(v, "model_dump") else vars(v) if hasattr(v, "__dict__") else v)
-                  for k, v in self.kwargs.items()}
-        (Path(engine_dir) / "kwargs.json").write_text(json.dumps(record, default=str))
-
-    def shutdown(self):
-        pass
-''',
-    "_tensorrt_engine.py": "from .llm import LLM\n",
-    "llmapi.py": '''
-from dataclasses import dataclass
-from typing import Optional
-
-from pydantic import BaseModel, Field
-
-
-@dataclass
-class BuildConfig:
-    max_batch_size: int = 2048
-    max_num_tokens: int = 8192
-    max_seq_len: Optional[int] = None
-    max_draft_len: int = 0
-
-
-class LookaheadDecodingConfig(BaseModel):
-    max_window_size: int = 4
-    max_ngram_size: int = 3
-    max_verification_set_size: int = 4
-
-
-class MedusaDecodingConfig(BaseModel):
-    max_draft_len: Optional[int] = None
-    medusa_choices: Optional[list] = None
-    num_medusa_heads: Optional[int] = None
-    speculative_model_dir: Optional[str] = None  # the 1.0-era name
-''',
-}
-
-
 @pytest.fixture
-def fake_trtllm(tmp_path, monkeypatch):
-    """A stand-in `tensorrt_llm` package on sys.path, and a 'visible' GPU, to run the builder's glue code."""
+def fake_trtllm(monkeypatch):
+    """The stand-in `tensorrt_llm` (tests/stand_ins: TensorRT-LLM 1.2's rules) and a 'visible' GPU, to run the
+    builder's glue code."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with stand_in_package(tmp_path / "fake-site", "tensorrt_llm", FAKE_TRTLLM):
+    with trtllm_stand_in():
         yield
 
 
@@ -488,7 +480,8 @@ def test_the_tensorrt_llm_builder_runs_its_plan(tmp_path, tiny_dir, fake_trtllm)
     spec = kwargs["speculative_config"]
     assert spec["max_draft_len"] == 3 and sorted(spec["medusa_choices"]) == [[0], [0, 0], [1]]
     # the temporary directory the engine was built in is now the build directory
-    assert Path(spec["speculative_model_dir"]).name == "medusa" and ".tmp-" in spec["speculative_model_dir"]
+    assert Path(spec["speculative_model"]).name == "medusa" and ".tmp-" in spec["speculative_model"]
+    assert spec["num_medusa_heads"] == 2, "the head count is the artifact's (TensorRT-LLM takes it as given)"
     # the exported heads carry the target's own LM head (read_export checks it) and our ResBlocks
     lm = tiny_llama(vocab=96, hidden=32, layers=1).get_output_embeddings().weight
     exported = medusa.read_export(build / "medusa", lm_head_weight=lm)
@@ -496,8 +489,42 @@ def test_the_tensorrt_llm_builder_runs_its_plan(tmp_path, tiny_dir, fake_trtllm)
         assert torch.allclose(a, b, atol=1e-2)
     lookahead = store.build(spec_for(la(2, 2, 1, backend="tensorrt_llm"), str(tiny_dir)))
     kwargs = json.loads((tmp_path / "engines" / "builds" / lookahead["id"] / "engine" / "kwargs.json").read_text())
-    assert kwargs["speculative_config"] == {"max_window_size": 2, "max_ngram_size": 2, "max_verification_set_size": 1}
+    assert {k: kwargs["speculative_config"][k] for k in ("max_window_size", "max_ngram_size", "max_verification_set_size")} == {
+        "max_window_size": 2, "max_ngram_size": 2, "max_verification_set_size": 1}
     assert kwargs["build_config"]["max_draft_len"] == 2
+
+
+def test_an_eagle3_module_is_exported_and_served_with_its_capture_layers(tmp_path, tiny_dir, fake_trtllm):
+    """The PyTorch backend's EAGLE from this app's EAGLE-3 module: exported into the build, then LLM(...) gets the depth as
+    max_draft_len and the module's layers as eagle3_layers_to_capture; the stand-in applies upstream's validators."""
+    from app.heads import eagle
+
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
+    config = eagle.EagleConfig.from_target(target.config, aux_layers=[1], eagle3=True)
+    module = eagle.EagleModule(config, None)
+    eagle.save(module, tmp_path / "eagle3", base_model="tiny")
+    store = EngineStore(tmp_path / "engines")
+    req = request({"decoding_type": "Eagle", "speculative_model": str(tmp_path / "eagle3"), "num_eagle_layers": 3},
+                  backend="tensorrt_llm", sampling={"temperature": 0.7})
+    spec = spec_for(req, str(tiny_dir))
+    assert trt_plan(req, str(tiny_dir))["cannot_run"] == []
+    kwargs = trtllm_serve_kwargs(store, spec)
+    build = tmp_path / "engines" / "builds" / spec.key()
+    assert kwargs["speculative_config"]["speculative_model"] == str(build / "eagle")
+    assert eagle.read_export(build / "eagle").config.eagle3, "the build holds an EAGLE-3 checkpoint"
+    from tensorrt_llm import _tensorrt_engine, llm, llmapi  # the stand-in
+
+    manifest = store.get(spec.key())
+    assert manifest["kind"] == "tensorrt-pytorch" and "eagle/model.safetensors" in manifest["files"]
+    assert llm.CREATED == [], "the PyTorch backend compiles nothing: no LLM is made to build it"
+
+    made = trt.llm_objects(kwargs)
+    sc = made["speculative_config"]
+    assert isinstance(sc, llmapi.EagleDecodingConfig) and sc.eagle3_layers_to_capture == {0}
+    assert (sc.max_draft_len, sc.num_eagle_layers, sc.max_total_draft_tokens) == (3, 3, 3) and sc.allow_advanced_sampling
+    trt.import_object(trt.LLM_CLASSES["pytorch"])(**made)  # accepted as upstream's PyTorch LLM would
+    with pytest.raises(ValueError, match="has no argument \\['enable_iter_perf_stats'\\]"):
+        _tensorrt_engine.LLM(**made)  # PyTorch-only arguments are not the engine's
 
 
 def test_serving_on_tensorrt_llm_uses_the_stores_build(tmp_path, tiny_dir, fake_trtllm):

@@ -26,7 +26,7 @@ from app.service.backends import tensorrt_llm as trt
 from app.service.backends.base import Prompt
 from app.service.backends.remote import RemoteBackend, RemoteError, body_for
 from app.service.jobs import JobManager, Limits, QueueFull
-from helpers import free_port, running_server, stand_in_package
+from helpers import free_port, running_server, trtllm_stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "List the days of the week, then list them again in the same order."
@@ -554,7 +554,9 @@ def test_trtllm_sampling_arguments():
 
 
 def test_trtllm_steps_from_streamed_diffs():
-    steps = list(trt.steps_from_diffs([([5], 0.1, None), ([6, 7, 8], 0.2, None), ([], 0.25, None), ([9], 0.3, "eos")]))
+    # Without the engine's iteration count, a streamed chunk is taken for one iteration.
+    steps = list(trt.steps_from_diffs([([5], 0.1, None, None), ([6, 7, 8], 0.2, None, None), ([], 0.25, None, None),
+                                       ([9], 0.3, "eos", None)]))
     assert [s["tokens"] for s in steps] == [[5], [6, 7, 8], [9]]
     assert [s["accepted_tokens"] for s in steps] == [[], [6, 7], []]
     assert [s["added_token"] for s in steps] == [5, 8, 9]
@@ -562,6 +564,15 @@ def test_trtllm_steps_from_streamed_diffs():
     assert steps[-1]["totals"]["new_tokens"] == 5 and steps[-1]["totals"]["target_steps"] == 3
     assert steps[-1]["totals"]["tokens_per_step"] == pytest.approx(5 / 3)
     assert "rejected draft tokens" in steps[1]["source"]["not_visible"]
+    # With it (RequestOutput.decoding_iter): τ is tokens per engine iteration; a chunk that spans two iterations
+    # (a stream_interval of 2) accepted its length - 2 drafts, and which ones is said to be unknown.
+    steps = list(trt.steps_from_diffs([([5], 0.1, None, 1), ([6, 7, 8, 9], 0.2, None, 3), ([10, 11], 0.3, "length", 4)]))
+    assert [s["iterations"] for s in steps] == [1, 2, 1]
+    assert [s["accepted_tokens"] for s in steps] == [[], [], [10]]
+    totals = steps[-1]["totals"]
+    assert (totals["target_steps"], totals["accepted"], totals["decoding_iter"]) == (4, 3, 4)
+    assert totals["tokens_per_step"] == pytest.approx(7 / 4)
+    assert steps[1]["source"]["not_visible"][-1].startswith("which of these 4 tokens were drafts")
 
 
 def test_trtllm_backend_is_unavailable_here_with_the_reason():
@@ -601,98 +612,12 @@ def test_trtllm_iteration_stats_are_summed_from_dicts_or_json_strings():
     assert trt.iteration_stats([]) == {"iterations": 0, "drafted": 0, "accepted": 0, "acceptance_length": None}
 
 
-# A stand-in `tensorrt_llm` (never the real one: it needs a GPU) to run the backend's glue code: which class
-# it builds with which arguments, how it drives generate_async from a worker thread, cancel, stats.
-FAKE_TRTLLM = {
-    "__init__.py": "from .llm import LLM, SamplingParams\n",
-    "_tensorrt_engine.py": "from .llm import LLM\n",
-    "llm.py": '''
-import asyncio
-import json
-from types import SimpleNamespace
-
-CREATED = []
-
-
-class SamplingParams:
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-
-class Tokenizer:
-    def apply_chat_template(self, turns, add_generation_prompt, tokenize):
-        return "<user>" + turns[-1]["content"] + "<assistant>"
-
-    def encode(self, text, add_special_tokens):
-        return [ord(c) % 50 for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(97 + i % 26) for i in ids)
-
-
-class Generation:
-    """Streams 1, 2, 1, 3 tokens per iteration, like a speculative engine."""
-
-    def __init__(self, params):
-        self.params, self.aborted, self.ids = params, False, []
-
-    def __aiter__(self):
-        return self._gen()
-
-    async def _gen(self):
-        for i, diff in enumerate([[5], [6, 7], [8], [9, 10, 11]]):
-            await asyncio.sleep(0.1)  # an iteration on the GPU
-            if self.aborted:
-                return
-            self.ids += diff
-            last = i == 3
-            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids_diff=diff, token_ids=list(self.ids),
-                                                           finish_reason="length" if last else None)])
-
-    def abort(self):
-        self.aborted = True
-
-
-class LLM:
-    def __init__(self, **kwargs):
-        self.kwargs, self.tokenizer, self.generations = kwargs, Tokenizer(), []
-        CREATED.append(self)
-
-    def generate_async(self, prompt_ids, sampling_params, streaming):
-        assert streaming
-        self.generations.append(Generation(sampling_params))
-        return self.generations[-1]
-
-    def get_stats(self, timeout):
-        return [json.dumps({"iter": 1, "specDecodingStats": {"numDraftTokens": 4, "numAcceptedTokens": 1,
-                                                             "numRequestsWithDraftTokens": 1, "acceptanceLength": 2.0}})]
-''',
-    "llmapi.py": '''
-from pydantic import BaseModel
-
-
-class NGramDecodingConfig(BaseModel):
-    max_draft_len: int
-    max_matching_ngram_size: int = 2
-    is_keep_all: bool = True
-    is_use_oldest: bool = True
-    is_public_pool: bool = True
-
-
-class LookaheadDecodingConfig(BaseModel):
-    max_window_size: int = 4
-    max_ngram_size: int = 3
-    max_verification_set_size: int = 4
-''',
-}
-
-
 @pytest.fixture
-def fake_trtllm(tmp_path, monkeypatch):
-    import torch
-
+def fake_trtllm(monkeypatch):
+    """The stand-in `tensorrt_llm` (tests/stand_ins: TensorRT-LLM 1.2's rules, no GPU) and a 'visible' GPU, to run
+    the backend's glue code: which class it builds with which arguments, how it reads the stream, cancel, stats."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with stand_in_package(tmp_path / "fake-site", "tensorrt_llm", FAKE_TRTLLM):
+    with trtllm_stand_in():
         yield
 
 
@@ -708,21 +633,29 @@ def test_trtllm_backend_glue_against_a_stand_in_package(fake_trtllm, tmp_path):
     assert llm.kwargs["tensor_parallel_size"] == 2 and llm.kwargs["disable_overlap_scheduler"]
     assert type(llm.kwargs["speculative_config"]).__name__ == "NGramDecodingConfig"
     assert llm.kwargs["speculative_config"].max_draft_len == 4
-    assert llm.generations[-1].params.kwargs["max_tokens"] == 7
+    assert llm.generations[-1].sampling_params.max_tokens == 7
     assert start["prompt_ids"] == [ord(c) % 50 for c in "<user>hi<assistant>"]
     assert [x["tokens"] for x in steps] == [[5], [6, 7], [8], [9, 10, 11]]
     assert [len(x["accepted_tokens"]) for x in steps] == [0, 1, 0, 2]
     assert steps[-1]["finish_reason"] == "length" and end["finish_reason"] == "length"
     assert end["token_ids"] == [5, 6, 7, 8, 9, 10, 11]
     assert end["iteration_stats"] == {"iterations": 1, "drafted": 4, "accepted": 1, "acceptance_length": 2.0}
+    assert [s["totals"]["decoding_iter"] for s in steps] == [1, 2, 3, 4] and end["totals"]["decoding_iter"] == 4
+    assert steps[-1]["totals"]["tokens_per_step"] == pytest.approx(7 / 4)
+    # Iterated synchronously in the job's worker thread, as upstream's result allows there (no event loop).
+    assert llm.generations[-1].aqueue is None and llm.generations[-1].sampling_params.return_perf_metrics
     # The same config reuses the LLM (engines and weights load once); cancel aborts the request.
+    from tensorrt_llm.llm import HOLD
+
+    HOLD.clear()  # the engine answers no further until the first step has been seen and cancelled
     job = s.submit(data, "hi", model="some/model")
     got = []
     for m in job.messages(timeout=30):
         got.append(m)
-        if m["type"] == "step":
+        if m["type"] == "step" and not HOLD.is_set():
             job.cancel()
-    assert len(CREATED) == 1 and llm.generations[-1].aborted
+            HOLD.set()
+    assert len(CREATED) == 1 and llm.generations[-1].aborted()
     assert got[-1]["finish_reason"] == "cancelled" and len(got[-1]["token_ids"]) < 7
     s.close()
 
@@ -752,6 +685,8 @@ def test_remote_backend_against_a_server_that_is_not_ours(tmp_path):
             self.end_headers()
             for i, piece in enumerate(["Hello", " there", ", friend"]):
                 chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": "stop" if i == 2 else None}]}
+                if i == 2:  # the engine's own τ for the request, as a trtllm-serve that reports it adds it
+                    chunk["choices"][0]["avg_decoded_tokens_per_iter"] = 2.5
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
 
@@ -766,6 +701,7 @@ def test_remote_backend_against_a_server_that_is_not_ours(tmp_path):
         assert [x["text"] for x in steps] == ["Hello", " there", ", friend"]
         assert all("draft tree" in x["source"]["not_visible"] for x in steps)
         assert end["text"] == "Hello there, friend" and end["finish_reason"] == "eos"
+        assert end["totals"] == {"tokens_per_step": 2.5, "tokens_per_step_from": "avg_decoded_tokens_per_iter"}
         with pytest.raises(RemoteError, match="does not serve 'smollm2-135m-instruct'"):
             s.submit({}, "hi")
         s.close()

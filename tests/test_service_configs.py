@@ -48,6 +48,8 @@ INVALID = {
     "beam width 2": ({"sampling": {"beam_width": 2}}, "beam width 1"),
     "max_new_tokens 0": ({"max_new_tokens": 0}, "max_new_tokens"),
     "unknown backend": ({"backend": "vllm"}, "unknown backend 'vllm'"),
+    "trtllm lookahead G=0": ({**la(1, 1, 0), "backend": "tensorrt_llm"}, "lookahead (W, N, G) = (1, 1, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
+    "trtllm lookahead request g=0": ({**la(4, 3, 4, request=(2, 2, 0)), "backend": "tensorrt_llm"}, "per-request (w, n, g) = (2, 2, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
     "trtllm lookahead on pytorch": ({**la(4, 3, 4), "backend": "tensorrt_llm", "trtllm_backend": "pytorch"}, "only on its tensorrt backend"),
     "trtllm ngram on engine": ({"speculative_config": {"decoding_type": "NGram"}, "backend": "tensorrt_llm", "trtllm_backend": "tensorrt"}, "only on its pytorch backend"),
     "trtllm draft_target on engine": ({"speculative_config": {"decoding_type": "Draft_Target"}, "backend": "tensorrt_llm", "trtllm_backend": "tensorrt"}, "pytorch backend"),
@@ -101,7 +103,11 @@ def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
         assert spec is None
     else:
         assert spec["decoding_type"] == c.MODE_TYPES[r.mode]
-        if "max_draft_len" in spec:
+        if r.mode == "eagle":  # TensorRT-LLM's max_draft_len is the drafting steps (the depth); ours the tree's nodes
+            sc = r.speculative_config
+            depth = sc.num_eagle_layers if sc.eagle_choices is None else max(map(len, spec["eagle_choices"]))
+            assert spec["max_draft_len"] == depth > 0 and "num_eagle_layers" not in spec
+        elif "max_draft_len" in spec:
             assert spec["max_draft_len"] == r.speculative_config.max_draft_len > 0
     plan = c.trtllm_build_plan(r, "ckpt", "out")
     assert plan[:5] == ["trtllm-build", "--checkpoint_dir", "ckpt", "--output_dir", "out"] and "--max_beam_width" in plan
@@ -174,3 +180,18 @@ def test_the_validator_never_crashes(decoding_type, spec, top):
         return
     c.to_runtime(r)
     c.trtllm_speculative_config(r)
+
+
+def test_what_tensorrt_llm_does_not_take_is_said():
+    """configs.trtllm_notes: this app's own settings upstream has no field for, and EAGLE's other meaning of max_draft_len."""
+    def notes(spec, **top):
+        return c.trtllm_notes(c.parse({"speculative_config": spec, "backend": "tensorrt_llm", **top}))
+
+    assert notes({"decoding_type": "NGram", "ngram_draft_lens": [], "max_candidates": 1}) == []  # TensorRT-LLM's behaviour
+    assert "max_candidates (2) and ngram_draft_lens (2, 5)" in notes({"decoding_type": "NGram", "max_candidates": 2})[0]
+    assert notes({"decoding_type": "Lookahead"}) == [], "TensorRT-LLM seeds its pool from the prompt too"
+    assert "always seeds its n-gram pool from the prompt" in notes({"decoding_type": "Lookahead", "pool_from_prompt": False})[0]
+    eagle = notes({"decoding_type": "Eagle", "speculative_model": "x", "num_eagle_layers": 4})
+    assert "sent as 4" in eagle[0] and "total tokens (24) and top-K (4) are not sent" in eagle[1]
+    engine = notes({"decoding_type": "Eagle", "speculative_model": "x", "num_eagle_layers": 4}, trtllm_backend="tensorrt")
+    assert "the engine holds 4 draft tokens per step, not the tree's 23" in engine[1]

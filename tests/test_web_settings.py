@@ -110,3 +110,20 @@ def test_heads_are_picked_shipped_or_by_a_training_runs_name_never_by_path(mode,
     assert web.values_from(web.request_from(mode, web.DEFAULTS))[1][key] == web.SHIPPED
     path = {**request, "speculative_config": {**request["speculative_config"], "speculative_model": "/tmp/heads"}}
     assert web.values_from(path) is None
+
+
+def test_the_verdict_on_tensorrt_llm_says_what_it_does_not_take(tmp_path, monkeypatch):
+    """Settings of this app's own that TensorRT-LLM has no field for are said in the verdict, not dropped silently
+    (the stand-in tensorrt_llm makes that backend available here); the transformers backend takes them all."""
+    import torch
+
+    from helpers import trtllm_stand_in
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with trtllm_stand_in():
+        s = Service(engines=tmp_path, backend="tensorrt_llm")
+        values = dict(web.DEFAULTS, backend="tensorrt_llm")
+        pl = web.check_message(s, "prompt_lookup", values)
+        assert pl.startswith("✓ Valid") and "⚠ max_candidates" in pl and "TensorRT-LLM's NGramDecodingConfig has neither" in pl
+        assert "⚠" not in web.check_message(s, "prompt_lookup", dict(values, backend="transformers"))
+        s.close()

@@ -201,7 +201,11 @@ class Service:
         return trtllm_serve_kwargs(self.store, spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size))
 
     def engine_plan(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> dict[str, Any]:
-        return self.store.plan(self.engine_spec(data, model))
+        request = self.request(data)
+        plan = self.store.plan(self.engine_spec(request, model))
+        if request.backend == "tensorrt_llm":  # what it does not take, from the request: a spec keeps no runtime field
+            plan["notes"] = configs.trtllm_notes(request) + plan["notes"]
+        return plan
 
     def engine_build(self, data: dict[str, Any] | DecodeRequest, model: str | None = None,
                      progress: Progress | None = None) -> dict[str, Any]:

@@ -6,9 +6,10 @@ that needs no loaded model, `check_models()` the ones that do (vocabularies, hea
 `trtllm_speculative_config()` / `trtllm_build_plan()` into what TensorRT-LLM's LLM API and
 `trtllm-build` take (pure data: nothing here imports tensorrt_llm).
 
-Support matrix (TensorRT-LLM 1.2, TRTLLM.md section 1): lookahead and Medusa run only on its
-TensorRT-engine backend, NGram and draft-target only on its PyTorch backend, EAGLE on both (the
-PyTorch backend takes EAGLE-3 checkpoints only).
+Support matrix (TensorRT-LLM 1.2, tensorrt_llm/llmapi/llm_args.py `supports_backend`): lookahead and
+Medusa run only on its TensorRT-engine backend, NGram and draft-target only on its PyTorch backend,
+EAGLE on both (the PyTorch backend takes EAGLE-3 checkpoints only, TorchLlmArgs.validate_speculative_config;
+the engine backend EAGLE-1/2 ones, models/eagle/config.py). docs/tensorrt-llm.md has the whole reading.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from app.config import ConfigError, DecodingConfig, medusa_choices
 from app.decoding.sampling import SamplingParams
 
-MAX_DRAFT_LEN = 256  # TensorRT-LLM's engine builder asserts max_draft_len <= 256
+MAX_DRAFT_LEN = 256  # this app's bound on the draft tokens one step verifies (every mode, every backend)
 # The transformers backend's tree pruning when a request leaves min_path_prob unset: on a CPU every verified node
 # costs target compute, and an unpruned 24-node EAGLE step costs about two one-token passes (through the service,
 # bfloat16, side by side: 1.01x autoregressive unpruned, 1.45x pruned at 0.05; see README). Pruning keeps every mode
@@ -107,13 +108,27 @@ class LookaheadDecodingConfig(_Config):
         if n == 1 and g != 0:
             raise ConfigError(f"{what}: an n-gram size of 1 requires a verification set size of 0 (got G={g})")
 
+    def check_trtllm(self) -> None:
+        """TensorRT-LLM's LLM API types (W, N, G) and a request's (w, n, g) as PositiveInt (llm_args.py
+        LookaheadDecodingConfig; SamplingParams.lookahead_config is that class too), although its C++
+        executor would take G = 0 (decodingConfig.cpp): a zero is refused on that backend, not sent."""
+        for what, (w, n, g) in (("lookahead (W, N, G)", (self.max_window_size, self.max_ngram_size, self.max_verification_set_size)),
+                                ("lookahead's per-request (w, n, g)", self.request)):
+            if min(w, n, g) < 1:
+                raise ConfigError(
+                    f"{what} = ({w}, {n}, {g}): TensorRT-LLM's LookaheadDecodingConfig takes positive "
+                    "integers only, so a 0 cannot be sent to it; use values >= 1 on this backend, or the transformers "
+                    "backend, which runs this")
+            if self.request is None:
+                break
+
     def check(self) -> None:
         W, N, G = self.max_window_size, self.max_ngram_size, self.max_verification_set_size
         self._legal(W, N, G, "lookahead (W, N, G)")
         if self.max_draft_len > MAX_DRAFT_LEN:
             raise ConfigError(
                 f"lookahead ({W}, {N}, {G}) needs max_draft_len {self.max_draft_len} = (N-2) + (W-1+G)(N-1), "
-                f"more than TensorRT-LLM's limit of {MAX_DRAFT_LEN}"
+                f"more than this app's limit of {MAX_DRAFT_LEN} draft tokens per step"
             )
         if self.request is not None:
             w, n, g = self.request
@@ -194,7 +209,12 @@ class MedusaDecodingConfig(_Config):
 
 
 class EagleDecodingConfig(_Config):
-    """EAGLE-2 dynamic tree (use_dynamic_tree) or a static tree (eagle_choices)."""
+    """EAGLE-2 dynamic tree (use_dynamic_tree) or a static tree (eagle_choices).
+
+    Here max_draft_len counts the tree's nodes and num_eagle_layers its depth (the drafting steps).
+    TensorRT-LLM 1.2's EagleDecodingConfig means by max_draft_len the drafting steps and derives
+    num_eagle_layers and max_total_draft_tokens from it (llm_args.py validate_eagle_config), so
+    trtllm_speculative_config sends the depth as its max_draft_len."""
 
     decoding_type: Literal["Eagle"] = "Eagle"
     max_draft_len: int = 23  # tree nodes verified per step (our total_tokens - 1)
@@ -307,9 +327,10 @@ class DecodeRequest(_Config):
                 raise ConfigError(
                     f"TensorRT-LLM runs {self.mode} only on its {' or '.join(allowed)} backend, not on {flavour}"
                 )
-            if self.mode in ("eagle", "draft_target") and self.speculative_config.speculative_model is None:
-                what = "an EAGLE-3 checkpoint" if self.mode == "eagle" else "a draft model"
-                raise ConfigError(f"TensorRT-LLM needs {what} for {self.mode}: set speculative_model")
+            if self.mode == "draft_target" and self.speculative_config.speculative_model is None:
+                raise ConfigError("TensorRT-LLM needs a draft model for draft_target: set speculative_model")
+            if isinstance(self.speculative_config, LookaheadDecodingConfig):
+                self.speculative_config.check_trtllm()
             if getattr(self.speculative_config, "min_path_prob", 0):
                 raise ConfigError("min_path_prob (tree pruning) is this app's own: TensorRT-LLM has no such setting, use 0")
             if getattr(self.speculative_config, "prompt_lookup", None) is not None:
@@ -380,8 +401,47 @@ def _ngram_fields(c: NGramDecodingConfig) -> dict[str, Any]:
                 is_use_oldest=c.is_use_oldest, max_candidates=c.max_candidates, ngram_draft_lens=c.ngram_draft_lens)
 
 
+def trtllm_backend(request: DecodeRequest) -> str:
+    """'pytorch' or 'tensorrt': the one asked for, or the first that runs the mode (TRTLLM_BACKENDS)."""
+    return request.trtllm_backend or TRTLLM_BACKENDS[request.mode][0]
+
+
+def trtllm_notes(request: DecodeRequest) -> list[str]:
+    """What of a valid request TensorRT-LLM does not take, in words: settings of this app's own that its
+    configs have no field for (so they are not sent), and meanings that differ (llm_args.py, 1.2)."""
+    c, notes = request.speculative_config, []
+    if isinstance(c, NGramDecodingConfig) and (c.max_candidates != 1 or c.ngram_draft_lens):
+        notes.append(f"max_candidates ({c.max_candidates}) and ngram_draft_lens ({', '.join(map(str, c.ngram_draft_lens))}) "
+                     f"are this app's own: TensorRT-LLM's NGramDecodingConfig has neither and drafts one match of up to "
+                     f"{c.max_draft_len} tokens")
+    if isinstance(c, LookaheadDecodingConfig) and not c.pool_from_prompt:
+        notes.append("pool_from_prompt off is this app's own: TensorRT-LLM's LookaheadDecodingConfig has no such field "
+                     "and always seeds its n-gram pool from the prompt (lookaheadAlgorithm.cpp setup)")
+    if isinstance(c, EagleDecodingConfig):
+        depth = c.num_eagle_layers if c.eagle_choices is None else max(map(len, _eagle_paths(c)))
+        notes.append(f"TensorRT-LLM's max_draft_len is the number of drafting steps, sent as {depth} (the tree's depth); "
+                     f"it sets num_eagle_layers and max_total_draft_tokens from it itself")
+        if trtllm_backend(request) == "tensorrt":
+            notes.append(f"on the engine backend its LLM API also sets the engine's build_config.max_draft_len from it "
+                         f"(BaseLlmArgs.validate_speculative_config), so the engine holds {depth} draft tokens per step, "
+                         f"not the tree's {c.max_draft_len}")
+        elif c.use_dynamic_tree:
+            notes.append(f"the dynamic tree's total tokens ({c.max_draft_len + 1}) and top-K ({c.dynamic_tree_max_topK}) are "
+                         f"not sent: TensorRT-LLM 1.2's PyTorch backend drafts a chain of {depth} tokens (its "
+                         f"validate_eagle_config sets max_total_draft_tokens to max_draft_len)")
+    return notes
+
+
+def _eagle_paths(c: EagleDecodingConfig) -> list[list[int]]:
+    spec = c.eagle_choices
+    return medusa_choices(spec if isinstance(spec, str) else _json(spec))
+
+
 def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
-    """The `speculative_config` for TensorRT-LLM's LLM(...) / trtllm-serve YAML, as plain data; None = none."""
+    """The `speculative_config` for TensorRT-LLM's LLM(...) / trtllm-serve YAML, as plain data; None = none.
+    Fields as TensorRT-LLM 1.2 names and means them (llm_args.py); what it has no field for is left out
+    and said by trtllm_notes. What comes from a trained artifact (Medusa's head count, EAGLE-3's capture
+    layers) is the build plan's to add (engines.trtllm_plan)."""
     c = request.speculative_config
     if isinstance(c, AutoregressiveConfig):
         return None
@@ -396,12 +456,16 @@ def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
     if isinstance(c, MedusaDecodingConfig):
         return {"decoding_type": "Medusa", "max_draft_len": c.max_draft_len, "medusa_choices": c.paths(),
                 "num_medusa_heads": c.num_medusa_heads, "speculative_model": c.speculative_model}
-    out = {"decoding_type": "Eagle", "max_draft_len": c.max_draft_len, "speculative_model": c.speculative_model,
-           "use_dynamic_tree": c.use_dynamic_tree, "dynamic_tree_max_topK": c.dynamic_tree_max_topK,
-           "num_eagle_layers": c.num_eagle_layers}
+    out = {"decoding_type": "Eagle", "max_draft_len": c.num_eagle_layers, "speculative_model": c.speculative_model}
     if c.eagle_choices is not None:
-        spec = c.eagle_choices
-        out["eagle_choices"] = medusa_choices(spec if isinstance(spec, str) else _json(spec))
+        paths = _eagle_paths(c)
+        out.update(eagle_choices=paths, max_draft_len=max(map(len, paths)))  # upstream resets it to the depth
+    elif trtllm_backend(request) == "tensorrt":  # the engine's EAGLE-2 tree; see trtllm_notes for PyTorch's
+        out.update(use_dynamic_tree=c.use_dynamic_tree, dynamic_tree_max_topK=c.dynamic_tree_max_topK)
+    if trtllm_backend(request) == "pytorch":
+        # Sampling is chosen per request: without this the one-model EAGLE-3 path samples greedily whatever
+        # the temperature (llm_args.py DecodingBaseConfig.allow_advanced_sampling).
+        out["allow_advanced_sampling"] = True
     return out
 
 

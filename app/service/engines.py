@@ -62,8 +62,9 @@ ENGINE_KINDS = {
     "tensorrt-engine": "TensorRT-LLM engine backend (lookahead, medusa, eagle, autoregressive): plan.json, "
     "`engine/` (LLM.save: config.json, rank<N>.engine) and, for Medusa from our artifact, `medusa/` (the heads "
     "exported in the layout TensorRT-LLM converts)",
-    "tensorrt-pytorch": "TensorRT-LLM PyTorch backend (prompt lookup, draft_target, eagle): plan.json only; this "
-    "backend compiles nothing ahead of time, LLM(**plan['llm']) loads the checkpoint at run time",
+    "tensorrt-pytorch": "TensorRT-LLM PyTorch backend (prompt lookup, draft_target, eagle): plan.json and, for EAGLE "
+    "from this app's module, `eagle/` (exported in the EAGLE-3 layout); this backend compiles nothing ahead of time, "
+    "LLM(**plan['llm']) loads the checkpoint at run time",
     "trained-medusa": "a training run (training.py): `medusa/`, Medusa heads trained on the frozen model (config.json, "
     "model.safetensors, train.json), and train.log; requests name them trained:<id>",
     "trained-eagle": "a training run (training.py): `eagle/`, an EAGLE module trained on the frozen model, and train.log; "
@@ -72,7 +73,7 @@ ENGINE_KINDS = {
     "as a plain model directory), `medusa/` (the heads exported in Medusa's own layout) or `eagle3/` (the EAGLE-3 "
     "module); while it runs, server.json (pid, port) and server.log",
 }
-# Build settings of a TensorRT engine (TRTLLM.md section 6); a spec may override them.
+# Build settings of a TensorRT engine (BuildConfig); a spec may override them.
 TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120}
 # Fields of our configs that only steer a run, never what is built (per decoding_type).
 RUNTIME_FIELDS = {"Lookahead": {"request", "pool_from_prompt"}, "NGram": {"max_candidates", "ngram_draft_lens"},
@@ -484,8 +485,10 @@ def _request(spec: BuildSpec) -> DecodeRequest:
 
 
 def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict:
-    """The TensorRT-LLM build of `spec` as pure data (TRTLLM.md sections 4 and 6). "{build_dir}" stands for the
-    build directory, "{checkpoint_dir}" for a TensorRT-LLM checkpoint converted from the model."""
+    """The TensorRT-LLM build of `spec` as pure data, its arguments as TensorRT-LLM 1.2 names and means them
+    (docs/tensorrt-llm.md). "{build_dir}" stands for the build directory, "{checkpoint_dir}" for a TensorRT-LLM
+    checkpoint converted from the model. `notes` says what is not sent or means something else there;
+    `cannot_run` why TensorRT-LLM would refuse this build (the builder stops on it)."""
     if spec.backend != "tensorrt_llm":
         raise EngineError(f"a TensorRT-LLM plan needs a tensorrt_llm spec, not {spec.backend}")
     spec = resolve(spec)
@@ -493,21 +496,33 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
     flavour = spec.config.get("trtllm_backend") or configs.TRTLLM_BACKENDS[spec.mode][0]
     model_dir = _model_dir(spec.model, engines)
     llm: dict[str, Any] = {"model": model_dir, "tensor_parallel_size": spec.config.get("tensor_parallel_size", 1)}
-    prepare = []
+    prepare: list[dict] = []
+    notes: list[str] = []  # the artifact's; Service.engine_plan adds configs.trtllm_notes (runtime fields are not in a spec)
+    cannot_run: list[str] = []
     speculative = configs.trtllm_speculative_config(request)
     if speculative is not None:
         given = spec.config.get("speculative_model")
         # resolve() made sure an artifact mode has one
         src = given or (str(models.default_artifact(spec.model, spec.mode)) if spec.mode in ARTIFACT_MODES else None)
-        if spec.mode == "medusa" and src and _is_our_medusa(Path(src)):
-            # TensorRT-LLM reads Medusa's own heads layout (medusa_lm_head.safetensors), not our artifact.
-            prepare.append({"step": "export_medusa", "from": src, "to": "{build_dir}/medusa"})
-            src = "{build_dir}/medusa"
+        artifact = _artifact_config(src)
+        if spec.mode == "medusa":
+            heads = request.speculative_config.num_medusa_heads or _medusa_heads(artifact)
+            if heads is None:
+                raise EngineError(f"set num_medusa_heads: TensorRT-LLM needs the Medusa head count and {src} does not say it "
+                                  "(its Medusa conversion takes the config's value as given, models/medusa/config.py)")
+            speculative["num_medusa_heads"] = heads
+            if artifact.get("architecture") == "medusa":
+                # TensorRT-LLM reads Medusa's own heads layout (medusa_lm_head.safetensors), not our artifact.
+                prepare.append({"step": "export_medusa", "from": src, "to": "{build_dir}/medusa"})
+                src = "{build_dir}/medusa"
+        elif spec.mode == "eagle":
+            src = _eagle_plan(src, artifact, flavour, speculative, prepare, notes, cannot_run)
         if "speculative_model" in speculative:
             speculative["speculative_model"] = src
         llm["speculative_config"] = {k: v for k, v in speculative.items() if v is not None}
     plan: dict[str, Any] = {"backend": "tensorrt_llm", "trtllm_backend": flavour, "llm_class": trt.LLM_CLASSES[flavour],
-                            "prepare": prepare, "llm": llm, "save": None, "trtllm_build": None}
+                            "prepare": prepare, "llm": llm, "save": None, "trtllm_build": None, "notes": notes,
+                            "cannot_run": cannot_run}
     if flavour == "tensorrt":
         decoding_type = request.speculative_config.decoding_type
         build = {**TRT_BUILD_DEFAULTS, **spec.config.get("build_config", {}),
@@ -542,17 +557,62 @@ def trtllm_serve_kwargs(store: EngineStore, spec: BuildSpec) -> dict:
             llm.pop("build_config", None)
             llm.update(model=_fill(plan["save"], build_dir), tokenizer=plan["llm"]["model"])
     if plan["trtllm_backend"] == "pytorch":
-        llm["enable_iter_perf_stats"] = True  # specDecodingStats per iteration (TRTLLM.md section 5)
+        llm["enable_iter_perf_stats"] = True  # specDecodingStats per iteration (llm_args.py TorchLlmArgs)
         if spec.mode in ("prompt_lookup", "draft_target"):
             llm["disable_overlap_scheduler"] = True  # as the NGram / DraftTarget examples do
     return llm
 
 
-def _is_our_medusa(path: Path) -> bool:
+def _artifact_config(src: str | None) -> dict:
+    """config.json of a local artifact directory; {} for a hub id or anything unreadable."""
     try:
-        return json.loads((path / "config.json").read_text()).get("architecture") == "medusa"
+        data = json.loads((Path(src) / "config.json").read_text()) if src else {}
     except (OSError, ValueError):
-        return False
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _medusa_heads(config: dict) -> int | None:
+    """The head count of our heads, of a FasterDecoding/Medusa checkpoint or of a ModelOpt one ("medusa")."""
+    return config.get("medusa_num_heads") or config.get("num_medusa_heads") or (config.get("medusa") or {}).get("num_medusa_heads")
+
+
+def _eagle_plan(src: str, artifact: dict, flavour: str, speculative: dict, prepare: list, notes: list, cannot_run: list) -> str:
+    """EAGLE's part of a TensorRT-LLM plan; returns the speculative_model to pass.
+
+    PyTorch backend: an EAGLE-3 checkpoint, with the target layers it reads as eagle3_layers_to_capture
+    (upstream's default is {1, L//2-1, L-4}: a module trained on others would silently mismatch). Our
+    module is exported to that layout first (heads/eagle.export_trtllm). The engine backend builds EAGLE-1/2
+    checkpoints in the EAGLE repository's layout (models/eagle/config.py), which this app does not write."""
+    ours = artifact.get("architecture") == "eagle"
+    if ours:
+        layers = [i - 1 for i in artifact.get("aux_layers") or []]  # our hidden-state index i = decoder layer i-1's output
+    else:
+        layers = (artifact.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []
+    if flavour == "tensorrt":
+        if ours or artifact.get("eagle_config"):
+            what = ("this app's module, which exports to the EAGLE-3 layout only" if ours else
+                    "in the EAGLE-3 / ModelOpt layout (its config.json has eagle_config)")
+            cannot_run.append(f"TensorRT-LLM's engine backend builds EAGLE-1/2 checkpoints (the EAGLE repository's layout, "
+                              f"converted by its examples/eagle/convert_checkpoint.py); {src} is {what}: use the PyTorch "
+                              "backend with an EAGLE-3 checkpoint")
+        return src
+    if ours:
+        prepare.append({"step": "export_eagle", "from": src, "to": "{build_dir}/eagle"})
+        if not artifact.get("eagle3"):
+            h = artifact.get("hidden_size")
+            cannot_run.append(
+                f"the EAGLE module at {src} is not an EAGLE-3 checkpoint: its fc maps [{2 * h} → {h}] (the next token's "
+                f"embedding and the final hidden state) plus an fc_aux over its fused layers, where EAGLE-3's fc maps "
+                f"[{len(layers) * h} → {h}] and its attention reads 2H = {2 * h}; TensorRT-LLM's PyTorch backend runs "
+                "EAGLE-3 only. Train an EAGLE-3 module (python -m app train --mode eagle --eagle3) and pass it")
+        src = "{build_dir}/eagle"
+    if layers:
+        speculative["eagle3_layers_to_capture"] = sorted(layers)
+    else:
+        notes.append(f"the target layers {src} reads are not known here: TensorRT-LLM captures its default "
+                     "{1, L//2-1, L-4}, which must be the ones the module was trained on")
+    return src
 
 
 def _fill(value: Any, build_dir: Path) -> Any:
@@ -573,6 +633,8 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
         plan = trtllm_plan(spec, engines)
         _write_json(out / PLAN, plan)
         progress(0.05, "wrote the build plan")
+        if plan["cannot_run"]:
+            raise BuildError(f"TensorRT-LLM would refuse this build: {'; '.join(plan['cannot_run'])}; the build plan is in {out / PLAN}")
         state = trt.probe()
         if not state.available:
             raise BuildError(f"TensorRT-LLM cannot build here: {state.reason}; the build plan is in {out / PLAN}")
@@ -581,40 +643,54 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
                   "speculative_model": spec.config.get("speculative_model"),
                   "tensorrt_llm": library_versions("tensorrt_llm")["tensorrt_llm"]}
         for step in plan["prepare"]:
-            progress(0.1, f"exporting the Medusa heads from {step['from']}")
-            _export_medusa(Path(step["from"]), Path(where), Path(_fill(step["to"], out)), spec.model)
-        progress(0.2, f"building with {plan['llm_class']} (this takes minutes)")
+            progress(0.1, f"{step['step']}: from {step['from']}")
+            export = {"export_medusa": _export_medusa, "export_eagle": _export_eagle}[step["step"]]
+            export(Path(step["from"]), Path(where), Path(_fill(step["to"], out)), spec.model)
         try:
-            kwargs = trt.llm_objects(_fill(plan["llm"], out))
+            kwargs = trt.llm_objects(_fill(plan["llm"], out))  # checked by the installed version's own classes
         except ConfigError as err:
             raise BuildError(str(err)) from err
-        llm = trt.import_object(plan["llm_class"])(**kwargs)
-        try:
-            if plan["save"]:
+        if plan["save"]:  # the PyTorch backend has nothing to compile: its LLM is made when it serves
+            progress(0.2, f"building with {plan['llm_class']} (this takes minutes)")
+            llm = trt.import_object(plan["llm_class"])(**kwargs)
+            try:
                 progress(0.9, "saving the engine")
                 llm.save(_fill(plan["save"], out))
-        finally:
-            llm.shutdown()
+            finally:
+                llm.shutdown()
         kind = "tensorrt-engine" if plan["save"] else "tensorrt-pytorch"
         return {"kind": kind, "source": source, "plan": PLAN}
 
     return build
 
 
-def _export_medusa(src: Path, model_dir: Path, out: Path, base_model: str) -> None:
+def _lm_head_weight(model_dir: Path, what: str):
+    """Just the target's LM head tensor (a tied model has only the embedding), without loading the model."""
     from safetensors import safe_open
 
-    from app.heads import medusa
-
-    heads = medusa.load(src)
-    # Heads share the target's LM head; read just that tensor (a tied model has only the embedding).
     for name in ("lm_head.weight", "model.embed_tokens.weight"):
         for file in sorted(model_dir.glob("*.safetensors")):
             with safe_open(str(file), "pt") as f:
                 if name in f.keys():
-                    medusa.export_trtllm(heads, f.get_tensor(name), out, base_model)
-                    return
-    raise BuildError(f"no LM head weight in {model_dir}: the Medusa heads cannot be exported for TensorRT-LLM")
+                    return f.get_tensor(name)
+    raise BuildError(f"no LM head weight in {model_dir}: {what} cannot be exported for TensorRT-LLM")
+
+
+def _export_medusa(src: Path, model_dir: Path, out: Path, base_model: str) -> None:
+    from app.heads import medusa
+
+    medusa.export_trtllm(medusa.load(src), _lm_head_weight(model_dir, "the Medusa heads"), out, base_model)
+
+
+def _export_eagle(src: Path, model_dir: Path, out: Path, base_model: str) -> None:
+    import torch
+
+    from app.heads import eagle
+
+    weight = _lm_head_weight(model_dir, "the EAGLE module")
+    lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    lm_head.weight.data = weight.float()
+    eagle.export_trtllm(eagle.load(src, target_lm_head=lm_head), out, base_model)
 
 
 

@@ -211,6 +211,8 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
             extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
     if note := service.dtype_note(request.dtype):
         extra += f" · {note}"
+    if request.backend == "tensorrt_llm":  # said, not dropped silently: settings TensorRT-LLM has no field for
+        extra += "".join(f" · ⚠ {n}" for n in configs.trtllm_notes(request))
     return f"✓ Valid · {info['lossless']}{extra}"
 
 

@@ -166,11 +166,13 @@ def _untraced(response, cancel: threading.Event, model: str, mode: str) -> Itera
     start = time.perf_counter()
     yield {"type": "start", "backend": "remote", "model": model, "mode": mode, "prompt_ids": [], "texts": {},
            "not_visible": NOT_VISIBLE}
-    text, steps, finish = "", 0, None
+    text, steps, finish, tau = "", 0, None, None
     for chunk in sse(response):
         choice = (chunk.get("choices") or [{}])[0]
         delta = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
         finish = choice.get("finish_reason") or finish
+        # trtllm-serve's own τ (tokens per engine iteration), where its version reports it: text chunks say nothing of it.
+        tau = choice.get("avg_decoded_tokens_per_iter") or tau
         if delta:
             text += delta
             yield {"type": "step", "step": steps, "kind": "decode", "proposed": {"tokens": [], "parents": []},
@@ -184,7 +186,8 @@ def _untraced(response, cancel: threading.Event, model: str, mode: str) -> Itera
             finish = "cancelled"
             break
     yield {"type": "end", "finish_reason": {"stop": "eos"}.get(finish, finish), "text": text, "token_ids": [],
-           "totals": {}, "error": None}
+           "totals": {} if tau is None else {"tokens_per_step": tau, "tokens_per_step_from": "avg_decoded_tokens_per_iter"},
+           "error": None}
 
 
 def _error_message(err: urllib.error.HTTPError) -> str:

@@ -1,4 +1,5 @@
-"""The optional GPU backend: TensorRT-LLM's LLM API (v1.2; see TRTLLM.md).
+"""The optional GPU backend: TensorRT-LLM's LLM API, as its 1.2 source defines it (NVIDIA/TensorRT-LLM:
+tensorrt_llm/llmapi/llm_args.py, tensorrt_llm/executor/result.py; docs/tensorrt-llm.md).
 
 Nothing here imports tensorrt_llm at module import time: the probe uses importlib.util.find_spec
 and a guarded import, and generation imports it lazily. The pure parts — which LLM class a mode
@@ -7,12 +8,12 @@ trace steps — are plain functions, tested without TensorRT-LLM.
 
 What this backend cannot show: TensorRT-LLM streams the tokens each iteration committed, not the
 draft it verified, so a step's rejected draft tokens and the draft tree are unknown; a step's
-accepted count is read as (tokens streamed in that iteration) - 1.
+accepted count is read as (tokens streamed in that iteration) - 1, the iterations counted by the
+engine itself (RequestOutput.decoding_iter) where it gives them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import importlib.util
 import json
@@ -43,7 +44,7 @@ ENGINE_MODES = {"Lookahead": "LOOKAHEAD_DECODING", "Medusa": "MEDUSA", "Eagle": 
 
 
 def probe() -> Availability:
-    """TRTLLM.md section 7: find_spec first (importing needs libcuda), then a guarded import, then a GPU."""
+    """find_spec first (importing tensorrt_llm needs libcuda), then a guarded import, then a GPU."""
     if importlib.util.find_spec("tensorrt_llm") is None:
         return Availability(False, f"TensorRT-LLM is not installed (it needs an NVIDIA GPU, compute capability >= 8.0, Linux; {INSTALL})")
     try:
@@ -57,9 +58,7 @@ def probe() -> Availability:
     return Availability(True)
 
 
-def trtllm_backend(request: DecodeRequest) -> str:
-    """'pytorch' or 'tensorrt': the one asked for, or the first that runs the mode (configs.TRTLLM_BACKENDS)."""
-    return request.trtllm_backend or configs.TRTLLM_BACKENDS[request.mode][0]
+trtllm_backend = configs.trtllm_backend
 
 
 def sampling_kwargs(request: DecodeRequest) -> dict[str, Any]:
@@ -78,37 +77,48 @@ def sampling_kwargs(request: DecodeRequest) -> dict[str, Any]:
     return kwargs
 
 
-def steps_from_diffs(diffs: Iterable[tuple[list[int], float, str | None]]) -> Iterator[dict[str, Any]]:
-    """Trace steps from streamed (token_ids_diff, elapsed_s, finish_reason) triples, one per decoding iteration.
+def steps_from_diffs(diffs: Iterable[tuple[list[int], float, str | None, int | None]]) -> Iterator[dict[str, Any]]:
+    """Trace steps from streamed (token_ids_diff, elapsed_s, finish_reason, decoding_iter) tuples.
 
-    The first iteration is the prefill's token; after it, an iteration that streamed k tokens
-    accepted k - 1 draft tokens and added one. The draft itself is not visible (NOT_VISIBLE)."""
+    `decoding_iter` is the engine's own count of its iterations for the request so far
+    (RequestOutput.decoding_iter, executor/result.py), or None where a version does not give it: then
+    each streamed chunk is taken for one iteration. τ is the tokens per iteration. Every iteration adds
+    one token of the target's own, so a one-iteration chunk of k tokens accepted k - 1 draft tokens (the
+    first iteration is the prefill's token); a chunk spanning i > 1 iterations (a stream_interval above
+    1) accepted k - i, and which of its tokens were drafts is not visible. The draft itself is never
+    visible (NOT_VISIBLE)."""
     totals = {"new_tokens": 0, "target_steps": 0, "drafted": None, "accepted": 0, "draft_time_s": None,
-              "verify_time_s": None, "elapsed_s": 0.0, "tokens_per_step": 0.0}
-    for tokens, elapsed, finish_reason in diffs:
+              "verify_time_s": None, "elapsed_s": 0.0, "tokens_per_step": 0.0, "decoding_iter": None}
+    step = 0
+    for tokens, elapsed, finish_reason, decoding_iter in diffs:
         if not tokens:
             continue
-        first = totals["target_steps"] == 0
-        accepted = [] if first else list(tokens[:-1])
+        first = step == 0
+        iterations = 1 if decoding_iter is None else max(decoding_iter - totals["target_steps"], 1)
+        accepted = [] if first or iterations > 1 else list(tokens[:-1])
         totals["new_tokens"] += len(tokens)
-        totals["target_steps"] += 1
-        totals["accepted"] += len(accepted)
+        totals["target_steps"] += iterations
+        totals["accepted"] += len(accepted) if iterations == 1 else len(tokens) - iterations
         totals["elapsed_s"] = elapsed
         totals["tokens_per_step"] = totals["new_tokens"] / totals["target_steps"]
+        totals["decoding_iter"] = decoding_iter
+        not_visible = NOT_VISIBLE + ([f"which of these {len(tokens)} tokens were drafts ({iterations} iterations streamed as one chunk)"]
+                                     if iterations > 1 else [])
         yield {
-            "type": "step", "step": totals["target_steps"] - 1, "kind": "prefill" if first else "decode",
+            "type": "step", "step": step, "kind": "prefill" if first else "decode", "iterations": iterations,
             "proposed": {"tokens": accepted, "parents": list(range(-1, len(accepted) - 1))},
             "accepted": list(range(len(accepted))), "rejected": [], "accepted_tokens": accepted,
             "added_token": tokens[-1], "added_kind": "next", "tokens": list(tokens),
-            "source": {"observed": "token stream", "not_visible": NOT_VISIBLE},
+            "source": {"observed": "token stream", "not_visible": not_visible},
             "draft_time_s": None, "verify_time_s": None, "totals": dict(totals), "finish_reason": finish_reason,
         }
+        step += 1
 
 
 def iteration_stats(raw: Iterable[Any]) -> dict[str, Any]:
     """Totals of `llm.get_stats()` entries (dicts, or JSON strings in older versions): drafted and accepted
     tokens from each iteration's specDecodingStats, and the mean acceptance length over iterations that drafted.
-    TRTLLM.md section 5: the PyTorch backend fills these when enable_iter_perf_stats is on."""
+    The PyTorch backend fills these when enable_iter_perf_stats is on (llm_args.py TorchLlmArgs)."""
     drafted = accepted = iterations = 0
     lengths: list[float] = []
     for entry in raw or []:
@@ -167,18 +177,18 @@ class TensorRTLLMBackend:
 
                 kwargs["lookahead_config"] = LookaheadDecodingConfig(**kwargs["lookahead_config"])
             ids: list[int] = []
-            finish = None
+            finish = decoding_iter = None
             for step in steps_from_diffs(_stream(llm, prompt_ids, SamplingParams(**kwargs), cancel)):
                 ids += step["tokens"]
-                finish = step["finish_reason"]
+                finish, decoding_iter = step["finish_reason"], step["totals"]["decoding_iter"]
                 yield {**step, "texts": _texts(llm, step["tokens"])}
             try:
                 stats = iteration_stats(llm.get_stats(timeout=2))
             except Exception as err:  # stats are a bonus: a version without them must not fail the generation
                 stats = {"unavailable": f"{type(err).__name__}: {err}"}
             yield {"type": "end", "finish_reason": finish or ("cancelled" if cancel.is_set() else None),
-                   "text": llm.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids, "totals": {},
-                   "iteration_stats": stats, "error": None}
+                   "text": llm.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
+                   "totals": {"decoding_iter": decoding_iter}, "iteration_stats": stats, "error": None}
 
         return work
 
@@ -192,29 +202,25 @@ class TensorRTLLMBackend:
             return self._llms[key]
 
 
-def _stream(llm, prompt_ids: list[int], params, cancel: threading.Event) -> Iterator[tuple[list[int], float, str | None]]:
-    """Drive generate_async(streaming=True) from this worker thread: one (token_ids_diff, elapsed, finish)
-    per streamed response, as it arrives; a set `cancel` aborts the request."""
+def _stream(llm, prompt_ids: list[int], params, cancel: threading.Event) -> Iterator[tuple[list[int], float, str | None, int | None]]:
+    """generate_async(streaming=True) read from this worker thread: one (token_ids_diff, elapsed, finish,
+    decoding_iter) per streamed response, as it arrives; a set `cancel` aborts the request.
+
+    Iterated synchronously: upstream's result makes its asyncio queue only when an event loop is running
+    where it is created, and its async iteration asserts that one was (executor/result.py
+    GenerationResultBase.__init__, GenerationResult._aresult_step); a worker thread has none."""
     start = time.perf_counter()
     generation = llm.generate_async(prompt_ids, sampling_params=params, streaming=True)
-    stream = generation.__aiter__()
-    loop = asyncio.new_event_loop()
     try:
-        while True:
-            if cancel.is_set():
-                abort = getattr(generation, "abort", None)
-                if abort is not None:
-                    abort()
-                return
-            try:
-                out = loop.run_until_complete(stream.__anext__())
-            except StopAsyncIteration:
-                return
+        for out in generation:
             completion = out.outputs[0]
             finish = {"stop": "eos"}.get(completion.finish_reason, completion.finish_reason)
-            yield list(completion.token_ids_diff), time.perf_counter() - start, finish
-    finally:
-        loop.close()
+            yield list(completion.token_ids_diff), time.perf_counter() - start, finish, getattr(out, "decoding_iter", None)
+            if cancel.is_set():
+                return
+    finally:  # cancelled, or the reader went away: the engine stops working on it
+        if not generation.finished:
+            generation.abort()
 
 
 def import_object(path: str):
@@ -224,7 +230,7 @@ def import_object(path: str):
 
 def llm_objects(llm: dict) -> dict:
     """LLM(...) keyword arguments from plain data: the llmapi speculative config class and a BuildConfig.
-    Field names are checked against the installed version (TRTLLM.md: they moved between releases)."""
+    Field names are checked against the installed version (they moved between releases)."""
     from tensorrt_llm import llmapi
 
     kwargs = dict(llm)
@@ -234,14 +240,19 @@ def llm_objects(llm: dict) -> dict:
         fields = {name: (f.alias or name) for name, f in cls.model_fields.items()}
         names = set(fields) | set(fields.values())
         if "speculative_model" in data and "speculative_model" not in names and "speculative_model_dir" in names:
-            data["speculative_model_dir"] = data.pop("speculative_model")  # the 1.0-era name (TRTLLM.md section 4)
+            data["speculative_model_dir"] = data.pop("speculative_model")  # the 1.0-era name
         unknown = sorted(set(data) - names)
         if unknown:
             raise ConfigError(f"this TensorRT-LLM's {cls.__name__} has no field {', '.join(unknown)}")
-        kwargs["speculative_config"] = cls(**data)
+        try:
+            kwargs["speculative_config"] = cls(**data)
+        except ValueError as err:  # pydantic's ValidationError: upstream's own field types and validators
+            first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
+            where = ".".join(map(str, first["loc"]))
+            raise ConfigError(f"TensorRT-LLM's {cls.__name__} refuses {where or 'the config'}: {first['msg']}") from None
     if "build_config" in kwargs:
         build = dict(kwargs["build_config"])
-        build.pop("speculative_decoding_mode", None)  # the LLM API sets it from speculative_config (TRTLLM.md section 4)
+        build.pop("speculative_decoding_mode", None)  # the LLM API sets it from speculative_config (llm_args.py validate_speculative_config)
         kwargs["build_config"] = llmapi.BuildConfig(**build)
     return kwargs
 
