@@ -721,11 +721,10 @@ def _vllm_spec(request: DecodeRequest, model: str, dtype: str) -> BuildSpec:
 
 def medusa_heads(artifact: Path) -> int:
     """The head count of a Medusa artifact (ours or an export), from its config.json."""
-    try:
-        config = json.loads((Path(artifact) / "config.json").read_text())
-        return int(config.get("medusa_num_heads") or config["num_heads"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise EngineError(f"the Medusa artifact {Path(artifact).name} has no readable head count: {err}") from None
+    heads = _medusa_heads(_artifact_config(str(artifact)))
+    if not isinstance(heads, int) or heads < 1:
+        raise EngineError(f"the Medusa artifact {Path(artifact).name} has no head count in its config.json")
+    return heads
 
 
 def vllm_plan(spec: BuildSpec, engines: Path, build_dir: str) -> dict:
@@ -762,7 +761,7 @@ def vllm_builder(spec: BuildSpec, engines: Path) -> Builder:
         elif method == "medusa":
             src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, "medusa"))
             progress(0.3, "exporting the Medusa heads")
-            if _is_our_medusa(src):
+            if _artifact_config(str(src)).get("architecture") == "medusa":  # ours: export to Medusa's own layout
                 _export_medusa(src, Path(where), out / "medusa", spec.model)
             else:  # already in Medusa's own layout
                 shutil.copytree(src, out / "medusa")

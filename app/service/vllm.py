@@ -177,10 +177,10 @@ def environment(settings: Settings, engines: Path) -> dict[str, str]:
     if settings.reserved_cpus is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(settings.reserved_cpus)
     if settings.intel_openmp:
-        lib = sorted(settings.python.parent.parent.glob("lib/libiomp5.so")) + sorted(
-            settings.python.parent.parent.glob("lib/python3*/site-packages/../../libiomp5.so"))
-        if lib:
-            env["LD_PRELOAD"] = ":".join(filter(None, [str(lib[0]), env.get("LD_PRELOAD", "")]))
+        lib = settings.python.parent.parent / "lib" / "libiomp5.so"  # where the intel-openmp wheel (a vLLM dependency) puts it
+        if not lib.is_file():
+            raise VLLMError(f"Intel's OpenMP is not in {_short(lib.parent)}: reinstall with {SETUP}")
+        env["LD_PRELOAD"] = ":".join(filter(None, [str(lib), env.get("LD_PRELOAD", "")]))
     return env
 
 
@@ -232,7 +232,7 @@ class Processes:
             url = f"http://127.0.0.1:{port}"
             server = {"pid": proc.pid, "url": url, "port": port, "command": cmd, "started": time.time()}
             (directory / SERVER_JSON).write_text(json.dumps(server, indent=1))
-            start = time.monotonic()
+            start, reported = time.monotonic(), 0.0
             progress(0.0, f"starting the vLLM engine {build_id} (a first start compiles for minutes; later ones take about a minute)")
             while True:
                 if proc.poll() is not None:
@@ -246,7 +246,9 @@ class Processes:
                     self.stop(build_id)
                     why = "was cancelled" if waited <= START_TIMEOUT_S else f"did not answer within {START_TIMEOUT_S:.0f} s"
                     raise VLLMError(f"starting the vLLM engine {build_id} {why}; its log ends:\n{log_tail(directory / SERVER_LOG)}")
-                progress(min(waited / 120, 0.95), f"starting the vLLM engine {build_id}: {waited:.0f} s")
+                if waited >= reported + 10:  # a line every 10 s, not every poll
+                    reported = waited
+                    progress(min(waited / 120, 0.95), f"starting the vLLM engine {build_id}: {waited:.0f} s")
                 time.sleep(1.0)
 
     def stop(self, build_id: str) -> bool:

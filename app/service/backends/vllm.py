@@ -1,13 +1,14 @@
 """The vllm backend: generation on a vLLM engine the service starts and keeps (app/service/vllm.py).
 
 The engine is a vLLM OpenAI server; a run goes through the same streaming client as the remote
-backend (remote.engine_work), with the prompt encoded here by the model's own tokenizer so that vLLM
-and the project's loop see the same prompt token ids.
+backend's vLLM path (remote.Engine), with the prompt encoded here by the model's own tokenizer so that
+vLLM and the project's loop see the same prompt token ids.
 """
 
 from __future__ import annotations
 
 import threading
+
 from app import models
 from app.config import ConfigError
 from app.service import configs, vllm
