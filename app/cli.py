@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -618,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["ui", *argv]  # `python -m app [--host H] [--port P] ...` starts the web app
     args = build_parser().parse_args(argv)
+    # A stop request (kill, a container's shutdown) unwinds like Ctrl-C: the finally blocks stop the vLLM engines
+    # this process started instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         return args.func(args)
     except (ConfigError, ModelError, ContextError, ExportError, EngineError) as err:
