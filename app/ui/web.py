@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -33,7 +34,7 @@ from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
 from app.ui import charts, learn, render
-from app.ui.train import SHIPPED, TrainTab, artifact_choices
+from app.ui.train import SHIPPED, TrainTab, _visitor, artifact_choices
 
 REDRAW_S = 0.75
 REPLAY_MAX_S = 120  # a replay at the recorded pace lasts at most this long
@@ -85,31 +86,56 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
     if mode == "prompt_lookup":
         spec.update(_ngram(v))
     elif mode == "lookahead":
-        spec.update(max_window_size=int(v["la_W"]), max_ngram_size=int(v["la_N"]), max_verification_set_size=int(v["la_G"]),
-                    request=[int(v["la_w"]), int(v["la_n"]), int(v["la_g"])])
+        spec.update(max_window_size=_int(v, "la_W"), max_ngram_size=_int(v, "la_N"), max_verification_set_size=_int(v, "la_G"),
+                    request=[_int(v, "la_w"), _int(v, "la_n"), _int(v, "la_g")])
     elif mode == "draft_target":
-        spec.update(max_draft_len=int(v["dt_len"]), speculative_model=v["dt_model"] or None)
+        spec.update(max_draft_len=_int(v, "dt_len"), speculative_model=v["dt_model"] or None)
     elif mode == "medusa":
         spec.update(medusa_choices=v["md_tree"], typical_acceptance=bool(v["md_typical"]),
-                    posterior_threshold=float(v["md_threshold"]), posterior_alpha=float(v["md_alpha"]),
-                    min_path_prob=float(v["md_prune"]), speculative_model=_heads(v.get("md_model")))
+                    posterior_threshold=_float(v, "md_threshold"), posterior_alpha=_float(v, "md_alpha"),
+                    min_path_prob=_float(v, "md_prune"), speculative_model=_heads(v.get("md_model")))
     elif mode == "eagle":
         static = v["eg_tree"] not in (None, "", DYNAMIC)
-        spec.update(max_draft_len=int(v["eg_total"]) - 1, num_eagle_layers=int(v["eg_depth"]),
-                    dynamic_tree_max_topK=int(v["eg_topk"]), use_dynamic_tree=not static,
-                    eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else float(v["eg_prune"]),
+        spec.update(max_draft_len=_int(v, "eg_total") - 1, num_eagle_layers=_int(v, "eg_depth"),
+                    dynamic_tree_max_topK=_int(v, "eg_topk"), use_dynamic_tree=not static,
+                    eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else _float(v, "eg_prune"),
                     speculative_model=_heads(v.get("eg_model")))
     if run_name(mode, v) != mode:
         spec["prompt_lookup"] = _ngram(v)
     seed = v["seed"]
     return {
         "speculative_config": spec,
-        "sampling": {"temperature": float(v["temperature"]), "top_p": float(v["top_p"]), "top_k": int(v["top_k"]),
-                     "seed": None if seed in (None, "") or float(seed) < 0 else int(seed)},
-        "max_new_tokens": int(v["max_new_tokens"]),
+        "sampling": {"temperature": _float(v, "temperature"), "top_p": _float(v, "top_p"), "top_k": _int(v, "top_k"),
+                     "seed": None if seed in (None, "") or _float(v, "seed") < 0 else _int(v, "seed")},
+        "max_new_tokens": _int(v, "max_new_tokens"),
         "backend": v["backend"],
         "dtype": v.get("dtype") or "auto",
     }
+
+
+# What a control is called in a refusal (the label's name for it).
+NAMES = {"la_W": "max_window_size W", "la_N": "max_ngram_size N", "la_G": "max_verification_set_size G", "la_w": "w",
+         "la_n": "n", "la_g": "g", "dt_len": "max_draft_len", "md_threshold": "posterior_threshold",
+         "md_alpha": "posterior_alpha", "md_prune": "min path probability", "eg_total": "total tokens",
+         "eg_depth": "depth", "eg_topk": "top-k", "eg_prune": "min path probability",
+         "pl_num_tokens": "max_draft_len (prompt_lookup_num_tokens)", "pl_ngram": "max_matching_ngram_size",
+         "pl_candidates": "matches verified together"}
+
+
+def _float(v: dict[str, Any], key: str) -> float:
+    """A control's value as a finite number, or ConfigError naming the control (an API client may send anything)."""
+    value = v.get(key)
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise ConfigError(f"{NAMES.get(key, key)} must be a finite number, got '{str(value)[:40]}'")
+    return x
+
+
+def _int(v: dict[str, Any], key: str) -> int:
+    return int(_float(v, key))
 
 
 def values_from(data: Any) -> tuple[str, dict[str, Any]] | None:
@@ -181,8 +207,8 @@ def _ngram(v: dict[str, Any]) -> dict[str, Any]:
         draft_lens = [int(x) for x in lens.split(",") if x]
     except ValueError:
         raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{v['pl_draft_lens']}'") from None
-    return dict(max_draft_len=int(v["pl_num_tokens"]), max_matching_ngram_size=int(v["pl_ngram"]),
-                ngram_draft_lens=draft_lens, max_candidates=int(v["pl_candidates"]), is_use_oldest=bool(v["pl_oldest"]))
+    return dict(max_draft_len=_int(v, "pl_num_tokens"), max_matching_ngram_size=_int(v, "pl_ngram"),
+                ngram_draft_lens=draft_lens, max_candidates=_int(v, "pl_candidates"), is_use_oldest=bool(v["pl_oldest"]))
 
 
 def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
@@ -265,9 +291,9 @@ class Studio:
     # ------------------------------------------------------------------ jobs
     def _start(self, session: str, mode: str, values: dict[str, Any], prompt: str):
         try:
-            job = self.service.submit(request_from(mode, values), prompt)
+            job = self.service.submit(request_from(mode, values), prompt if isinstance(prompt, str) else "", visitor=session)
         except (ConfigError, ModelError, QueueFull) as err:
-            raise gr.Error(str(err), duration=None) from None
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
         with self._lock:
             self._active[session] = job
         return job
@@ -286,6 +312,14 @@ class Studio:
             with self._lock:
                 if self._active.get(session) is handle:
                     del self._active[session]
+
+    def visitor_left(self, request: gr.Request) -> None:
+        """The page closed (Gradio's unload): what it runs stops, so nobody's work outlives their visit."""
+        with self._lock:
+            job = self._active.get(request.session_hash)
+        if job is not None:
+            job.cancel()
+        self.trainer.visitor_left(request)
 
     def stop(self, request: gr.Request) -> str:
         with self._lock:
@@ -316,7 +350,12 @@ class Studio:
         v = dict(zip(CONTROLS, values))
         session = request.session_hash if request is not None else "local"
         baseline: Recording | None = None
-        base_request = request_from("autoregressive", v)
+        try:  # every setting checked before anything runs: a bad one is one sentence, not a bare "Error"
+            base_request = request_from("autoregressive", v)
+            self.service.request(request_from(mode, v), session)
+        except ConfigError as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        baselines = baselines if isinstance(baselines, dict) else {}
         key = json.dumps([prompt, base_request], sort_keys=True)
         if race and mode != "autoregressive":
             if key in baselines:
@@ -371,7 +410,7 @@ class Studio:
         if not record or not record.get("events"):
             return ""
         events = record["events"]
-        i = min(max(int(step), 0), len(events) - 1)
+        i = min(max(int(step), 0), len(events) - 1) if isinstance(step, (int, float)) and math.isfinite(step) else 0
         history = [t for e in events[:i] for t in e["tokens"]]
         return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
 
@@ -384,10 +423,14 @@ class Studio:
         try:
             run, baseline = traces.read(path)
         except (TraceError, OSError) as err:
-            raise gr.Error(f"cannot replay this file: {err}", duration=None) from None
+            raise gr.Error(f"cannot replay this file: {self.service.relative(str(err))}", duration=None) from None
         run.mode = run.mode or render.infer_mode(run.events)
         if run.mode is None:
             raise gr.Error("cannot replay this file: it does not say which mode made it", duration=None)
+        try:  # parse checked every field the display reads; should a shape still slip through, say so in words
+            self._run_outputs(run, baseline, "", baselines, final=True)
+        except Exception as err:
+            raise gr.Error(f"cannot replay this file: it could not be drawn ({type(err).__name__})", duration=None) from None
         with self._skippable(request) as skip:
             if paced:
                 runs = [run] if baseline is None else [run, baseline]
@@ -427,8 +470,12 @@ class Studio:
         session = request.session_hash if request is not None else "local"
         backend = self.service.default_backend("lookahead")
         # `settings` is one of the radio's choices (Gradio refuses others); the dtype radio has the last word.
-        overrides = dict(preset(settings, self.service.fast_dtype()), max_new_tokens=max_new_tokens, backend=backend,
-                         dtype=dtype or "auto")
+        try:
+            overrides = dict(preset(settings, self.service.fast_dtype()), max_new_tokens=max_new_tokens, backend=backend,
+                             dtype=dtype or "auto")
+            request_from("autoregressive", overrides | {k: DEFAULTS[k] for k in CONTROLS if k not in overrides})
+        except ConfigError as err:
+            raise gr.Error(str(err), duration=None) from None
         chosen = ["autoregressive"] + [m for m in COMPARED if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         runs: dict[str, Recording] = {}
@@ -486,40 +533,44 @@ class Studio:
         return charts.earnings(cost, draft_cost), learn.earnings_note(cost, draft_cost)
 
     # ------------------------------------------------------------------ Engines tab
-    def engines_table(self) -> list[list[Any]]:
+    def engines_table(self, visitor: str | None = None) -> list[list[Any]]:
         rows = []
-        for m in self.service.engine_list():
+        for m in self.service.engine_list(visitor):
             spec = m["spec"]
             rows.append([m["id"], spec["model"], spec["mode"], spec["backend"], m["kind"], m["created"][:19],
                          round(m["duration_s"], 1), round(sum(m.get("files", {}).values()) / 2**20, 1)])
         return rows
 
-    def engine_build(self, progress=gr.Progress(), mode: str = "autoregressive", *values):
-        v = dict(zip(CONTROLS, values))
+    def engine_build(self, request: gr.Request, progress=gr.Progress(), mode: str = "autoregressive", *values):
+        v, visitor = dict(zip(CONTROLS, values)), _visitor(request)
         try:
-            manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg))
+            manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg),
+                                                 visitor=visitor)
         except (ConfigError, ModelError, ValueError) as err:
-            return f"⚠ {err}", gr.update(value=self.engines_table()), gr.update(choices=self._ids())
+            return (f"⚠ {self.service.relative(str(err))}", gr.update(value=self.engines_table(visitor)),
+                    gr.update(choices=self._ids(visitor)))
         return (f"✓ Build `{manifest['id']}` ready ({manifest['kind']}, {manifest['duration_s']:.1f} s).",
-                gr.update(value=self.engines_table()), gr.update(choices=self._ids()))
+                gr.update(value=self.engines_table(visitor)), gr.update(choices=self._ids(visitor)))
 
-    def engine_plan(self, mode: str, *values) -> str:
+    def engine_plan(self, request: gr.Request, mode: str, *values) -> str:
         v = dict(zip(CONTROLS, values))
         try:
-            return json.dumps(self.service.engine_plan(request_from(mode, v)), indent=1)
+            return json.dumps(self.service.engine_plan(request_from(mode, v), visitor=_visitor(request)), indent=1)
         except (ConfigError, ModelError, ValueError) as err:
-            return f"# {err}"
+            return f"# {self.service.relative(str(err))}"
 
-    def engine_remove(self, build_id: str):
+    def engine_remove(self, request: gr.Request, build_id: str):
+        visitor = _visitor(request)
         try:
-            self.service.engine_remove(build_id or "")
+            self.service.engine_remove(build_id if isinstance(build_id, str) else "", visitor=visitor)
             message = f"Removed `{build_id}`."
         except ValueError as err:
-            message = f"⚠ {err}"
-        return message, gr.update(value=self.engines_table()), gr.update(choices=self._ids(), value=None)
+            message = f"⚠ {self.service.relative(str(err))}"
+        return message, gr.update(value=self.engines_table(visitor)), gr.update(choices=self._ids(visitor), value=None)
 
-    def _ids(self) -> list[str]:
-        return [m["id"] for m in self.service.engine_list()]
+    def _ids(self, visitor: str | None = None) -> list[str]:
+        """The Remove menu: the builds this visitor may remove (in public mode, only their own)."""
+        return self.service.engine_removable(visitor)
 
     # ------------------------------------------------------------------ layout
     def blocks(self) -> gr.Blocks:
@@ -634,9 +685,12 @@ class Studio:
             with gr.Tab("Engines", id="engines"):
                 gr.Markdown("Builds are content-addressed directories under `engines/builds/`: built once, reused, "
                             "built atomically. **Build** prepares what the Run tab's current mode and settings need on "
-                            "the chosen backend; **Plan** shows what a TensorRT-LLM build would run.")
+                            "the chosen backend; **Plan** shows what a TensorRT-LLM build would run."
+                            + (" On this public server you see the operator's builds (read-only) and the ones you made "
+                               "in this page, and remove only yours." if service.policy.public else ""))
                 eng_status = gr.Markdown("", elem_id="eng-status")
-                eng_table = gr.Dataframe(self.engines_table(), headers=["id", "model", "mode", "backend", "kind", "created",
+                # A callable: each page load lists what a new visitor sees (in public mode, the operator's builds).
+                eng_table = gr.Dataframe(self.engines_table, headers=["id", "model", "mode", "backend", "kind", "created",
                                                                         "build s", "MB"], interactive=False, elem_id="eng-table")
                 with gr.Row():
                     eng_build = gr.Button("Build for the Run tab's settings", variant="primary", elem_id="eng-build")
@@ -707,6 +761,7 @@ class Studio:
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
+            demo.unload(self.visitor_left)
             del run_evt, cmp_evt
         return demo
 
@@ -816,7 +871,7 @@ def _status(run: Recording) -> str:
         return f"{label} · {line}"
     reason = run.end.get("finish_reason")
     word = {"eos": "finished (end of sequence)", "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
-            "timeout": "⏱ stopped by the time limit"}.get(reason, str(reason))
+            "timeout": "⏱ stopped by the time limit"}.get(reason, "finished")
     return f"{label} {word} · {line}"
 
 
