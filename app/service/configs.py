@@ -72,6 +72,11 @@ class SamplingConfig(_Config):
     seed: int | None = None
     beam_width: int = 1
 
+    @field_validator("seed", "top_k", mode="before")
+    @classmethod
+    def _whole(cls, v: Any) -> Any:
+        return _whole(v)
+
     def check(self) -> None:
         if not math.isfinite(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise ConfigError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {self.temperature}")
@@ -260,6 +265,12 @@ class EagleDecodingConfig(_Config):
             self.prompt_lookup.check()
 
 
+def _whole(v: Any) -> Any:
+    """JSON's 1e30 is a whole number too: as an int, it meets the field's bound and its sentence, not pydantic's
+    complaint about parsing."""
+    return int(v) if isinstance(v, float) and math.isfinite(v) and v.is_integer() else v
+
+
 def _short(value: Any) -> str:
     """A number or list as a user typed it, cut short: a 300-digit integer is no message."""
     text = str(value)
@@ -328,6 +339,11 @@ class DecodeRequest(_Config):
     trtllm_backend: Literal["pytorch", "tensorrt"] | None = None  # None = the one the mode needs
     # The transformers backend loads the model once per dtype; "auto" = the dtype the server was started with.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+
+    @field_validator("max_new_tokens", mode="before")
+    @classmethod
+    def _whole(cls, v: Any) -> Any:
+        return _whole(v)
 
     @field_validator("backend")
     @classmethod
