@@ -19,6 +19,7 @@ from app.models import ModelError
 from app.service.api import TRAINING_OFF, Service, TrainingTimeout
 from app.service.training import PREFIX, STAGES, TrainConfig
 from app.ui import charts
+from app.ui.controls import Number, Slider
 
 SHIPPED = "shipped"
 # The tab's controls, by TrainConfig field; the handlers receive their values in this order.
@@ -182,21 +183,22 @@ class TrainTab:
             c["data_source"] = gr.Radio([("the model's own answers", "self"), ("ShareGPT's answers", "sharegpt")],
                                         value="self", label="data (data_source)", elem_id="tr-source")
         with gr.Row():
-            c["data_offset"] = gr.Number(d["data_offset"].default, precision=0, label="first ShareGPT conversation (data_offset)")
-            c["data_limit"] = gr.Number(d["data_limit"].default, precision=0, label="conversations (data_limit)", elem_id="tr-limit")
-            c["epochs"] = gr.Number(d["epochs"].default, label="epochs")
-            c["lr"] = gr.Number(0, label="lr (0 = the recipe's default)")
-            c["eval_prompts"] = gr.Slider(0, 13, value=d["eval_prompts"].default, step=1,
+            # Numbers without precision: Gradio's rounding fails on NaN without a word; config_from says what is wrong.
+            c["data_offset"] = Number(d["data_offset"].default, label="first ShareGPT conversation (data_offset)")
+            c["data_limit"] = Number(d["data_limit"].default, label="conversations (data_limit)", elem_id="tr-limit")
+            c["epochs"] = Number(d["epochs"].default, label="epochs")
+            c["lr"] = Number(0, label="lr (0 = the recipe's default)")
+            c["eval_prompts"] = Slider(0, 13, value=d["eval_prompts"].default, step=1,
                                           label="Spec-Bench prompts for the τ check (eval_prompts)")
         with gr.Accordion("Architecture (from scratch) and data details", open=False):
             with gr.Row():
-                c["medusa_num_heads"] = gr.Slider(1, 5, value=d["medusa_num_heads"].default, step=1, label="medusa_num_heads")
-                c["medusa_num_layers"] = gr.Slider(1, 3, value=d["medusa_num_layers"].default, step=1, label="medusa_num_layers")
-                c["eagle_steps"] = gr.Slider(1, 6, value=d["eagle_steps"].default, step=1,
+                c["medusa_num_heads"] = Slider(1, 5, value=d["medusa_num_heads"].default, step=1, label="medusa_num_heads")
+                c["medusa_num_layers"] = Slider(1, 3, value=d["medusa_num_layers"].default, step=1, label="medusa_num_layers")
+                c["eagle_steps"] = Slider(1, 6, value=d["eagle_steps"].default, step=1,
                                              label="EAGLE: training-time test steps (eagle_steps)")
             with gr.Row():
-                c["max_len"] = gr.Number(d["max_len"].default, precision=0, label="tokens kept per conversation (max_len)")
-                c["answer_tokens"] = gr.Number(d["answer_tokens"].default, precision=0, label="answer_tokens (self-distilled)")
+                c["max_len"] = Number(d["max_len"].default, label="tokens kept per conversation (max_len)")
+                c["answer_tokens"] = Number(d["answer_tokens"].default, label="answer_tokens (self-distilled)")
                 c["dtype"] = gr.Radio(["bfloat16", "float32"], value=fast, label="dtype of the frozen model")
         check = gr.Markdown(check_message(self.service, {**{k: d[k].default for k in FIELDS if k in d}, "kind": "eagle",
                                                          "lr": 0, "dtype": fast}), elem_id="tr-check")

@@ -34,6 +34,7 @@ from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
 from app.ui import charts, learn, render
+from app.ui.controls import Number, Slider
 from app.ui.train import SHIPPED, TrainTab, _visitor, artifact_choices
 
 REDRAW_S = 0.75
@@ -622,7 +623,7 @@ class Studio:
                     with gr.Column(scale=2):
                         status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
                         view = gr.HTML(render.step_view([], {}), elem_id="step-view")
-                        step = gr.Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
+                        step = Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
                         detail = gr.HTML("", elem_id="step-detail")
                         download = gr.DownloadButton("Download the trace (JSON)", value=None, interactive=False, size="sm",
                                                      elem_id="download-trace")
@@ -650,7 +651,7 @@ class Studio:
                         cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in COMPARED if m != "autoregressive"],
                                                      value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                                      elem_id="cmp-modes")
-                        cmp_tokens = gr.Slider(8, 256, value=64, step=8, label="max_new_tokens")
+                        cmp_tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
                         cmp_preset = gr.Radio(list(PRESETS), value=PRESETS[0], label="settings", elem_id="cmp-preset",
                                               info=_presets_note(service))
                         cmp_dtype = _dtype_radio(service, "cmp-dtype")
@@ -675,7 +676,7 @@ class Studio:
                 cost_plot = gr.Plot(charts.pass_cost([]), label="Verify cost", elem_id="cost-plot")
                 costs = gr.State([])
                 gr.Markdown(learn.EARNINGS)
-                draft_cost = gr.Slider(0, 0.5, value=0, step=0.01, label="draft cost per drafted token (× a one-token pass)",
+                draft_cost = Slider(0, 0.5, value=0, step=0.01, label="draft cost per drafted token (× a one-token pass)",
                                        elem_id="draft-cost")
                 earn_note = gr.Markdown("", elem_id="earn-note")
                 earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
@@ -769,51 +770,52 @@ class Studio:
         c: dict[str, Any] = {}
         d = DEFAULTS
         with gr.Accordion("Sampling and length", open=False):
-            c["max_new_tokens"] = gr.Slider(1, service.limits.max_new_tokens, value=d["max_new_tokens"], step=1, label="max_new_tokens")
-            c["temperature"] = gr.Slider(0, 2, value=d["temperature"], step=0.05, label="temperature (0 = greedy)")
-            c["top_p"] = gr.Slider(0.05, 1, value=d["top_p"], step=0.05, label="top_p")
-            c["top_k"] = gr.Slider(0, 100, value=d["top_k"], step=1, label="top_k (0 = off)")
-            c["seed"] = gr.Number(value=d["seed"], precision=0, label="seed (-1 = random)")
+            c["max_new_tokens"] = Slider(1, service.limits.max_new_tokens, value=d["max_new_tokens"], step=1, label="max_new_tokens")
+            c["temperature"] = Slider(0, 2, value=d["temperature"], step=0.05, label="temperature (0 = greedy)")
+            c["top_p"] = Slider(0.05, 1, value=d["top_p"], step=0.05, label="top_p")
+            c["top_k"] = Slider(0, 100, value=d["top_k"], step=1, label="top_k (0 = off)")
+            # No precision: Gradio's rounding fails on NaN without a word; request_from says what is wrong instead.
+            c["seed"] = Number(value=d["seed"], label="seed (-1 = random)")
         with gr.Group(visible=False) as g_pl:
             gr.Markdown("**Prompt lookup** (TensorRT-LLM `NGramDecodingConfig`)")
-            c["pl_num_tokens"] = gr.Slider(1, 32, value=d["pl_num_tokens"], step=1, label="max_draft_len (prompt_lookup_num_tokens)")
-            c["pl_ngram"] = gr.Slider(1, 6, value=d["pl_ngram"], step=1, label="max_matching_ngram_size")
+            c["pl_num_tokens"] = Slider(1, 32, value=d["pl_num_tokens"], step=1, label="max_draft_len (prompt_lookup_num_tokens)")
+            c["pl_ngram"] = Slider(1, 6, value=d["pl_ngram"], step=1, label="max_matching_ngram_size")
             c["pl_draft_lens"] = gr.Textbox(value=d["pl_draft_lens"], label="draft caps after a 1-gram, 2-gram… match (empty = none)")
-            c["pl_candidates"] = gr.Slider(1, 4, value=d["pl_candidates"], step=1, label="matches verified together (tree)")
+            c["pl_candidates"] = Slider(1, 4, value=d["pl_candidates"], step=1, label="matches verified together (tree)")
             c["pl_oldest"] = gr.Checkbox(value=d["pl_oldest"], label="is_use_oldest (copy after the earliest match; off = the latest)")
         with gr.Group(visible=False) as g_la:
             gr.Markdown("**Lookahead** (`LookaheadDecodingConfig`): engine maxima (W, N, G) and this request's (w, n, g) ≤ them")
             with gr.Row():
-                c["la_W"] = gr.Slider(1, 8, value=d["la_W"], step=1, label="max_window_size W")
-                c["la_N"] = gr.Slider(1, 6, value=d["la_N"], step=1, label="max_ngram_size N")
-                c["la_G"] = gr.Slider(0, 8, value=d["la_G"], step=1, label="max_verification_set_size G")
+                c["la_W"] = Slider(1, 8, value=d["la_W"], step=1, label="max_window_size W")
+                c["la_N"] = Slider(1, 6, value=d["la_N"], step=1, label="max_ngram_size N")
+                c["la_G"] = Slider(0, 8, value=d["la_G"], step=1, label="max_verification_set_size G")
             with gr.Row():
-                c["la_w"] = gr.Slider(1, 8, value=d["la_w"], step=1, label="w")
-                c["la_n"] = gr.Slider(1, 6, value=d["la_n"], step=1, label="n")
-                c["la_g"] = gr.Slider(0, 8, value=d["la_g"], step=1, label="g")
+                c["la_w"] = Slider(1, 8, value=d["la_w"], step=1, label="w")
+                c["la_n"] = Slider(1, 6, value=d["la_n"], step=1, label="n")
+                c["la_g"] = Slider(0, 8, value=d["la_g"], step=1, label="g")
         with gr.Group(visible=False) as g_dt:
             gr.Markdown("**Draft-target** (`DraftTargetDecodingConfig`)")
             drafts = _draft_choices(service)
             c["dt_model"] = gr.Dropdown(drafts, value=drafts[0] if drafts else None, allow_custom_value=False,
                                         label="speculative_model (registry names only)")
-            c["dt_len"] = gr.Slider(1, 16, value=d["dt_len"], step=1, label="max_draft_len")
+            c["dt_len"] = Slider(1, 16, value=d["dt_len"], step=1, label="max_draft_len")
         with gr.Group(visible=False) as g_md:
             gr.Markdown("**Medusa** (`MedusaDecodingConfig`)")
             c["md_tree"] = gr.Dropdown(list(TREES), value=d["md_tree"], label="medusa_choices (tree)")
             c["md_typical"] = gr.Checkbox(value=False, label="typical acceptance (sampling only — NOT lossless)")
-            c["md_threshold"] = gr.Slider(0.01, 1, value=d["md_threshold"], step=0.01, label="posterior_threshold")
-            c["md_alpha"] = gr.Slider(0, 1, value=d["md_alpha"], step=0.05, label="posterior_alpha")
-            c["md_prune"] = gr.Slider(0, 0.5, value=d["md_prune"], step=0.01, label=PRUNE_LABEL)
+            c["md_threshold"] = Slider(0.01, 1, value=d["md_threshold"], step=0.01, label="posterior_threshold")
+            c["md_alpha"] = Slider(0, 1, value=d["md_alpha"], step=0.05, label="posterior_alpha")
+            c["md_prune"] = Slider(0, 0.5, value=d["md_prune"], step=0.01, label=PRUNE_LABEL)
             c["md_pl"] = gr.Checkbox(value=d["md_pl"], label=MERGE_LABEL, elem_id="md-pl")
             c["md_model"] = gr.Dropdown(artifact_choices(service, "medusa"), value=SHIPPED, allow_custom_value=False,
                                         label="heads (speculative_model; train your own in the Train tab)", elem_id="md-model")
         with gr.Group(visible=False) as g_eg:
             gr.Markdown("**EAGLE** (`EagleDecodingConfig`): EAGLE-2 dynamic tree or a static tree")
-            c["eg_total"] = gr.Slider(2, 64, value=d["eg_total"], step=1, label="total tokens (max_draft_len + 1)")
-            c["eg_depth"] = gr.Slider(1, 8, value=d["eg_depth"], step=1, label="depth (num_eagle_layers)")
-            c["eg_topk"] = gr.Slider(1, 10, value=d["eg_topk"], step=1, label="top-k (dynamic_tree_max_topK)")
+            c["eg_total"] = Slider(2, 64, value=d["eg_total"], step=1, label="total tokens (max_draft_len + 1)")
+            c["eg_depth"] = Slider(1, 8, value=d["eg_depth"], step=1, label="depth (num_eagle_layers)")
+            c["eg_topk"] = Slider(1, 10, value=d["eg_topk"], step=1, label="top-k (dynamic_tree_max_topK)")
             c["eg_tree"] = gr.Dropdown([DYNAMIC, *TREES], value=DYNAMIC, label="tree (eagle_choices)")
-            c["eg_prune"] = gr.Slider(0, 0.5, value=d["eg_prune"], step=0.01, label=PRUNE_LABEL + ", dynamic tree")
+            c["eg_prune"] = Slider(0, 0.5, value=d["eg_prune"], step=0.01, label=PRUNE_LABEL + ", dynamic tree")
             c["eg_pl"] = gr.Checkbox(value=d["eg_pl"], label=MERGE_LABEL, elem_id="eg-pl")
             c["eg_model"] = gr.Dropdown(artifact_choices(service, "eagle"), value=SHIPPED, allow_custom_value=False,
                                         label="module (speculative_model; train your own in the Train tab)", elem_id="eg-model")
