@@ -413,7 +413,10 @@ class Studio:
         events = record["events"]
         i = min(max(int(step), 0), len(events) - 1) if isinstance(step, (int, float)) and math.isfinite(step) else 0
         history = [t for e in events[:i] for t in e["tokens"]]
-        return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
+        try:  # a record is this session's own run or a checked trace; a shape that still slipped through gets words
+            return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
+        except Exception as err:
+            raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
 
     # ------------------------------------------------------------------ replay
     def replay(self, request: gr.Request, path: str | None, paced: bool, baselines: dict):
@@ -429,7 +432,9 @@ class Studio:
         if run.mode is None:
             raise gr.Error("cannot replay this file: it does not say which mode made it", duration=None)
         try:  # parse checked every field the display reads; should a shape still slip through, say so in words
-            self._run_outputs(run, baseline, "", baselines, final=True)
+            for r in (run, baseline or run):
+                render.step_view(r.events, r.texts)
+                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None])
         except Exception as err:
             raise gr.Error(f"cannot replay this file: it could not be drawn ({type(err).__name__})", duration=None) from None
         with self._skippable(request) as skip:
@@ -482,7 +487,13 @@ class Studio:
         runs: dict[str, Recording] = {}
         rows: list[dict[str, Any]] = []
         notes = []
+        # One request holds the CPU for at most twice the time limit (as a raced run does): no new mode after one.
+        deadline = time.monotonic() + self.service.limits.time_limit_s
         for name in chosen:
+            if time.monotonic() > deadline:
+                notes.append(f"⏱ {learn.label(name)} and the rest were skipped: a comparison starts no new mode after "
+                             f"the server's time limit ({self.service.limits.time_limit_s:g} s).")
+                break
             mode, values = mode_values(name, **overrides)
             if not available[mode]["available"]:
                 notes.append(f"{learn.label(name)} skipped: {available[mode]['reason']}")
