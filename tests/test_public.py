@@ -367,3 +367,18 @@ def test_browser_two_visitors_builds_are_their_own_and_training_is_bounded(brows
     finally:
         context_a.close()
         context_b.close()
+
+
+def test_public_mode_runs_float32_where_bfloat16_is_emulated(tmp_path):
+    from app.decoding.linear import fast_bf16
+
+    service = Service(engines=tmp_path, policy=Policy.for_public())
+    try:
+        if fast_bf16():
+            assert service.request({"dtype": "bfloat16"}).dtype == "bfloat16"
+        else:
+            with pytest.raises(ConfigError, match="no native bfloat16, where a step of speculative decoding takes seconds"):
+                service.request({"dtype": "bfloat16"})
+        assert service.request({"dtype": "float32"}).dtype == "float32"
+    finally:
+        service.close()

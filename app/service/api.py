@@ -128,6 +128,12 @@ class Service:
             data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
         request = self._trained(configs.parse(data), visitor)
         request.check(max_new_tokens_limit=self.limits.max_new_tokens)
+        if (self.policy.public and request.backend == "transformers" and request.dtype == "bfloat16"
+                and self.dtype != "bfloat16" and not fast_bf16()):
+            # Emulated bfloat16 makes a many-token pass several times slower (a 32-token pass ~1 s here): the step
+            # bounds hold in float32 only. The operator may still serve in bfloat16 (--dtype).
+            raise ConfigError("this public server's CPU has no native bfloat16, where a step of speculative decoding "
+                              "takes seconds: choose auto or float32")
         return request
 
     def _trained(self, request: DecodeRequest, visitor: str | None = None) -> DecodeRequest:

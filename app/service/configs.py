@@ -43,7 +43,7 @@ STEP_DRAFT_MODEL_TOKENS = 32  # draft-target: sequential draft-model passes per 
 # EAGLE-2 dynamic trees (the web sliders' maxima): the draft expands top-k nodes per level, one pass per level,
 # and ranks every candidate; the verified tree is smaller than the other modes' limit.
 STEP_EAGLE_TOP_K = 10
-STEP_EAGLE_DEPTH = 10
+STEP_EAGLE_DEPTH = 8
 STEP_EAGLE_TOKENS = 63  # max_draft_len (total tokens 64)
 # The transformers backend's tree pruning when a request leaves min_path_prob unset: on a CPU every verified node
 # costs target compute, and an unpruned 24-node EAGLE step costs about two one-token passes (through the service,
