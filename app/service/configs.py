@@ -38,7 +38,7 @@ MAX_LOOKAHEAD = 256  # each of W, N, G (their max_draft_len is bounded by MAX_DR
 # What one step of the transformers backend may do, so a step stays well under a second on a 2-core CPU
 # (float32, SmolLM2-135M; measured in the README's "Hosting publicly"): the time limit is checked between
 # steps, so bounding a step bounds how long a request can outlive it. TensorRT-LLM's engines keep their own limits.
-STEP_DRAFT_TOKENS = 128  # draft tokens one target pass verifies (every mode's tree or chain, merged branch included)
+STEP_DRAFT_TOKENS = 96  # draft tokens one target pass verifies (every mode's tree or chain, merged branch included)
 STEP_DRAFT_MODEL_TOKENS = 32  # draft-target: sequential draft-model passes per step
 # EAGLE-2 dynamic trees (the web sliders' maxima): the draft expands top-k nodes per level, one pass per level,
 # and ranks every candidate; the verified tree is smaller than the other modes' limit.
