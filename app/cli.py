@@ -159,6 +159,12 @@ def _service(args: argparse.Namespace, policy=None, **limits):
                    tensor_parallel_size=getattr(args, "tensor_parallel_size", 1), policy=policy or Policy())
 
 
+def is_public(args: argparse.Namespace, environ) -> bool:
+    """Whether the web app starts in public mode: --public, or a Hugging Face Space (the platform sets SPACE_ID).
+    The one place the environment decides anything."""
+    return bool(args.public or environ.get("SPACE_ID"))
+
+
 def _policy(args: argparse.Namespace, public: bool):
     """The Policy of `ui` / `serve` from their flags (public mode: policy.py)."""
     from app.service import policy
@@ -268,8 +274,7 @@ def _rejection(message: dict) -> str:
 def cmd_ui(args: argparse.Namespace) -> int:
     from app.ui import web
 
-    # The one place the environment decides anything: a Hugging Face Space (it sets SPACE_ID) is public.
-    public = args.public or bool(os.environ.get("SPACE_ID"))
+    public = is_public(args, os.environ)
     limits = _limits(args, public)
     if public:
         from app.service.policy import PUBLIC_MAX_NEW_TOKENS

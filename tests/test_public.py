@@ -382,3 +382,47 @@ def test_public_mode_runs_float32_where_bfloat16_is_emulated(tmp_path):
         assert service.request({"dtype": "float32"}).dtype == "float32"
     finally:
         service.close()
+
+
+def test_public_mode_is_the_flag_or_a_space_and_its_policy_follows_the_flags():
+    from app.cli import _limits, _policy, build_parser, is_public
+
+    args = build_parser().parse_args(["ui"])
+    assert not is_public(args, {}) and is_public(args, {"SPACE_ID": "user/space"})
+    public = build_parser().parse_args(["ui", "--public", "--allow-hub", "--train-time-limit", "30"])
+    assert is_public(public, {})
+    policy = _policy(public, True)
+    assert policy.public and policy.allow_hub and not policy.allow_model_paths and policy.train_time_limit_s == 30
+    assert policy.visitor_engines == 1 and policy.engine_idle_s > 0
+    assert _limits(args, True)["time_limit_s"] == 60 and _limits(args, False)["time_limit_s"] == 300
+    assert not _policy(build_parser().parse_args(["ui", "--train-time-limit", "0"]), True).train
+    with pytest.raises(ConfigError, match="--train-time-limit must be a number of seconds >= 0"):
+        _policy(build_parser().parse_args(["ui", "--train-time-limit", "-1"]), True)
+    serve = build_parser().parse_args(["serve", "--public"])
+    assert _policy(serve, serve.public).public
+
+
+@given(st.sampled_from(["prompt_lookup", "lookahead", "eagle", "medusa", "draft_target"]),
+       st.fixed_dictionaries({}, optional={k: NUMBER for k in ("la_W", "la_N", "la_G", "dt_len", "eg_total", "eg_topk",
+                                                                "pl_num_tokens", "pl_candidates", "md_prune")}))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_api_engine_plan_fuzz_gives_a_plan_or_a_sentence(app_url, mode, values):
+    """The Engines tab's Plan (no model runs): a plan without server paths, or a refusal in words."""
+    args = run_args(mode, **values)
+    event, answer = raw_call(app_url[0], "engine_plan", args[1:2] + args[3:])
+    if event == "error":
+        assert isinstance(answer, str) and BARE not in answer and len(answer.split()) >= 3, answer
+        return
+    text = answer[0]
+    assert "/tmp/" not in text and "/work/" not in text and "/home/" not in text
+    if text.startswith("#"):
+        assert len(text.split()) >= 4  # the refusal, as a comment in the plan box
+    else:
+        assert json.loads(text)["backend"] == "transformers"
+
+
+@given(st.one_of(NUMBER, st.text(max_size=4)))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_api_inspect_fuzz_never_fails_bare(app_url, step):
+    event, answer = raw_call(app_url[0], "inspect", [step])
+    assert event == "complete" or (isinstance(answer, str) and BARE not in answer), answer

@@ -225,17 +225,17 @@ class TrainTab:
         stop.click(self.stop, None, status, queue=False, api_name="train_stop")
 
     def verdict(self, request: gr.Request, *values) -> str:
-        return check_message(self.service, dict(zip(FIELDS, values)), _visitor(request))
+        return check_message(self.service, dict(zip(FIELDS, values)), visitor_of(request))
 
     def kind_changed(self, request: gr.Request, *values):
-        v, visitor = {**dict(zip(FIELDS, values)), "init_from": SHIPPED}, _visitor(request)
+        v, visitor = {**dict(zip(FIELDS, values)), "init_from": SHIPPED}, visitor_of(request)
         return (gr.update(choices=start_choices(self.service, v["kind"], visitor), value=SHIPPED),
                 check_message(self.service, v, visitor))
 
     def show_run(self, event: gr.SelectData, request: gr.Request):
         """A row of the runs' table picked: that run's result and loss curve."""
         name = (event.row_value or [None])[0]
-        manifest = self.service.training_run(name, _visitor(request)) if isinstance(name, str) else None
+        manifest = self.service.training_run(name, visitor_of(request)) if isinstance(name, str) else None
         if manifest is None:
             return gr.skip(), gr.skip()
         return finished_line(manifest), charts.training_loss((manifest.get("source") or {}).get("losses"))
@@ -243,7 +243,7 @@ class TrainTab:
     def train(self, request: gr.Request, *values):
         """Run the training (in a thread; this generator only draws), drawing the loss as it falls."""
         v = dict(zip(FIELDS, values))
-        visitor = _visitor(request)
+        visitor = visitor_of(request)
         try:
             config = config_from(v)
             self.service.train_config(config, visitor)
@@ -310,6 +310,6 @@ class TrainTab:
             cancel.set()
 
 
-def _visitor(request: gr.Request | None) -> str | None:
+def visitor_of(request: gr.Request | None) -> str | None:
     """Who is asking: the page load's session (a visitor in public mode), None without one."""
     return getattr(request, "session_hash", None) or None

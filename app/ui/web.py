@@ -35,7 +35,7 @@ from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
 from app.ui import charts, learn, render
 from app.ui.controls import Number, Slider
-from app.ui.train import SHIPPED, TrainTab, _visitor, artifact_choices
+from app.ui.train import SHIPPED, TrainTab, visitor_of, artifact_choices
 
 REDRAW_S = 0.75
 REPLAY_MAX_S = 120  # a replay at the recorded pace lasts at most this long
@@ -554,7 +554,7 @@ class Studio:
         return rows
 
     def engine_build(self, request: gr.Request, progress=gr.Progress(), mode: str = "autoregressive", *values):
-        v, visitor = dict(zip(CONTROLS, values)), _visitor(request)
+        v, visitor = dict(zip(CONTROLS, values)), visitor_of(request)
         try:
             manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg),
                                                  visitor=visitor)
@@ -567,12 +567,12 @@ class Studio:
     def engine_plan(self, request: gr.Request, mode: str, *values) -> str:
         v = dict(zip(CONTROLS, values))
         try:
-            return json.dumps(self.service.engine_plan(request_from(mode, v), visitor=_visitor(request)), indent=1)
+            return json.dumps(self.service.engine_plan(request_from(mode, v), visitor=visitor_of(request)), indent=1)
         except (ConfigError, ModelError, ValueError) as err:
             return f"# {self.service.relative(str(err))}"
 
     def engine_remove(self, request: gr.Request, build_id: str):
-        visitor = _visitor(request)
+        visitor = visitor_of(request)
         try:
             self.service.engine_remove(build_id if isinstance(build_id, str) else "", visitor=visitor)
             message = f"Removed `{build_id}`."
