@@ -330,3 +330,10 @@ def test_http_still_serves_a_normal_request_after_all_that(server):
     status, answer = call(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
                                                           "specdec": {"speculative_config": {"decoding_type": "Eagle"}}})
     assert status == 200 and answer["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "x" * 300, "~nobody-at-all/x", "y/" * 600])
+def test_a_model_name_the_file_system_cannot_take_is_refused_in_words_in_any_mode(name):
+    for policy in (Policy(), Policy.for_public()):
+        with pytest.raises(ConfigError):
+            policy.check_model_name(name, ())

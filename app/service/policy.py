@@ -72,7 +72,13 @@ class Policy:
     def check_model_name(self, name: str, registry: tuple[str, ...]) -> None:
         """Whether a request may name `name` as its speculative_model (registry names and trained:<id> are checked
         elsewhere). One answer whether a directory exists or not: a refusal must not tell them apart."""
-        looks_like_path = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+        if len(name) > 1024 or "\x00" in name:  # no path or hub id is; the file system would raise, not answer
+            raise ConfigError("speculative_model must be a name of at most 1024 characters without NUL")
+        try:
+            exists = Path(name).expanduser().exists()
+        except (OSError, RuntimeError):  # a component too long for the file system, ~user of nobody: no usable path
+            raise ConfigError(f"speculative_model '{name[:80]}' is neither a usable path nor a name") from None
+        looks_like_path = name.startswith((".", "/", "~")) or exists
         if (looks_like_path and self.allow_model_paths) or (not looks_like_path and self.allow_hub):
             return
         known = ", ".join(registry) or "none"
