@@ -25,4 +25,6 @@ RUN bash scripts/setup.sh \
     && .venv/bin/python -c "from app import models; models.locate(models.BUNDLED)"
 
 EXPOSE 7860
+# On a Hugging Face Space the platform sets SPACE_ID, which starts the app in public mode (README: Hosting publicly);
+# elsewhere pass --public for anonymous visitors.
 CMD [".venv/bin/python", "-m", "app"]

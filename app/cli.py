@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -73,6 +74,17 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-reserved-cpus", type=int, default=None,
                    help="vllm backend: cores vLLM leaves to its API server (VLLM_CPU_NUM_OF_RESERVED_CPU; default vLLM's, 1)")
     p.add_argument("--vllm-intel-openmp", action="store_true", help="vllm backend: preload Intel's OpenMP in the engine")
+
+
+def _add_public_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--public", action="store_true",
+                   help="public mode for anonymous visitors (on by itself in a Hugging Face Space): builds and training runs "
+                   "belong to the visitor who made them, work is bounded, models are named from the registry only")
+    p.add_argument("--allow-model-paths", action="store_true", help="public mode: speculative_model may name a local directory")
+    p.add_argument("--allow-hub", action="store_true", help="public mode: speculative_model may name a Hugging Face hub id")
+    p.add_argument("--train-time-limit", type=float, default=None,
+                   help="seconds a training run may take before it is stopped (default: none; 240 in public mode, where 0 "
+                   "turns training off)")
 
 
 def _int_list(text: str, what: str) -> tuple[int, ...]:
@@ -148,13 +160,42 @@ def _companions(args, target, configs: dict[str, DecodingConfig]) -> dict:
     return {mode: load_companion(cfg, target, _engines(args)) for mode, cfg in configs.items()}
 
 
-def _service(args: argparse.Namespace, **limits):
+def _service(args: argparse.Namespace, policy=None, **limits):
     from app.service.api import Service
     from app.service.jobs import Limits
+    from app.service.policy import Policy
 
     return Service(_engines(args), model=args.model, dtype=args.dtype, backend=getattr(args, "backend", "auto") or "auto",
                    remote_url=getattr(args, "remote_url", None), limits=Limits(**limits),
-                   tensor_parallel_size=getattr(args, "tensor_parallel_size", 1), vllm_settings=vllm_settings(args))
+                   tensor_parallel_size=getattr(args, "tensor_parallel_size", 1), policy=policy or Policy(),
+                   vllm_settings=vllm_settings(args))
+
+
+def is_public(args: argparse.Namespace, environ) -> bool:
+    """Whether the web app starts in public mode: --public, or a Hugging Face Space (the platform sets SPACE_ID).
+    The one place the environment decides anything."""
+    return bool(args.public or environ.get("SPACE_ID"))
+
+
+def _policy(args: argparse.Namespace, public: bool):
+    """The Policy of `ui` / `serve` from their flags (public mode: policy.py)."""
+    from app.service import policy
+
+    if not public:
+        if args.train_time_limit is not None and not args.train_time_limit >= 0:
+            raise ConfigError(f"--train-time-limit must be a number of seconds >= 0, got {args.train_time_limit}")
+        limit = args.train_time_limit or float("inf")
+        return policy.Policy(train_time_limit_s=limit)
+    return policy.Policy.for_public(allow_model_paths=args.allow_model_paths, allow_hub=args.allow_hub,
+                                    train_time_limit_s=args.train_time_limit)
+
+
+def _limits(args: argparse.Namespace, public: bool) -> dict:
+    """The job limits of `ui` / `serve`: the flags, or public mode's defaults for the ones not given."""
+    from app.service import policy
+
+    time_limit = args.time_limit if args.time_limit is not None else policy.PUBLIC_TIME_LIMIT_S if public else 300.0
+    return {"max_concurrency": args.max_concurrency, "max_queue": args.max_queue, "time_limit_s": time_limit}
 
 
 def vllm_settings(args: argparse.Namespace):
@@ -259,7 +300,16 @@ def _rejection(message: dict) -> str:
 def cmd_ui(args: argparse.Namespace) -> int:
     from app.ui import web
 
-    service = _service(args, max_concurrency=args.max_concurrency, max_queue=args.max_queue, time_limit_s=args.time_limit)
+    public = is_public(args, os.environ)
+    limits = _limits(args, public)
+    if public:
+        from app.service.policy import PUBLIC_MAX_NEW_TOKENS
+
+        limits["max_new_tokens"] = PUBLIC_MAX_NEW_TOKENS
+    service = _service(args, _policy(args, public), **limits)
+    if public:
+        print("public mode: visitors' builds and runs are their own, work is bounded (see README, Hosting publicly)",
+              file=sys.stderr, flush=True)
     if service.default_backend() == "transformers":
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)
         service.backends["transformers"].model(args.model)  # fail here, not on the first click
@@ -271,12 +321,14 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from app.service.policy import PUBLIC_MAX_NEW_TOKENS
     from app.service.server import serve
 
     data = request_data(args, args.mode)
     configs.parse(data)
-    service = _service(args, max_concurrency=args.max_concurrency, max_queue=args.max_queue, time_limit_s=args.time_limit,
-                       max_new_tokens=max(args.max_new_tokens, 4096))
+    limits = _limits(args, args.public)
+    limits["max_new_tokens"] = PUBLIC_MAX_NEW_TOKENS if args.public else max(args.max_new_tokens, 4096)
+    service = _service(args, _policy(args, args.public), **limits)
     service.backends["transformers"].model(args.model)  # load before the first request, and fail here if it cannot
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1 (default mode {args.mode})", file=sys.stderr, flush=True)
     try:
@@ -499,8 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--dtype", default="float32", choices=list(DTYPES))
     u.add_argument("--max-concurrency", type=int, default=1, help=CONCURRENCY_HELP)
     u.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones are refused")
-    u.add_argument("--time-limit", type=float, default=300.0, help="seconds a generation may run")
+    u.add_argument("--time-limit", type=float, default=None, help="seconds a generation may run (default 300; 60 in public mode)")
     u.add_argument("--engines-dir", default=None)
+    _add_public_flags(u)
     _add_backend_flags(u)
     u.set_defaults(func=cmd_ui)
     g = sub.add_parser("generate", help="generate text with one decoding mode and show every step")
@@ -520,7 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--mode", default="autoregressive", help="the server-wide default mode; requests may choose another")
     v.add_argument("--max-concurrency", type=int, default=1, help=CONCURRENCY_HELP)
     v.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones get 429")
-    v.add_argument("--time-limit", type=float, default=300.0, help="seconds a generation may run")
+    v.add_argument("--time-limit", type=float, default=None, help="seconds a generation may run (default 300; 60 in public mode)")
+    _add_public_flags(v)
     _add_decoding_flags(v)
     _add_backend_flags(v)
     v.set_defaults(func=cmd_serve)

@@ -119,6 +119,8 @@ class DecodingConfig:
 def medusa_choices(spec: str) -> list[list[int]]:
     """A tree of per-depth rank paths: a name from assets/medusa_choices/ or a JSON list like [[0],[0,0],[1]]."""
     text = spec.strip()
+    if len(text) > 65536:
+        raise ConfigError(f"a tree is at most 65,536 characters of JSON; got {len(text):,}")
     if not text.startswith("["):
         path = CHOICES_DIR / f"{text}.json"
         names = sorted(p.stem for p in CHOICES_DIR.glob("*.json"))
@@ -127,12 +129,13 @@ def medusa_choices(spec: str) -> list[list[int]]:
         text = path.read_text()
     try:
         paths = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, a number of thousands of digits, nested too deep
         raise ConfigError(f"a tree must be a JSON list of paths such as [[0],[0,0],[1]]; got '{spec[:60]}'") from None
-    if not isinstance(paths, list) or not paths or not all(
-        isinstance(p, list) and p and all(isinstance(r, int) and r >= 0 for r in p) for p in paths
+    if not isinstance(paths, list) or not paths or len(paths) > 1024 or not all(
+        isinstance(p, list) and 0 < len(p) <= 64 and all(isinstance(r, int) and 0 <= r < 1024 for r in p) for p in paths
     ):
-        raise ConfigError("a tree must be a non-empty list of non-empty paths of non-negative ranks, e.g. [[0],[0,0],[1]]")
+        raise ConfigError("a tree must be a non-empty list (at most 1024) of non-empty paths (at most 64 deep) of ranks "
+                          "in [0, 1024), e.g. [[0],[0,0],[1]]")
     known = {tuple(p) for p in paths}
     for p in paths:
         if len(p) > 1 and tuple(p[:-1]) not in known:

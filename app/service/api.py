@@ -7,6 +7,7 @@ time limit) that stream JSON-like messages, and manages engine builds.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,9 @@ from app.service.backends.tensorrt_llm import TensorRTLLMBackend
 from app.service.backends.transformers import TransformersBackend
 from app.service.backends.vllm import VLLMBackend
 from app.service.configs import DecodeRequest
-from app.service.engines import BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
+from app.service.engines import BuildError, BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
 from app.service.jobs import Job, JobManager, Limits
+from app.service.policy import Policy, relative
 
 LOSSLESS = {
     "autoregressive": "the baseline",
@@ -46,6 +48,7 @@ class Service:
         tensor_parallel_size: int = 1,
         limits: Limits = Limits(),
         vllm_settings: vllm.Settings = vllm.Settings(),
+        policy: Policy = Policy(),
     ) -> None:
         if backend not in ("auto", *configs.BACKENDS):
             raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(configs.BACKENDS)}")
@@ -55,16 +58,23 @@ class Service:
         self.model = model
         self.dtype = dtype
         self.limits = limits
+        self.policy = policy
         self.backend = backend
         self.store = EngineStore(self.engines)
         self.tensor_parallel_size = tensor_parallel_size
         self.jobs = JobManager(limits)
         self._training = threading.Lock()  # one training run at a time: each takes both cores for minutes
+        # Public mode: who made which build (build id -> the visitors who made or re-made it). In memory only: after
+        # a restart every build is the operator's, read-only to visitors.
+        self._owners: dict[str, set[str]] = {}
+        self._owners_lock = threading.Lock()
+        # Where this server keeps files, as a response may show it (relative; see policy.relative).
+        self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
         self.backends = {
             "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call),
             "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
-            "vllm": VLLMBackend(self.store, dtype, vllm_settings),
+            "vllm": VLLMBackend(self.store, dtype, vllm_settings, max_started=policy.visitor_engines if policy.public else None),
         }
 
     # ------------------------------------------------------------------ what can run
@@ -122,38 +132,55 @@ class Service:
         return f"{method}; {up}" + (f"; vLLM has no counterpart for: {', '.join(ignored)}" if ignored else "")
 
     # ------------------------------------------------------------------ configs
-    def request(self, data: dict[str, Any] | DecodeRequest) -> DecodeRequest:
-        """A checked request: every rule, plus this service's limits. Raises ConfigError (one sentence)."""
+    def request(self, data: dict[str, Any] | DecodeRequest, visitor: str | None = None) -> DecodeRequest:
+        """A checked request: every rule, plus this service's limits and policy. Raises ConfigError (one sentence).
+        `visitor` (public mode): whose training runs it may name."""
         if isinstance(data, DecodeRequest):
             data = data.model_dump(mode="json")
         data = dict(data)
         if "backend" not in data or data["backend"] in (None, "auto"):
-            mode = (data.get("speculative_config") or {}).get("decoding_type", "Autoregressive")
-            data["backend"] = self.default_backend({v: k for k, v in configs.MODE_TYPES.items()}.get(mode, "autoregressive"))
+            spec = data.get("speculative_config")
+            mode = spec.get("decoding_type", "Autoregressive") if isinstance(spec, dict) else "Autoregressive"
+            data["backend"] = self.default_backend({v: k for k, v in configs.MODE_TYPES.items()}.get(str(mode), "autoregressive"))
         if data.get("max_new_tokens") is None:
             data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
-        request = self._trained(configs.parse(data))
+        request = self._trained(configs.parse(data), visitor)
         request.check(max_new_tokens_limit=self.limits.max_new_tokens)
+        if (self.policy.public and request.backend == "transformers" and request.dtype == "bfloat16"
+                and self.dtype != "bfloat16" and not fast_bf16()):
+            # Emulated bfloat16 makes a many-token pass several times slower (a 32-token pass ~1 s here): the step
+            # bounds hold in float32 only. The operator may still serve in bfloat16 (--dtype).
+            raise ConfigError("this public server's CPU has no native bfloat16, where a step of speculative decoding "
+                              "takes seconds: choose auto or float32")
         return request
 
-    def _trained(self, request: DecodeRequest) -> DecodeRequest:
-        """The request with a trained artifact named `trained:<id>` replaced by its directory in the store."""
+    def _trained(self, request: DecodeRequest, visitor: str | None = None) -> DecodeRequest:
+        """The request with a trained artifact named `trained:<id>` replaced by its directory in the store; any
+        other speculative_model checked against the policy (registry names; paths and hub ids if allowed)."""
         c = request.speculative_config
         name = getattr(c, "speculative_model", None)
-        if not name or not name.startswith(training.PREFIX):
+        if not name:
+            return request
+        if not name.startswith(training.PREFIX):
+            if name not in models.DRAFT_ALIASES and name not in models.ALIASES:
+                self.policy.check_model_name(name, tuple(models.DRAFT_ALIASES))
             return request
         if c.mode not in training.KINDS:
             raise ConfigError(f"'{name}' names trained Medusa heads or an EAGLE module; {c.mode} cannot use it")
+        if not self.visible(name.removeprefix(training.PREFIX), visitor):
+            raise ConfigError(f"there is no finished training run '{name.removeprefix(training.PREFIX)[:40]}' of yours "
+                              "(see the Train tab)")
         path = training.artifact_dir(self.store, name, c.mode, self.model)
         return request.model_copy(update={"speculative_config": c.model_copy(update={"speculative_model": str(path)})})
 
     # ------------------------------------------------------------------ generation
-    def submit(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None) -> Job:
+    def submit(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None,
+               visitor: str | None = None) -> Job:
         """Validate, prepare (load the model and what the mode drafts with, encode, check the prompt),
         then queue the generation. Raises ConfigError / ModelError / QueueFull before anything is queued."""
-        request = self.request(data)
+        request = self.request(data, visitor)
         prompt = prompt if isinstance(prompt, Prompt) else Prompt(prompt)
-        _require_text([m["content"] for m in prompt.messages] or [prompt.text])
+        self._require_text([m["content"] for m in prompt.messages] or [prompt.text])
         backend = self.backends[request.backend]
         state = backend.availability()
         if not state.available:
@@ -161,9 +188,10 @@ class Service:
         work = backend.prepare(model or self.model, request, prompt, self.limits)
         return self.jobs.submit(work)
 
-    def stream(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None) -> Iterator[dict[str, Any]]:
+    def stream(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None,
+               visitor: str | None = None) -> Iterator[dict[str, Any]]:
         """submit() and its messages; closing the iterator early (a Stop button, a dropped client) cancels the job."""
-        job = self.submit(data, prompt, model)
+        job = self.submit(data, prompt, model, visitor)
         try:
             yield from job.messages()
         finally:
@@ -177,7 +205,7 @@ class Service:
         so it never times a CPU another job is using."""
         if dtype not in ("auto", *models.DTYPES):
             raise ConfigError(f"dtype must be auto or one of {', '.join(models.DTYPES)}, got '{dtype}'")
-        _require_text([prompt])
+        self._require_text([prompt])
         target = self.backends["transformers"].model(self.model, dtype)
         ids = target.encode(prompt)
         configs.check_prompt_limit(len(ids), self.limits.max_prompt_tokens)
@@ -192,35 +220,48 @@ class Service:
         return next({k: v for k, v in m.items() if k != "type"} for m in messages if m["type"] == "cost")
 
     # ------------------------------------------------------------------ engine builds
-    def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> BuildSpec:
-        return spec_for(self.request(data), model or self.model, tensor_parallel_size=self.tensor_parallel_size,
+    def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> BuildSpec:
+        return spec_for(self.request(data, visitor), model or self.model, tensor_parallel_size=self.tensor_parallel_size,
                         dtype=self.dtype)
 
     def _trtllm_kwargs(self, model: str, request: DecodeRequest) -> dict[str, Any]:
         """What the TensorRT-LLM backend passes to LLM(...): the store's build of the request's spec."""
         return trtllm_serve_kwargs(self.store, spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size))
 
-    def engine_plan(self, data: dict[str, Any] | DecodeRequest, model: str | None = None) -> dict[str, Any]:
-        request = self.request(data)
-        plan = self.store.plan(self.engine_spec(request, model))
+    def engine_plan(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> dict[str, Any]:
+        """What a build would do, as data; paths relative to the server's folders (responses never show them)."""
+        request = self.request(data, visitor)
+        plan = self.store.plan(self.engine_spec(request, model, visitor))
         if request.backend == "tensorrt_llm":  # what it does not take, from the request: a spec keeps no runtime field
             plan["notes"] = configs.trtllm_notes(request) + plan["notes"]
-        return plan
+        return self.relative(plan)
 
     def engine_build(self, data: dict[str, Any] | DecodeRequest, model: str | None = None,
-                     progress: Progress | None = None) -> dict[str, Any]:
-        """The manifest of the build this config needs: reused, or built now (once, however many ask). A vLLM
-        engine is also started (or found running): its manifest then carries `server` ({state, url, pid})."""
-        request = self.request(data)
+                     progress: Progress | None = None, visitor: str | None = None) -> dict[str, Any]:
+        """The manifest of the build this config needs: reused, or built now (once, however many ask). In public mode
+        the build is the visitor's when they made it, or re-made one another visitor made; an operator's stays read-only.
+        A vLLM engine is also started (or found running): its manifest then carries `server` ({state, url, pid})."""
+        self._check_visitor(visitor)
+        spec = self.engine_spec(data, model, visitor)
+        existed = self._ready(self.store.spec_id(spec))
+        request = self.request(data, visitor)
         if request.backend == "vllm":
             backend = self.backends["vllm"]
             manifest, _ = backend.engine(model or self.model, request, progress)
-            return {**manifest, "server": backend.processes.state(manifest["id"])}
-        return self.store.build(self.engine_spec(request, model), progress=progress)
+            manifest = {**manifest, "server": backend.processes.state(manifest["id"])}
+        else:
+            manifest = self.store.build(spec, progress=progress)
+        self._claim(manifest["id"], visitor, existed)
+        return manifest
 
-    def engine_list(self) -> list[dict[str, Any]]:
-        """The ready builds, newest first; a vLLM engine's carries `server`: running (url, pid) or stopped."""
-        return [self._with_server(m) for m in self.store.list()]
+    def engine_list(self, visitor: str | None = None) -> list[dict[str, Any]]:
+        """The ready builds this caller sees (all; in public mode the operator's and the visitor's own), newest first;
+        a vLLM engine's carries `server`: running (url, pid) or stopped."""
+        return [self._with_server(m) for m in self.store.list() if self.visible(m["id"], visitor)]
+
+    def engine_removable(self, visitor: str | None = None) -> list[str]:
+        """The ids this caller may remove: all; in public mode only the visitor's own."""
+        return [m["id"] for m in self.engine_list(visitor) if not self.policy.public or self._owns(m["id"], visitor)]
 
     def engine_get(self, build_id: str) -> dict[str, Any] | None:
         manifest = self.store.get(build_id)
@@ -230,7 +271,20 @@ class Service:
         """Stop a vLLM engine's server (its build stays); True when one was running."""
         return self.backends["vllm"].processes.stop(build_id)
 
-    def engine_remove(self, build_id: str) -> None:
+    def engine_remove(self, build_id: str, visitor: str | None = None) -> None:
+        """Remove a build (a vLLM engine is stopped first). In public mode a visitor removes only their own (one answer
+        whether the id exists or is someone else's); when other visitors made it too, only this visitor's claim goes
+        and the build stays theirs."""
+        if self.policy.public:
+            with self._owners_lock:
+                owners = self._owners.get(build_id, set())
+                if visitor is None or visitor not in owners:
+                    raise ConfigError(f"'{str(build_id)[:40]}' is not a build of yours: in public mode a visitor removes only "
+                                      "the builds they made in this page (the operator manages the rest)")
+                owners.discard(visitor)
+                if owners:
+                    return
+                del self._owners[build_id]
         manifest = self.store.get(build_id)
         if manifest and manifest.get("kind") == "vllm-server":
             self.engine_stop(build_id)
@@ -240,42 +294,113 @@ class Service:
         if manifest.get("kind") != "vllm-server":
             return manifest
         return {**manifest, "server": self.backends["vllm"].processes.state(manifest["id"])}
+    # ------------------------------------------------------------------ ownership (public mode)
+    def visible(self, build_id: str, visitor: str | None) -> bool:
+        """Whether a caller sees a build: always off public mode; in it, the operator's (made by no visitor) and its own."""
+        if not self.policy.public:
+            return True
+        with self._owners_lock:
+            owners = self._owners.get(build_id)
+        return owners is None or visitor in owners
+
+    def _owns(self, build_id: str, visitor: str | None) -> bool:
+        with self._owners_lock:
+            return visitor is not None and visitor in self._owners.get(build_id, set())
+
+    def _claim(self, build_id: str, visitor: str | None, existed: bool) -> None:
+        """After a build or a run: the visitor's when they made it, or when another visitor's build was re-made."""
+        if not self.policy.public or visitor is None:
+            return
+        with self._owners_lock:
+            if not existed or build_id in self._owners:
+                self._owners.setdefault(build_id, set()).add(visitor)
+
+    def _check_visitor(self, visitor: str | None) -> None:
+        if self.policy.public and not visitor:
+            raise ConfigError("this public server builds and trains only for a visitor of its web page")
+
+    def _ready(self, build_id: str) -> bool:
+        manifest = self.store.get(build_id)
+        return manifest is not None and manifest.get("status") == "ready"
+
+    def relative(self, value: Any) -> Any:
+        """`value` (text or JSON-like data) without the server's absolute paths (policy.relative)."""
+        return relative(value, self._roots)
 
     # ------------------------------------------------------------------ training (the seed workflow)
-    def train_config(self, data: dict[str, Any] | training.TrainConfig) -> training.TrainConfig:
-        """A checked training config, its starting artifact included. Raises ConfigError (one sentence)."""
-        config = training.parse(data)
+    def train_config(self, data: dict[str, Any] | training.TrainConfig, visitor: str | None = None) -> training.TrainConfig:
+        """A checked training config, its starting artifact included, within the policy's bounds. Raises
+        ConfigError (one sentence)."""
+        config = self._train_parse(data, visitor)
         training.start_dir(self.store, config, self.model)
         return config
 
-    def train_plan(self, data: dict[str, Any] | training.TrainConfig) -> dict[str, Any]:
+    def train_plan(self, data: dict[str, Any] | training.TrainConfig, visitor: str | None = None) -> dict[str, Any]:
         """What training `data` would do before it runs (training.plan): reused, or how many answers to generate first."""
-        return training.plan(self.store, self.model, training.parse(data))  # plan finds (and so checks) the start
+        return training.plan(self.store, self.model, self._train_parse(data, visitor))  # plan finds (and so checks) the start
+
+    def _train_parse(self, data: dict[str, Any] | training.TrainConfig, visitor: str | None) -> training.TrainConfig:
+        if not self.policy.train:
+            raise ConfigError(TRAINING_OFF)
+        config = training.parse(data)
+        if self.policy.train_caps is not None:
+            self.policy.train_caps.check(config)
+        if config.init_from.startswith(training.PREFIX) and not self.visible(config.init_from.removeprefix(training.PREFIX), visitor):
+            raise ConfigError(f"there is no finished training run '{config.init_from[:60]}' of yours to go on from")
+        return config
 
     def train(self, data: dict[str, Any] | training.TrainConfig, progress: Progress | None = None,
-              events: training.Events | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
+              events: training.Events | None = None, cancel: threading.Event | None = None,
+              visitor: str | None = None) -> dict[str, Any]:
         """Train Medusa heads or an EAGLE module on this server's frozen model (training.py) and keep them in the
         store; returns the build's manifest (reused when the same run was made before). `events` receives every
-        progress event ({stage, done, total, loss}); setting `cancel` stops the run. One run at a time."""
-        config = training.parse(data)
+        progress event ({stage, done, total, loss}); setting `cancel` stops the run. One run at a time; the policy's
+        time limit stops the training child (BuildError saying so)."""
+        self._check_visitor(visitor)
+        config = self._train_parse(data, visitor)
         start = training.start_dir(self.store, config, self.model)
+        spec = training.spec(self.model, config, start)
+        existed = self._ready(self.store.spec_id(spec))
         if not self._training.acquire(blocking=False):
             raise ConfigError("another training run is under way on this server: wait for it to finish")
-        try:
-            return self.store.build(training.spec(self.model, config, start),
-                                    training.builder(self.model, config, start, self.engines, events=events, cancel=cancel),
-                                    progress=progress)
-        finally:
-            self._training.release()
+        cancel = cancel or threading.Event()
+        expired = threading.Event()
 
-    def trained(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """The finished training runs for this server's model (their manifests, newest first)."""
-        return [m for m in self.store.list() if m["spec"]["backend"] == "training" and m["spec"]["model"] == self.model
+        def expire() -> None:
+            expired.set()
+            cancel.set()
+
+        timer = threading.Timer(self.policy.train_time_limit_s, expire) if math.isfinite(self.policy.train_time_limit_s) else None
+        try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            manifest = self.store.build(spec, training.builder(self.model, config, start, self.engines, events=events,
+                                                               cancel=cancel), progress=progress)
+        except BuildError as err:
+            if expired.is_set():
+                raise TrainingTimeout(f"the run was stopped by this server's time limit of {self.policy.train_time_limit_s:g} s "
+                                 "per training run, before it finished") from err
+            raise BuildError(self.relative(str(err))) from err
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._training.release()
+        self._claim(manifest["id"], visitor, existed)
+        return manifest
+
+    def trained(self, kind: str | None = None, visitor: str | None = None) -> list[dict[str, Any]]:
+        """The finished training runs for this server's model that the caller sees (their manifests, newest first)."""
+        return [m for m in self.engine_list(visitor) if m["spec"]["backend"] == "training" and m["spec"]["model"] == self.model
                 and kind in (None, m["spec"]["mode"])]
 
-    def training_run(self, name: str) -> dict[str, Any] | None:
+    def training_run(self, name: str, visitor: str | None = None) -> dict[str, Any] | None:
         """The manifest of the finished training run `trained:<id>` for this server's model, or None."""
-        return next((m for m in self.trained() if training.PREFIX + m["id"] == name), None)
+        return next((m for m in self.trained(visitor=visitor) if training.PREFIX + m["id"] == name), None)
+
+    def _require_text(self, texts: list[str]) -> None:
+        # A token is rarely more than a dozen characters: 16 per allowed prompt token leaves room for any real prompt.
+        _check_text(texts, 16 * min(self.limits.max_prompt_tokens, 2**20))
 
     def close(self, stop_engines: bool = True) -> None:
         """Stop the jobs and, unless told not to, the vLLM engines this service started (engines started
@@ -285,6 +410,24 @@ class Service:
             self.backends["vllm"].stop_started()
 
 
-def _require_text(texts: list[str]) -> None:
+class TrainingTimeout(BuildError):
+    """A training run the policy's time limit stopped; the message says so."""
+
+
+TRAINING_OFF = ("training is off on this public server: a run takes both CPU cores of a machine every visitor shares "
+                "(the operator turns it on with --train-time-limit)")
+
+
+def _check_text(texts: list[str], max_chars: int) -> None:
+    """A prompt a tokenizer can take: some text, valid Unicode, and not far longer than the prompt limit allows."""
     if not any(text.strip() for text in texts):
         raise ConfigError("the prompt is empty: type something to continue")
+    size = sum(len(t) for t in texts)
+    if size > max_chars:
+        raise ConfigError(f"the prompt has {size:,} characters; this server takes at most {max_chars:,}: shorten it")
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError("the prompt holds a character that is not valid Unicode text (a lone surrogate such as "
+                              "\\ud800): remove it") from None

@@ -24,6 +24,28 @@ from app.config import ConfigError, DecodingConfig, medusa_choices
 from app.decoding.sampling import SamplingParams
 
 MAX_DRAFT_LEN = 256  # this app's bound on the draft tokens one step verifies (every mode, every backend)
+# Upper bounds of the other numeric fields, for every entry point (web, CLI, HTTP `specdec`): far above any
+# useful setting, low enough that no value makes one step run for long or a number overflow.
+MAX_NEW_TOKENS = 8192
+MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
+MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 2**20
+MAX_NGRAM_SIZE = 32
+MAX_CANDIDATES = 16
+MAX_DRAFT_CAPS = 32  # entries of ngram_draft_lens
+MAX_TREE_DEPTH = 16  # num_eagle_layers, num_medusa_heads
+MAX_EAGLE_TOP_K = 16  # dynamic_tree_max_topK
+MAX_LOOKAHEAD = 256  # each of W, N, G (their max_draft_len is bounded by MAX_DRAFT_LEN too)
+# What one step of the transformers backend may do, so a step stays well under a second on a 2-core CPU
+# (float32, SmolLM2-135M; measured in the README's "Hosting publicly"): the time limit is checked between
+# steps, so bounding a step bounds how long a request can outlive it. TensorRT-LLM's engines keep their own limits.
+STEP_DRAFT_TOKENS = 96  # draft tokens one target pass verifies (every mode's tree or chain, merged branch included)
+STEP_DRAFT_MODEL_TOKENS = 32  # draft-target: sequential draft-model passes per step
+# EAGLE-2 dynamic trees (the web sliders' maxima): the draft expands top-k nodes per level, one pass per level,
+# and ranks every candidate; the verified tree is smaller than the other modes' limit.
+STEP_EAGLE_TOP_K = 10
+STEP_EAGLE_DEPTH = 8
+STEP_EAGLE_TOKENS = 63  # max_draft_len (total tokens 64)
 # The transformers backend's tree pruning when a request leaves min_path_prob unset: on a CPU every verified node
 # costs target compute, and an unpruned 24-node EAGLE step costs about two one-token passes (through the service,
 # bfloat16, side by side: 1.01x autoregressive unpruned, 1.45x pruned at 0.05; see README). Pruning keeps every mode
@@ -51,13 +73,20 @@ class SamplingConfig(_Config):
     seed: int | None = None
     beam_width: int = 1
 
+    @field_validator("seed", "top_k", mode="before")
+    @classmethod
+    def _whole(cls, v: Any) -> Any:
+        return _whole(v)
+
     def check(self) -> None:
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature}")
+        if not math.isfinite(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ConfigError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {self.temperature}")
         if not (0 < self.top_p <= 1):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ConfigError(f"top_k must be in [0, {MAX_TOP_K}] (0 = off), got {_short(self.top_k)}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be a whole number in [0, 2^63 - 1] (or unset for a random one), got {_short(self.seed)}")
         if self.beam_width != 1:
             raise ConfigError(f"speculative decoding needs beam width 1 (TensorRT-LLM has no beam search here), got {self.beam_width}")
 
@@ -102,7 +131,9 @@ class LookaheadDecodingConfig(_Config):
     @staticmethod
     def _legal(w: int, n: int, g: int, what: str) -> None:
         if w < 1 or n < 1 or g < 0:
-            raise ConfigError(f"{what} needs W >= 1, N >= 1 and G >= 0, got ({w}, {n}, {g})")
+            raise ConfigError(f"{what} needs W >= 1, N >= 1 and G >= 0, got ({_short(w)}, {_short(n)}, {_short(g)})")
+        if max(w, n, g) > MAX_LOOKAHEAD:
+            raise ConfigError(f"{what}: each of W, N and G is at most {MAX_LOOKAHEAD}, got ({_short(w)}, {_short(n)}, {_short(g)})")
         if n == 1 and w != 1:
             raise ConfigError(f"{what}: an n-gram size of 1 requires a window size of 1 (got W={w}); (1, 1, 0) is autoregressive")
         if n == 1 and g != 0:
@@ -154,12 +185,16 @@ class NGramDecodingConfig(_Config):
     def check(self) -> None:
         if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
             raise ConfigError(f"prompt lookup needs 0 < max_draft_len (prompt_lookup_num_tokens) <= {MAX_DRAFT_LEN}, got {self.max_draft_len}")
-        if self.max_matching_ngram_size < 1:
-            raise ConfigError(f"max_matching_ngram_size must be at least 1, got {self.max_matching_ngram_size}")
-        if self.max_candidates < 1:
-            raise ConfigError(f"max_candidates must be at least 1, got {self.max_candidates}")
+        if not 1 <= self.max_matching_ngram_size <= MAX_NGRAM_SIZE:
+            raise ConfigError(f"max_matching_ngram_size must be in [1, {MAX_NGRAM_SIZE}], got {_short(self.max_matching_ngram_size)}")
+        if not 1 <= self.max_candidates <= MAX_CANDIDATES:
+            raise ConfigError(f"max_candidates must be in [1, {MAX_CANDIDATES}], got {_short(self.max_candidates)}")
+        if len(self.ngram_draft_lens) > MAX_DRAFT_CAPS:
+            raise ConfigError(f"ngram_draft_lens has {len(self.ngram_draft_lens)} entries; at most {MAX_DRAFT_CAPS}")
         if any(k < 0 for k in self.ngram_draft_lens):
-            raise ConfigError(f"ngram_draft_lens must be non-negative, got {list(self.ngram_draft_lens)}")
+            raise ConfigError(f"ngram_draft_lens must be non-negative, got {_short(list(self.ngram_draft_lens))}")
+        if any(k > MAX_DRAFT_LEN for k in self.ngram_draft_lens):
+            raise ConfigError(f"ngram_draft_lens entries are draft lengths, at most {MAX_DRAFT_LEN}; got {_short(list(self.ngram_draft_lens))}")
 
 
 class DraftTargetDecodingConfig(_Config):
@@ -196,13 +231,13 @@ class MedusaDecodingConfig(_Config):
     def check(self) -> None:
         paths = self.paths()
         if self.num_medusa_heads is not None:
-            if self.num_medusa_heads < 1:
-                raise ConfigError(f"num_medusa_heads must be at least 1, got {self.num_medusa_heads}")
+            if not 1 <= self.num_medusa_heads <= MAX_TREE_DEPTH:
+                raise ConfigError(f"num_medusa_heads must be in [1, {MAX_TREE_DEPTH}], got {_short(self.num_medusa_heads)}")
             deepest = max(map(len, paths))
             if deepest > self.num_medusa_heads:
                 raise ConfigError(f"the Medusa tree is {deepest} deep but there are only {self.num_medusa_heads} heads")
-        if not 0 < self.posterior_threshold <= 1 or self.posterior_alpha < 0:
-            raise ConfigError("posterior_threshold must be in (0, 1] and posterior_alpha >= 0")
+        if not 0 < self.posterior_threshold <= 1 or not 0 <= self.posterior_alpha <= 1:
+            raise ConfigError("posterior_threshold must be in (0, 1] and posterior_alpha in [0, 1]")
         _check_min_path_prob(self.min_path_prob)
         if self.prompt_lookup is not None:
             self.prompt_lookup.check()
@@ -232,10 +267,10 @@ class EagleDecodingConfig(_Config):
             raise ConfigError(
                 f"max_draft_len must be > 0 for EAGLE (and at most {MAX_DRAFT_LEN}; eagle_total_tokens = max_draft_len + 1), got {self.max_draft_len}"
             )
-        if self.dynamic_tree_max_topK < 1:
-            raise ConfigError(f"dynamic_tree_max_topK (eagle_top_k) must be at least 1, got {self.dynamic_tree_max_topK}")
-        if self.num_eagle_layers < 1:
-            raise ConfigError(f"num_eagle_layers (the tree depth, eagle_depth) must be at least 1, got {self.num_eagle_layers}")
+        if not 1 <= self.dynamic_tree_max_topK <= MAX_EAGLE_TOP_K:
+            raise ConfigError(f"dynamic_tree_max_topK (eagle_top_k) must be in [1, {MAX_EAGLE_TOP_K}], got {_short(self.dynamic_tree_max_topK)}")
+        if not 1 <= self.num_eagle_layers <= MAX_TREE_DEPTH:
+            raise ConfigError(f"num_eagle_layers (the tree depth, eagle_depth) must be in [1, {MAX_TREE_DEPTH}], got {_short(self.num_eagle_layers)}")
         _check_min_path_prob(self.min_path_prob)
         if self.min_path_prob and not self.use_dynamic_tree:
             raise ConfigError("min_path_prob prunes the dynamic tree; a static tree (eagle_choices) keeps its shape")
@@ -248,6 +283,40 @@ class EagleDecodingConfig(_Config):
                 raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_draft_len is {self.max_draft_len}")
         if self.prompt_lookup is not None:
             self.prompt_lookup.check()
+
+
+def _whole(v: Any) -> Any:
+    """JSON's 1e30 is a whole number too: as an int, it meets the field's bound and its sentence, not pydantic's
+    complaint about parsing."""
+    return int(v) if isinstance(v, float) and math.isfinite(v) and v.is_integer() else v
+
+
+def _short(value: Any) -> str:
+    """A number or list as a user typed it, cut short: a 300-digit integer is no message."""
+    text = str(value)
+    return text if len(text) <= 24 else text[:20] + "…"
+
+
+def _step_budget(request: DecodeRequest) -> None:
+    """The transformers backend's bounds on one step (STEP_*): each step well under a second here."""
+    c = request.speculative_config
+    nodes = 0 if isinstance(c, AutoregressiveConfig) else c.max_draft_len
+    if isinstance(c, NGramDecodingConfig):
+        nodes = c.max_draft_len * c.max_candidates
+    pl = getattr(c, "prompt_lookup", None)
+    if pl is not None:
+        nodes += pl.max_draft_len * pl.max_candidates
+    if nodes > STEP_DRAFT_TOKENS:
+        raise ConfigError(f"this {c.mode} config verifies up to {nodes} draft tokens a step; the transformers backend "
+                          f"verifies at most {STEP_DRAFT_TOKENS} (so a step stays well under a second on a CPU)")
+    if isinstance(c, DraftTargetDecodingConfig) and c.max_draft_len > STEP_DRAFT_MODEL_TOKENS:
+        raise ConfigError(f"draft-target's max_draft_len is at most {STEP_DRAFT_MODEL_TOKENS} on the transformers backend "
+                          f"(one draft-model pass per drafted token), got {c.max_draft_len}")
+    if isinstance(c, EagleDecodingConfig) and c.use_dynamic_tree and (
+            c.dynamic_tree_max_topK > STEP_EAGLE_TOP_K or c.num_eagle_layers > STEP_EAGLE_DEPTH or c.max_draft_len > STEP_EAGLE_TOKENS):
+        raise ConfigError(f"the transformers backend grows EAGLE-2 trees of top-k at most {STEP_EAGLE_TOP_K}, depth at most "
+                          f"{STEP_EAGLE_DEPTH} and max_draft_len at most {STEP_EAGLE_TOKENS}, got top-k "
+                          f"{c.dynamic_tree_max_topK}, depth {c.num_eagle_layers} and max_draft_len {c.max_draft_len}")
 
 
 def _check_min_path_prob(p: float | None) -> None:
@@ -291,6 +360,11 @@ class DecodeRequest(_Config):
     # The transformers backend loads the model once per dtype; "auto" = the dtype the server was started with.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
+    @field_validator("max_new_tokens", mode="before")
+    @classmethod
+    def _whole(cls, v: Any) -> Any:
+        return _whole(v)
+
     @field_validator("backend")
     @classmethod
     def _backend(cls, v: str) -> str:
@@ -305,10 +379,12 @@ class DecodeRequest(_Config):
     def check(self, max_new_tokens_limit: int | None = None) -> None:
         self.sampling.check()
         self.speculative_config.check()
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ConfigError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {_short(self.max_new_tokens)}")
         if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
             raise ConfigError(f"max_new_tokens is limited to {max_new_tokens_limit} here, got {self.max_new_tokens}")
+        if self.backend == "transformers":
+            _step_budget(self)
         if self.dtype != "auto" and self.backend not in ("transformers", "vllm"):
             raise ConfigError(
                 f"dtype {self.dtype} can be chosen per request on the transformers and vllm backends only; "

@@ -103,6 +103,8 @@ class Job:
             timer.start()
         try:
             for message in self._work(self.cancel_event):
+                if self._timed_out and message.get("finish_reason") == "cancelled":
+                    message = {**message, "finish_reason": "timeout"}  # the time limit stopped it, not its consumer
                 self._out.put(message)
             self.status = "timeout" if self._timed_out else "cancelled" if self.cancel_event.is_set() else "done"
         except Exception as err:  # the job's failure is reported to its consumer, not raised in a worker

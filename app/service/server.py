@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from app.config import ConfigError
 from app.models import ModelError
@@ -40,11 +42,13 @@ def merge(default: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
             data["sampling"] = {**data.get("sampling", {}), **value}
         else:
             data[key] = value
+    if not isinstance(data.get("sampling", {}), dict):
+        raise ConfigError("specdec.sampling must be an object (temperature, top_p, top_k, seed)")
     sampling = dict(data.get("sampling", {}))
     for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "seed")):
         if body.get(theirs) is not None:
             sampling[ours] = body[theirs]
-    if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+    if body.get("n", 1) not in (1, None) or body.get("best_of", 1) not in (1, None):
         raise ConfigError("this server returns one choice per request (n = 1, best_of = 1)")
     data["sampling"] = sampling
     for key in ("max_tokens", "max_completion_tokens"):
@@ -56,7 +60,26 @@ def merge(default: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
 def create_app(service: Service, default: dict[str, Any] | None = None) -> FastAPI:
     default = default or {}
     service.request(default)  # a bad server-wide default fails at start, not on the first request
-    app = FastAPI(title="SpecDec Studio", docs_url=None, redoc_url=None)
+    app = FastAPI(title="SpecDec Studio", docs_url=None, redoc_url=None, openapi_url=None)
+
+    # Every refusal in OpenAI's error shape, unknown paths and methods included; an unexpected failure too (500,
+    # without its details: they are the server's, not the client's).
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException):
+        if err.status_code == 404:
+            return _error(404, f"there is no {request.url.path[:80]} here: this server answers /v1/models, "
+                               "/v1/completions and /v1/chat/completions", "not_found")
+        if err.status_code == 405:
+            return _error(405, f"{request.method} is not allowed on {request.url.path[:80]}", "method_not_allowed")
+        return _error(err.status_code, str(err.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        return _error(400, "the request is malformed")
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, err: Exception):
+        return _error(500, f"the server failed on this request ({type(err).__name__})", "server_error")
 
     @app.get("/v1/models")
     def list_models() -> dict:
@@ -73,21 +96,21 @@ def create_app(service: Service, default: dict[str, Any] | None = None) -> FastA
     async def _generate(http: Request, chat: bool):
         try:
             body = await http.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, a number of thousands of digits, nested too deep
             return _error(400, "the request body is not JSON")
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
         model = body.get("model") or service.model
         if model != service.model:
-            return _error(404, f"this server serves '{service.model}', not '{model}'", "model_not_found")
+            return _error(404, f"this server serves '{service.model}', not '{str(model)[:80]}'", "model_not_found")
+        if not isinstance(body.get("stream", False), bool):
+            return _error(400, "stream must be true or false")
         try:
             prompt = _prompt(body, chat)
             data = merge(default, body)
             job = await run_in_threadpool(service.submit, data, prompt, model)
-        except ConfigError as err:
-            return _error(400, str(err))
-        except ModelError as err:
-            return _error(400, str(err))
+        except (ConfigError, ModelError) as err:
+            return _error(400, service.relative(str(err)))
         except QueueFull as err:
             return _error(429, str(err), "queue_full")
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{job.id}"
@@ -141,7 +164,8 @@ async def _sse(job, ident: str, model: str, chat: bool) -> AsyncIterator[str]:
                 break
             kind = message["type"]
             if kind == "end" and message.get("error"):
-                yield f"data: {json.dumps({'error': {'message': message['error'], 'type': 'server_error'}})}\n\n"
+                error = {"message": f"the generation failed: {message['error'].split(':')[0]}", "type": "server_error"}
+                yield f"data: {json.dumps({'error': error})}\n\n"
                 break
             if kind == "start":
                 yield _chunk(ident, model, chat, None, None, message, first=True)
@@ -165,7 +189,7 @@ def _complete(job, ident: str, model: str, chat: bool) -> JSONResponse:
         else:
             end = message
     if end.get("error"):
-        return _error(500, end["error"], "server_error")
+        return _error(500, f"the generation failed: {end['error'].split(':')[0]}", "server_error")
     text = end.get("text", "")
     finish = FINISH.get(end.get("finish_reason"), end.get("finish_reason"))
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish} if chat

@@ -22,8 +22,15 @@ from typing import Any
 from app.config import MERGED_MODES, MODES
 from app.models import DTYPES
 
-MAX_BYTES = 32 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
+MAX_BYTES = 8 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
 MAX_STEPS = 4096  # four times the service's longest generation; the step view of more is megabytes of HTML a redraw
+MAX_DEPTH = 24  # nesting of the JSON document (a real trace nests 6 deep)
+MAX_NODES = 1024  # tokens a step commits or drafts (TensorRT-LLM's longest draft is 256)
+MAX_TOKEN_TEXT = 128  # characters of one token's text (a real tokenizer's longest pieces are a few dozen)
+MAX_STRING = 65536  # characters of the prompt, the output text and other free text
+# What the step view of a whole trace may weigh: real 128-token traces draw 20-30 kB, a 1024-token one a few hundred.
+# A replay redraws it every REDRAW_S, so this bounds the work a trace can make for the server and the browser.
+MAX_HTML = 2 * 2**20
 FINISH_REASONS = ("eos", "length", "cancelled", "timeout", "error")
 KINDS = ("prefill", "decode")
 ADDED_KINDS = ("next", "correction", "bonus", "engine")  # engine: correction or bonus, the engine does not say
@@ -160,6 +167,8 @@ def read(path: str | Path, max_bytes: int = MAX_BYTES) -> tuple[Recording, Recor
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise TraceError(f"{NOT_A_TRACE} (the file is not JSON: {err})") from None
+    except (RecursionError, ValueError):  # nested deeper than the parser goes; a number of thousands of digits
+        raise TraceError(f"{NOT_A_TRACE} (its JSON nests too deep or holds a number too long to read)") from None
     return parse(data)
 
 
@@ -167,7 +176,10 @@ def parse(data: Any) -> tuple[Recording, Recording | None]:
     """A trace's run and baseline, checked: steps with token ids and numeric totals, known names only.
 
     Whatever the display prints as markup (mode, dtype, finish reasons, totals) is reduced to known
-    names and numbers here; token texts and the rest stay data, which the renderer escapes."""
+    names and numbers here; token texts and the rest stay data, which the renderer escapes. Every field the
+    display reads is checked for its shape and size, the nesting of the whole document is bounded, and so is
+    the HTML the step view of the run would be (MAX_HTML): nothing is drawn before all of it passed."""
+    _check_depth(data)
     run = _parse(data, "the trace")
     baseline = data.get("baseline")
     if baseline is None:
@@ -190,20 +202,101 @@ def _parse(data: Any, what: str) -> Recording:
     if run.events[0]["kind"] != "prefill":
         raise TraceError(f"{what} does not start with its prefill step")
     run.dtype = data.get("dtype") if data.get("dtype") in DTYPES else None
-    run.model = data["model"] if isinstance(data.get("model"), str) else None
+    run.model = data["model"][:200] if isinstance(data.get("model"), str) else None
     run.request = data["request"] if isinstance(data.get("request"), dict) else None
     run.prompt = data["prompt"] if isinstance(data.get("prompt"), str) else None
+    if run.prompt is not None and len(run.prompt) > MAX_STRING:
+        raise TraceError(f"{what}'s prompt has {len(run.prompt):,} characters; a replay takes at most {MAX_STRING:,}")
     prompt_ids = data.get("prompt_ids")
-    run.prompt_ids = prompt_ids if _ids(prompt_ids) else []
+    run.prompt_ids = prompt_ids if _ids(prompt_ids) and len(prompt_ids) <= 2**20 else []
     texts = data.get("texts")
-    run.texts = {int(k): str(v) for k, v in texts.items() if _is_id(k)} if isinstance(texts, dict) else {}
+    run.texts = {int(k): v for k, v in texts.items() if _is_id(k) and isinstance(v, str)} if isinstance(texts, dict) else {}
+    longest = max(run.texts.values(), key=len, default="")
+    if len(longest) > MAX_TOKEN_TEXT:
+        raise TraceError(f"{what} gives a token a text of {len(longest):,} characters; a token's text has at most {MAX_TOKEN_TEXT}")
+    size = _drawn_size(run.events, run.texts)
+    if size > MAX_HTML:
+        raise TraceError(f"{what} would draw about {size / 2**20:.1f} MB of HTML; a replay draws at most {MAX_HTML / 2**20:.0f} MB "
+                         "(fewer steps, drafts or shorter token texts)")
     text = data.get("text")
     last = run.events[-1]
     run.end = {"type": "end", "finish_reason": _reason(data.get("finish_reason")) or last.get("finish_reason"),
-               "text": text if isinstance(text, str) else "", "token_ids": run.token_ids, "totals": last["totals"],
-               "error": None, "spec_decode": _spec_decode(data.get("spec_decode"))}
+               "text": text if isinstance(text, str) and len(text) <= MAX_STRING else "", "token_ids": run.token_ids,
+               "totals": last["totals"], "error": None, "spec_decode": _spec_decode(data.get("spec_decode"))}
     run.engine = _engine(data.get("engine"))
     return run
+
+
+def _check_depth(data: Any) -> None:
+    """TraceError when the document nests deeper than MAX_DEPTH (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise TraceError(f"{NOT_A_TRACE} (it nests {MAX_DEPTH}+ levels deep; a trace nests a few)")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
+def _drawn_size(events: list[dict], texts: dict[int, str]) -> int:
+    """About how many characters of HTML the step view of these steps is, at most: every committed and drafted
+    token as a span with its escaped text (escaping makes a character up to 6), plus each step's own markup."""
+    size = 0
+    for e in events:
+        for t in (*e["tokens"], *e["proposed"]["tokens"]):
+            size += 80 + 6 * len(texts.get(t, "⟨0000000⟩"))
+        size += 400 + 6 * len(e.get("text") or "")
+    return size
+
+
+# The shapes of what the display reads in a step's `source` (its provenance, per mode) and `target` (what the
+# target made of the draft): "id" a token id, "int" any integer, "num" a finite number, "num?" one or None, "str"
+# a short text, ("list", shape, most), ("dict", {key: shape}) (other keys dropped), ("opt", shape) the shape or None.
+_MATCH = ("dict", {"ngram": ("list", "id", 64), "position": "int", "in_prompt": "bool", "continuation_position": "int"})
+_MATCHES = ("list", _MATCH, 64)
+SOURCE = {
+    "match": ("opt", _MATCH), "matches": _MATCHES,
+    "window": ("list", ("list", "id", 256), 64), "candidates": ("list", ("list", "id", 256), 256),
+    "draft_probs": ("list", "num?", MAX_NODES), "draft_vocab": "int",
+    "tree": ("dict", {"tokens": ("list", "id", MAX_NODES), "parents": ("list", "int", MAX_NODES),
+                      "scores": ("list", "num?", MAX_NODES), "paths": ("list", ("list", "int", 64), MAX_NODES)}),
+    "depth": "int", "top_k": "int", "total_tokens": "int", "static_nodes": "int", "heads": "int", "min_path_prob": "num",
+    "acceptance": "str", "observed": "str", "not_visible": ("list", "str", 32), "engine": "str",
+    "prompt_lookup": ("dict", {"match": ("opt", _MATCH), "matches": _MATCHES, "nodes": ("list", "int", MAX_NODES),
+                               "new_nodes": "int"}),
+}
+TARGET = {"distribution": "str", "decided": ("list", ("dict", {"after": "int", "top": "id", "top_p": "num?"}), MAX_NODES),
+          "p": ("list", "num?", MAX_NODES), "added_p": "num?"}
+
+
+def _shaped(value: Any, shape: Any, where: str) -> Any:
+    """`value` checked against `shape` (above), unknown dict keys dropped; TraceError naming `where` otherwise."""
+    def bad(what: str) -> TraceError:
+        return TraceError(f"{where} must be {what}")
+
+    if isinstance(shape, tuple) and shape[0] == "opt":
+        return None if value is None else _shaped(value, shape[1], where)
+    if isinstance(shape, tuple) and shape[0] == "list":
+        if not isinstance(value, list) or len(value) > shape[2]:
+            raise bad(f"a list of at most {shape[2]} items")
+        return [_shaped(v, shape[1], f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(shape, tuple) and shape[0] == "dict":
+        if not isinstance(value, dict):
+            raise bad("an object")
+        return {k: _shaped(value[k], s, f"{where}.{k}") for k, s in shape[1].items() if k in value}
+    if shape == "id" and not _is_id(value) or shape == "id" and isinstance(value, str):
+        raise bad("a token id")
+    if shape == "int" and not (isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**31):
+        raise bad("an integer")
+    if shape == "num" and not (_number(value) and abs(value) <= 1e9):
+        raise bad("a number")
+    if shape == "num?" and value is not None and not (_number(value) and abs(value) <= 1e9):
+        raise bad("a number or null")
+    if shape == "bool" and not isinstance(value, bool):
+        raise bad("true or false")
+    if shape == "str" and not (isinstance(value, str) and len(value) <= 200):
+        raise bad("a short text")
+    return value
 
 
 def _spec_decode(value: Any) -> dict[str, Any] | None:
@@ -245,10 +338,12 @@ def _step(step: Any, i: int, what: str) -> dict[str, Any]:
         raise bad("a step needs its token ids (tokens) and totals")
     if step.get("kind") not in KINDS:
         raise bad("its kind must be prefill or decode")
-    out = dict(step)
+    out = {"kind": step["kind"], "tokens": step["tokens"]}  # the fields the display reads, each checked: no others
     proposed = step.get("proposed") or {"tokens": [], "parents": []}
     if not isinstance(proposed, dict) or not _ids(proposed.get("tokens", [])) or not _ints(proposed.get("parents", [])):
         raise bad("proposed must hold the draft's token ids and parent indices")
+    if max(len(step["tokens"]), len(proposed.get("tokens", [])), len(proposed.get("parents", []))) > MAX_NODES:
+        raise bad(f"a step commits and drafts at most {MAX_NODES} tokens each")
     n = len(proposed.get("tokens", []))
     out["proposed"] = {"tokens": proposed.get("tokens", []), "parents": proposed.get("parents", [-1] * n)}
     for key in ("accepted", "rejected"):
@@ -256,16 +351,22 @@ def _step(step: Any, i: int, what: str) -> dict[str, Any]:
         if not _ids(nodes) or any(node >= n for node in nodes):
             raise bad(f"{key} must list draft node indices")
         out[key] = nodes
-    if not _ids(step.get("accepted_tokens", [])) or not (step.get("added_token") is None or _is_id(step["added_token"])):
+    if not _ids(step.get("accepted_tokens", [])) or not (step.get("added_token") is None or _ids([step["added_token"]])):
         raise bad("accepted_tokens and added_token must be token ids")
-    for key in ("source", "target"):
-        if not isinstance(step.get(key) or {}, dict):
-            raise bad(f"{key} must be an object")
-        out[key] = step.get(key) or {}
+    out["accepted_tokens"], out["added_token"] = step.get("accepted_tokens", []), step.get("added_token")
+    for key, shape in (("source", SOURCE), ("target", TARGET)):
+        try:
+            out[key] = _shaped(step.get(key) or {}, ("dict", shape), key)
+        except TraceError as err:
+            raise bad(str(err)) from None
+    out["step"] = step["step"] if isinstance(step.get("step"), int) and not isinstance(step.get("step"), bool) and 0 <= step["step"] < 2**31 else i
+    text = step.get("text")
+    out["text"] = text if isinstance(text, str) and len(text) <= MAX_NODES * MAX_TOKEN_TEXT else ""
     out["added_kind"] = step.get("added_kind") if step.get("added_kind") in ADDED_KINDS else None
     for key in ("draft_time_s", "verify_time_s"):
-        out[key] = step.get(key) if _number(step.get(key)) else None
-    out["totals"] = {k: v for k, v in step["totals"].items() if _number(v)}
+        out[key] = step.get(key) if _number(step.get(key)) and 0 <= step[key] <= 1e6 else None
+    # Numbers a person could read: a total of 1e308 is no count of tokens or seconds.
+    out["totals"] = {k: v for k, v in step["totals"].items() if isinstance(k, str) and len(k) <= 40 and _number(v) and abs(v) <= 1e12}
     out["finish_reason"] = _reason(step.get("finish_reason"))
     return out
 

@@ -16,9 +16,10 @@ import gradio as gr
 
 from app.config import ConfigError
 from app.models import ModelError
-from app.service.api import Service
+from app.service.api import TRAINING_OFF, Service, TrainingTimeout
 from app.service.training import PREFIX, STAGES, TrainConfig
 from app.ui import charts
+from app.ui.controls import Number, Slider
 
 SHIPPED = "shipped"
 # The tab's controls, by TrainConfig field; the handlers receive their values in this order.
@@ -45,24 +46,47 @@ server; while one runs, generations share the CPU with it.
 """
 
 
-def config_from(values: dict[str, Any]) -> dict[str, Any]:
-    """The service's TrainConfig data for the tab's control values (lr 0 or empty = the recipe's default)."""
-    def number(k: str, cast):
-        return cast(values[k]) if values.get(k) not in (None, "") else TrainConfig.model_fields[k].default
+def public_note(service: Service) -> str:
+    """What this server allows a visitor to train, said before anything runs (public mode only)."""
+    policy = service.policy
+    if not policy.public:
+        return ""
+    if not policy.train:
+        return f"**Training is off here:** {TRAINING_OFF}."
+    caps = policy.train_caps
+    return (f"**On this public server** a run is stopped after **{policy.train_time_limit_s:g} s** (the CPU is shared), "
+            f"takes at most {caps.data_limit} conversations, {caps.epochs:g} epoch, max_len {caps.max_len}, "
+            f"{caps.answer_tokens} answer tokens and {caps.eval_prompts} prompts for the τ check; one run at a time. "
+            "Your runs are yours: other visitors do not see them, and they are listed only in this page (a reload "
+            "starts afresh; the operator removes what is left).")
 
-    lr = values.get("lr")
+
+def config_from(values: dict[str, Any]) -> dict[str, Any]:
+    """The service's TrainConfig data for the tab's control values (lr 0 or empty = the recipe's default).
+    A value that is no number raises ConfigError naming its field."""
+    def number(k: str, cast):
+        value = values.get(k)
+        if value in (None, ""):
+            return TrainConfig.model_fields[k].default
+        try:
+            x = float(value)
+            return cast(x) if cast is float else int(x) if x == int(x) else x  # 2.5 conversations: the rules say so
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{k} must be a finite number, got '{str(value)[:40]}'") from None
+
+    lr = number("lr", float) if values.get("lr") not in (None, "") else None
     return {"kind": values["kind"], "init_from": values.get("init_from") or SHIPPED, "data_source": values["data_source"],
             "data_offset": number("data_offset", int), "data_limit": number("data_limit", int),
-            "epochs": number("epochs", float), "lr": float(lr) if lr not in (None, "") and float(lr) > 0 else None,
+            "epochs": number("epochs", float), "lr": lr if lr and lr > 0 else None,
             "eval_prompts": number("eval_prompts", int), "medusa_num_heads": number("medusa_num_heads", int),
             "medusa_num_layers": number("medusa_num_layers", int), "eagle_steps": number("eagle_steps", int),
             "max_len": number("max_len", int), "answer_tokens": number("answer_tokens", int), "dtype": values["dtype"]}
 
 
-def check_message(service: Service, values: dict[str, Any]) -> str:
+def check_message(service: Service, values: dict[str, Any], visitor: str | None = None) -> str:
     """The line under the controls: the service's verdict on the run, and what it will cost before it trains."""
     try:
-        plan = service.train_plan(config_from(values))
+        plan = service.train_plan(config_from(values), visitor)
     except (ConfigError, ModelError, ValueError) as err:
         return f"⚠ **Invalid:** {err}"
     if plan["ready"]:
@@ -74,15 +98,15 @@ def check_message(service: Service, values: dict[str, Any]) -> str:
     return "✓ Valid · the answers for this slice are at hand: it starts with reading the conversations"
 
 
-def artifact_choices(service: Service, kind: str) -> list[tuple[str, str]]:
-    """The Run tab's choices of heads for `kind`: the shipped ones, then every finished run, newest first."""
-    return [("shipped (assets/defaults)", SHIPPED)] + [(_run_label(m), PREFIX + m["id"]) for m in service.trained(kind)]
+def artifact_choices(service: Service, kind: str, visitor: str | None = None) -> list[tuple[str, str]]:
+    """The Run tab's choices of heads for `kind`: the shipped ones, then every finished run the visitor sees, newest first."""
+    return [("shipped (assets/defaults)", SHIPPED)] + [(_run_label(m), PREFIX + m["id"]) for m in service.trained(kind, visitor)]
 
 
-def start_choices(service: Service, kind: str) -> list[tuple[str, str]]:
+def start_choices(service: Service, kind: str, visitor: str | None = None) -> list[tuple[str, str]]:
     """Where a run of `kind` may start: the shipped heads, new ones, or any finished run of that kind (to go on)."""
     return [("the shipped heads (fine-tune)", SHIPPED), ("from scratch", "scratch")] + [
-        ("go on from " + _run_label(m), PREFIX + m["id"]) for m in service.trained(kind)]
+        ("go on from " + _run_label(m), PREFIX + m["id"]) for m in service.trained(kind, visitor)]
 
 
 def _run_label(manifest: dict) -> str:
@@ -149,6 +173,8 @@ class TrainTab:
         d = TrainConfig.model_fields
         fast = self.service.fast_dtype()
         gr.Markdown(INTRO)
+        if self.service.policy.public:
+            gr.Markdown(public_note(self.service), elem_id="tr-public")
         c: dict[str, Any] = {}
         with gr.Row():
             c["kind"] = gr.Radio([(v, k) for k, v in KIND_LABELS.items()], value="eagle", label="what to train", elem_id="tr-kind")
@@ -157,35 +183,37 @@ class TrainTab:
             c["data_source"] = gr.Radio([("the model's own answers", "self"), ("ShareGPT's answers", "sharegpt")],
                                         value="self", label="data (data_source)", elem_id="tr-source")
         with gr.Row():
-            c["data_offset"] = gr.Number(d["data_offset"].default, precision=0, label="first ShareGPT conversation (data_offset)")
-            c["data_limit"] = gr.Number(d["data_limit"].default, precision=0, label="conversations (data_limit)", elem_id="tr-limit")
-            c["epochs"] = gr.Number(d["epochs"].default, label="epochs")
-            c["lr"] = gr.Number(0, label="lr (0 = the recipe's default)")
-            c["eval_prompts"] = gr.Slider(0, 13, value=d["eval_prompts"].default, step=1,
+            # Numbers without precision: Gradio's rounding fails on NaN without a word; config_from says what is wrong.
+            c["data_offset"] = Number(d["data_offset"].default, label="first ShareGPT conversation (data_offset)")
+            c["data_limit"] = Number(d["data_limit"].default, label="conversations (data_limit)", elem_id="tr-limit")
+            c["epochs"] = Number(d["epochs"].default, label="epochs")
+            c["lr"] = Number(0, label="lr (0 = the recipe's default)")
+            c["eval_prompts"] = Slider(0, 13, value=d["eval_prompts"].default, step=1,
                                           label="Spec-Bench prompts for the τ check (eval_prompts)")
         with gr.Accordion("Architecture (from scratch) and data details", open=False):
             with gr.Row():
-                c["medusa_num_heads"] = gr.Slider(1, 5, value=d["medusa_num_heads"].default, step=1, label="medusa_num_heads")
-                c["medusa_num_layers"] = gr.Slider(1, 3, value=d["medusa_num_layers"].default, step=1, label="medusa_num_layers")
-                c["eagle_steps"] = gr.Slider(1, 6, value=d["eagle_steps"].default, step=1,
+                c["medusa_num_heads"] = Slider(1, 5, value=d["medusa_num_heads"].default, step=1, label="medusa_num_heads")
+                c["medusa_num_layers"] = Slider(1, 3, value=d["medusa_num_layers"].default, step=1, label="medusa_num_layers")
+                c["eagle_steps"] = Slider(1, 6, value=d["eagle_steps"].default, step=1,
                                              label="EAGLE: training-time test steps (eagle_steps)")
             with gr.Row():
-                c["max_len"] = gr.Number(d["max_len"].default, precision=0, label="tokens kept per conversation (max_len)")
-                c["answer_tokens"] = gr.Number(d["answer_tokens"].default, precision=0, label="answer_tokens (self-distilled)")
+                c["max_len"] = Number(d["max_len"].default, label="tokens kept per conversation (max_len)")
+                c["answer_tokens"] = Number(d["answer_tokens"].default, label="answer_tokens (self-distilled)")
                 c["dtype"] = gr.Radio(["bfloat16", "float32"], value=fast, label="dtype of the frozen model")
         check = gr.Markdown(check_message(self.service, {**{k: d[k].default for k in FIELDS if k in d}, "kind": "eagle",
                                                          "lr": 0, "dtype": fast}), elem_id="tr-check")
         with gr.Row():
-            start = gr.Button("Train", variant="primary", elem_id="tr-run")
+            start = gr.Button("Train", variant="primary", elem_id="tr-run", interactive=self.service.policy.train)
             stop = gr.Button("Stop", variant="stop", elem_id="tr-stop")
         status = gr.Markdown("", elem_id="tr-status")
         plot = gr.Plot(charts.training_loss([]), label="Loss", elem_id="tr-loss")
-        table = gr.Dataframe(trained_rows(self.service.trained()), headers=TABLE_HEADERS, interactive=False, elem_id="tr-table")
+        # A callable: each page load lists what that visitor sees (in public mode, a new page sees the operator's runs).
+        table = gr.Dataframe(lambda: trained_rows(self.service.trained()), headers=TABLE_HEADERS, interactive=False,
+                             elem_id="tr-table")
 
         inputs = [c[k] for k in FIELDS]
         quiet = dict(queue=False, show_progress="hidden", api_visibility="private")
-        gr.on([comp.input for comp in inputs if comp is not c["kind"]],
-              lambda *v: check_message(self.service, dict(zip(FIELDS, v))), inputs, check, **quiet)
+        gr.on([comp.input for comp in inputs if comp is not c["kind"]], self.verdict, inputs, check, **quiet)
         # Another kind starts from its own shipped heads: the choices and the verdict in one answer, so the
         # verdict never speaks of a start the other kind had.
         c["kind"].input(self.kind_changed, inputs, [c["init_from"], check], **quiet)
@@ -196,14 +224,18 @@ class TrainTab:
                     show_progress="hidden", concurrency_id="train", concurrency_limit=None)
         stop.click(self.stop, None, status, queue=False, api_name="train_stop")
 
-    def kind_changed(self, *values):
-        v = {**dict(zip(FIELDS, values)), "init_from": SHIPPED}
-        return gr.update(choices=start_choices(self.service, v["kind"]), value=SHIPPED), check_message(self.service, v)
+    def verdict(self, request: gr.Request, *values) -> str:
+        return check_message(self.service, dict(zip(FIELDS, values)), visitor_of(request))
 
-    def show_run(self, event: gr.SelectData):
+    def kind_changed(self, request: gr.Request, *values):
+        v, visitor = {**dict(zip(FIELDS, values)), "init_from": SHIPPED}, visitor_of(request)
+        return (gr.update(choices=start_choices(self.service, v["kind"], visitor), value=SHIPPED),
+                check_message(self.service, v, visitor))
+
+    def show_run(self, event: gr.SelectData, request: gr.Request):
         """A row of the runs' table picked: that run's result and loss curve."""
         name = (event.row_value or [None])[0]
-        manifest = self.service.training_run(name) if isinstance(name, str) else None
+        manifest = self.service.training_run(name, visitor_of(request)) if isinstance(name, str) else None
         if manifest is None:
             return gr.skip(), gr.skip()
         return finished_line(manifest), charts.training_loss((manifest.get("source") or {}).get("losses"))
@@ -211,11 +243,12 @@ class TrainTab:
     def train(self, request: gr.Request, *values):
         """Run the training (in a thread; this generator only draws), drawing the loss as it falls."""
         v = dict(zip(FIELDS, values))
-        config = config_from(v)
+        visitor = visitor_of(request)
         try:
-            self.service.train_config(config)
+            config = config_from(v)
+            self.service.train_config(config, visitor)
         except (ConfigError, ModelError, ValueError) as err:
-            raise gr.Error(str(err), duration=None) from None
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
         session = request.session_hash if request is not None else "local"
         cancel = threading.Event()
         with self._lock:
@@ -225,7 +258,7 @@ class TrainTab:
 
         def work():
             try:
-                result["manifest"] = self.service.train(config, events=events.append, cancel=cancel)
+                result["manifest"] = self.service.train(config, events=events.append, cancel=cancel, visitor=visitor)
             except Exception as err:  # shown to the user below; nothing escapes the thread
                 result["error"] = err
 
@@ -247,15 +280,19 @@ class TrainTab:
                     del self._cancels[session]
         if "error" in result:
             err = result["error"]
-            stopped = cancel.is_set()
-            yield ["⏹ Stopped: the run was ended before it finished (cached data stays: a new run resumes from it)."
-                   if stopped else f"⚠ {err}", gr.skip(), *keep]
+            if isinstance(err, TrainingTimeout):
+                line = f"⏱ Stopped: {err} (cached data stays: a new run resumes from it)."
+            elif cancel.is_set():
+                line = "⏹ Stopped: the run was ended before it finished (cached data stays: a new run resumes from it)."
+            else:
+                line = f"⚠ {self.service.relative(str(err))}"
+            yield [line, gr.skip(), *keep]
             return
         manifest = result["manifest"]
         losses = (manifest.get("source") or {}).get("losses") or [e["loss"] for e in events if e["stage"] == "train"]
-        yield [finished_line(manifest), charts.training_loss(losses), trained_rows(self.service.trained()),
-               check_message(self.service, v), gr.update(choices=start_choices(self.service, v["kind"])),
-               *(gr.update(choices=artifact_choices(self.service, k)) for k in KIND_LABELS)]
+        yield [finished_line(manifest), charts.training_loss(losses), trained_rows(self.service.trained(visitor=visitor)),
+               check_message(self.service, v, visitor), gr.update(choices=start_choices(self.service, v["kind"], visitor)),
+               *(gr.update(choices=artifact_choices(self.service, k, visitor)) for k in KIND_LABELS)]
 
     def stop(self, request: gr.Request) -> Any:
         with self._lock:
@@ -264,3 +301,15 @@ class TrainTab:
             return "No training run of yours is under way."
         cancel.set()
         return gr.skip()  # the run says itself that it stopped
+
+    def visitor_left(self, request: gr.Request) -> None:
+        """The page closed (Gradio's unload): its run, if any, stops and frees the CPU."""
+        with self._lock:
+            cancel = self._cancels.get(request.session_hash)
+        if cancel is not None:
+            cancel.set()
+
+
+def visitor_of(request: gr.Request | None) -> str | None:
+    """Who is asking: the page load's session (a visitor in public mode), None without one."""
+    return getattr(request, "session_hash", None) or None

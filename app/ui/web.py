@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -33,7 +34,8 @@ from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
 from app.ui import charts, learn, render
-from app.ui.train import SHIPPED, TrainTab, artifact_choices
+from app.ui.controls import Number, Slider
+from app.ui.train import SHIPPED, TrainTab, visitor_of, artifact_choices
 
 REDRAW_S = 0.75
 REPLAY_MAX_S = 120  # a replay at the recorded pace lasts at most this long
@@ -87,31 +89,56 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
     if mode == "prompt_lookup":
         spec.update(_ngram(v))
     elif mode == "lookahead":
-        spec.update(max_window_size=int(v["la_W"]), max_ngram_size=int(v["la_N"]), max_verification_set_size=int(v["la_G"]),
-                    request=[int(v["la_w"]), int(v["la_n"]), int(v["la_g"])])
+        spec.update(max_window_size=_int(v, "la_W"), max_ngram_size=_int(v, "la_N"), max_verification_set_size=_int(v, "la_G"),
+                    request=[_int(v, "la_w"), _int(v, "la_n"), _int(v, "la_g")])
     elif mode == "draft_target":
-        spec.update(max_draft_len=int(v["dt_len"]), speculative_model=v["dt_model"] or None)
+        spec.update(max_draft_len=_int(v, "dt_len"), speculative_model=v["dt_model"] or None)
     elif mode == "medusa":
         spec.update(medusa_choices=v["md_tree"], typical_acceptance=bool(v["md_typical"]),
-                    posterior_threshold=float(v["md_threshold"]), posterior_alpha=float(v["md_alpha"]),
-                    min_path_prob=float(v["md_prune"]), speculative_model=_heads(v.get("md_model")))
+                    posterior_threshold=_float(v, "md_threshold"), posterior_alpha=_float(v, "md_alpha"),
+                    min_path_prob=_float(v, "md_prune"), speculative_model=_heads(v.get("md_model")))
     elif mode == "eagle":
         static = v["eg_tree"] not in (None, "", DYNAMIC)
-        spec.update(max_draft_len=int(v["eg_total"]) - 1, num_eagle_layers=int(v["eg_depth"]),
-                    dynamic_tree_max_topK=int(v["eg_topk"]), use_dynamic_tree=not static,
-                    eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else float(v["eg_prune"]),
+        spec.update(max_draft_len=_int(v, "eg_total") - 1, num_eagle_layers=_int(v, "eg_depth"),
+                    dynamic_tree_max_topK=_int(v, "eg_topk"), use_dynamic_tree=not static,
+                    eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else _float(v, "eg_prune"),
                     speculative_model=_heads(v.get("eg_model")))
     if run_name(mode, v) != mode:
         spec["prompt_lookup"] = _ngram(v)
     seed = v["seed"]
     return {
         "speculative_config": spec,
-        "sampling": {"temperature": float(v["temperature"]), "top_p": float(v["top_p"]), "top_k": int(v["top_k"]),
-                     "seed": None if seed in (None, "") or float(seed) < 0 else int(seed)},
-        "max_new_tokens": int(v["max_new_tokens"]),
+        "sampling": {"temperature": _float(v, "temperature"), "top_p": _float(v, "top_p"), "top_k": _int(v, "top_k"),
+                     "seed": None if seed in (None, "") or _float(v, "seed") < 0 else _int(v, "seed")},
+        "max_new_tokens": _int(v, "max_new_tokens"),
         "backend": v["backend"],
         "dtype": v.get("dtype") or "auto",
     }
+
+
+# What a control is called in a refusal (the label's name for it).
+NAMES = {"la_W": "max_window_size W", "la_N": "max_ngram_size N", "la_G": "max_verification_set_size G", "la_w": "w",
+         "la_n": "n", "la_g": "g", "dt_len": "max_draft_len", "md_threshold": "posterior_threshold",
+         "md_alpha": "posterior_alpha", "md_prune": "min path probability", "eg_total": "total tokens",
+         "eg_depth": "depth", "eg_topk": "top-k", "eg_prune": "min path probability",
+         "pl_num_tokens": "max_draft_len (prompt_lookup_num_tokens)", "pl_ngram": "max_matching_ngram_size",
+         "pl_candidates": "matches verified together"}
+
+
+def _float(v: dict[str, Any], key: str) -> float:
+    """A control's value as a finite number, or ConfigError naming the control (an API client may send anything)."""
+    value = v.get(key)
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise ConfigError(f"{NAMES.get(key, key)} must be a finite number, got '{str(value)[:40]}'")
+    return x
+
+
+def _int(v: dict[str, Any], key: str) -> int:
+    return int(_float(v, key))
 
 
 def values_from(data: Any) -> tuple[str, dict[str, Any]] | None:
@@ -183,8 +210,8 @@ def _ngram(v: dict[str, Any]) -> dict[str, Any]:
         draft_lens = [int(x) for x in lens.split(",") if x]
     except ValueError:
         raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{v['pl_draft_lens']}'") from None
-    return dict(max_draft_len=int(v["pl_num_tokens"]), max_matching_ngram_size=int(v["pl_ngram"]),
-                ngram_draft_lens=draft_lens, max_candidates=int(v["pl_candidates"]), is_use_oldest=bool(v["pl_oldest"]))
+    return dict(max_draft_len=_int(v, "pl_num_tokens"), max_matching_ngram_size=_int(v, "pl_ngram"),
+                ngram_draft_lens=draft_lens, max_candidates=_int(v, "pl_candidates"), is_use_oldest=bool(v["pl_oldest"]))
 
 
 def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
@@ -272,9 +299,9 @@ class Studio:
     # ------------------------------------------------------------------ jobs
     def _start(self, session: str, mode: str, values: dict[str, Any], prompt: str):
         try:
-            job = self.service.submit(request_from(mode, values), prompt)
+            job = self.service.submit(request_from(mode, values), prompt if isinstance(prompt, str) else "", visitor=session)
         except (ConfigError, ModelError, QueueFull) as err:
-            raise gr.Error(str(err), duration=None) from None
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
         with self._lock:
             self._active[session] = job
         return job
@@ -293,6 +320,14 @@ class Studio:
             with self._lock:
                 if self._active.get(session) is handle:
                     del self._active[session]
+
+    def visitor_left(self, request: gr.Request) -> None:
+        """The page closed (Gradio's unload): what it runs stops, so nobody's work outlives their visit."""
+        with self._lock:
+            job = self._active.get(request.session_hash)
+        if job is not None:
+            job.cancel()
+        self.trainer.visitor_left(request)
 
     def stop(self, request: gr.Request) -> str:
         with self._lock:
@@ -323,7 +358,12 @@ class Studio:
         v = dict(zip(CONTROLS, values))
         session = request.session_hash if request is not None else "local"
         baseline: Recording | None = None
-        base_request = request_from("autoregressive", v)
+        try:  # every setting checked before anything runs: a bad one is one sentence, not a bare "Error"
+            base_request = request_from("autoregressive", v)
+            self.service.request(request_from(mode, v), session)
+        except ConfigError as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        baselines = baselines if isinstance(baselines, dict) else {}
         key = json.dumps([prompt, base_request], sort_keys=True)
         if race and mode != "autoregressive":
             if key in baselines:
@@ -378,9 +418,12 @@ class Studio:
         if not record or not record.get("events"):
             return ""
         events = record["events"]
-        i = min(max(int(step), 0), len(events) - 1)
+        i = min(max(int(step), 0), len(events) - 1) if isinstance(step, (int, float)) and math.isfinite(step) else 0
         history = [t for e in events[:i] for t in e["tokens"]]
-        return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
+        try:  # a record is this session's own run or a checked trace; a shape that still slipped through gets words
+            return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
+        except Exception as err:
+            raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
 
     # ------------------------------------------------------------------ replay
     def replay(self, request: gr.Request, path: str | None, paced: bool, baselines: dict):
@@ -391,10 +434,16 @@ class Studio:
         try:
             run, baseline = traces.read(path)
         except (TraceError, OSError) as err:
-            raise gr.Error(f"cannot replay this file: {err}", duration=None) from None
+            raise gr.Error(f"cannot replay this file: {self.service.relative(str(err))}", duration=None) from None
         run.mode = run.mode or render.infer_mode(run.events)
         if run.mode is None:
             raise gr.Error("cannot replay this file: it does not say which mode made it", duration=None)
+        try:  # parse checked every field the display reads; should a shape still slip through, say so in words
+            for r in (run, baseline or run):
+                render.step_view(r.events, r.texts)
+                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None])
+        except Exception as err:
+            raise gr.Error(f"cannot replay this file: it could not be drawn ({type(err).__name__})", duration=None) from None
         with self._skippable(request) as skip:
             if paced:
                 runs = [run] if baseline is None else [run, baseline]
@@ -434,15 +483,18 @@ class Studio:
         session = request.session_hash if request is not None else "local"
         backend = self.service.default_backend("lookahead")
         # `settings` is one of the radio's choices (Gradio refuses others); the dtype radio has the last word.
-        overrides = dict(preset(settings, self.service.fast_dtype()), max_new_tokens=max_new_tokens, backend=backend,
-                         dtype=dtype or "auto")
-        chosen = ["autoregressive"] + [m for m in COMPARED + VLLM_COMPARED if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         engine = {m["mode"]: m for m in self.service.modes(backend="vllm")}
         runs: dict[str, Recording] = {}
         rows: list[dict[str, Any]] = []
         notes = []
+        # One request holds the CPU for at most twice the time limit (as a raced run does): no new mode after one.
+        deadline = time.monotonic() + self.service.limits.time_limit_s
         for name in chosen:
+            if time.monotonic() > deadline:
+                notes.append(f"⏱ {learn.label(name)} and the rest were skipped: a comparison starts no new mode after "
+                             f"the server's time limit ({self.service.limits.time_limit_s:g} s).")
+                break
             on_vllm = name.startswith(learn.ENGINE_PREFIX)
             mode, values = mode_values(name.removeprefix(learn.ENGINE_PREFIX), **overrides)
             if on_vllm:
@@ -498,40 +550,44 @@ class Studio:
         return charts.earnings(cost, draft_cost), learn.earnings_note(cost, draft_cost)
 
     # ------------------------------------------------------------------ Engines tab
-    def engines_table(self) -> list[list[Any]]:
+    def engines_table(self, visitor: str | None = None) -> list[list[Any]]:
         rows = []
-        for m in self.service.engine_list():
+        for m in self.service.engine_list(visitor):
             spec = m["spec"]
             rows.append([m["id"], spec["model"], spec["mode"], spec["backend"], m["kind"], m["created"][:19],
                          round(m["duration_s"], 1), round(sum(m.get("files", {}).values()) / 2**20, 1)])
         return rows
 
-    def engine_build(self, progress=gr.Progress(), mode: str = "autoregressive", *values):
-        v = dict(zip(CONTROLS, values))
+    def engine_build(self, request: gr.Request, progress=gr.Progress(), mode: str = "autoregressive", *values):
+        v, visitor = dict(zip(CONTROLS, values)), visitor_of(request)
         try:
-            manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg))
+            manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg),
+                                                 visitor=visitor)
         except (ConfigError, ModelError, ValueError) as err:
-            return f"⚠ {err}", gr.update(value=self.engines_table()), gr.update(choices=self._ids())
+            return (f"⚠ {self.service.relative(str(err))}", gr.update(value=self.engines_table(visitor)),
+                    gr.update(choices=self._ids(visitor)))
         return (f"✓ Build `{manifest['id']}` ready ({manifest['kind']}, {manifest['duration_s']:.1f} s).",
-                gr.update(value=self.engines_table()), gr.update(choices=self._ids()))
+                gr.update(value=self.engines_table(visitor)), gr.update(choices=self._ids(visitor)))
 
-    def engine_plan(self, mode: str, *values) -> str:
+    def engine_plan(self, request: gr.Request, mode: str, *values) -> str:
         v = dict(zip(CONTROLS, values))
         try:
-            return json.dumps(self.service.engine_plan(request_from(mode, v)), indent=1)
+            return json.dumps(self.service.engine_plan(request_from(mode, v), visitor=visitor_of(request)), indent=1)
         except (ConfigError, ModelError, ValueError) as err:
-            return f"# {err}"
+            return f"# {self.service.relative(str(err))}"
 
-    def engine_remove(self, build_id: str):
+    def engine_remove(self, request: gr.Request, build_id: str):
+        visitor = visitor_of(request)
         try:
-            self.service.engine_remove(build_id or "")
+            self.service.engine_remove(build_id if isinstance(build_id, str) else "", visitor=visitor)
             message = f"Removed `{build_id}`."
         except ValueError as err:
-            message = f"⚠ {err}"
-        return message, gr.update(value=self.engines_table()), gr.update(choices=self._ids(), value=None)
+            message = f"⚠ {self.service.relative(str(err))}"
+        return message, gr.update(value=self.engines_table(visitor)), gr.update(choices=self._ids(visitor), value=None)
 
-    def _ids(self) -> list[str]:
-        return [m["id"] for m in self.service.engine_list()]
+    def _ids(self, visitor: str | None = None) -> list[str]:
+        """The Remove menu: the builds this visitor may remove (in public mode, only their own)."""
+        return self.service.engine_removable(visitor)
 
     # ------------------------------------------------------------------ layout
     def blocks(self) -> gr.Blocks:
@@ -583,7 +639,7 @@ class Studio:
                     with gr.Column(scale=2):
                         status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
                         view = gr.HTML(render.step_view([], {}), elem_id="step-view")
-                        step = gr.Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
+                        step = Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
                         detail = gr.HTML("", elem_id="step-detail")
                         download = gr.DownloadButton("Download the trace (JSON)", value=None, interactive=False, size="sm",
                                                      elem_id="download-trace")
@@ -614,7 +670,7 @@ class Studio:
                         cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in offered],
                                                      value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                                      elem_id="cmp-modes")
-                        cmp_tokens = gr.Slider(8, 256, value=64, step=8, label="max_new_tokens")
+                        cmp_tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
                         cmp_preset = gr.Radio(list(PRESETS), value=PRESETS[0], label="settings", elem_id="cmp-preset",
                                               info=_presets_note(service))
                         cmp_dtype = _dtype_radio(service, "cmp-dtype")
@@ -639,7 +695,7 @@ class Studio:
                 cost_plot = gr.Plot(charts.pass_cost([]), label="Verify cost", elem_id="cost-plot")
                 costs = gr.State([])
                 gr.Markdown(learn.EARNINGS)
-                draft_cost = gr.Slider(0, 0.5, value=0, step=0.01, label="draft cost per drafted token (× a one-token pass)",
+                draft_cost = Slider(0, 0.5, value=0, step=0.01, label="draft cost per drafted token (× a one-token pass)",
                                        elem_id="draft-cost")
                 earn_note = gr.Markdown("", elem_id="earn-note")
                 earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
@@ -649,9 +705,12 @@ class Studio:
             with gr.Tab("Engines", id="engines"):
                 gr.Markdown("Builds are content-addressed directories under `engines/builds/`: built once, reused, "
                             "built atomically. **Build** prepares what the Run tab's current mode and settings need on "
-                            "the chosen backend; **Plan** shows what a TensorRT-LLM build would run.")
+                            "the chosen backend; **Plan** shows what a TensorRT-LLM build would run."
+                            + (" On this public server you see the operator's builds (read-only) and the ones you made "
+                               "in this page, and remove only yours." if service.policy.public else ""))
                 eng_status = gr.Markdown("", elem_id="eng-status")
-                eng_table = gr.Dataframe(self.engines_table(), headers=["id", "model", "mode", "backend", "kind", "created",
+                # A callable: each page load lists what a new visitor sees (in public mode, the operator's builds).
+                eng_table = gr.Dataframe(self.engines_table, headers=["id", "model", "mode", "backend", "kind", "created",
                                                                         "build s", "MB"], interactive=False, elem_id="eng-table")
                 with gr.Row():
                     eng_build = gr.Button("Build for the Run tab's settings", variant="primary", elem_id="eng-build")
@@ -722,6 +781,7 @@ class Studio:
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
+            demo.unload(self.visitor_left)
             del run_evt, cmp_evt
         return demo
 
@@ -729,51 +789,52 @@ class Studio:
         c: dict[str, Any] = {}
         d = DEFAULTS
         with gr.Accordion("Sampling and length", open=False):
-            c["max_new_tokens"] = gr.Slider(1, service.limits.max_new_tokens, value=d["max_new_tokens"], step=1, label="max_new_tokens")
-            c["temperature"] = gr.Slider(0, 2, value=d["temperature"], step=0.05, label="temperature (0 = greedy)")
-            c["top_p"] = gr.Slider(0.05, 1, value=d["top_p"], step=0.05, label="top_p")
-            c["top_k"] = gr.Slider(0, 100, value=d["top_k"], step=1, label="top_k (0 = off)")
-            c["seed"] = gr.Number(value=d["seed"], precision=0, label="seed (-1 = random)")
+            c["max_new_tokens"] = Slider(1, service.limits.max_new_tokens, value=d["max_new_tokens"], step=1, label="max_new_tokens")
+            c["temperature"] = Slider(0, 2, value=d["temperature"], step=0.05, label="temperature (0 = greedy)")
+            c["top_p"] = Slider(0.05, 1, value=d["top_p"], step=0.05, label="top_p")
+            c["top_k"] = Slider(0, 100, value=d["top_k"], step=1, label="top_k (0 = off)")
+            # No precision: Gradio's rounding fails on NaN without a word; request_from says what is wrong instead.
+            c["seed"] = Number(value=d["seed"], label="seed (-1 = random)")
         with gr.Group(visible=False) as g_pl:
             gr.Markdown("**Prompt lookup** (TensorRT-LLM `NGramDecodingConfig`)")
-            c["pl_num_tokens"] = gr.Slider(1, 32, value=d["pl_num_tokens"], step=1, label="max_draft_len (prompt_lookup_num_tokens)")
-            c["pl_ngram"] = gr.Slider(1, 6, value=d["pl_ngram"], step=1, label="max_matching_ngram_size")
+            c["pl_num_tokens"] = Slider(1, 32, value=d["pl_num_tokens"], step=1, label="max_draft_len (prompt_lookup_num_tokens)")
+            c["pl_ngram"] = Slider(1, 6, value=d["pl_ngram"], step=1, label="max_matching_ngram_size")
             c["pl_draft_lens"] = gr.Textbox(value=d["pl_draft_lens"], label="draft caps after a 1-gram, 2-gram… match (empty = none)")
-            c["pl_candidates"] = gr.Slider(1, 4, value=d["pl_candidates"], step=1, label="matches verified together (tree)")
+            c["pl_candidates"] = Slider(1, 4, value=d["pl_candidates"], step=1, label="matches verified together (tree)")
             c["pl_oldest"] = gr.Checkbox(value=d["pl_oldest"], label="is_use_oldest (copy after the earliest match; off = the latest)")
         with gr.Group(visible=False) as g_la:
             gr.Markdown("**Lookahead** (`LookaheadDecodingConfig`): engine maxima (W, N, G) and this request's (w, n, g) ≤ them")
             with gr.Row():
-                c["la_W"] = gr.Slider(1, 8, value=d["la_W"], step=1, label="max_window_size W")
-                c["la_N"] = gr.Slider(1, 6, value=d["la_N"], step=1, label="max_ngram_size N")
-                c["la_G"] = gr.Slider(0, 8, value=d["la_G"], step=1, label="max_verification_set_size G")
+                c["la_W"] = Slider(1, 8, value=d["la_W"], step=1, label="max_window_size W")
+                c["la_N"] = Slider(1, 6, value=d["la_N"], step=1, label="max_ngram_size N")
+                c["la_G"] = Slider(0, 8, value=d["la_G"], step=1, label="max_verification_set_size G")
             with gr.Row():
-                c["la_w"] = gr.Slider(1, 8, value=d["la_w"], step=1, label="w")
-                c["la_n"] = gr.Slider(1, 6, value=d["la_n"], step=1, label="n")
-                c["la_g"] = gr.Slider(0, 8, value=d["la_g"], step=1, label="g")
+                c["la_w"] = Slider(1, 8, value=d["la_w"], step=1, label="w")
+                c["la_n"] = Slider(1, 6, value=d["la_n"], step=1, label="n")
+                c["la_g"] = Slider(0, 8, value=d["la_g"], step=1, label="g")
         with gr.Group(visible=False) as g_dt:
             gr.Markdown("**Draft-target** (`DraftTargetDecodingConfig`)")
             drafts = _draft_choices(service)
             c["dt_model"] = gr.Dropdown(drafts, value=drafts[0] if drafts else None, allow_custom_value=False,
                                         label="speculative_model (registry names only)")
-            c["dt_len"] = gr.Slider(1, 16, value=d["dt_len"], step=1, label="max_draft_len")
+            c["dt_len"] = Slider(1, 16, value=d["dt_len"], step=1, label="max_draft_len")
         with gr.Group(visible=False) as g_md:
             gr.Markdown("**Medusa** (`MedusaDecodingConfig`)")
             c["md_tree"] = gr.Dropdown(list(TREES), value=d["md_tree"], label="medusa_choices (tree)")
             c["md_typical"] = gr.Checkbox(value=False, label="typical acceptance (sampling only — NOT lossless)")
-            c["md_threshold"] = gr.Slider(0.01, 1, value=d["md_threshold"], step=0.01, label="posterior_threshold")
-            c["md_alpha"] = gr.Slider(0, 1, value=d["md_alpha"], step=0.05, label="posterior_alpha")
-            c["md_prune"] = gr.Slider(0, 0.5, value=d["md_prune"], step=0.01, label=PRUNE_LABEL)
+            c["md_threshold"] = Slider(0.01, 1, value=d["md_threshold"], step=0.01, label="posterior_threshold")
+            c["md_alpha"] = Slider(0, 1, value=d["md_alpha"], step=0.05, label="posterior_alpha")
+            c["md_prune"] = Slider(0, 0.5, value=d["md_prune"], step=0.01, label=PRUNE_LABEL)
             c["md_pl"] = gr.Checkbox(value=d["md_pl"], label=MERGE_LABEL, elem_id="md-pl")
             c["md_model"] = gr.Dropdown(artifact_choices(service, "medusa"), value=SHIPPED, allow_custom_value=False,
                                         label="heads (speculative_model; train your own in the Train tab)", elem_id="md-model")
         with gr.Group(visible=False) as g_eg:
             gr.Markdown("**EAGLE** (`EagleDecodingConfig`): EAGLE-2 dynamic tree or a static tree")
-            c["eg_total"] = gr.Slider(2, 64, value=d["eg_total"], step=1, label="total tokens (max_draft_len + 1)")
-            c["eg_depth"] = gr.Slider(1, 8, value=d["eg_depth"], step=1, label="depth (num_eagle_layers)")
-            c["eg_topk"] = gr.Slider(1, 10, value=d["eg_topk"], step=1, label="top-k (dynamic_tree_max_topK)")
+            c["eg_total"] = Slider(2, 64, value=d["eg_total"], step=1, label="total tokens (max_draft_len + 1)")
+            c["eg_depth"] = Slider(1, 8, value=d["eg_depth"], step=1, label="depth (num_eagle_layers)")
+            c["eg_topk"] = Slider(1, 10, value=d["eg_topk"], step=1, label="top-k (dynamic_tree_max_topK)")
             c["eg_tree"] = gr.Dropdown([DYNAMIC, *TREES], value=DYNAMIC, label="tree (eagle_choices)")
-            c["eg_prune"] = gr.Slider(0, 0.5, value=d["eg_prune"], step=0.01, label=PRUNE_LABEL + ", dynamic tree")
+            c["eg_prune"] = Slider(0, 0.5, value=d["eg_prune"], step=0.01, label=PRUNE_LABEL + ", dynamic tree")
             c["eg_pl"] = gr.Checkbox(value=d["eg_pl"], label=MERGE_LABEL, elem_id="eg-pl")
             c["eg_model"] = gr.Dropdown(artifact_choices(service, "eagle"), value=SHIPPED, allow_custom_value=False,
                                         label="module (speculative_model; train your own in the Train tab)", elem_id="eg-model")
@@ -834,7 +895,7 @@ def _status(run: Recording) -> str:
         return f"{label} · {line}"
     reason = run.end.get("finish_reason")
     word = {"eos": "finished (end of sequence)", "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
-            "timeout": "⏱ stopped by the time limit"}.get(reason, str(reason))
+            "timeout": "⏱ stopped by the time limit"}.get(reason, "finished")
     counters = render.spec_decode_line(run.spec_decode)
     return f"{label} {word} · {line}" + (f" · {counters}" if counters else "")
 

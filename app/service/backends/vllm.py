@@ -22,10 +22,14 @@ from app.service.jobs import Limits, Work
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, store: EngineStore, dtype: str = "float32", settings: vllm.Settings = vllm.Settings()) -> None:
+    def __init__(self, store: EngineStore, dtype: str = "float32", settings: vllm.Settings = vllm.Settings(),
+                 max_started: int | None = None) -> None:
         self.store = store
         self.dtype = dtype
         self.settings = settings
+        # Public mode (Policy.visitor_engines): how many engines requests may start and keep running at a time, beyond
+        # the ones the operator started; None = no bound.
+        self.max_started = max_started
         self.processes = vllm.Processes(store.builds, settings)
         self.started: set[str] = set()  # engines this backend started: stopped when the service closes
         self._tokenizers: dict[str, object] = {}
@@ -53,6 +57,13 @@ class VLLMBackend:
             manifest = self.store.build(spec_for(request, model, dtype=self.dtype), progress=progress)
         except EngineError as err:
             raise ConfigError(str(err)) from None
+        if self.max_started is not None and self.processes.state(manifest["id"])["state"] != "running":
+            with self._lock:
+                running = [i for i in self.started if self.processes.state(i)["state"] == "running"]
+            if len(running) >= self.max_started:
+                raise ConfigError(f"this public server runs at most {self.max_started} vLLM engine(s) started by visitors "
+                                  "at a time, besides the operator's, and that many are up: choose settings one of them "
+                                  "serves, or another backend")
         url, started = self.processes.ensure(manifest, progress or (lambda f, m: None), cancel)
         if started:
             with self._lock:

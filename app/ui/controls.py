@@ -1,0 +1,34 @@
+"""Numeric controls that say in words what an API client sent wrong.
+
+Gradio's Slider and Number compare and round whatever a client posts; a string or a list there fails inside
+Gradio, and the client reads a bare "Error". These check the type first and answer one sentence naming the
+control. `is_template` keeps Gradio's own frontend component (the base class's name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+
+def _check(payload: Any, label: str | None, empty_ok: bool) -> None:
+    if payload is None and empty_ok:
+        return
+    if not isinstance(payload, (int, float)) or isinstance(payload, bool):
+        raise gr.Error(f"{label or 'this control'} takes a number, got '{str(payload)[:40]}'")
+
+
+class Slider(gr.Slider):
+    is_template = True
+
+    def preprocess(self, payload: Any) -> Any:
+        _check(payload, self.label, empty_ok=False)
+        return super().preprocess(payload)
+
+
+class Number(gr.Number):
+    is_template = True
+
+    def preprocess(self, payload: Any) -> Any:
+        _check(payload, self.label, empty_ok=True)
+        return super().preprocess(payload)

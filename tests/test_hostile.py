@@ -1,0 +1,339 @@
+"""Hostile input: what a visitor who means harm could send, to the configs, to a trace replay and to the real
+`python -m app serve` on loopback. Every answer is a worded refusal or a correct result: never a bare error,
+never a 500, and the server still answers a normal request afterwards. Property-based fuzzing (hypothesis)
+covers what the listed cases do not."""
+
+import json
+import math
+import urllib.error
+import urllib.request
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.config import ConfigError
+from app.service import configs, traces
+from app.service.policy import Policy, relative
+from app.service.traces import TraceError
+from app.ui import render
+from helpers import free_port, running_server
+
+# ----------------------------------------------------------------------------- configs: every number bounded
+
+
+def eagle(**fields):
+    return {"speculative_config": {"decoding_type": "Eagle", **fields}}
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ({"sampling": {"seed": 1e30}}, "seed must be a whole number in [0, 2^63 - 1]"),
+    ({"sampling": {"seed": 10**400}}, "got 10000000000000000000…"),
+    ({"sampling": {"seed": -1}}, "seed must be"),
+    ({"sampling": {"temperature": 1e300}}, "temperature must be a number in [0, 100]"),
+    ({"sampling": {"top_k": 10**12}}, "top_k must be in [0, 1048576]"),
+    ({"max_new_tokens": 10**9}, "max_new_tokens must be in [1, 8192]"),
+    ({"max_new_tokens": float("nan")}, "max_new_tokens"),
+    (eagle(max_draft_len=4, dynamic_tree_max_topK=1000, min_path_prob=0), "dynamic_tree_max_topK (eagle_top_k) must be in [1, 16]"),
+    (eagle(max_draft_len=4, dynamic_tree_max_topK=12), "top-k at most 10"),
+    (eagle(num_eagle_layers=100), "num_eagle_layers (the tree depth, eagle_depth) must be in [1, 16]"),
+    (eagle(max_draft_len=80), "max_draft_len at most 63"),
+    ({"speculative_config": {"decoding_type": "NGram", "max_candidates": 1000}}, "max_candidates must be in [1, 16]"),
+    ({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 64, "max_candidates": 4}}, "verifies at most 96"),
+    ({"speculative_config": {"decoding_type": "NGram", "max_matching_ngram_size": 10**6}}, "max_matching_ngram_size must be in [1, 32]"),
+    ({"speculative_config": {"decoding_type": "NGram", "ngram_draft_lens": [1] * 100}}, "at most 32"),
+    ({"speculative_config": {"decoding_type": "NGram", "ngram_draft_lens": [10**9]}}, "at most 256"),
+    ({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 64}}, "at most 32 on the transformers backend"),
+    ({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 10**30, "max_ngram_size": 1,
+                             "max_verification_set_size": 0}}, "each of W, N and G is at most 256"),
+    ({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 16, "max_ngram_size": 9,
+                             "max_verification_set_size": 16}}, "the transformers backend verifies at most 96"),
+    ({"speculative_config": {"decoding_type": "Medusa", "num_medusa_heads": 10**6}}, "num_medusa_heads must be in [1, 16]"),
+    ({"speculative_config": {"decoding_type": "Medusa", "posterior_alpha": 1e300}}, "posterior_alpha in [0, 1]"),
+    ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "[" * 100000}}, "a tree is at most 65,536 characters"),
+    ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "[" * 20000}}, "a tree must be a JSON list"),
+    ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "[[" + "9" * 5000 + "]]"}}, "a tree must be a JSON list"),
+    ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": [[0]] * 5000}}, "at most 1024"),
+    ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": [[10**6]]}}, "ranks in [0, 1024)"),
+])
+def test_every_number_has_an_upper_bound_and_a_sentence(data, fragment):
+    with pytest.raises(ConfigError) as err:
+        configs.parse(data)
+    assert fragment in str(err.value) and "\n" not in str(err.value) and len(str(err.value)) < 400
+
+
+def test_the_widest_allowed_step_is_accepted_and_tensorrt_llm_keeps_its_own_limits():
+    widest = configs.parse(eagle(max_draft_len=configs.STEP_EAGLE_TOKENS, dynamic_tree_max_topK=configs.STEP_EAGLE_TOP_K,
+                                 num_eagle_layers=configs.STEP_EAGLE_DEPTH, min_path_prob=0))
+    assert widest.speculative_config.max_draft_len == 63
+    # The step budget is the transformers backend's: TensorRT-LLM's engines take their own (max_draft_len <= 256).
+    trt = configs.parse({**eagle(max_draft_len=200, speculative_model="x"), "backend": "tensorrt_llm"})
+    assert trt.speculative_config.max_draft_len == 200
+
+
+NUMBERS = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.none(),
+                    st.text(max_size=5), st.booleans())
+
+
+@given(st.fixed_dictionaries({}, optional={
+    "max_new_tokens": NUMBERS, "sampling": st.dictionaries(st.sampled_from(["temperature", "top_p", "top_k", "seed"]), NUMBERS),
+    "speculative_config": st.fixed_dictionaries(
+        {"decoding_type": st.sampled_from(list(configs.MODE_TYPES.values()))},
+        optional={k: NUMBERS for k in ("max_draft_len", "dynamic_tree_max_topK", "num_eagle_layers", "max_window_size",
+                                        "max_ngram_size", "max_verification_set_size", "max_candidates",
+                                        "max_matching_ngram_size", "num_medusa_heads", "min_path_prob",
+                                        "posterior_alpha")})}))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_request_is_valid_and_bounded_or_refused_in_a_sentence(data):
+    try:
+        request = configs.parse(data)
+    except ConfigError as err:
+        assert str(err) and "\n" not in str(err)
+        return
+    c = request.speculative_config
+    assert request.max_new_tokens <= configs.MAX_NEW_TOKENS
+    assert c.max_draft_len <= configs.STEP_DRAFT_TOKENS
+    assert request.sampling.seed is None or 0 <= request.sampling.seed < 2**63
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+def test_public_mode_names_models_only_from_the_registry_and_says_the_same_of_any_path(tmp_path):
+    policy = Policy.for_public()
+    (tmp_path / "exists").mkdir()
+    said = []
+    for name in (str(tmp_path / "exists"), str(tmp_path / "missing"), "../../etc", "HuggingFaceTB/SmolLM2-360M"):
+        with pytest.raises(ConfigError) as err:
+            policy.check_model_name(name, ("smollm2-135m-instruct-draft",))
+        said.append(str(err.value).replace(name[:80], "NAME"))
+    assert len(set(said)) == 1 and "registry model (smollm2-135m-instruct-draft)" in said[0]
+    Policy.for_public(allow_model_paths=True).check_model_name(str(tmp_path / "exists"), ())
+    Policy.for_public(allow_hub=True).check_model_name("HuggingFaceTB/SmolLM2-360M", ())
+    Policy().check_model_name(str(tmp_path / "missing"), ())  # off public mode: the operator's own machine
+
+
+def test_responses_show_paths_relative_to_the_servers_folders():
+    roots = {"/srv/app/engines": "engines", "/srv/app": "", "/home/op": "~"}
+    data = {"model_dir": "/srv/app/engines/models/x", "log": ["see /srv/app/scripts/a.sh and /home/op/.cache"]}
+    assert relative(data, roots) == {"model_dir": "engines/models/x", "log": ["see scripts/a.sh and ~/.cache"]}
+
+
+# ----------------------------------------------------------------------------- traces
+
+
+def prefill(**extra):
+    return {"kind": "prefill", "tokens": [1], "totals": {"new_tokens": 1, "elapsed_s": 0.1}, **extra}
+
+
+def decode(**extra):
+    return {"kind": "decode", "tokens": [2], "proposed": {"tokens": [2], "parents": [-1]}, "accepted": [0],
+            "totals": {"new_tokens": 2, "elapsed_s": 0.2}, **extra}
+
+
+def trace(*steps, **fields):
+    return {"mode": "prompt_lookup", "steps": list(steps), "texts": {"1": "a", "2": "b"}, **fields}
+
+
+def test_the_349x_blow_up_is_refused_before_anything_is_drawn():
+    # The issue's trace: one 2000-character token text referenced by 20,000 tokens (0.12 MB -> 43 MB of HTML).
+    blow_up = trace(prefill(), {**decode(), "tokens": [7] * 1000}, texts={"7": "x" * 2000})
+    with pytest.raises(TraceError, match="a token's text has at most 128"):
+        traces.parse(blow_up)
+    # Within the text cap, the drawn size is what bounds it.
+    many = trace(prefill(), *[{**decode(), "tokens": [7] * 1000} for _ in range(20)], texts={"7": "&" * 128})
+    with pytest.raises(TraceError, match="MB of HTML; a replay draws at most 2 MB"):
+        traces.parse(many)
+    run, _ = traces.parse(trace(prefill(), *[{**decode(), "tokens": [7] * 20} for _ in range(20)], texts={"7": "&" * 128}))
+    assert len(render.step_view(run.events, run.texts)) <= traces.MAX_HTML
+
+
+@pytest.mark.parametrize("source, fragment", [
+    ({"match": 1}, "source.match must be an object"),
+    ({"window": 5}, "source.window must be a list"),
+    ({"window": [[1, "x"]]}, "source.window[0][1] must be a token id"),
+    ({"candidates": [[-1]]}, "source.candidates[0][0] must be a token id"),
+    ({"tree": {"scores": ["x"]}}, "source.tree.scores[0] must be a number or null"),
+    ({"prompt_lookup": {"match": {"ngram": 3}}}, "source.prompt_lookup.match.ngram must be a list"),
+    ({"draft_probs": [1e300]}, "source.draft_probs[0] must be a number or null"),
+    ({"not_visible": ["x" * 1000]}, "source.not_visible[0] must be a short text"),
+])
+def test_a_source_of_the_wrong_shape_is_refused_naming_the_field(source, fragment):
+    with pytest.raises(TraceError) as err:
+        traces.parse(trace(prefill(), decode(source=source)))
+    assert fragment in str(err.value) and str(err.value).startswith("step 1 of the trace is malformed")
+
+
+def test_nesting_numbers_and_reasons_a_trace_may_not_abuse(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"steps": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(TraceError, match="nests too deep"):
+        traces.read(deep)
+    nested = trace(prefill(), decode(source={"extra": json.loads("[" * 50 + "]" * 50)}))
+    with pytest.raises(TraceError, match="levels deep"):
+        traces.parse(nested)
+    # A total of 1e308 is no number a person reads (dropped); a run without a finish reason says none.
+    run, _ = traces.parse(trace(prefill(), decode(totals={"new_tokens": 1e308, "elapsed_s": 0.2})))
+    assert "new_tokens" not in run.events[-1]["totals"] and run.end["finish_reason"] is None
+    assert "1" * 30 not in render.totals_line(run.events[-1])
+
+
+@st.composite
+def mangled_traces(draw):
+    """A valid trace with some field of some step replaced by anything JSON can hold."""
+    data = trace(prefill(), decode(source={"match": {"ngram": [1], "position": 0}}), decode())
+    json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats() | st.text(max_size=8),
+                               lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
+                               max_leaves=12)
+    step = draw(st.integers(0, 2))
+    key = draw(st.sampled_from(["tokens", "proposed", "accepted", "rejected", "source", "target", "totals", "kind",
+                                "added_token", "accepted_tokens", "added_kind", "finish_reason", "text", "step"]))
+    data["steps"][step][key] = draw(json_values)
+    if draw(st.booleans()):
+        data["steps"][1]["source"] = {draw(st.sampled_from(list(traces.SOURCE))): draw(json_values)}
+    return data
+
+
+@given(mangled_traces())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_mangled_trace_is_refused_in_words_or_draws(data):
+    try:
+        run, _ = traces.parse(data)
+    except TraceError as err:
+        assert str(err) and "\n" not in str(err)
+        return
+    for i, event in enumerate(run.events):  # whatever passed draws: the step view and every step's detail
+        render.step_view(run.events[: i + 1], run.texts)
+        render.step_detail(event, run.texts, run.prompt_ids, run.token_ids)
+
+
+# ----------------------------------------------------------------------------- the real HTTP server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from app import models
+
+    tmp = tmp_path_factory.mktemp("serve")
+    engines = tmp / "engines"
+    engines.mkdir()
+    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
+    models.locate(models.BUNDLED)
+    port = free_port()
+    with running_server(["serve", "--port", str(port), "--public", "--max-new-tokens", "4", "--engines-dir", str(engines)],
+                        "/v1/models", port, tmp / "serve.log") as url:
+        yield url
+
+
+def call(url, path, body=None, method="POST", raw: bytes | None = None):
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as err:
+        text = err.read()
+        try:
+            return err.code, json.loads(text)
+        except ValueError:
+            return err.code, text.decode(errors="replace")
+
+
+def assert_refused(status, body, fragment=""):
+    """A 4xx with OpenAI's error body: a message in words and a type."""
+    assert 400 <= status < 500, (status, body)
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    message = body["error"]["message"]
+    assert isinstance(message, str) and len(message.split()) >= 3 and body["error"]["type"] == "invalid_request_error"
+    assert fragment in message, message
+    assert "/work/" not in message and "/tmp/" not in message and "/home/" not in message
+
+
+def completion(prompt="Say hi.", **fields):
+    return {"prompt": prompt, "max_tokens": 4, **fields}
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("body, fragment", [
+    (completion(temperature=1, seed=1e30), "seed must be a whole number"),
+    (completion("Echo \ud800 x"), "lone surrogate"),
+    (completion(specdec={"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 4, "dynamic_tree_max_topK": 1000,
+                                                "min_path_prob": 0}}), "dynamic_tree_max_topK"),
+    (completion(specdec={"speculative_config": {"decoding_type": "Draft_Target", "speculative_model": "/etc"}}), "not allowed here"),
+    (completion(specdec={"speculative_config": {"decoding_type": "Medusa", "speculative_model": "HuggingFaceTB/x"}}), "not allowed here"),
+    (completion(specdec={"speculative_config": {"decoding_type": "Eagle", "speculative_model": "trained:0123456789abcdef"}}),
+     "no finished training run"),
+    (completion(specdec={"speculative_config": "Eagle"}), "speculative_config"),
+    (completion(specdec={"sampling": "hot"}), "specdec.sampling must be an object"),
+    (completion(stream="yes"), "stream must be true or false"),
+    (completion(n=[2]), "one choice per request"),
+    (completion(max_tokens=float("nan")), "max_new_tokens"),
+    (completion(max_tokens=10**30), "max_new_tokens"),
+    (completion("x" * 200_000), "characters; this server takes at most"),
+    ({"messages": [{"role": "user", "content": 5}]}, "each message needs a role"),
+])
+def test_http_refuses_each_bad_request_with_400_and_the_reason(server, body, fragment):
+    chat = "messages" in body
+    assert_refused(*call(server, "/v1/chat/completions" if chat else "/v1/completions", body), fragment)
+
+
+@pytest.mark.bundled
+def test_http_answers_unknown_paths_methods_and_broken_bodies_in_openai_shape(server):
+    assert_refused(*call(server, "/v1/nothing", {}), "there is no /v1/nothing here")
+    assert_refused(*call(server, "/", None, method="GET"), "there is no / here")
+    assert_refused(*call(server, "/v1/completions", None, method="GET"), "GET is not allowed on /v1/completions")
+    assert_refused(*call(server, "/v1/models", {}, method="DELETE"), "not allowed")
+    assert_refused(*call(server, "/v1/completions", raw=b"[" * 200_000 + b"]" * 200_000), "not JSON")
+    assert_refused(*call(server, "/v1/completions", raw=b"\xff\xfe not utf-8"), "not JSON")
+    assert_refused(*call(server, "/v1/completions", raw=b'{"prompt": ' + b"9" * 10_000 + b"}"), "not JSON")
+    assert_refused(*call(server, "/v1/completions", raw=b"[1, 2]"), "must be a JSON object")
+    assert_refused(*call(server, "/openapi.json", None, method="GET"), "there is no")
+
+
+JSON_ANY = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=6),
+                        lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3),
+                        max_leaves=8)
+FIELD_VALUES = st.one_of(NUMBERS, JSON_ANY)
+BODIES = st.fixed_dictionaries(
+    {"prompt": st.one_of(st.text(max_size=30), st.just("Say hi."), JSON_ANY)},
+    optional={"max_tokens": st.one_of(st.integers(1, 4), FIELD_VALUES), "temperature": FIELD_VALUES, "top_p": FIELD_VALUES,
+              "top_k": FIELD_VALUES, "seed": FIELD_VALUES, "n": FIELD_VALUES, "stream": st.one_of(st.just(False), FIELD_VALUES),
+              "model": st.one_of(st.just("smollm2-135m-instruct"), FIELD_VALUES),
+              "specdec": st.one_of(JSON_ANY, st.fixed_dictionaries({"speculative_config": st.fixed_dictionaries(
+                  {"decoding_type": st.sampled_from(list(configs.MODE_TYPES.values()))},
+                  optional={k: FIELD_VALUES for k in ("max_draft_len", "dynamic_tree_max_topK", "num_eagle_layers",
+                                                       "speculative_model", "max_window_size", "max_candidates")})}))})
+
+
+@pytest.mark.bundled
+@given(body=BODIES, chat=st.booleans())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_http_fuzz_never_answers_500(server, body, chat):
+    if chat:
+        body = {**{k: v for k, v in body.items() if k != "prompt"}, "messages": [{"role": "user", "content": body["prompt"]}]}
+    if body.get("stream") is True:
+        body["stream"] = False  # a stream's 200 says nothing about its body; the listed cases cover streaming
+    status, answer = call(server, "/v1/chat/completions" if chat else "/v1/completions", body)
+    if status == 200:
+        choice = answer["choices"][0]
+        assert choice["finish_reason"] in ("stop", "length") and answer["usage"]["completion_tokens"] >= 1
+    elif status == 404:
+        assert answer["error"]["code"] == "model_not_found"
+    else:
+        assert_refused(status, answer)
+
+
+@pytest.mark.bundled
+def test_http_still_serves_a_normal_request_after_all_that(server):
+    status, answer = call(server, "/v1/completions", completion("Count: one, two, three,", max_tokens=4))
+    assert status == 200 and answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 4
+    status, answer = call(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+                                                          "specdec": {"speculative_config": {"decoding_type": "Eagle"}}})
+    assert status == 200 and answer["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "x" * 300, "~nobody-at-all/x", "y/" * 600])
+def test_a_model_name_the_file_system_cannot_take_is_refused_in_words_in_any_mode(name):
+    for policy in (Policy(), Policy.for_public()):
+        with pytest.raises(ConfigError):
+            policy.check_model_name(name, ())

@@ -1,0 +1,428 @@
+"""Public mode (`python -m app --public`, a Hugging Face Space): builds and training runs are the visitor's own,
+training is bounded, and every bad input to the web app is one sentence. The service with a real training run;
+then the real app on loopback through gradio_client (the issue's cases and hypothesis fuzzing) and two visitors
+in a real browser (Playwright + Debian's chromium)."""
+
+import json
+import math
+import re
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app import models
+from app.config import ConfigError
+from app.service.api import Service
+from app.service.policy import Policy
+from helpers import free_port, running_server
+
+pytestmark = pytest.mark.bundled
+
+TINY = {"kind": "medusa", "data_source": "sharegpt", "data_offset": 0, "data_limit": 8, "max_len": 64, "eval_prompts": 1,
+        "dtype": "float32"}
+LOOKAHEAD = {"speculative_config": {"decoding_type": "Lookahead"}}
+BARE = "has not enabled verbose error reporting"  # gradio_client's words for an error the app did not word
+
+
+def store(tmp_path_factory):
+    engines = tmp_path_factory.mktemp("engines")
+    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
+    models.locate(models.BUNDLED)  # dequantized once, before any child process needs it
+    return engines
+
+
+# ----------------------------------------------------------------------------- the service
+
+
+def test_public_training_is_bounded_or_off_and_says_so(tmp_path):
+    service = Service(engines=tmp_path, policy=Policy.for_public())
+    try:
+        for change, said in (({"data_limit": 500}, "data_limit is at most 128 on this public server, got 500"),
+                             ({"epochs": 3}, "epochs is at most 1"), ({"max_len": 2048}, "max_len is at most 640"),
+                             ({"answer_tokens": 512}, "answer_tokens is at most 256"),
+                             ({"eval_prompts": 13}, "eval_prompts is at most 4")):
+            with pytest.raises(ConfigError, match=re.escape(said)):
+                service.train_plan({**TINY, **change}, "a")
+        with pytest.raises(ConfigError, match="builds and trains only for a visitor of its web page"):
+            service.train(TINY)  # no visitor: the HTTP server's clients cannot train
+    finally:
+        service.close()
+    off = Service(engines=tmp_path, policy=Policy.for_public(train_time_limit_s=0))
+    try:
+        with pytest.raises(ConfigError, match="training is off on this public server"):
+            off.train_config(TINY, "a")
+    finally:
+        off.close()
+
+
+def test_a_visitors_build_and_run_are_theirs_alone_and_the_operators_are_read_only(tmp_path_factory):
+    engines = store(tmp_path_factory)
+    operator = Service(engines=engines)  # the operator's own command line: not public
+    made = operator.engine_build(LOOKAHEAD)
+    operator.close()
+    service = Service(engines=engines, policy=Policy.for_public())
+    try:
+        run = service.train(TINY, visitor="a")  # a real run, in a child process
+        name = "trained:" + run["id"]
+        build = service.engine_build({"speculative_config": {"decoding_type": "NGram"}}, visitor="a")
+        assert service.engine_build(LOOKAHEAD, visitor="a")["id"] == made["id"]  # reused: still the operator's
+        seen = lambda visitor: {m["id"] for m in service.engine_list(visitor)}  # noqa: E731
+        assert seen("a") == {made["id"], run["id"], build["id"]} and seen("b") == seen(None) == {made["id"]}
+        assert set(service.engine_removable("a")) == {run["id"], build["id"]} and service.engine_removable("b") == []
+        assert [m["id"] for m in service.trained("medusa", "a")] == [run["id"]] and service.trained("medusa", "b") == []
+        medusa = {"speculative_config": {"decoding_type": "Medusa", "speculative_model": name}, "max_new_tokens": 4}
+        assert list(service.stream(medusa, "Hi", visitor="a"))[-1]["error"] is None
+        for visitor in ("b", None):
+            with pytest.raises(ConfigError, match="no finished training run .* of yours"):
+                service.request(medusa, visitor)
+            with pytest.raises(ConfigError, match="is not a build of yours") as refused:
+                service.engine_remove(run["id"], visitor=visitor)
+            with pytest.raises(ConfigError) as unknown:
+                service.engine_remove("f" * 16, visitor=visitor)
+            assert str(refused.value).replace(run["id"], "X") == str(unknown.value).replace("f" * 16, "X")  # tells nothing
+            with pytest.raises(ConfigError, match="no finished training run .* of yours to go on from"):
+                service.train_plan({**TINY, "init_from": name}, visitor)
+        with pytest.raises(ConfigError, match="is not a build of yours"):
+            service.engine_remove(made["id"], visitor="a")  # the operator's: read-only
+        # Another visitor who makes the same build shares it; removing it drops only their claim.
+        assert service.engine_build({"speculative_config": {"decoding_type": "NGram"}}, visitor="b")["id"] == build["id"]
+        service.engine_remove(build["id"], visitor="b")
+        assert build["id"] in seen("a") and build["id"] not in seen("b")
+        service.engine_remove(build["id"], visitor="a")
+        service.engine_remove(run["id"], visitor="a")
+        assert seen("a") == {made["id"]} and service.engine_get(build["id"]) is None
+        # Plans and errors name no absolute server path.
+        plan = json.dumps(service.engine_plan(LOOKAHEAD, visitor="a"))
+        assert str(engines) not in plan and str(models.ROOT) not in plan and '"engines/models/' in plan
+    finally:
+        service.close()
+
+
+def test_a_training_run_over_the_time_limit_is_stopped_by_the_service(tmp_path_factory):
+    from app.service.api import TrainingTimeout
+
+    service = Service(engines=store(tmp_path_factory), policy=Policy.for_public(train_time_limit_s=1))
+    try:
+        with pytest.raises(TrainingTimeout, match="stopped by this server's time limit of 1 s per training run"):
+            service.train(TINY, visitor="a")
+        assert service.engine_list("a") == []  # nothing usable left
+        assert service._training.acquire(blocking=False)  # and the next run may start
+        service._training.release()
+    finally:
+        service.close()
+
+
+# ----------------------------------------------------------------------------- the real app, public
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gradio")
+    engines = store(tmp_path_factory)
+    operator = Service(engines=engines)
+    operator_build = operator.engine_build(LOOKAHEAD)["id"]
+    operator.close()
+    env = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(tmp),
+           "GRADIO_EXAMPLES_CACHE": str(tmp / "examples"), "SPACE_ID": ""}
+    port = free_port()
+    with running_server(["--public", "--port", str(port), "--max-concurrency", "1", "--engines-dir", str(engines),
+                         "--train-time-limit", "5"], "/gradio_api/info", port, tmp / "app.log", env) as url:
+        yield url, operator_build
+
+
+def client_for(url):
+    from gradio_client import Client
+
+    return Client(url, verbose=False, download_files=False)
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return client_for(app_url[0])
+
+
+def run_args(mode="prompt_lookup", prompt="Repeat: apples, pears, apples, pears.", race=False, **overrides):
+    from app.ui.web import CONTROLS, DEFAULTS
+
+    values = {**DEFAULTS, "max_new_tokens": 8, **overrides}
+    return [prompt, mode, race] + [values[k] for k in CONTROLS]
+
+
+def refusal(client, *args, api_name):
+    """The words of a refused call: an AppError the app worded itself (never the bare one)."""
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError) as err:
+        client.predict(*args, api_name=api_name)
+    message = str(err.value)
+    assert BARE not in message and len(message.split()) >= 3, message
+    return message
+
+
+def raw_call(url, api_name, args):
+    """One call of Gradio's REST API (POST /gradio_api/call/<name>, then its event stream), with whatever JSON a
+    hostile client may send (NaN, Infinity, lone surrogates: gradio_client cannot). ("complete", outputs) or
+    ("error", the message, None when the app did not word it)."""
+    body = json.dumps({"data": args}, allow_nan=True).encode()  # ensure_ascii: a lone surrogate goes as \\ud800
+    request = urllib.request.Request(f"{url}/gradio_api/call/{api_name}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        event_id = json.load(r)["event_id"]
+    event, last = None, None
+    with urllib.request.urlopen(f"{url}/gradio_api/call/{api_name}/{event_id}", timeout=300) as r:
+        for line in r:
+            line = line.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event in ("complete", "error"):
+                data = json.loads(line[6:])
+                last = (event, data.get("error") if event == "error" and isinstance(data, dict) else data)
+    return last
+
+
+def raw_refusal(url, args, api_name="run"):
+    event, message = raw_call(url, api_name, args)
+    assert event == "error" and isinstance(message, str) and BARE not in message and len(message.split()) >= 3, (event, message)
+    return message
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"max_new_tokens": math.nan}, "max_new_tokens must be a finite number"),
+    ({"seed": math.nan}, "seed must be a finite number"),
+    ({"seed": math.inf}, "seed must be a finite number"),
+    ({"seed": 1e30}, "seed must be a whole number in [0, 2^63 - 1]"),
+    ({"temperature": math.inf}, "greater than maximum value 2"),
+    ({"eg_pl": True, "pl_draft_lens": "../../etc"}, "draft caps must be comma-separated integers"),
+    ({"prompt": "Echo \ud800 x"}, "lone surrogate"),
+    ({"max_new_tokens": 10**6}, "greater than maximum value 512"),
+    ({"eg_topk": 1000}, "greater than maximum value 10"),
+])
+def test_api_run_refuses_each_bad_input_in_one_sentence(app_url, overrides, fragment):
+    prompt = overrides.pop("prompt", "Hello")
+    assert fragment in raw_refusal(app_url[0], run_args("eagle", prompt=prompt, **overrides))
+
+
+@pytest.mark.parametrize("mode, overrides", [("eagle", {"eg_total": 10**6}), ("lookahead", {"la_W": -5}),
+                                             ("medusa", {"md_alpha": math.nan}), ("lookahead", {"la_w": math.inf}),
+                                             ("prompt_lookup", {"pl_candidates": "many"})])
+def test_api_run_refuses_values_beyond_the_controls(app_url, mode, overrides):
+    raw_refusal(app_url[0], run_args(mode, **overrides))
+
+
+def trace_file(tmp_path, name, data):
+    from gradio_client import handle_file
+
+    path = tmp_path / f"{name}.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return handle_file(str(path))
+
+
+def steps(*sources, totals=None):
+    prefill = {"kind": "prefill", "tokens": [1], "totals": {"new_tokens": 1, "elapsed_s": 0.1}}
+    return [prefill] + [{"kind": "decode", "tokens": [2], "proposed": {"tokens": [2], "parents": [-1]}, "accepted": [0],
+                         "source": s, "totals": totals or {"new_tokens": 2, "elapsed_s": 0.2}} for s in sources]
+
+
+def test_api_replay_refuses_hostile_traces_in_words_and_draws_odd_ones_sensibly(client, tmp_path):
+    cases = {
+        "blow-up": ({"mode": "prompt_lookup", "steps": steps({}), "texts": {"2": "x" * 2000}}, "a token's text has at most 128"),
+        "deep": ('{"steps": ' + "[" * 100000 + "]" * 100000 + "}", "nests too deep"),
+        "match": ({"mode": "prompt_lookup", "steps": steps({"match": 1})}, "source.match must be an object"),
+        "window": ({"mode": "lookahead", "steps": steps({"window": 5})}, "source.window must be a list"),
+    }
+    for name, (data, fragment) in cases.items():
+        assert fragment in refusal(client, trace_file(tmp_path, name, data), False, {}, api_name="/replay")
+    odd = {"mode": "eagle", "steps": steps({}, totals={"new_tokens": 1e308, "elapsed_s": 0.2}), "texts": {"1": "a", "2": "b"}}
+    status = client.predict(trace_file(tmp_path, "odd", odd), False, {}, api_name="/replay")[1]
+    assert "None" not in status and "1" * 30 not in status and "EAGLE" in status, status
+
+
+NUMBER = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.integers(0, 8))
+
+
+@given(mode=st.sampled_from(["autoregressive", "prompt_lookup", "lookahead", "eagle", "medusa"]),
+       values=st.fixed_dictionaries({}, optional={k: NUMBER for k in (
+           "temperature", "top_p", "top_k", "seed", "pl_num_tokens", "pl_ngram", "pl_candidates", "la_W", "la_N", "la_G",
+           "eg_total", "eg_depth", "eg_topk", "eg_prune", "md_threshold", "md_prune")}),
+       tokens=st.one_of(st.integers(1, 6), NUMBER), prompt=st.text(max_size=20))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_api_run_fuzz_gives_a_run_or_a_sentence(app_url, mode, values, tokens, prompt):
+    if isinstance(tokens, int) and not 1 <= tokens <= 6:
+        tokens = 6  # a valid draw runs a generation: keep it short (the bounds have their own cases)
+    event, answer = raw_call(app_url[0], "run", run_args(mode, prompt=prompt, max_new_tokens=tokens, **values))
+    if event == "error":
+        assert isinstance(answer, str) and BARE not in answer and len(answer.split()) >= 3, answer
+    else:
+        assert "finished" in answer[1], answer[1]
+
+
+def test_api_cannot_remove_another_visitors_or_the_operators_build(client, app_url):
+    from gradio_client.exceptions import AppError
+
+    _, operator_build = app_url
+    for build_id in (operator_build, "../../etc", "0" * 16):
+        with pytest.raises(AppError, match="not in the list of choices"):  # this visitor's menu holds only their own
+            client.predict(build_id, api_name="/engine_remove")
+
+
+def test_api_training_over_the_caps_is_refused_before_it_starts(client):
+    from app.ui.train import FIELDS
+
+    values = {**TINY, "init_from": "shipped", "data_limit": 500, "epochs": 1, "lr": 0, "medusa_num_heads": 4,
+              "medusa_num_layers": 1, "eagle_steps": 2, "answer_tokens": 256}
+    said = refusal(client, *[values[k] for k in FIELDS], api_name="/train")
+    assert "data_limit is at most 128 on this public server" in said
+
+
+def test_api_still_runs_normally_after_all_that(client):
+    view, status = client.predict(*run_args(), api_name="/run")[:2]
+    assert "finished" in status and view.count("tok-added") >= 1
+
+
+# ----------------------------------------------------------------------------- two visitors in a browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        pytest.fail("chromium is missing: scripts/test.sh installs Debian's chromium package")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, headless=True, args=["--headless", "--no-sandbox", "--disable-gpu",
+                                                                            "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+def visit(browser, url):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_selector("#run")
+    return context, page
+
+
+def menu_options(page):
+    page.locator("#eng-id input").click()
+    options = page.get_by_role("option").all_inner_texts()
+    page.keyboard.press("Escape")
+    return options
+
+
+def test_browser_two_visitors_builds_are_their_own_and_training_is_bounded(browser, app_url):
+    url, operator_build = app_url
+    context_a, a = visit(browser, url)
+    context_b, b = visit(browser, url)
+    try:
+        # Visitor A builds for the Run tab's settings (prompt lookup): theirs, listed and removable in their page.
+        a.get_by_role("tab", name="Engines").click()
+        a.click("#eng-build")
+        a.wait_for_function("/ready/.test(document.querySelector('#eng-status').innerText)", timeout=120_000)
+        build_id = re.search(r"[0-9a-f]{16}", a.inner_text("#eng-status")).group(0)
+        assert build_id in a.inner_text("#eng-table") and operator_build in a.inner_text("#eng-table")
+        a.locator("#eng-id input").click()
+        assert a.get_by_role("option").all_inner_texts() == [build_id]  # the Remove menu: A's own only
+        a.get_by_role("option", name=build_id).click()
+        # Visitor B sees the operator's build (read-only) but not A's, and has nothing to remove.
+        b.get_by_role("tab", name="Engines").click()
+        b.click("#eng-plan")  # any answer: B's page is live
+        b.wait_for_function("document.querySelector('#eng-plan-out').innerText.includes('transformers')")
+        assert operator_build in b.inner_text("#eng-table") and build_id not in b.inner_text("#eng-table")
+        assert build_id not in " ".join(menu_options(b))
+        assert "/work/" not in b.inner_text("#eng-plan-out") and "/tmp/" not in b.inner_text("#eng-plan-out")
+        # A removes their own.
+        a.click("#eng-rm")
+        a.wait_for_function("/Removed/.test(document.querySelector('#eng-status').innerText)")
+        assert build_id not in a.inner_text("#eng-table")
+
+        # Training: the limits are said before anything runs; an over-limit run is refused before it starts.
+        b.get_by_role("tab", name="Train").click()
+        assert "stopped after **5 s**" in b.inner_text("#tr-public") or "stopped after 5 s" in b.inner_text("#tr-public")
+        b.get_by_label("conversations (data_limit)").fill("500")
+        b.get_by_label("conversations (data_limit)").press("Tab")
+        b.wait_for_function("/data_limit is at most 128 on this public server/.test(document.querySelector('#tr-check').innerText)")
+        b.click("#tr-run")
+        b.wait_for_selector("text=data_limit is at most 128 on this public server", timeout=30_000)  # the error toast
+        assert "▶" not in b.inner_text("#tr-status")  # nothing started (the toast said why)
+        # A run within the caps starts, and the server's 5 s limit stops it with a message.
+        b.get_by_label("conversations (data_limit)").fill("128")
+        b.get_by_label("conversations (data_limit)").press("Tab")
+        b.wait_for_function("/✓ Valid/.test(document.querySelector('#tr-check').innerText)")
+        b.click("#tr-run")
+        b.wait_for_function("/⏱ Stopped/.test(document.querySelector('#tr-status').innerText)", timeout=120_000)
+        assert "time limit of 5 s per training run" in b.inner_text("#tr-status")
+        assert "trained:" not in b.inner_text("#tr-table")
+        # And the Run tab still runs for both.
+        for page in (a, b):
+            page.get_by_role("tab", name="Run").click()
+            page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(False)
+            page.click("#run")
+            page.wait_for_function("/finished/.test(document.querySelector('#status').innerText)", timeout=120_000)
+    finally:
+        context_a.close()
+        context_b.close()
+
+
+def test_public_mode_runs_float32_where_bfloat16_is_emulated(tmp_path):
+    from app.decoding.linear import fast_bf16
+
+    service = Service(engines=tmp_path, policy=Policy.for_public())
+    try:
+        if fast_bf16():
+            assert service.request({"dtype": "bfloat16"}).dtype == "bfloat16"
+        else:
+            with pytest.raises(ConfigError, match="no native bfloat16, where a step of speculative decoding takes seconds"):
+                service.request({"dtype": "bfloat16"})
+        assert service.request({"dtype": "float32"}).dtype == "float32"
+    finally:
+        service.close()
+
+
+def test_public_mode_is_the_flag_or_a_space_and_its_policy_follows_the_flags():
+    from app.cli import _limits, _policy, build_parser, is_public
+
+    args = build_parser().parse_args(["ui"])
+    assert not is_public(args, {}) and is_public(args, {"SPACE_ID": "user/space"})
+    public = build_parser().parse_args(["ui", "--public", "--allow-hub", "--train-time-limit", "30"])
+    assert is_public(public, {})
+    policy = _policy(public, True)
+    assert policy.public and policy.allow_hub and not policy.allow_model_paths and policy.train_time_limit_s == 30
+    assert policy.visitor_engines == 1 and policy.engine_idle_s > 0
+    assert _limits(args, True)["time_limit_s"] == 60 and _limits(args, False)["time_limit_s"] == 300
+    assert not _policy(build_parser().parse_args(["ui", "--train-time-limit", "0"]), True).train
+    with pytest.raises(ConfigError, match="--train-time-limit must be a number of seconds >= 0"):
+        _policy(build_parser().parse_args(["ui", "--train-time-limit", "-1"]), True)
+    serve = build_parser().parse_args(["serve", "--public"])
+    assert _policy(serve, serve.public).public
+
+
+@given(st.sampled_from(["prompt_lookup", "lookahead", "eagle", "medusa", "draft_target"]),
+       st.fixed_dictionaries({}, optional={k: NUMBER for k in ("la_W", "la_N", "la_G", "dt_len", "eg_total", "eg_topk",
+                                                                "pl_num_tokens", "pl_candidates", "md_prune")}))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_api_engine_plan_fuzz_gives_a_plan_or_a_sentence(app_url, mode, values):
+    """The Engines tab's Plan (no model runs): a plan without server paths, or a refusal in words."""
+    args = run_args(mode, **values)
+    event, answer = raw_call(app_url[0], "engine_plan", args[1:2] + args[3:])
+    if event == "error":
+        assert isinstance(answer, str) and BARE not in answer and len(answer.split()) >= 3, answer
+        return
+    text = answer[0]
+    assert "/tmp/" not in text and "/work/" not in text and "/home/" not in text
+    if text.startswith("#"):
+        assert len(text.split()) >= 4  # the refusal, as a comment in the plan box
+    else:
+        assert json.loads(text)["backend"] == "transformers"
+
+
+@given(st.one_of(NUMBER, st.text(max_size=4)))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_api_inspect_fuzz_never_fails_bare(app_url, step):
+    event, answer = raw_call(app_url[0], "inspect", [step])
+    assert event == "complete" or (isinstance(answer, str) and BARE not in answer), answer
