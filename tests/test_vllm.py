@@ -308,3 +308,47 @@ def test_counter_parsing():
     assert remote.counter_delta(before, after) == {"num_drafts": 10, "num_draft_tokens": 100, "num_accepted_tokens": 10,
                                                    "accepted_per_pos": [4, 3]}
     assert remote.parse_counters("vllm:num_requests_running 0", "m") == {}
+
+
+class _Processes:
+    """The process layer's interface, recording what the backend asks of it (the real one is tested above)."""
+
+    def __init__(self):
+        self.running, self.stopped, self.port = set(), [], 9000
+
+    def state(self, build_id):
+        return {"state": "running", "url": "u"} if build_id in self.running else {"state": "stopped"}
+
+    def ensure(self, manifest, progress, cancel=None):
+        fresh = manifest["id"] not in self.running
+        self.running.add(manifest["id"])
+        return "u", fresh
+
+    def stop(self, build_id):
+        self.stopped.append(build_id)
+        self.running.discard(build_id)
+        return True
+
+
+def test_public_mode_bounds_the_engines_requests_start_and_stops_idle_ones(store):
+    from app.service.backends.vllm import VLLMBackend
+    from app.service.engines import EngineStore
+
+    backend = VLLMBackend(EngineStore(store), settings=SETTINGS, max_started=1, idle_s=600)
+    backend.processes = _Processes()
+    parsed = Service(store, vllm_settings=SETTINGS)
+    try:
+        ngram, draft = parsed.request(request(NGRAM)), parsed.request(request(DRAFT))
+    finally:
+        parsed.close()
+    backend.processes.running.add("operator's")  # an engine the operator started counts for nobody
+    manifest, _ = backend.engine(models.BUNDLED, ngram)
+    assert backend.started == {manifest["id"]}
+    backend.engine(models.BUNDLED, ngram)  # the running one is reused, whoever asks
+    with pytest.raises(ValueError, match="at most 1 vLLM engine"):
+        backend.engine(models.BUNDLED, draft)
+    now = time.monotonic()
+    assert backend.reap(now + 599) == [] and backend.reap(now + 601) == [manifest["id"]]
+    assert backend.processes.stopped == [manifest["id"]] and "operator's" in backend.processes.running
+    backend.engine(models.BUNDLED, draft)  # a place is free again
+    backend.stop_started()

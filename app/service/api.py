@@ -74,7 +74,8 @@ class Service:
             "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call),
             "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
-            "vllm": VLLMBackend(self.store, dtype, vllm_settings, max_started=policy.visitor_engines if policy.public else None),
+            "vllm": VLLMBackend(self.store, dtype, vllm_settings, max_started=policy.visitor_engines if policy.public else None,
+                                idle_s=policy.engine_idle_s if policy.public else None),
         }
 
     # ------------------------------------------------------------------ what can run

@@ -8,6 +8,7 @@ vLLM and the project's loop see the same prompt token ids.
 from __future__ import annotations
 
 import threading
+import time
 
 from app import models
 from app.config import ConfigError
@@ -23,13 +24,19 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, store: EngineStore, dtype: str = "float32", settings: vllm.Settings = vllm.Settings(),
-                 max_started: int | None = None) -> None:
+                 max_started: int | None = None, idle_s: float | None = None) -> None:
         self.store = store
         self.dtype = dtype
         self.settings = settings
-        # Public mode (Policy.visitor_engines): how many engines requests may start and keep running at a time, beyond
-        # the ones the operator started; None = no bound.
+        # Public mode (Policy.visitor_engines, Policy.engine_idle_s): how many engines requests may start and keep
+        # running at a time beyond the operator's, and how long one of them may idle before it is stopped; None = no bound.
         self.max_started = max_started
+        self.idle_s = idle_s
+        self._last_used: dict[str, float] = {}  # an engine this backend started -> when its last request ended
+        self._active: dict[str, int] = {}  # -> requests streaming from it now
+        self._closed = threading.Event()
+        if idle_s is not None:
+            threading.Thread(target=self._reap_idle, name="vllm-idle", daemon=True).start()
         self.processes = vllm.Processes(store.builds, settings)
         self.started: set[str] = set()  # engines this backend started: stopped when the service closes
         self._tokenizers: dict[str, object] = {}
@@ -68,6 +75,7 @@ class VLLMBackend:
         if started:
             with self._lock:
                 self.started.add(manifest["id"])
+                self._last_used[manifest["id"]] = time.monotonic()
         return manifest, url
 
     def tokenizer(self, model: str):
@@ -90,9 +98,38 @@ class VLLMBackend:
                   "speculative_config": manifest["spec"]["config"]["speculative_config"],
                   "ignored": vllm.ignored(request)}
         client = remote.Engine(url, model, texts=lambda ids: {i: tok.decode([i]) for i in set(ids)})
-        return client.work(request, prompt_ids, engine)
+        work = client.work(request, prompt_ids, engine)
+        build_id = manifest["id"]
+        with self._lock:
+            self._active[build_id] = self._active.get(build_id, 0) + 1
+
+        def used(cancel: threading.Event):
+            try:
+                yield from work(cancel)
+            finally:
+                with self._lock:
+                    self._active[build_id] -= 1
+                    self._last_used[build_id] = time.monotonic()
+
+        return used
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """Stop the engines this backend started that no request has used for `idle_s`; their ids."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            idle = [i for i in self.started if not self._active.get(i)
+                    and now - self._last_used.get(i, now) >= (self.idle_s if self.idle_s is not None else float("inf"))]
+            self.started.difference_update(idle)
+        for build_id in idle:
+            self.processes.stop(build_id)
+        return idle
+
+    def _reap_idle(self) -> None:
+        while not self._closed.wait(min(30.0, self.idle_s)):
+            self.reap()
 
     def stop_started(self) -> None:
+        self._closed.set()
         with self._lock:
             started, self.started = self.started, set()
         for build_id in started:
