@@ -442,7 +442,7 @@ def _export_name(key: str) -> str | None:
 
 
 def export_trtllm(module: EagleModule, directory: str | Path, base_model: str, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the module in the EAGLE-3 / ModelOpt draft checkpoint layout (TRTLLM.md section 9).
+    """Write the module in the EAGLE-3 / ModelOpt draft checkpoint layout (docs/tensorrt-llm.md).
 
     model.safetensors holds `midlayer.self_attn.{q,k,v,o}_proj`, `midlayer.mlp.{gate,up,down}_proj`,
     `midlayer.{input_layernorm,post_attention_layernorm}` (EAGLE-3: also `midlayer.hidden_norm`),

@@ -1,4 +1,4 @@
-"""`python -m app export`: trained artifacts in the layouts TensorRT-LLM consumes (see TRTLLM.md, section 9)."""
+"""`python -m app export`: trained artifacts in the layouts TensorRT-LLM consumes (docs/tensorrt-llm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The "Learn" texts: what each decoding mode does, its parameters (TensorRT-LLM names), whether it
-is lossless, and why it is or is not fast on a small CPU. Markdown; facts from
-/work/shared/design/ALGORITHMS.md and TRTLLM.md. The CPU numbers are the bundled SmolLM2-135M in
+is lossless, and why it is or is not fast on a small CPU. Markdown; the methods as their papers and
+TensorRT-LLM's documentation define them. The CPU numbers are the bundled SmolLM2-135M in
 bfloat16 on 2 cores: a target pass costs 20-50 ms depending on the CPU, each extra position verified
 in it 2-3 % of that where the CPU multiplies bfloat16 natively (`python -m app bench` records the curve)."""
 
@@ -209,7 +209,7 @@ that verifies k tokens pays only if it commits more tokens than that, on average
 
 EARNINGS = """\
 ### What speculation can earn here
-The measured curve and Leviathan et al.'s model (ALGORITHMS.md) say what a drafter must achieve to pay on this
+The measured curve and Leviathan et al.'s model (Fast Inference from Transformers via Speculative Decoding, 2023) say what a drafter must achieve to pay on this
 machine. If each drafted token is accepted with probability α, independently of the others, a step that drafts
 γ tokens commits (1 − α^(γ+1)) / (1 − α) tokens on average (the target's own token included) and costs a pass
 over γ + 1 tokens plus γ drafts. Each curve divides the two: above the dotted line, drafting γ tokens beats

@@ -4,7 +4,7 @@ Compare table and a status line.
 Pure functions: data in, a string out (no gradio, no I/O, no state). Every piece of model text goes
 through `esc`: html.escape plus `$ { } backtick` as character references, so token text can neither
 close a tag or an attribute nor reach a template engine (gr.HTML evaluates its template as a JS
-template literal, UX.md section 2). A browser shows the references as the original characters.
+template literal). A browser shows the references as the original characters.
 
 Stable CSS classes, all under the root class `specdec` (tests and the browser test use them):
   legend          the key to the marks; its samples use lg-* classes, never tok-*
