@@ -124,6 +124,7 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     proc = run_cli(
         "bench", "--categories", "summarization,rag", "--limit", "1", "--modes", "prompt_lookup,lookahead",
         "--lookahead-config", "3,3,2", "--peers", "--max-new-tokens", "12", "--dtype", "float32", "--json", str(out),
+        "--vllm-python", str(tmp_path / "no-vllm" / "python"),  # the transformers peers only (vLLM's: test_vllm.py)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())

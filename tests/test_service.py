@@ -232,7 +232,7 @@ def test_invalid_requests_fail_before_anything_is_queued(service):
         ({"backend": "tensorrt_llm"}, "TensorRT-LLM is not installed"),
         ({"backend": "remote"}, "no remote server configured"),
         ({"dtype": "float16"}, "dtype: Input should be 'auto', 'float32' or 'bfloat16'"),
-        ({"backend": "tensorrt_llm", "dtype": "bfloat16"}, "transformers backend only.*use auto"),
+        ({"backend": "tensorrt_llm", "dtype": "bfloat16"}, "transformers and vllm backends only.*use auto"),
     ]
     for data, message in cases:
         with pytest.raises(ConfigError, match=message):

@@ -47,7 +47,7 @@ INVALID = {
     "top_k negative": ({"sampling": {"top_k": -1}}, "top_k"),
     "beam width 2": ({"sampling": {"beam_width": 2}}, "beam width 1"),
     "max_new_tokens 0": ({"max_new_tokens": 0}, "max_new_tokens"),
-    "unknown backend": ({"backend": "vllm"}, "unknown backend 'vllm'"),
+    "unknown backend": ({"backend": "sglang"}, "unknown backend 'sglang'"),
     "trtllm lookahead G=0": ({**la(1, 1, 0), "backend": "tensorrt_llm"}, "lookahead (W, N, G) = (1, 1, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
     "trtllm lookahead request g=0": ({**la(4, 3, 4, request=(2, 2, 0)), "backend": "tensorrt_llm"}, "per-request (w, n, g) = (2, 2, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
     "trtllm lookahead on pytorch": ({**la(4, 3, 4), "backend": "tensorrt_llm", "trtllm_backend": "pytorch"}, "only on its tensorrt backend"),
