@@ -483,6 +483,13 @@ class Studio:
         session = request.session_hash if request is not None else "local"
         backend = self.service.default_backend("lookahead")
         # `settings` is one of the radio's choices (Gradio refuses others); the dtype radio has the last word.
+        try:
+            overrides = dict(preset(settings, self.service.fast_dtype()), max_new_tokens=max_new_tokens, backend=backend,
+                             dtype=dtype or "auto")
+            request_from("autoregressive", overrides | {k: DEFAULTS[k] for k in CONTROLS if k not in overrides})
+        except ConfigError as err:
+            raise gr.Error(str(err), duration=None) from None
+        chosen = ["autoregressive"] + [m for m in COMPARED + VLLM_COMPARED if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         engine = {m["mode"]: m for m in self.service.modes(backend="vllm")}
         runs: dict[str, Recording] = {}
