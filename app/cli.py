@@ -74,6 +74,9 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-reserved-cpus", type=int, default=None,
                    help="vllm backend: cores vLLM leaves to its API server (VLLM_CPU_NUM_OF_RESERVED_CPU; default vLLM's, 1)")
     p.add_argument("--vllm-intel-openmp", action="store_true", help="vllm backend: preload Intel's OpenMP in the engine")
+    p.add_argument("--vllm-distributed-executor-backend", choices=("uni", "mp"), default=None,
+                   help="vllm backend: run the model in the engine process (uni, the default here: starts in half the "
+                        "time) or in a worker process of its own (mp, vLLM's default)")
 
 
 def _add_public_flags(p: argparse.ArgumentParser) -> None:
@@ -205,7 +208,9 @@ def vllm_settings(args: argparse.Namespace):
     return vllm.Settings(python=Path(args.vllm_python) if getattr(args, "vllm_python", None) else defaults.python,
                          enforce_eager=getattr(args, "vllm_eager", False),
                          reserved_cpus=getattr(args, "vllm_reserved_cpus", None),
-                         intel_openmp=getattr(args, "vllm_intel_openmp", False))
+                         intel_openmp=getattr(args, "vllm_intel_openmp", False),
+                         distributed_executor_backend=getattr(args, "vllm_distributed_executor_backend", None)
+                         or defaults.distributed_executor_backend)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
