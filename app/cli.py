@@ -1,4 +1,4 @@
-"""Command line: `python -m app generate|bench ...` (see README for the contract)."""
+"""Command line: `python -m app generate|bench ...` (docs/cli.md has the contract)."""
 
 from __future__ import annotations
 
@@ -313,7 +313,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         limits["max_new_tokens"] = PUBLIC_MAX_NEW_TOKENS
     service = _service(args, _policy(args, public), **limits)
     if public:
-        print("public mode: visitors' builds and runs are their own, work is bounded (see README, Hosting publicly)",
+        print("public mode: visitors' builds and runs are their own, work is bounded (see docs/ui.md, Hosting publicly)",
               file=sys.stderr, flush=True)
     if service.default_backend() == "transformers":
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)

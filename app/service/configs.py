@@ -37,7 +37,7 @@ MAX_TREE_DEPTH = 16  # num_eagle_layers, num_medusa_heads
 MAX_EAGLE_TOP_K = 16  # dynamic_tree_max_topK
 MAX_LOOKAHEAD = 256  # each of W, N, G (their max_draft_len is bounded by MAX_DRAFT_LEN too)
 # What one step of the transformers backend may do, so a step stays well under a second on a 2-core CPU
-# (float32, SmolLM2-135M; measured in the README's "Hosting publicly"): the time limit is checked between
+# (float32, SmolLM2-135M; measured in docs/ui.md, "Hosting publicly"): the time limit is checked between
 # steps, so bounding a step bounds how long a request can outlive it. TensorRT-LLM's engines keep their own limits.
 STEP_DRAFT_TOKENS = 96  # draft tokens one target pass verifies (every mode's tree or chain, merged branch included)
 STEP_DRAFT_MODEL_TOKENS = 32  # draft-target: sequential draft-model passes per step
@@ -48,7 +48,7 @@ STEP_EAGLE_DEPTH = 8
 STEP_EAGLE_TOKENS = 63  # max_draft_len (total tokens 64)
 # The transformers backend's tree pruning when a request leaves min_path_prob unset: on a CPU every verified node
 # costs target compute, and an unpruned 24-node EAGLE step costs about two one-token passes (through the service,
-# bfloat16, side by side: 1.01x autoregressive unpruned, 1.45x pruned at 0.05; see README). Pruning keeps every mode
+# bfloat16, side by side: 1.01x autoregressive unpruned, 1.45x pruned at 0.05; see docs/algorithms.md). Pruning keeps every mode
 # lossless: the tree stays a deterministic function of the context. TensorRT-LLM has no such setting (unset: none).
 MIN_PATH_PROB = 0.05
 BACKENDS = ("transformers", "tensorrt_llm", "remote", "vllm")

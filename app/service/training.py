@@ -5,7 +5,7 @@ content-addressed (the same settings, data slice, starting point and libraries g
 artifact is reused: seeds are fixed), made once across threads and processes, and crash-safe: a run that
 is stopped or dies leaves `.failed-<id>/` or `.tmp-*`, never a directory that looks usable. The run itself
 is `python -m app train` in a child process: it gets its own computing threads (a second OpenMP team in
-the server would slow every generation, see README), Stop ends it at once, and its progress arrives as
+the server would slow every generation, see docs/benchmarks.md), Stop ends it at once, and its progress arrives as
 JSON lines (`--progress-jsonl`). A ready build holds the artifact in `<kind>/` (config.json,
 model.safetensors, train.json); requests name it `trained:<id>` as their speculative_model, never by path.
 """
