@@ -31,8 +31,10 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 
 status=0
-# loadgroup: the vLLM tests (xdist_group "vllm") share their started engines in one worker.
-.venv/bin/python -m pytest -n 2 --dist loadgroup -q --junitxml="$TEST_ARTIFACTS_DIR/junit.xml" "${@:-tests}" || status=$?
+# loadfile: a test module runs in one worker, so its module-scoped servers (the web apps, the vLLM engines of
+# tests/test_vllm.py) start once. (loadgroup would not do: pytest-xdist 3.8 marks groups by rewriting a node id
+# attribute that pytest 9 no longer reads, so every group's tests were spread over both workers.)
+.venv/bin/python -m pytest -n 2 --dist loadfile -q --junitxml="$TEST_ARTIFACTS_DIR/junit.xml" "${@:-tests}" || status=$?
 
 if ((status == 5)); then
     echo "test.sh: no tests were collected; treating as failure" >&2

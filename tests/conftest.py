@@ -125,3 +125,16 @@ def spec_bench_prompts(spec_bench_questions):
         if q["category"] not in out or len(text) < len(out[q["category"]]):
             out[q["category"]] = text
     return out
+
+
+def pytest_sessionfinish(session):
+    """The vLLM servers the tests started run in sessions of their own, so a test process that dies (a worker
+    killed for memory) leaves them running, holding gigabytes. The controlling process stops whatever is left."""
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: its fixtures stop its engines
+        return
+    from app.service import vllm
+
+    base = session.config._tmp_path_factory.getbasetemp() if hasattr(session.config, "_tmp_path_factory") else None
+    for server in (base.glob("**/engines/builds/*/" + vllm.SERVER_JSON) if base else ()):
+        if vllm.Processes(server.parent.parent, vllm.Settings()).stop(server.parent.name):
+            print(f"\nstopped a vLLM engine left running by a test: {server.parent}", file=sys.stderr)

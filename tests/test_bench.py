@@ -122,7 +122,7 @@ def run_cli(*args, timeout=900):
 def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     out = tmp_path / "results" / "bench.json"  # a folder that does not exist yet
     proc = run_cli(
-        "bench", "--categories", "summarization,rag", "--limit", "1", "--modes", "prompt_lookup,lookahead",
+        "bench", "--categories", "qa,translation", "--limit", "1", "--modes", "prompt_lookup,lookahead",
         "--lookahead-config", "3,3,2", "--peers", "--max-new-tokens", "12", "--dtype", "float32", "--json", str(out),
         "--vllm-python", str(tmp_path / "no-vllm" / "python"),  # the transformers peers only (vLLM's: test_vllm.py)
     )
@@ -132,7 +132,7 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     assert list(summary) == ["autoregressive", "prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"]
     for mode, row in summary.items():
         assert {"tokens_per_s", "speedup", "mean_accepted_tokens", "identical_share"} <= set(row), mode
-        assert set(row["categories"]) == {"summarization", "rag"}
+        assert set(row["categories"]) == {"qa", "translation"}
         assert row["tokens_per_s"] > 0
     # float32: every lossless mode reproduces autoregressive exactly, and so does transformers' greedy generate
     for mode in ("prompt_lookup", "lookahead", "hf_generate", "hf_prompt_lookup"):
@@ -143,7 +143,7 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     cost = result["verify_cost"]
     assert cost["tokens"] == list(bench.VERIFY_SIZES) and cost["relative"][0] == 1.0
     assert {"cpu_capability", "fast_bf16", "threads"} <= set(result["settings"])
-    assert "verify pass of k tokens vs one" in proc.stdout and "summarization" in proc.stdout
+    assert "verify pass of k tokens vs one" in proc.stdout and "translation" in proc.stdout
     assert [(r["mode"], r["peer"]) for r in result["versus"]] == [("autoregressive", "hf_generate"),
                                                                    ("prompt_lookup", "hf_prompt_lookup")]
     assert "prompt_lookup / hf_prompt_lookup: " in proc.stdout
