@@ -42,7 +42,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "vllm: starts real vLLM engines (.venv-vllm; scripts/setup-vllm.sh installs it)")
 
 
+# The longest modules first: scripts/test.sh hands whole files to its two workers in collection order, and
+# a long module dealt out last keeps one worker busy alone at the end.
+FIRST = ("test_vllm.py", "test_web.py", "test_defaults.py", "test_cli.py", "test_public.py", "test_bench.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: each module keeps its order
     if HAS_BUNDLED:
         return
     skip = pytest.mark.skip(reason=BUNDLED_SKIP_REASON)

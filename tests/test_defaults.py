@@ -134,7 +134,7 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     assert summary["settings"]["data_source"] == ("sharegpt" if kind == "draft" else "self")
     assert summary["settings"]["eagle_ce_weight"] == 0.5
     assert summary["lr"] == {"medusa": 1e-3, "eagle": 5e-4, "eagle3": 2e-3, "draft": 3e-4}[kind]  # each kind's default
-    if kind != "draft":
+    if kind == "medusa":  # the heads' self-distilled answers are shipped alike for every kind: checked once
         (answers,) = (engines / "data").glob("self-*/")
         assert json.loads((answers / "key.json").read_text())["dtype"] == "torch.float32"
         proc = run_cli("ship-data", "--engines-dir", str(engines), "--output-dir", str(tmp_path / "shipped"))

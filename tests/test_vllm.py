@@ -103,10 +103,10 @@ def test_engine_starts_is_reused_and_listed(service, store):
 
 def test_greedy_speculative_outputs_equal_vllm_autoregressive(service):
     """float32, greedy: every vLLM method gives vLLM's own autoregressive output token for token."""
-    bases = {prompt: generate(service, AR, prompt) for prompt in PROMPTS}
+    bases = {prompt: generate(service, AR, prompt, max_new_tokens=32) for prompt in PROMPTS}
     for spec, prompts in ((NGRAM, PROMPTS), (DRAFT, PROMPTS[1:]), (MEDUSA, PROMPTS[1:])):
         for prompt in prompts:
-            run = generate(service, spec, prompt)
+            run = generate(service, spec, prompt, max_new_tokens=32)
             assert run.token_ids == bases[prompt].token_ids, (spec["decoding_type"], prompt)
             assert run.end["token_ids"] == run.token_ids
     # Memory for the suite's other worker; the draft_model engine stays up for the tests that kill and remove it.
