@@ -123,11 +123,15 @@ def test_timing_of_a_prefill_alone():
 
 
 def test_timing_with_unknown_times():
+    """An engine that does not report its steps' times (vLLM) gets a sentence, not an empty pair of axes."""
     steps = load("lookahead")["steps"]
     hidden = [{**s, "draft_time_s": None, "verify_time_s": None} for s in steps]
     fig = charts.timing(hidden)
-    assert list(fig.data[0].y) == [None] * (len(steps) - 1)
-    assert not fig.layout.annotations, "an unknown prefill time is not named"
+    assert not fig.data and [a.text for a in fig.layout.annotations] == [
+        "Not reported: this engine does not say how long its steps' drafting and verifying took."]
+    # One step with a time is enough for the bars (the others are gaps).
+    partly = hidden[:2] + [{**hidden[2], "verify_time_s": 0.01}] + hidden[3:]
+    assert list(charts.timing(partly).data[1].y)[1] == pytest.approx(10.0)
 
 
 def test_compare():
@@ -351,6 +355,16 @@ def test_acceptance_by_depth_counts_each_depth_only_where_the_draft_reached_it()
     assert list(fig.data[0].x) == [1, 2, 3]
     assert list(fig.data[0].y) == [0.75, 2 / 3, 1.0]
     assert list(fig.data[0].text) == ["3/4", "2/3", "2/2"]
+
+
+def test_acceptance_by_depth_from_an_engines_counters():
+    """vLLM shows no drafts, only counters: drafts reaching position d are those accepted at d − 1."""
+    steps = [_step([], [], kind="prefill"), _step([], [])]
+    counters = {"num_drafts": 10, "num_draft_tokens": 40, "num_accepted_tokens": 9, "accepted_per_pos": [6, 3, 0, 0]}
+    fig = charts.acceptance_by_depth(steps, counters)
+    assert list(fig.data[0].text) == ["6/10", "3/6", "0/3"]  # position 4: no draft reached it, no bar
+    title = fig.layout.title.text
+    assert "engine's counters" in title and len(title) <= 45, title  # the full phrase was cut at the chart's width
 
 
 @pytest.mark.parametrize("mode", MODES)

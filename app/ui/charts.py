@@ -247,7 +247,7 @@ def acceptance_by_depth(events: list[dict], spec_decode: Mapping | None = None) 
         return _empty(title)
     offered, accepted = acceptance_counts(events)
     if not offered and isinstance(spec_decode, Mapping) and spec_decode.get("num_drafts"):
-        title = "Acceptance by draft position (the engine's counters)"
+        title = "Acceptance by position (engine's counters)"  # short: the full phrase was cut at the chart's width
         accepted = [int(x) for x in spec_decode.get("accepted_per_pos") or []]
         offered = [int(spec_decode["num_drafts"])] + accepted[:-1]
         # A draft shorter than d never reaches d: this reads a little low where drafts vary in length (ngram).
@@ -292,6 +292,8 @@ def timing(events: list[dict]) -> go.Figure:
     events = [e for e in events if e.get("kind") != "prefill"]
     if not events and not prefill:
         return _empty(title)
+    if events and not any(_number(e.get(k)) is not None for e in events for k in ("draft_time_s", "verify_time_s")):
+        return _empty(title, "Not reported: this engine does not say how long its steps' drafting and verifying took.")
     x = [e.get("step", i) for i, e in enumerate(events)]
 
     def ms(key: str) -> list[float | None]:
