@@ -51,6 +51,13 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle-depth", type=int, default=5)
     p.add_argument("--eagle-top-k", type=int, default=4)
     p.add_argument("--eagle-choices", default=None, help="EAGLE static tree (rank paths) instead of the dynamic tree")
+    p.add_argument("--suffix-max-draft-len", type=int, default=24, help="suffix: draft at most this many tokens (vLLM's num_speculative_tokens)")
+    p.add_argument("--suffix-decoding-max-tree-depth", type=int, default=24, help="suffix: the suffix tree's depth (match + draft)")
+    p.add_argument("--suffix-decoding-max-spec-factor", type=float, default=1.0, help="suffix: draft at most this times the match length")
+    p.add_argument("--suffix-decoding-min-token-prob", type=float, default=0.1, help="suffix: stop drafting below this estimated probability")
+    p.add_argument("--suffix-decoding-max-cached-requests", type=int, default=0,
+                   help="suffix on vLLM: also count this many earlier requests' responses (shared by all requests; 0 = none)")
+    p.add_argument("--use-tree-spec", action="store_true", help="suffix: verify the most probable continuations as a tree (transformers backend)")
     p.add_argument(
         "--min-path-prob", type=float, default=None,
         help="Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower "
@@ -116,6 +123,10 @@ def request_data(args: argparse.Namespace, mode: str) -> dict:
         spec = _ngram_spec(args)
     elif mode == "draft_target":
         spec = {"max_draft_len": args.max_draft_len, "speculative_model": args.draft_model}
+    elif mode == "suffix":
+        spec = {"max_draft_len": args.suffix_max_draft_len, "use_tree_spec": args.use_tree_spec,
+                **{f"suffix_decoding_{k}": getattr(args, f"suffix_decoding_{k}")
+                   for k in ("max_tree_depth", "max_spec_factor", "min_token_prob", "max_cached_requests")}}
     elif mode == "medusa":
         spec = {"medusa_choices": args.medusa_choices, "speculative_model": args.medusa_model,
                 "typical_acceptance": args.typical_acceptance, "posterior_threshold": args.posterior_threshold,

@@ -15,9 +15,10 @@ from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.lookahead import Lookahead
 from app.decoding.drafters.prompt_lookup import PromptLookup
+from app.decoding.drafters.suffix import Suffix
 from app.decoding.sampling import SamplingParams
 
-MODES = ("autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle")
+MODES = ("autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix")
 # Tree modes that can verify prompt lookup's candidates in their tree too (drafters/merged.py); as a
 # bench row or --mode, "<mode>+prompt_lookup".
 MERGEABLE = ("medusa", "eagle")
@@ -67,6 +68,12 @@ class DecodingConfig:
     eagle_top_k: int = 4
     eagle_choices: str | None = None
     eagle_min_path_prob: float = 0.0  # prune dynamic-tree nodes whose draft path probability is lower
+    # suffix: vLLM's suffix_decoding_* settings (num_speculative_tokens = max_draft_len)
+    suffix_max_draft_len: int = 24
+    suffix_max_tree_depth: int = 24
+    suffix_max_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1
+    suffix_use_tree_spec: bool = False
     # medusa / eagle: also verify prompt lookup's candidates (the settings above) in the same tree
     merge_prompt_lookup: bool = False
     # generation
@@ -94,6 +101,9 @@ class DecodingConfig:
             return Lookahead(W, N, G, request=self.lookahead_request, pool_from_prompt=self.pool_from_prompt)
         if self.mode == "prompt_lookup":
             return self._prompt_lookup()
+        if self.mode == "suffix":
+            return Suffix(self.suffix_max_draft_len, self.suffix_max_tree_depth, self.suffix_max_spec_factor,
+                          self.suffix_min_token_prob, self.suffix_use_tree_spec)
         if self.mode == "draft_target":
             return DraftModel(companion.model, self.max_draft_len, d2t=companion.draft_vocab)
         if self.mode == "medusa":

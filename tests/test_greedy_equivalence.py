@@ -13,6 +13,7 @@ from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.lookahead import Lookahead
 from app.decoding.drafters.prompt_lookup import PromptLookup
+from app.decoding.drafters.suffix import Suffix
 from app.decoding.sampling import SamplingParams, probs
 from app.decoding.target import TransformersTarget
 from app.decoding.types import Proposal
@@ -324,6 +325,8 @@ BUNDLED_MODES = {
     "lookahead_4_3_4": lambda b: Lookahead(4, 3, 4),
     "lookahead_5_4_5": lambda b: Lookahead(5, 4, 5),
     "draft_target_self_3": lambda b: DraftModel(b.model, 3),
+    "suffix": lambda b: Suffix(),
+    "suffix_tree": lambda b: Suffix(max_spec_factor=2.0, use_tree_spec=True),
 }
 
 

@@ -15,6 +15,7 @@ from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.lookahead import Lookahead
 from app.decoding.drafters.prompt_lookup import PromptLookup
+from app.decoding.drafters.suffix import Suffix
 from app.decoding.sampling import SamplingParams
 from helpers import chisquare_gof, chisquare_two_sample, empirical, marginal, reference_probs, run, total_variation
 
@@ -31,6 +32,8 @@ WARPED = dict(temperature=0.8, top_k=5, top_p=0.9)
 MODES = {
     "prompt_lookup": lambda m, d: PromptLookup(3, 2),
     "lookahead": lambda m, d: Lookahead(3, 3, 3),
+    "suffix": lambda m, d: Suffix(3, 8, 1.0, 0.1),
+    "suffix_tree": lambda m, d: Suffix(3, 8, 2.0, 0.0, use_tree_spec=True),  # deterministic trees: recursive rejection
     "draft_target": lambda m, d: DraftModel(d, 3),
     # q is zero outside a 5-token draft vocabulary (ids 0, 2, 3, 5, 6 of 8): Leviathan stays exact
     "draft_target_reduced_vocab": lambda m, d: DraftModel(d, 3, d2t=torch.tensor([0, 1, 1, 2, 2])),

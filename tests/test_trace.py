@@ -9,6 +9,7 @@ from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.lookahead import Lookahead, max_draft_len
 from app.decoding.drafters.prompt_lookup import PromptLookup
+from app.decoding.drafters.suffix import Suffix
 from app.decoding.loop import ContextError, generate
 from app.decoding.sampling import SamplingParams
 from app.decoding.target import TransformersTarget
@@ -30,6 +31,8 @@ MODES = {
     "lookahead_5_4_5_nopool": lambda m, d: Lookahead(5, 4, 5, pool_from_prompt=False),
     "draft_target_small_4": lambda m, d: DraftModel(d, 4),
     "draft_target_self_3": lambda m, d: DraftModel(m, 3),
+    "suffix_chain": lambda m, d: Suffix(8, 16, 1.0, 0.1),
+    "suffix_tree": lambda m, d: Suffix(8, 16, 2.0, 0.0, use_tree_spec=True),
 }
 SPECULATIVE = [m for m in MODES if m != "autoregressive"]
 

@@ -16,7 +16,7 @@ from app.ui import charts, render
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "traces"
-MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle"]
+MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
 RECORDINGS = sorted((ROOT / "assets" / "traces").glob("*.json"))
 
 

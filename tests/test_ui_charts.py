@@ -10,7 +10,7 @@ from app.ui import charts
 from app.ui.learn import MODE_LABELS
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
-MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle"]
+MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
 STEP_CHARTS = [charts.race, charts.tokens_per_step, charts.tokens_per_step_hist, charts.throughput, charts.timing]
 
 

@@ -12,7 +12,7 @@ from app.service import traces
 from app.ui import learn, render
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
-MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle"]
+MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
 VOID = {"br", "hr", "img", "input", "meta", "link", "wbr"}
 
 

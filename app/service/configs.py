@@ -36,6 +36,9 @@ MAX_DRAFT_CAPS = 32  # entries of ngram_draft_lens
 MAX_TREE_DEPTH = 16  # num_eagle_layers, num_medusa_heads
 MAX_EAGLE_TOP_K = 16  # dynamic_tree_max_topK
 MAX_LOOKAHEAD = 256  # each of W, N, G (their max_draft_len is bounded by MAX_DRAFT_LEN too)
+MAX_SUFFIX_DEPTH = 64  # suffix_decoding_max_tree_depth: the suffix tree holds up to depth nodes per context token
+MAX_SPEC_FACTOR = 64.0
+MAX_CACHED_REQUESTS = 100_000
 # What one step of the transformers backend may do, so a step stays well under a second on a 2-core CPU
 # (float32, SmolLM2-135M; measured in docs/ui.md, "Hosting publicly"): the time limit is checked between
 # steps, so bounding a step bounds how long a request can outlive it. TensorRT-LLM's engines keep their own limits.
@@ -59,6 +62,11 @@ TRTLLM_BACKENDS = {
     "lookahead": ("tensorrt",),
     "medusa": ("tensorrt",),
     "eagle": ("pytorch", "tensorrt"),
+    "suffix": (),
+}
+TRTLLM_MISSING = {
+    "suffix": "its SADecodingConfig (suffix automaton) drafts what followed the context's longest earlier match, "
+              "prompt lookup's idea without counts; run suffix decoding on the transformers or vllm backend",
 }
 
 
@@ -195,6 +203,36 @@ class NGramDecodingConfig(_Config):
             raise ConfigError(f"ngram_draft_lens must be non-negative, got {_short(list(self.ngram_draft_lens))}")
         if any(k > MAX_DRAFT_LEN for k in self.ngram_draft_lens):
             raise ConfigError(f"ngram_draft_lens entries are draft lengths, at most {MAX_DRAFT_LEN}; got {_short(list(self.ngram_draft_lens))}")
+
+
+class SuffixDecodingConfig(_Config):
+    """Suffix decoding (SuffixDecoding; vLLM's `suffix` method): the most frequent continuation of the
+    context's longest recurring suffix, counted in a suffix tree over the prompt and the output so far.
+    Field names are vLLM's (`suffix_decoding_*`); `max_draft_len` is its num_speculative_tokens."""
+
+    decoding_type: Literal["Suffix"] = "Suffix"
+    max_draft_len: int = 24
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    # vLLM also counts up to this many earlier requests' responses, shared by every request an engine serves:
+    # 0 keeps each request's drafts its own (on a public Space, nobody's drafts come from another visitor's text).
+    suffix_decoding_max_cached_requests: int = 0
+    # Ours (the transformers backend): verify the most probable continuations as a tree instead of one chain.
+    use_tree_spec: bool = False
+    mode: ClassVar[str] = "suffix"
+
+    def check(self) -> None:
+        if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
+            raise ConfigError(f"suffix decoding needs 0 < max_draft_len (num_speculative_tokens) <= {MAX_DRAFT_LEN}, got {_short(self.max_draft_len)}")
+        if not 1 <= self.suffix_decoding_max_tree_depth <= MAX_SUFFIX_DEPTH:
+            raise ConfigError(f"suffix_decoding_max_tree_depth must be in [1, {MAX_SUFFIX_DEPTH}], got {_short(self.suffix_decoding_max_tree_depth)}")
+        if not (math.isfinite(self.suffix_decoding_max_spec_factor) and 0 <= self.suffix_decoding_max_spec_factor <= MAX_SPEC_FACTOR):
+            raise ConfigError(f"suffix_decoding_max_spec_factor must be in [0, {MAX_SPEC_FACTOR:g}], got {_short(self.suffix_decoding_max_spec_factor)}")
+        if not 0 <= self.suffix_decoding_min_token_prob <= 1:
+            raise ConfigError(f"suffix_decoding_min_token_prob must be in [0, 1], got {_short(self.suffix_decoding_min_token_prob)}")
+        if not 0 <= self.suffix_decoding_max_cached_requests <= MAX_CACHED_REQUESTS:
+            raise ConfigError(f"suffix_decoding_max_cached_requests must be in [0, {MAX_CACHED_REQUESTS}], got {_short(self.suffix_decoding_max_cached_requests)}")
 
 
 class DraftTargetDecodingConfig(_Config):
@@ -336,6 +374,7 @@ SpeculativeConfig = Annotated[
         DraftTargetDecodingConfig,
         MedusaDecodingConfig,
         EagleDecodingConfig,
+        SuffixDecodingConfig,
     ],
     Field(discriminator="decoding_type"),
 ]
@@ -346,6 +385,7 @@ MODE_TYPES = {
     "draft_target": "Draft_Target",
     "medusa": "Medusa",
     "eagle": "Eagle",
+    "suffix": "Suffix",
 }
 
 
@@ -385,6 +425,9 @@ class DecodeRequest(_Config):
             raise ConfigError(f"max_new_tokens is limited to {max_new_tokens_limit} here, got {self.max_new_tokens}")
         if self.backend == "transformers":
             _step_budget(self)
+            if getattr(self.speculative_config, "suffix_decoding_max_cached_requests", 0):
+                raise ConfigError("suffix_decoding_max_cached_requests is the vLLM engine's (a cache of earlier responses "
+                                  "shared by every request): this app's loop drafts from each request's own text, use 0")
         if self.dtype != "auto" and self.backend not in ("transformers", "vllm"):
             raise ConfigError(
                 f"dtype {self.dtype} can be chosen per request on the transformers and vllm backends only; "
@@ -398,6 +441,8 @@ class DecodeRequest(_Config):
                 raise ConfigError(reason)
         if self.backend == "tensorrt_llm":
             allowed = TRTLLM_BACKENDS[self.mode]
+            if not allowed:
+                raise ConfigError(f"TensorRT-LLM has no {self.mode} decoding: {TRTLLM_MISSING[self.mode]}")
             flavour = self.trtllm_backend or allowed[0]
             if flavour not in allowed:
                 raise ConfigError(
@@ -457,6 +502,10 @@ def to_runtime(request: DecodeRequest) -> DecodingConfig:
         fields.update(_ngram_fields(c))
     elif isinstance(c, DraftTargetDecodingConfig):
         fields.update(draft_model=c.speculative_model, max_draft_len=c.max_draft_len)
+    elif isinstance(c, SuffixDecodingConfig):
+        fields.update(suffix_max_draft_len=c.max_draft_len, suffix_max_tree_depth=c.suffix_decoding_max_tree_depth,
+                      suffix_max_spec_factor=c.suffix_decoding_max_spec_factor,
+                      suffix_min_token_prob=c.suffix_decoding_min_token_prob, suffix_use_tree_spec=c.use_tree_spec)
     elif isinstance(c, MedusaDecodingConfig):
         spec = c.medusa_choices
         fields.update(medusa_model=c.speculative_model, medusa_choices=spec if isinstance(spec, str) else _json(spec),
@@ -532,6 +581,8 @@ def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
     if isinstance(c, MedusaDecodingConfig):
         return {"decoding_type": "Medusa", "max_draft_len": c.max_draft_len, "medusa_choices": c.paths(),
                 "num_medusa_heads": c.num_medusa_heads, "speculative_model": c.speculative_model}
+    if not isinstance(c, EagleDecodingConfig):
+        raise ConfigError(f"TensorRT-LLM has no {c.mode} decoding: {TRTLLM_MISSING.get(c.mode, '')}")
     out = {"decoding_type": "Eagle", "max_draft_len": c.num_eagle_layers, "speculative_model": c.speculative_model}
     if c.eagle_choices is not None:
         paths = _eagle_paths(c)

@@ -262,6 +262,8 @@ SOURCE = {
                       "scores": ("list", "num?", MAX_NODES), "paths": ("list", ("list", "int", 64), MAX_NODES)}),
     "depth": "int", "top_k": "int", "total_tokens": "int", "static_nodes": "int", "heads": "int", "min_path_prob": "num",
     "acceptance": "str", "observed": "str", "not_visible": ("list", "str", 32), "engine": "str",
+    "suffix": ("opt", ("dict", {"match": ("list", "id", 256), "count": "int", "probs": ("list", "num?", MAX_NODES),
+                                "score": "num", "tree": "bool"})),
     "prompt_lookup": ("dict", {"match": ("opt", _MATCH), "matches": _MATCHES, "nodes": ("list", "int", MAX_NODES),
                                "new_nodes": "int"}),
 }

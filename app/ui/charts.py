@@ -31,6 +31,7 @@ COLORS = {
     "lookahead": "#009E73",
     "medusa": "#CC79A7",
     "eagle": "#D55E00",
+    "suffix": "#DDCC77",  # Tol's sand: the last hue apart from the others
     # merged trees: Okabe-Ito's sky blue, and Tol's wine (its black would vanish on a dark page)
     "medusa+prompt_lookup": "#56B4E9",
     "eagle+prompt_lookup": "#882255",

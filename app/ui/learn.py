@@ -11,6 +11,7 @@ MODE_LABELS = {
     "lookahead": "Lookahead",
     "medusa": "Medusa",
     "eagle": "EAGLE",
+    "suffix": "Suffix",
 }
 
 
@@ -166,6 +167,31 @@ enough to pay. Published GPU speedups: 2.2–3.6×.
 
 **Merged with prompt lookup** (checkbox): prompt lookup's copies join the tree (SpecInfer's merged
 tree), verified in one pass; tagged PL.
+""",
+    "suffix": """\
+### Suffix decoding
+No draft model: prompt lookup with counts. A suffix tree holds every substring of the prompt and the
+output so far (up to `suffix_decoding_max_tree_depth` tokens) with how often it occurs. For m = 1,
+2, … while the text's last m tokens recur, the draft follows their **most frequent continuation**: a
+token's probability is how often it followed over how often its path occurred. It stops below
+`suffix_decoding_min_token_prob` or after `suffix_decoding_max_spec_factor` × m tokens, and the draft
+whose probabilities sum highest is verified (SuffixDecoding, Oliaro et al., 2024).
+
+**Parameters** (vLLM's `suffix` method): `num_speculative_tokens` (here `max_draft_len`, 24),
+`suffix_decoding_max_tree_depth` (24), `…_max_spec_factor` (1.0), `…_min_token_prob` (0.1),
+`…_max_cached_requests`: vLLM can also count earlier requests' responses, shared by all requests;
+this app sets 0 so each request drafts from its own text. specdec adds `use_tree_spec` (verify the
+likeliest continuations as a tree; vLLM verifies a chain). TensorRT-LLM's `SADecodingConfig` (a
+suffix automaton) copies the longest earlier match, without counts.
+
+**Lossless:** yes, under greedy and exact sampling (the draft is deterministic).
+
+**When it helps:** text that repeats within the answer or from the prompt: code, lists, structured
+output, quoting answers, agent loops. The counts choose among earlier continuations, and the match
+length says how far to trust one.
+
+**On a 2-core CPU:** drafting is a dictionary walk (well under a millisecond); the cost is the extra
+positions verified. With nothing recurring it drafts nothing and runs at baseline speed.
 """,
     "eagle": """\
 ### EAGLE (draft on the target's features)

@@ -337,6 +337,8 @@ def infer_mode(events: Iterable[Any] | Mapping | None) -> str | None:
         source = event.get("source") or {}
         if "draft_probs" in source:
             return "draft_target"
+        if "suffix" in source:
+            return "suffix"
         if "match" in source or "matches" in source:
             return "prompt_lookup"
         if "candidates" in source or "window" in source:
@@ -490,6 +492,8 @@ def _source_html(mode, event, source, texts, context, prompt_len, tokens, parent
         return _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents)
     if mode == "lookahead":
         return _lookahead_html(source, texts, context, accepted)
+    if mode == "suffix":
+        return _suffix_html(source.get("suffix"), texts, context, prompt_len, tokens, parents)
     if mode == "draft_target":
         return _draft_probs_html(source, texts, tokens, event)
     if mode in ("medusa", "eagle") and isinstance(source.get("prompt_lookup"), Mapping):
@@ -590,6 +594,35 @@ def _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents) -> 
             f'<div class="sd-row">{"".join(row)}</div>'
             '<p class="sd-note">boxed: the matched n-gram · underlined: the continuation copied as the draft · '
             "dashed box: the end of the text it matched</p>" + extra)
+
+
+def _suffix_html(suffix, texts, context, prompt_len, tokens, parents) -> str:
+    """Which recurring suffix the draft continues, where it occurred before and what followed it each time."""
+    if not isinstance(suffix, Mapping) or not suffix.get("match"):
+        return ('<p class="sd-note">Suffix decoding: the text\'s last token does not occur earlier with a continuation '
+                "likely enough, so nothing was drafted.</p>")
+    match = [t for t in suffix["match"] if isinstance(t, int)]
+    m, size = len(match), len(context)
+    key = "".join(_tok(t, texts, "ctx-key") for t in match)
+    earlier = [i for i in range(size - m) if context[i : i + m] == match] if context[size - m :] == match else []
+    follows: dict[int, int] = {}
+    for i in earlier:
+        follows[context[i + m]] = follows.get(context[i + m], 0) + 1
+    probs = suffix.get("probs") or []
+    shape = "tree of the most probable continuations" if suffix.get("tree") else "chain along the most frequent continuation"
+    drafted = "".join(_tok(t, texts, "ctx-cont") + (f'<sub class="sd-note">{esc(probs[i])}</sub>' if i < len(probs) else "")
+                      for i, t in enumerate(tokens))
+    rows = "".join(f"<tr><td>{_tok(t, texts, '')}</td><td>{esc(n)}</td></tr>"
+                   for t, n in sorted(follows.items(), key=lambda kv: -kv[1])[:8])
+    table = (f'<table class="sd-table"><tr><th>what followed it</th><th>times</th></tr>{rows}</table>'
+             if rows else "")
+    where = (f"at position{'s' if len(earlier) > 1 else ''} {esc(', '.join(str(i) for i in earlier[:12]))}"
+             + (" …" if len(earlier) > 12 else "")) if earlier else ""
+    return (f"<p>Suffix decoding: the last {m} token(s) of the text, {key}, occurred {esc(len(earlier))} time(s) "
+            f"before {where} (prompt: positions below {esc(prompt_len)}). The draft is a {shape}; each token's "
+            f"estimated probability is how often it followed, over how often its path occurred: {drafted}. "
+            f"Their sum, {esc(suffix.get('score'))}, was the best of the match lengths tried (a match of m tokens "
+            "drafts at most spec-factor × m).</p>" + table)
 
 
 def _lookahead_html(source, texts, context, accepted) -> str:
