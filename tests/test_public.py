@@ -184,7 +184,7 @@ def raw_call(url, api_name, args):
     return last
 
 
-def raw_refusal(url, args, api_name="run"):
+def raw_refusal(url, args, api_name="run_controls"):
     event, message = raw_call(url, api_name, args)
     assert event == "error" and isinstance(message, str) and BARE not in message and len(message.split()) >= 3, (event, message)
     return message
@@ -253,7 +253,7 @@ NUMBER = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_i
 def test_api_run_fuzz_gives_a_run_or_a_sentence(app_url, mode, values, tokens, prompt):
     if isinstance(tokens, int) and not 1 <= tokens <= 6:
         tokens = 6  # a valid draw runs a generation: keep it short (the bounds have their own cases)
-    event, answer = raw_call(app_url[0], "run", run_args(mode, prompt=prompt, max_new_tokens=tokens, **values))
+    event, answer = raw_call(app_url[0], "run_controls", run_args(mode, prompt=prompt, max_new_tokens=tokens, **values))
     if event == "error":
         assert isinstance(answer, str) and BARE not in answer and len(answer.split()) >= 3, answer
     else:
@@ -279,7 +279,7 @@ def test_api_training_over_the_caps_is_refused_before_it_starts(client):
 
 
 def test_api_still_runs_normally_after_all_that(client):
-    view, status = client.predict(*run_args(), api_name="/run")[:2]
+    view, status = client.predict(*run_args(), api_name="/run_controls")[:2]
     assert "finished" in status and view.count("tok-added") >= 1
 
 

@@ -55,8 +55,8 @@ def test_the_server_binds_to_loopback_only(app_url):
     assert app_url.startswith("http://127.0.0.1:")
     info = json.load(urllib.request.urlopen(app_url + "/gradio_api/info", timeout=10))
     endpoints = set(info["named_endpoints"])
-    assert {"/run", "/stop", "/inspect", "/replay", "/replay_recording", "/compare", "/engine_build", "/engine_plan",
-            "/engine_remove", "/train", "/train_stop"} <= endpoints
+    assert {"/run", "/run_controls", "/stop", "/inspect", "/replay", "/replay_recording", "/compare", "/engine_build",
+            "/engine_plan", "/engine_remove", "/train", "/train_stop"} <= endpoints
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +104,13 @@ def committed_text(html):
 
 @pytest.mark.parametrize("mode", ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle"])
 def test_api_run_streams_and_every_mode_commits_the_autoregressive_output(client, mode):
-    job = client.submit(*run_args(mode), api_name="/run")
+    job = client.submit(*run_args(mode), api_name="/run_controls")
     updates = list(job)
     view, status = job.result()[:2]
     assert len(updates) >= 1
     assert "finished" in status, status
     assert view.count("tok-added") >= 1 and 'data-step="0"' in view
-    reference = client.predict(*run_args("autoregressive"), api_name="/run")[0]
+    reference = client.predict(*run_args("autoregressive"), api_name="/run_controls")[0]
     assert committed_text(view) == committed_text(reference) != ""
     # The session's record (gr.State) is kept between calls: inspect a step of this run.
     detail = client.predict(1, api_name="/inspect")
@@ -120,7 +120,7 @@ def test_api_run_streams_and_every_mode_commits_the_autoregressive_output(client
 
 
 def test_api_run_offers_its_trace_as_a_json_download(client, app_url):
-    out = client.predict(*run_args("lookahead"), api_name="/run")
+    out = client.predict(*run_args("lookahead"), api_name="/run_controls")
     view, download = out[0], out[-1]
     assert download["interactive"] and download["value"]["orig_name"] == "specdec-lookahead-trace.json"
     with urllib.request.urlopen(download["value"]["url"], timeout=10) as f:
@@ -136,10 +136,10 @@ def test_api_run_offers_its_trace_as_a_json_download(client, app_url):
 
 @pytest.mark.parametrize("mode,box", [("medusa", "md_pl"), ("eagle", "eg_pl")])
 def test_api_merged_tree_commits_the_autoregressive_output_and_shows_copied_nodes(client, mode, box):
-    view = client.predict(*run_args(mode, **{box: True}), api_name="/run")[0]
-    reference = client.predict(*run_args("autoregressive"), api_name="/run")[0]
+    view = client.predict(*run_args(mode, **{box: True}), api_name="/run_controls")[0]
+    reference = client.predict(*run_args("autoregressive"), api_name="/run_controls")[0]
     assert committed_text(view) == committed_text(reference) != ""
-    client.predict(*run_args(mode, **{box: True}), api_name="/run")  # the session's record is this run again
+    client.predict(*run_args(mode, **{box: True}), api_name="/run_controls")  # the session's record is this run again
     from gradio_client.exceptions import AppError
 
     details = []
@@ -156,23 +156,91 @@ def test_api_merged_tree_commits_the_autoregressive_output_and_shows_copied_node
 
 
 def test_api_runs_in_the_chosen_dtype_and_says_so(client):
-    out = client.predict(*run_args("prompt_lookup", race=True, dtype="bfloat16"), api_name="/run")
+    out = client.predict(*run_args("prompt_lookup", race=True, dtype="bfloat16"), api_name="/run_controls")
     assert "**Prompt lookup** (bfloat16) finished" in out[1], out[1]
     # It raced the baseline: the status says why it is as fast as it is.
     assert re.search(r"the autoregressive run's tokens/s · after the prefill \d+\.\d\d× = τ \d+\.\d\d ÷ a step costing "
                      r"\d+\.\d\d autoregressive steps \(verify", out[1]), out[1]
-    assert "**Autoregressive** (float32) finished" in client.predict(*run_args("autoregressive"), api_name="/run")[1]
+    plain = client.predict(*run_args("autoregressive"), api_name="/run_controls")
+    assert "**Autoregressive** (float32) finished" in plain[1]
 
 
 def test_api_reports_invalid_settings_and_unavailable_modes(client):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="exceeds the engine"):
-        client.predict(*run_args("lookahead", la_w=8), api_name="/run")
+        client.predict(*run_args("lookahead", la_w=8), api_name="/run_controls")
     with pytest.raises(AppError, match="prompt is empty"):
-        client.predict(*run_args("autoregressive", prompt="  "), api_name="/run")
+        client.predict(*run_args("autoregressive", prompt="  "), api_name="/run_controls")
     assert client.predict(api_name="/stop") == "Nothing is running."
     assert client.predict(api_name="/compare_stop") == "Nothing is running."
+
+
+def readme_example():
+    """The README's "Use it from Python" code, exactly as printed (docs/ui.md shows the same)."""
+    section = (ROOT / "README.md").read_text().split("## Use it from Python", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_api_run_takes_one_request_object_as_the_readme_shows(app_url, capsys):
+    code = readme_example()
+    assert code in (ROOT / "docs" / "ui.md").read_text()
+    assert code.count('"http://127.0.0.1:7860"') == 1
+    scope = {}
+    exec(code.replace('"http://127.0.0.1:7860"', repr(app_url)), scope)
+    trace = scope["trace"]
+    assert trace["text"].strip() and trace["text"] in capsys.readouterr().out
+    assert trace["mode"] == "prompt_lookup" and trace["finish_reason"] in ("eos", "length")
+    assert len(trace["token_ids"]) == sum(len(s["tokens"]) for s in trace["steps"]) == trace["totals"]["new_tokens"]
+    assert trace["request"] == {k: v for k, v in scope["request"].items() if k != "prompt"}
+    assert trace["prompt"] == scope["request"]["prompt"] and trace["dtype"] == "float32"
+
+
+def test_api_run_with_prompt_lookup_settings_streams_and_commits_the_autoregressive_output(client):
+    ngram = {"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 1, "ngram_draft_lens": [],
+             "max_candidates": 1}
+    job = client.submit(request={"prompt": PROMPT, "speculative_config": ngram, "max_new_tokens": 48}, api_name="/run")
+    updates = list(job)
+    trace = job.result()
+    assert updates[-1] == trace and trace["finish_reason"] in ("eos", "length")
+    assert trace["request"]["speculative_config"] == ngram
+    # Its settings held: drafts of at most 3 tokens after a 1-token match; the repeated list made some accepted.
+    drafts = [s for s in trace["steps"] if s["proposed"]["tokens"]]
+    assert drafts and all(len(s["proposed"]["tokens"]) <= 3 and len(s["source"]["match"]["ngram"]) == 1 for s in drafts)
+    assert trace["totals"]["accepted"] >= 1 and trace["totals"]["tokens_per_step"] > 1
+    # Greedy in float32: the tokens of plain decoding (a request without a config is autoregressive).
+    plain = client.predict(request={"prompt": PROMPT, "max_new_tokens": 48}, api_name="/run")
+    assert plain["mode"] == "autoregressive" and plain["totals"]["drafted"] == 0
+    assert trace["token_ids"] == plain["token_ids"] and trace["text"] == plain["text"]
+
+
+def test_api_run_refuses_a_bad_request_in_words(client):
+    from gradio_client.exceptions import AppError
+
+    for request, words in (
+        ({"prompt": "Hi", "speculative_config": {"decoding_type": "Warp"}}, "expected tags: 'Autoregressive', 'Lookahead'"),
+        ({"prompt": "Hi", "mode": "eagle"}, "speculative_config.decoding_type (Autoregressive = autoregressive"),
+        ({"prompt": "Hi", "max_tokens": 8}, "max_tokens: Extra inputs are not permitted"),
+        ({"prompt": "Hi", "sampling": {"temperature": -1}}, "temperature must be a number in [0, 100]"),
+        ({"prompt": "Hi", "max_new_tokens": 4096}, "max_new_tokens is limited to 1024 here"),
+        ({"prompt": "  "}, "the prompt is empty"),
+        ({"prompt": "word " * 14_000}, "this server takes at most"),
+        ({"max_new_tokens": 8}, "request.prompt must be text"),
+        (["Hi"], "request must be an object"),
+    ):
+        with pytest.raises(AppError, match=re.escape(words)):
+            client.predict(request=request, api_name="/run")
+
+
+def test_api_run_is_the_sessions_run_and_stop_cancels_it(client):
+    request = {"prompt": "Write a very long story about a dragon.", "max_new_tokens": 400}
+    job = client.submit(request=request, api_name="/run")
+    for update in job:
+        if len(update["steps"]) >= 3:
+            break
+    assert client.predict(api_name="/stop").startswith("⏹ Stopping")
+    trace = job.result()
+    assert trace["finish_reason"] == "cancelled" and 3 <= len(trace["steps"]) < 400
 
 
 def test_api_replays_a_trace_file_at_once_and_refuses_other_files(client, tmp_path):
@@ -261,7 +329,7 @@ def test_api_train_keeps_a_run_that_the_run_tab_then_decodes_with(client):
     assert [t["name"] for t in json.loads(loss["plot"])["data"]] == ["Training: per step", "mean of the last 10"]
     assert name in json.dumps(eagle) and name not in json.dumps(medusa)  # offered where it fits
     assert name in json.dumps(start)  # and as a start for the next run of its kind
-    view, run_status, *_ = client.predict(*run_args("eagle", eg_model=name), api_name="/run")
+    view, run_status, *_ = client.predict(*run_args("eagle", eg_model=name), api_name="/run_controls")
     assert "EAGLE** (float32) finished" in run_status and "tok-accepted" in view
     from gradio_client.exceptions import AppError
 

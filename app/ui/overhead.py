@@ -2,7 +2,7 @@
 
 The web app is launched in this process (loopback, a free port) on the same Service; each prompt
 and mode then runs alternately through the service directly (what `python -m app generate` does)
-and through the app's public /run endpoint with gradio_client (what a browser triggers: streamed
+and through the Run button's endpoint /run_controls with gradio_client (what a browser triggers: streamed
 redraws of the step view and the charts), and the wall times are compared side by side.
 """
 
@@ -45,7 +45,7 @@ def measure(service: Service, prompts: list[dict], modes: list[str], max_new_tok
                 for _ in range(repeats):  # alternate, so both paths see the same machine state
                     direct.append(_direct(service, data, prompt["text"]))
                     start = time.perf_counter()
-                    client.predict(*args, api_name="/run")
+                    client.predict(*args, api_name="/run_controls")
                     ui.append(time.perf_counter() - start)
             row = {"mode": name, "runs": len(direct), "direct_s": statistics.mean(direct), "ui_s": statistics.mean(ui)}
             row["overhead"] = row["ui_s"] / row["direct_s"] - 1

@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -297,9 +298,9 @@ class Studio:
         weakref.finalize(self, shutil.rmtree, self._traces, ignore_errors=True)
 
     # ------------------------------------------------------------------ jobs
-    def _start(self, session: str, mode: str, values: dict[str, Any], prompt: str):
+    def _start(self, session: str, data: dict[str, Any], prompt: str):
         try:
-            job = self.service.submit(request_from(mode, values), prompt if isinstance(prompt, str) else "", visitor=session)
+            job = self.service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
         except (ConfigError, ModelError, QueueFull) as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
         with self._lock:
@@ -338,8 +339,9 @@ class Studio:
         # A replay skips to its end at once and says so itself: this answer could land after that line.
         return gr.skip() if getattr(job, "replay", False) else "⏹ Stopping after the current step…"
 
-    def _stream(self, session: str, mode: str, values: dict[str, Any], prompt: str, run: Recording):
-        job = self._start(session, mode, values, prompt)
+    def _stream(self, session: str, data: dict[str, Any], prompt: str, run: Recording):
+        """DecodeRequest `data` run as the session's active job (Stop cancels it); each batch of messages added to `run`."""
+        job = self._start(session, data, prompt)
         try:
             for batch in job.batches(REDRAW_S):
                 for message in batch:
@@ -370,14 +372,14 @@ class Studio:
                 baseline = Recording.from_record(baselines[key])
             else:
                 baseline = Recording("autoregressive", base_request, prompt)
-                yield from _paced(self._stream(session, "autoregressive", v, prompt, baseline), lambda part: self._run_outputs(
+                yield from _paced(self._stream(session, base_request, prompt, baseline), lambda part: self._run_outputs(
                     Recording(run_name(mode, v)), part, "Racing… first the autoregressive baseline", baselines, final=False))
                 if baseline.end and baseline.end.get("finish_reason") == "cancelled":
                     yield self._run_outputs(Recording(run_name(mode, v)), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
                     return
                 baselines = {**baselines, key: baseline.record()}
         run = Recording(run_name(mode, v), request_from(mode, v), prompt)
-        yield from _paced(self._stream(session, mode, v, prompt, run),
+        yield from _paced(self._stream(session, run.request, prompt, run),
                           lambda part: self._run_outputs(part, baseline, _status(part), baselines, final=False))
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
             baselines = {**baselines, key: run.record()}
@@ -386,6 +388,32 @@ class Studio:
         trace = folder / f"specdec-{run.mode}-trace.json"
         trace.write_text(json.dumps(run.trace(baseline)))
         yield self._run_outputs(run, baseline, _status(run), baselines, final=True, trace=str(trace))
+
+    def run_request(self, request: dict[str, Any], session: gr.Request) -> Iterator[dict[str, Any]]:
+        """Run one request object: the DecodeRequest JSON (as `generate --json` records it and `serve` takes in
+        `specdec`: speculative_config, sampling, max_new_tokens, backend, dtype, trtllm_backend) plus `prompt`.
+        Yields the trace as it grows; the last value is the whole trace, as `generate --json` prints it."""
+        if not isinstance(request, dict):
+            raise gr.Error("request must be an object: prompt plus the DecodeRequest fields (speculative_config, "
+                           "sampling, max_new_tokens, backend, dtype)", duration=None)
+        data = dict(request)
+        prompt = data.pop("prompt", None)
+        if not isinstance(prompt, str):
+            raise gr.Error("request.prompt must be text: the user turn (the chat template is applied)", duration=None)
+        if "mode" in data:  # the name the Run tab and the command line use; a request says it as a config's type
+            raise gr.Error("a request names its mode in speculative_config.decoding_type (" + ", ".join(
+                f"{t} = {m}" for m, t in MODE_TYPES.items()) + "), not in 'mode'", duration=None)
+        session_hash = session.session_hash if session is not None else "local"
+        try:
+            config = self.service.request(data, session_hash).speculative_config
+        except (ConfigError, ModelError) as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        name = config.mode + MERGED_SUFFIX if getattr(config, "prompt_lookup", None) is not None else config.mode
+        run = Recording(name, data, prompt)
+        for part in self._stream(session_hash, data, prompt, run):
+            # Through JSON, as `generate --json` prints it: Gradio sends a gr.api value as it is, and refuses the
+            # token texts' int keys.
+            yield json.loads(json.dumps(part.trace()))
 
     def _run_outputs(self, run: Recording, baseline: Recording | None, status: str, baselines: dict, final: bool,
                      trace: str | None = None):
@@ -517,7 +545,7 @@ class Studio:
                 return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
                         charts.tau_vs_cost(current), f"Running {learn.label(name)}…", gr.skip())
 
-            yield from _paced(self._stream(session, mode, values, prompt, run), draw)
+            yield from _paced(self._stream(session, request_from(mode, values), prompt, run), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
                 notes.append("⏹ Stopped.")
                 break
@@ -756,8 +784,11 @@ class Studio:
                 menu.change(lambda t: t or gr.update(), menu, box, queue=False, show_progress="hidden", api_visibility="private")
             outputs = [view, status, step, detail, race_plot, tps_plot, depth_plot, hist_plot, speed_plot, time_plot, record,
                        baselines, download]
-            run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run",
+            run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run_controls",
                                     show_progress="hidden", concurrency_id="generate")
+            # gr.api, not an invisible event: an API-only endpoint typed by run_request's signature (one object),
+            # with no hidden components in the page; it queues with the Run button (one concurrency group).
+            gr.api(self.run_request, api_name="run", concurrency_id="generate")
             stop_btn.click(self.stop, None, status, queue=False, api_name="stop")
             # Replays use no model: their own queue, so one never waits behind a generation.
             # First the controls the trace ran with (so Run runs it again here), then the replay.
