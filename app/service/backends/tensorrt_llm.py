@@ -151,6 +151,8 @@ class TensorRTLLMBackend:
 
     def supports(self, mode: str, model: str | None = None) -> str | None:
         # Which of its own backends runs which mode is a config rule (configs.TRTLLM_BACKENDS).
+        if not configs.TRTLLM_BACKENDS.get(mode, ("?",)):
+            return f"TensorRT-LLM has no {mode} decoding: {configs.TRTLLM_MISSING[mode]}"
         return None if self.availability().available else self.availability().reason
 
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
