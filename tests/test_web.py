@@ -410,9 +410,9 @@ def wait_status(page, pattern, timeout=180_000):
 
 
 def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
-    for label in ("Autoregressive", "Draft-target", "Prompt lookup", "Lookahead", "Medusa", "EAGLE"):
+    for label in ("Autoregressive", "Draft-target", "Prompt lookup", "Lookahead", "Medusa", "EAGLE", "Suffix"):
         assert page.get_by_label(label, exact=True).count() == 1, label
-    assert page.inner_text("#modes-note").count("✓") == 6  # all six run on the bundled model here
+    assert page.inner_text("#modes-note").count("✓") == 7  # all seven run on the bundled model here
     assert "TensorRT-LLM is not installed" in page.inner_text("body")
     assert "smollm2-135m-instruct (float32)" in page.inner_text("body")  # the model and the dtype it runs in
     # Every chart of the Run tab is on the page, empty, before anything runs (Plotly loads before the first run).
@@ -440,9 +440,9 @@ def test_browser_examples_fill_the_prompt_of_each_tab(page):
                                arg=[box, summarization])
 
 
-@pytest.mark.parametrize("mode", ["prompt_lookup", "lookahead", "medusa", "eagle", "draft_target", "autoregressive"])
+@pytest.mark.parametrize("mode", ["prompt_lookup", "lookahead", "medusa", "eagle", "draft_target", "autoregressive", "suffix"])
 def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
-    
+
     page.get_by_label(MODE_LABELS[mode], exact=True).check()
     page.fill("#prompt textarea", PROMPT)
     page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(mode == "prompt_lookup")
@@ -482,6 +482,12 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
         screenshot(f"run-{mode}")
     if mode == "draft_target":
         assert page.locator("#step-detail .sd-probs").count() == 1  # the draft's tokens with their probabilities
+    if mode == "suffix":  # a step that drafted: the recurring suffix, where it occurred and what followed it
+        drafted = page.eval_on_selector_all("#step-view .step", "steps => steps.filter(s => s.querySelector("
+                                            "'.tok-accepted, .tok-rejected')).map(s => +s.dataset.step)")
+        set_number(page, "Inspect step", drafted[0])
+        page.wait_for_function("/Suffix decoding: the last/.test(document.querySelector('#step-detail').innerText)")
+        assert "what followed it" in page.inner_text("#step-detail")
 
 
 def test_browser_merge_box_shows_the_prompt_lookup_settings_and_runs(page):
@@ -739,3 +745,43 @@ def test_browser_run_updates_do_not_call_inspect(page):
     set_number(page, "Inspect step", 1)
     page.wait_for_function("() => document.querySelector('#step-detail h4')?.innerText.startsWith('Step 1 ')")
     assert calls() >= 1
+
+
+# ----------------------------------------------------------------------------- shareable links
+
+
+def test_browser_link_sets_up_the_page_and_copy_link_gives_it_back(page, app_url):
+    from app import bench
+
+    summarization = next(r["text"] for r in bench.load_prompts(None, ["summarization"], 1))
+    query = "mode=lookahead&example=241&la=5,3,2&dtype=float32"
+    page.goto(f"{app_url}/?{query}")
+    page.wait_for_function("document.querySelector('#mode input[value=lookahead]')?.checked")
+    page.wait_for_function("t => document.querySelector('#prompt textarea').value === t", arg=summarization)
+    assert page.get_by_label("number input for max_window_size W", exact=True).input_value() == "5"
+    assert page.get_by_label("number input for max_verification_set_size G", exact=True).input_value() == "2"
+    assert page.locator("#dtype").get_by_label("float32", exact=True).is_checked()
+    assert "max_window_size" in page.inner_text("#learn-mode") and page.inner_text("#link-note").strip() == ""
+    page.click("#copy-link")
+    page.wait_for_function("() => /\\?/.test(document.querySelector('#link textarea, #link input')?.value || '')")
+    link = page.locator("#link textarea, #link input").first.input_value()
+    assert link.startswith(app_url) and link.split("?", 1)[1] == "mode=lookahead&example=241&la=5%2C3%2C2&dtype=float32"
+    page.goto(link)  # the copied link opens the same setup
+    page.wait_for_function("document.querySelector('#mode input[value=lookahead]')?.checked")
+    assert page.get_by_label("number input for max_window_size W", exact=True).input_value() == "5"
+
+
+def test_browser_bad_link_parameters_get_a_note_not_an_error(page, app_url):
+    page.goto(f"{app_url}/?mode=warp&la=99,1&tab=compare&pl_ngram=3")
+    page.wait_for_function("/Link: ignored/.test(document.querySelector('#link-note')?.innerText || '')")
+    note = page.inner_text("#link-note")
+    assert "mode=warp" in note and "la=99,1" in note and "pl_ngram" not in note
+    assert page.locator("#cmp-prompt").is_visible()  # tab=compare opened the Compare tab
+    assert page.get_by_label("number input for max_matching_ngram_size", exact=True).input_value() == "3"
+
+
+def test_browser_link_replays_a_recording(page, app_url):
+    name = RECORDINGS[0].stem
+    page.goto(f"{app_url}/?replay={name}")
+    status = wait_status(page, "finished|stopped")
+    assert page.locator("#step-view .step").count() >= 2, status

@@ -35,7 +35,7 @@ from app.service.configs import (MIN_PATH_PROB, MODE_TYPES, DraftTargetDecodingC
 from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
-from app.ui import charts, learn, render
+from app.ui import charts, learn, links, render
 from app.ui.controls import Number, Slider
 from app.ui.train import SHIPPED, TrainTab, visitor_of, artifact_choices
 
@@ -47,6 +47,14 @@ TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda na
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
 COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
+DEFAULT_MODE = "prompt_lookup"  # the Run tab's mode on a fresh page
+# Copy link: the server gives the query string; the browser adds its own address (a proxy's or a Space's, which
+# the server cannot know) and copies it where the page may use the clipboard.
+COPY_LINK_JS = """(q) => {
+  const url = location.origin + location.pathname + (q ? '?' + q : '');
+  if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(url).catch(() => {});
+  return url;
+}"""
 # ... and, where vLLM is installed, the same jobs on its engines (their speedup is over our autoregressive run)
 VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m for m in ("autoregressive", "prompt_lookup", "draft_target", "medusa", "suffix"))
 MERGE_BOX = {"medusa": "md_pl", "eagle": "eg_pl"}  # the control that merges prompt lookup into that mode's tree
@@ -519,6 +527,29 @@ class Studio:
         """A recording shipped in assets/traces/, by its name in the menu."""
         yield from self.replay(request, _recording_path(name), paced, baselines)
 
+    # ------------------------------------------------------------------ links
+    def open_link(self, request: gr.Request) -> list:
+        """The page's setup from its URL's query string (links.parse); what the link gets wrong, in a note."""
+        keep = [gr.skip()] * (3 + len(CONTROLS))
+        query = dict(request.query_params) if request is not None else {}
+        if not query:
+            return [*keep, "", gr.skip(), None]
+        link = links.parse(query, self.page_defaults(), MODES, _example_ids(), RECORDINGS,
+                           lambda m, v: _link_check(self.service, m, v))
+        values = [link.values.get(k, gr.skip()) for k in CONTROLS]
+        return [gr.update(selected=link.tab) if link.tab else gr.skip(), link.prompt or gr.skip(), link.mode or gr.skip(),
+                *values, link.note(), link.replay or gr.skip(), link.replay]
+
+    def page_defaults(self) -> dict[str, Any]:
+        """The controls' values on a fresh page (DEFAULTS, with the choices only the server knows)."""
+        drafts = _draft_choices(self.service)
+        return dict(DEFAULTS, dt_model=drafts[0] if drafts else None, backend=self.service.default_backend("lookahead"))
+
+    def link(self, mode: str, prompt: str, *values) -> Any:
+        """The query string of the Run tab's setup (the browser adds its own address and copies it)."""
+        return gr.update(value=links.build("run", mode, dict(zip(CONTROLS, values)), prompt or "", self.page_defaults(), _example_ids(),
+                                           DEFAULT_MODE, _examples()[0][1]), visible=True)
+
     # ------------------------------------------------------------------ Compare tab
     def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, settings: str, request: gr.Request):
         session = request.session_hash if request is not None else "local"
@@ -648,125 +679,131 @@ class Studio:
                 f"# SpecDec Studio\nWatch speculative decoding step by step on **{service.model}** ({service.dtype}) — "
                 "what was drafted, what the target accepted, what it added, and whether it is faster than plain decoding."
             )
+            link_note = gr.Markdown("", elem_id="link-note")
             baselines = gr.State({})
             compared = gr.State({})  # the last comparison's runs, for its race replay
             record = gr.State({})
-            with gr.Tab("Run", id="run"):
-                with gr.Row():
-                    with gr.Column(scale=1, min_width=340):
-                        prompt = gr.Textbox(label="Prompt", lines=5, value=examples[0][1], elem_id="prompt")
-                        example = _examples_dropdown(examples, "examples")
-                        mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value="prompt_lookup", label="Decoding mode",
-                                        elem_id="mode")
-                        modes_note = gr.Markdown(_modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
-                        with gr.Row():
-                            presets = {name: gr.Button(f"Settings: {name}", size="sm", elem_id=f"preset-{name.split()[0]}")
-                                       for name in PRESETS}
-                        gr.Markdown(f"<small>{_presets_note(service)}</small>", elem_id="presets-note")
-                        c = self._controls(service, availability)
-                        race = gr.Checkbox(value=True, label="Race against autoregressive (runs the baseline once per prompt)")
-                        check = gr.Markdown(check_message(service, "prompt_lookup", dict(DEFAULTS, backend=service.default_backend("lookahead"))),
-                                            elem_id="check")
-                        with gr.Row():
-                            run_btn = gr.Button("Run", variant="primary", elem_id="run")
-                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
-                        with gr.Accordion("Replay a recorded run", open=False, elem_id="replay"):
-                            gr.Markdown("<small>A trace from <b>Download the trace</b> or <code>python -m app generate "
-                                        "--json</code>, drawn step by step as it ran, with the baseline it raced. No model "
-                                        "runs: it looks the same on any machine, busy or not.</small>")
-                            recording = gr.Dropdown([(_recording_label(n), n) for n in RECORDINGS], value=None,
-                                                    label="Recordings shipped with the app (2-core CPU)", elem_id="recordings",
-                                                    visible=bool(RECORDINGS))
+            linked = gr.State(None)  # the recording a link asked to replay
+            with gr.Tabs(selected="run") as tabs:
+                with gr.Tab("Run", id="run"):
+                    with gr.Row():
+                        with gr.Column(scale=1, min_width=340):
+                            prompt = gr.Textbox(label="Prompt", lines=5, value=examples[0][1], elem_id="prompt")
+                            example = _examples_dropdown(examples, "examples")
+                            mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value=DEFAULT_MODE, label="Decoding mode",
+                                            elem_id="mode")
+                            modes_note = gr.Markdown(_modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
                             with gr.Row():
-                                recording_btn = gr.Button("Replay the recording", size="sm", elem_id="replay-recording",
-                                                          visible=bool(RECORDINGS))
-                                upload = gr.UploadButton("Replay a trace file (JSON)…", file_types=[".json"], type="filepath",
-                                                         size="sm", elem_id="replay-upload")
-                            paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
-                        explain = gr.Markdown(learn.LEARN["prompt_lookup"], elem_id="learn-mode")
-                    with gr.Column(scale=2):
-                        status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
-                        view = gr.HTML(render.step_view([], {}), elem_id="step-view")
-                        step = Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
-                        detail = gr.HTML("", elem_id="step-detail")
-                        download = gr.DownloadButton("Download the trace (JSON)", value=None, interactive=False, size="sm",
-                                                     elem_id="download-trace")
-                        # Rows: live while generating (race, tokens per pass); acceptance; speed. Empty charts at
-                        # first, so the browser loads Plotly before the first run instead of during it (on a 2-core
-                        # machine that load slowed the first run's own numbers about twofold).
-                        with gr.Row():
-                            race_plot = gr.Plot(charts.race([], None, label=""), label="Race: tokens vs time", elem_id="race")
-                            tps_plot = gr.Plot(charts.tokens_per_step([]), label="Tokens per target step", elem_id="tokens-per-step")
-                        with gr.Row():
-                            hist_plot = gr.Plot(charts.tokens_per_step_hist([]), label="Tokens per step: histogram", elem_id="histogram")
-                            depth_plot = gr.Plot(charts.acceptance_by_depth([]), label="Acceptance by draft depth", elem_id="acceptance-depth")
-                        with gr.Row():
-                            speed_plot = gr.Plot(charts.throughput([]), label="Tokens/s", elem_id="throughput")
-                            time_plot = gr.Plot(charts.timing([]), label="Draft vs verify time", elem_id="timing")
-            with gr.Tab("Compare", id="compare"):
-                gr.Markdown("One prompt through several modes, one after another, with the chosen settings of each mode "
-                            "and greedy decoding: speed, tokens per target step, and whether the output is identical to "
-                            "autoregressive decoding (always in float32; in bfloat16 outputs can part after a while).")
-                with gr.Row():
-                    with gr.Column(scale=3):
-                        cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], elem_id="cmp-prompt")
-                        cmp_example = _examples_dropdown(examples, "cmp-examples")
-                    with gr.Column(scale=2):
-                        offered = [m for m in COMPARED if m != "autoregressive"]
-                        if service.backends["vllm"].availability().available:
-                            offered += VLLM_COMPARED
-                        cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in offered],
-                                                     value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
-                                                     elem_id="cmp-modes")
-                        cmp_tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
-                        cmp_preset = gr.Radio(list(PRESETS), value=PRESETS[0], label="settings", elem_id="cmp-preset",
-                                              info=_presets_note(service))
-                        cmp_dtype = _dtype_radio(service, "cmp-dtype")
-                with gr.Row():
-                    cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")
-                    cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
-                    cmp_replay = gr.Button("Replay the race side by side", elem_id="compare-replay")
-                cmp_status = gr.Markdown("", elem_id="cmp-status")
-                cmp_table = gr.HTML(render.summary_table([]), elem_id="cmp-table")
-                with gr.Row():
-                    cmp_race = gr.Plot(charts.race_runs({}), label="Race", elem_id="cmp-race")
-                    cmp_bars = gr.Plot(charts.compare([]), label="Speedup", elem_id="cmp-speedup")
-                    cmp_tau = gr.Plot(charts.tau_vs_cost([]), label="τ vs step time", elem_id="cmp-tau-cost")
-            with gr.Tab("Train", id="train"):
-                self.trainer.layout({"medusa": c["md_model"], "eagle": c["eg_model"]})
-            with gr.Tab("Learn", id="learn"):
-                gr.Markdown(learn.OVERVIEW)
-                gr.HTML(_example_tree(), elem_id="learn-tree")
-                gr.Markdown(learn.PASS_COST)
-                cost_btn = gr.Button("Measure (float32 and bfloat16)", elem_id="cost-run")
-                cost_note = gr.Markdown("", elem_id="cost-note")
-                cost_plot = gr.Plot(charts.pass_cost([]), label="Verify cost", elem_id="cost-plot")
-                costs = gr.State([])
-                gr.Markdown(learn.EARNINGS)
-                draft_cost = Slider(0, 0.5, value=0, step=0.01, label="draft cost per drafted token (× a one-token pass)",
-                                       elem_id="draft-cost")
-                earn_note = gr.Markdown("", elem_id="earn-note")
-                earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
-                for m in MODES:
-                    with gr.Accordion(learn.MODE_LABELS[m], open=False):
-                        gr.Markdown(learn.LEARN[m])
-            with gr.Tab("Engines", id="engines"):
-                gr.Markdown("Builds are content-addressed directories under `engines/builds/`: built once, reused, "
-                            "built atomically. **Build** prepares what the Run tab's current mode and settings need on "
-                            "the chosen backend; **Plan** shows what a TensorRT-LLM build would run."
-                            + (" On this public server you see the operator's builds (read-only) and the ones you made "
-                               "in this page, and remove only yours." if service.policy.public else ""))
-                eng_status = gr.Markdown("", elem_id="eng-status")
-                # A callable: each page load lists what a new visitor sees (in public mode, the operator's builds).
-                eng_table = gr.Dataframe(self.engines_table, headers=["id", "model", "mode", "backend", "kind", "created",
-                                                                        "build s", "MB"], interactive=False, elem_id="eng-table")
-                with gr.Row():
-                    eng_build = gr.Button("Build for the Run tab's settings", variant="primary", elem_id="eng-build")
-                    eng_plan_btn = gr.Button("Plan", elem_id="eng-plan")
-                with gr.Row():
-                    eng_id = gr.Dropdown(self._ids(), label="Build", value=None, elem_id="eng-id")
-                    eng_rm = gr.Button("Remove", variant="stop", elem_id="eng-rm")
-                eng_plan = gr.Code(language="json", label="Plan", elem_id="eng-plan-out")
+                                presets = {name: gr.Button(f"Settings: {name}", size="sm", elem_id=f"preset-{name.split()[0]}")
+                                           for name in PRESETS}
+                            gr.Markdown(f"<small>{_presets_note(service)}</small>", elem_id="presets-note")
+                            c = self._controls(service, availability)
+                            race = gr.Checkbox(value=True, label="Race against autoregressive (runs the baseline once per prompt)")
+                            check = gr.Markdown(check_message(service, DEFAULT_MODE, dict(DEFAULTS, backend=service.default_backend("lookahead"))),
+                                                elem_id="check")
+                            with gr.Row():
+                                run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                                stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                                link_btn = gr.Button("Copy link", size="sm", elem_id="copy-link")
+                            link_box = gr.Textbox(label="Link to this setup (copied)", visible=False, elem_id="link",
+                                                  buttons=["copy"])
+                            with gr.Accordion("Replay a recorded run", open=False, elem_id="replay"):
+                                gr.Markdown("<small>A trace from <b>Download the trace</b> or <code>python -m app generate "
+                                            "--json</code>, drawn step by step as it ran, with the baseline it raced. No model "
+                                            "runs: it looks the same on any machine, busy or not.</small>")
+                                recording = gr.Dropdown([(_recording_label(n), n) for n in RECORDINGS], value=None,
+                                                        label="Recordings shipped with the app (2-core CPU)", elem_id="recordings",
+                                                        visible=bool(RECORDINGS))
+                                with gr.Row():
+                                    recording_btn = gr.Button("Replay the recording", size="sm", elem_id="replay-recording",
+                                                              visible=bool(RECORDINGS))
+                                    upload = gr.UploadButton("Replay a trace file (JSON)…", file_types=[".json"], type="filepath",
+                                                             size="sm", elem_id="replay-upload")
+                                paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
+                            explain = gr.Markdown(learn.LEARN[DEFAULT_MODE], elem_id="learn-mode")
+                        with gr.Column(scale=2):
+                            status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
+                            view = gr.HTML(render.step_view([], {}), elem_id="step-view")
+                            step = Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
+                            detail = gr.HTML("", elem_id="step-detail")
+                            download = gr.DownloadButton("Download the trace (JSON)", value=None, interactive=False, size="sm",
+                                                         elem_id="download-trace")
+                            # Rows: live while generating (race, tokens per pass); acceptance; speed. Empty charts at
+                            # first, so the browser loads Plotly before the first run instead of during it (on a 2-core
+                            # machine that load slowed the first run's own numbers about twofold).
+                            with gr.Row():
+                                race_plot = gr.Plot(charts.race([], None, label=""), label="Race: tokens vs time", elem_id="race")
+                                tps_plot = gr.Plot(charts.tokens_per_step([]), label="Tokens per target step", elem_id="tokens-per-step")
+                            with gr.Row():
+                                hist_plot = gr.Plot(charts.tokens_per_step_hist([]), label="Tokens per step: histogram", elem_id="histogram")
+                                depth_plot = gr.Plot(charts.acceptance_by_depth([]), label="Acceptance by draft depth", elem_id="acceptance-depth")
+                            with gr.Row():
+                                speed_plot = gr.Plot(charts.throughput([]), label="Tokens/s", elem_id="throughput")
+                                time_plot = gr.Plot(charts.timing([]), label="Draft vs verify time", elem_id="timing")
+                with gr.Tab("Compare", id="compare"):
+                    gr.Markdown("One prompt through several modes, one after another, with the chosen settings of each mode "
+                                "and greedy decoding: speed, tokens per target step, and whether the output is identical to "
+                                "autoregressive decoding (always in float32; in bfloat16 outputs can part after a while).")
+                    with gr.Row():
+                        with gr.Column(scale=3):
+                            cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], elem_id="cmp-prompt")
+                            cmp_example = _examples_dropdown(examples, "cmp-examples")
+                        with gr.Column(scale=2):
+                            offered = [m for m in COMPARED if m != "autoregressive"]
+                            if service.backends["vllm"].availability().available:
+                                offered += VLLM_COMPARED
+                            cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in offered],
+                                                         value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
+                                                         elem_id="cmp-modes")
+                            cmp_tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
+                            cmp_preset = gr.Radio(list(PRESETS), value=PRESETS[0], label="settings", elem_id="cmp-preset",
+                                                  info=_presets_note(service))
+                            cmp_dtype = _dtype_radio(service, "cmp-dtype")
+                    with gr.Row():
+                        cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")
+                        cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+                        cmp_replay = gr.Button("Replay the race side by side", elem_id="compare-replay")
+                    cmp_status = gr.Markdown("", elem_id="cmp-status")
+                    cmp_table = gr.HTML(render.summary_table([]), elem_id="cmp-table")
+                    with gr.Row():
+                        cmp_race = gr.Plot(charts.race_runs({}), label="Race", elem_id="cmp-race")
+                        cmp_bars = gr.Plot(charts.compare([]), label="Speedup", elem_id="cmp-speedup")
+                        cmp_tau = gr.Plot(charts.tau_vs_cost([]), label="τ vs step time", elem_id="cmp-tau-cost")
+                with gr.Tab("Train", id="train"):
+                    self.trainer.layout({"medusa": c["md_model"], "eagle": c["eg_model"]})
+                with gr.Tab("Learn", id="learn"):
+                    gr.Markdown(learn.OVERVIEW)
+                    gr.HTML(_example_tree(), elem_id="learn-tree")
+                    gr.Markdown(learn.PASS_COST)
+                    cost_btn = gr.Button("Measure (float32 and bfloat16)", elem_id="cost-run")
+                    cost_note = gr.Markdown("", elem_id="cost-note")
+                    cost_plot = gr.Plot(charts.pass_cost([]), label="Verify cost", elem_id="cost-plot")
+                    costs = gr.State([])
+                    gr.Markdown(learn.EARNINGS)
+                    draft_cost = Slider(0, 0.5, value=0, step=0.01, label="draft cost per drafted token (× a one-token pass)",
+                                           elem_id="draft-cost")
+                    earn_note = gr.Markdown("", elem_id="earn-note")
+                    earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
+                    for m in MODES:
+                        with gr.Accordion(learn.MODE_LABELS[m], open=False):
+                            gr.Markdown(learn.LEARN[m])
+                with gr.Tab("Engines", id="engines"):
+                    gr.Markdown("Builds are content-addressed directories under `engines/builds/`: built once, reused, "
+                                "built atomically. **Build** prepares what the Run tab's current mode and settings need on "
+                                "the chosen backend; **Plan** shows what a TensorRT-LLM build would run."
+                                + (" On this public server you see the operator's builds (read-only) and the ones you made "
+                                   "in this page, and remove only yours." if service.policy.public else ""))
+                    eng_status = gr.Markdown("", elem_id="eng-status")
+                    # A callable: each page load lists what a new visitor sees (in public mode, the operator's builds).
+                    eng_table = gr.Dataframe(self.engines_table, headers=["id", "model", "mode", "backend", "kind", "created",
+                                                                            "build s", "MB"], interactive=False, elem_id="eng-table")
+                    with gr.Row():
+                        eng_build = gr.Button("Build for the Run tab's settings", variant="primary", elem_id="eng-build")
+                        eng_plan_btn = gr.Button("Plan", elem_id="eng-plan")
+                    with gr.Row():
+                        eng_id = gr.Dropdown(self._ids(), label="Build", value=None, elem_id="eng-id")
+                        eng_rm = gr.Button("Remove", variant="stop", elem_id="eng-rm")
+                    eng_plan = gr.Code(language="json", label="Plan", elem_id="eng-plan-out")
 
             inputs = [c[name] for name in CONTROLS]
             # What the settings decide is shown: the service's verdict on them (before anything runs), which
@@ -832,6 +869,12 @@ class Studio:
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
+            # A link opens the page set up as it says; Copy link writes the current setup's link.
+            redraw(demo.load(self.open_link, None, [tabs, prompt, mode, *inputs, link_note, recording, linked], **quiet)).then(
+                self.replay_recording, [linked, paced, baselines], outputs, show_progress="hidden", concurrency_id="replay",
+                concurrency_limit=4, api_visibility="private")
+            link_btn.click(self.link, [mode, prompt, *inputs], link_box, **quiet).then(
+                None, link_box, link_box, js=COPY_LINK_JS, **quiet)
             demo.unload(self.visitor_left)
             del run_evt, cmp_evt
         return demo
@@ -1018,6 +1061,19 @@ def _draft_choices(service: Service) -> list[str]:
     from app import models
 
     return [name for name, (base, _) in models.DRAFT_ALIASES.items() if base == service.model]
+
+
+def _example_ids() -> dict[int, str]:
+    """Every Spec-Bench first turn shipped, by question id (what a link's `example=` names)."""
+    return {int(r["id"]): r["text"] for r in bench.load_prompts(None, None, None)}
+
+
+def _link_check(service: Service, mode: str, values: dict[str, Any]) -> str | None:
+    try:
+        service.request(request_from(mode, values))
+    except (ConfigError, ValueError, TypeError) as err:
+        return str(err)
+    return None
 
 
 def _examples() -> list[tuple[str, str]]:

@@ -1,0 +1,150 @@
+"""Shareable links: the Run tab's setup as a URL query string, and back. Pure functions, no Gradio.
+
+A link names what differs from the page's defaults: `?mode=lookahead&la=4,3,4&example=81&dtype=float32`,
+`?replay=eagle-roleplay-bfloat16`, `?tab=compare`. Every control of the Run tab is a parameter under its
+own name (`pl_ngram=3`, `sx_tree=1`); `la`, `la_req` and `pl` are short forms. What a link gets wrong is
+dropped with a one-line note, never an error page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+TABS = ("run", "compare", "train", "learn", "engines")
+# Short forms: one parameter for a group of controls, comma-separated in this order.
+SHORT = {"la": ("la_W", "la_N", "la_G"), "la_req": ("la_w", "la_n", "la_g"),
+         "pl": ("pl_ngram", "pl_num_tokens")}
+MAX_PROMPT = 2000  # characters a link carries; longer prompts are left out of it (a note says so)
+MAX_NOTE_ITEMS = 6
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass
+class Link:
+    """What a query string sets: each field None (or empty) where it sets nothing."""
+
+    tab: str | None = None
+    mode: str | None = None
+    prompt: str | None = None
+    replay: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)  # control name -> value
+    notes: list[str] = field(default_factory=list)  # what was ignored, and why
+
+    def note(self) -> str:
+        if not self.notes:
+            return ""
+        more = len(self.notes) - MAX_NOTE_ITEMS
+        return "Link: ignored " + "; ".join(self.notes[:MAX_NOTE_ITEMS]) + (f"; and {more} more" if more > 0 else "") + "."
+
+
+def _value(text: str, default: Any) -> Any:
+    """`text` as the type of the control's default; ValueError when it is not one."""
+    if isinstance(default, bool):
+        low = text.strip().lower()
+        if low in TRUE or low in FALSE:
+            return low in TRUE
+        raise ValueError("not true or false")
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        x = float(text)
+        if x != x or x in (float("inf"), float("-inf")):
+            raise ValueError("not a finite number")
+        return x
+    return text
+
+
+def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[str, ...], examples: Mapping[int, str],
+          recordings: tuple[str, ...], check: Callable[[str, dict[str, Any]], str | None]) -> Link:
+    """The setup a query string asks for. `defaults`: the controls and their default values (their types);
+    `examples`: Spec-Bench prompts by id; `check(mode, values)`: None when the settings run, else why not."""
+    link = Link()
+    for key, raw in query.items():
+        text = str(raw)
+        shown = f"{key}={text[:40]}"
+        if key == "tab":
+            if text.lower() in TABS:
+                link.tab = text.lower()
+            else:
+                link.notes.append(f"{shown} (tabs: {', '.join(TABS)})")
+        elif key == "mode":
+            if text in modes:
+                link.mode = text
+            else:
+                link.notes.append(f"{shown} (modes: {', '.join(modes)})")
+        elif key == "prompt":
+            link.prompt = text[:MAX_PROMPT]
+        elif key == "example":
+            try:
+                link.prompt = examples[int(text)]
+            except (ValueError, KeyError):
+                link.notes.append(f"{shown} (not a Spec-Bench question id, e.g. {min(examples) if examples else 81})")
+        elif key == "replay":
+            if text in recordings:
+                link.replay = text
+            else:
+                link.notes.append(f"{shown} (recordings: {', '.join(recordings)})")
+        elif key in SHORT or key in defaults:
+            names = SHORT.get(key, (key,))
+            parts = text.split(",") if key in SHORT else [text]
+            if len(parts) != len(names):
+                link.notes.append(f"{shown} ({len(names)} comma-separated values: {', '.join(names)})")
+                continue
+            try:
+                link.values.update({n: _value(p, defaults[n]) for n, p in zip(names, parts)})
+            except ValueError as err:
+                link.notes.append(f"{shown} ({err})")
+                continue
+            if key == "la" and "la_req" not in query:  # the request runs the whole window unless the link says less
+                link.values.update({"la_w": link.values["la_W"], "la_n": link.values["la_N"], "la_g": link.values["la_G"]})
+        else:
+            link.notes.append(f"{shown} (unknown parameter)")
+    if link.values:
+        reason = check(link.mode or "autoregressive", {**defaults, **link.values})
+        if reason:
+            link.notes.append(f"the settings {', '.join(f'{k}={v}' for k, v in link.values.items())} ({reason})")
+            link.values = {}
+    return link
+
+
+def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, defaults: Mapping[str, Any],
+          examples: Mapping[int, str], default_mode: str, default_prompt: str) -> str:
+    """The query string (without '?') that `parse` reads back as this setup: only what differs from the defaults."""
+    query: dict[str, str] = {}
+    if tab and tab != TABS[0]:
+        query["tab"] = tab
+    if mode != default_mode:
+        query["mode"] = mode
+    ids = {text: i for i, text in examples.items()}
+    if prompt != default_prompt:
+        if prompt in ids:
+            query["example"] = str(ids[prompt])
+        elif len(prompt) <= MAX_PROMPT:
+            query["prompt"] = prompt
+    changed = {k: v for k, v in values.items() if k in defaults and v != defaults[k] and v is not None}
+    window = tuple(values.get(n) for n in SHORT["la"])
+    for short, names in SHORT.items():
+        if not any(n in changed for n in names):
+            continue
+        if short == "la_req" and tuple(values[n] for n in names) == window:
+            pass  # a link's window alone runs the whole window (parse)
+        else:
+            query[short] = ",".join(_text(values[n]) for n in names)
+        for n in names:
+            changed.pop(n, None)
+    if "la" not in query and "la_req" not in query and tuple(values.get(n) for n in SHORT["la_req"]) != window:
+        query["la_req"] = ",".join(_text(values[n]) for n in SHORT["la_req"])
+    for k, v in changed.items():
+        query[k] = _text(v)
+    return urlencode(query)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -1,0 +1,83 @@
+"""app.ui.links: a setup as a query string and back; what a link gets wrong is a note, never an error."""
+
+from urllib.parse import parse_qsl
+
+import pytest
+
+from app.config import MODES
+from app.ui import links
+from app.ui.web import CONTROLS, DEFAULTS
+
+EXAMPLES = {81: "Compose an engaging travel blog post.", 241: "Summarize this article."}
+RECORDINGS = ("eagle-roleplay-bfloat16", "lookahead-math_reasoning-bfloat16")
+
+
+def refuse_big_windows(mode, values):
+    return "W is at most 8 here" if values["la_W"] > 8 else None
+
+
+def parse(query: str, check=refuse_big_windows) -> links.Link:
+    return links.parse(dict(parse_qsl(query, keep_blank_values=True)), DEFAULTS, MODES, EXAMPLES, RECORDINGS, check)
+
+
+def build(mode, values, prompt, tab="run"):
+    return links.build(tab, mode, {**DEFAULTS, **values}, prompt, DEFAULTS, EXAMPLES, "prompt_lookup", EXAMPLES[81])
+
+
+def test_the_issue_example():
+    link = parse("mode=lookahead&la=4,3,4&example=241&present=1")
+    assert link.mode == "lookahead" and link.prompt == EXAMPLES[241]
+    assert link.values == {"la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4}
+    assert link.notes == ["present=1 (unknown parameter)"]
+
+
+@pytest.mark.parametrize("mode,values,prompt", [
+    ("lookahead", {"la_W": 5, "la_N": 4, "la_G": 2, "la_w": 5, "la_n": 4, "la_g": 2}, EXAMPLES[241]),
+    ("lookahead", {"la_W": 5, "la_w": 3}, "my own prompt, with & and = and ?"),
+    ("prompt_lookup", {"pl_ngram": 3, "pl_oldest": False, "pl_candidates": 2, "pl_draft_lens": ""}, EXAMPLES[81]),
+    ("suffix", {"sx_tree": True, "sx_factor": 2.5, "sx_len": 10}, "x"),
+    ("eagle", {"eg_total": 24, "eg_depth": 5, "eg_pl": True, "dtype": "float32", "temperature": 0.7, "seed": 3}, "y"),
+    ("prompt_lookup", {}, EXAMPLES[81]),
+])
+def test_round_trip(mode, values, prompt):
+    query = build(mode, values, prompt)
+    link = parse(query, check=lambda m, v: None)
+    assert link.notes == []
+    assert (link.mode or "prompt_lookup") == mode and (link.prompt or EXAMPLES[81]) == prompt
+    assert {**DEFAULTS, **link.values} == {**DEFAULTS, **values}
+    if not values and mode == "prompt_lookup":
+        assert query == ""  # the page's own defaults need no parameters
+
+
+def test_every_control_round_trips_alone():
+    for key in CONTROLS:
+        default = DEFAULTS[key]
+        if default is None or key == "backend":
+            continue
+        other = (not default if isinstance(default, bool) else default + 1 if isinstance(default, (int, float))
+                 else "3,7" if key == "pl_draft_lens" else default + "x")
+        link = parse(build("prompt_lookup", {key: other}, EXAMPLES[81]), check=lambda m, v: None)
+        assert link.values.get(key) == other and not link.notes, key
+
+
+@pytest.mark.parametrize("query,note", [
+    ("mode=fast", "mode=fast (modes:"),
+    ("tab=nowhere", "tab=nowhere (tabs:"),
+    ("example=7", "example=7 (not a Spec-Bench question id"),
+    ("replay=../../etc/passwd", "replay=../../etc/passwd (recordings:"),
+    ("la=4,3", "la=4,3 (3 comma-separated values"),
+    ("pl_oldest=maybe", "pl_oldest=maybe (not true or false)"),
+    ("la_W=four", "la_W=four (invalid literal"),
+    ("temperature=nan", "temperature=nan (not a finite number)"),
+    ("mode=lookahead&la=9,3,4", "(W is at most 8 here)"),
+])
+def test_bad_parameters_are_ignored_with_a_note(query, note):
+    link = parse(query)
+    assert note in link.note() and link.note().startswith("Link: ignored ")
+    assert link.values == {} and link.replay is None
+
+
+def test_good_parameters_survive_bad_ones_and_the_note_stays_short():
+    link = parse("mode=eagle&" + "&".join(f"junk{i}=1" for i in range(20)) + "&tab=compare&replay=eagle-roleplay-bfloat16")
+    assert link.mode == "eagle" and link.tab == "compare" and link.replay == "eagle-roleplay-bfloat16"
+    assert link.note().endswith("and 14 more.") and len(link.note()) < 300
