@@ -25,10 +25,11 @@ def build(mode, values, prompt, tab="run"):
 
 
 def test_the_issue_example():
-    link = parse("mode=lookahead&la=4,3,4&example=241&present=1")
-    assert link.mode == "lookahead" and link.prompt == EXAMPLES[241]
+    link = parse("mode=lookahead&la=4,3,4&example=241&present=1&slides=1")
+    assert link.mode == "lookahead" and link.prompt == EXAMPLES[241] and link.present is True
     assert link.values == {"la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4}
-    assert link.notes == ["present=1 (unknown parameter)"]
+    assert link.notes == ["slides=1 (unknown parameter)"]
+    assert parse(links.build("run", "eagle", DEFAULTS, "z", DEFAULTS, EXAMPLES, "prompt_lookup", "", present=True)).present
 
 
 @pytest.mark.parametrize("mode,values,prompt", [

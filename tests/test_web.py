@@ -785,3 +785,37 @@ def test_browser_link_replays_a_recording(page, app_url):
     page.goto(f"{app_url}/?replay={name}")
     status = wait_status(page, "finished|stopped")
     assert page.locator("#step-view .step").count() >= 2, status
+
+
+def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_url):
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(f"{app_url}/?present=1&mode=suffix")
+    page.wait_for_function("document.body.classList.contains('sd-presenting')")
+    page.fill("#prompt textarea", PROMPT)
+    page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(False)
+    page.click("#run")
+    wait_status(page, "finished")
+    last = int(page.get_by_label("number input for Inspect step", exact=True).input_value())
+    assert last >= 3
+    heading = "n => document.querySelector('#step-detail h4')?.innerText.startsWith(`Step ${n} `)"
+    page.click("#status")  # focus off the inputs: the keys step the run
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function(heading, arg=last - 1)
+    narration = page.inner_text("#step-detail .sd-narration")
+    assert "target" in narration.lower() and len(narration) > 30
+    big = page.eval_on_selector("#step-detail .sd-narration", "e => parseFloat(getComputedStyle(e).fontSize)")
+    assert big >= 24  # reads from the back of a room
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(heading, arg=last)
+    set_number(page, "Inspect step", 1)
+    page.wait_for_function(heading, arg=1)
+    page.fill("#pace input", "0.3")  # the script reads the box as it plays
+    page.click("#status")
+    page.keyboard.press(" ")  # play: the steps advance on their own
+    page.wait_for_function(heading, arg=3, timeout=20_000)
+    page.click("#step-play")  # pause
+    page.click("#step-back")
+    page.wait_for_function("() => /^Step \\d+ /.test(document.querySelector('#step-detail h4')?.innerText || '')")
+    page.uncheck("#present input")
+    page.wait_for_function("!document.body.classList.contains('sd-presenting')")
+    assert not page.locator("#presenter-row").is_visible()

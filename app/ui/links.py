@@ -1,7 +1,7 @@
 """Shareable links: the Run tab's setup as a URL query string, and back. Pure functions, no Gradio.
 
 A link names what differs from the page's defaults: `?mode=lookahead&la=4,3,4&example=81&dtype=float32`,
-`?replay=eagle-roleplay-bfloat16`, `?tab=compare`. Every control of the Run tab is a parameter under its
+`?replay=eagle-roleplay-bfloat16`, `?tab=compare`, `?present=1` (presenter mode). Every control of the Run tab is a parameter under its
 own name (`pl_ngram=3`, `sx_tree=1`); `la`, `la_req` and `pl` are short forms. What a link gets wrong is
 dropped with a one-line note, never an error page.
 """
@@ -30,6 +30,7 @@ class Link:
     mode: str | None = None
     prompt: str | None = None
     replay: str | None = None
+    present: bool | None = None
     values: dict[str, Any] = field(default_factory=dict)  # control name -> value
     notes: list[str] = field(default_factory=list)  # what was ignored, and why
 
@@ -82,6 +83,11 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
                 link.prompt = examples[int(text)]
             except (ValueError, KeyError):
                 link.notes.append(f"{shown} (not a Spec-Bench question id, e.g. {min(examples) if examples else 81})")
+        elif key == "present":
+            try:
+                link.present = _value(text, False)
+            except ValueError as err:
+                link.notes.append(f"{shown} ({err})")
         elif key == "replay":
             if text in recordings:
                 link.replay = text
@@ -111,7 +117,7 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
 
 
 def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, defaults: Mapping[str, Any],
-          examples: Mapping[int, str], default_mode: str, default_prompt: str) -> str:
+          examples: Mapping[int, str], default_mode: str, default_prompt: str, present: bool = False) -> str:
     """The query string (without '?') that `parse` reads back as this setup: only what differs from the defaults."""
     query: dict[str, str] = {}
     if tab and tab != TABS[0]:
@@ -139,6 +145,8 @@ def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, de
         query["la_req"] = ",".join(_text(values[n]) for n in SHORT["la_req"])
     for k, v in changed.items():
         query[k] = _text(v)
+    if present:
+        query["present"] = "1"
     return urlencode(query)
 
 

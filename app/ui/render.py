@@ -271,6 +271,73 @@ def _split(event: Mapping) -> tuple[list[int], list[int], str]:
     return tokens[:n_acc], tokens[n_acc:], kind if kind in ADDED_KINDS else "next"
 
 
+# ----------------------------------------------------------------------------- narration
+
+_DRAFTED_BY = {
+    "draft_target": "The draft model proposed {n} token(s), one small pass each",
+    "lookahead": "Lookahead offered {n} token(s) from its n-gram pool and Jacobi window",
+    "medusa": "Medusa's heads proposed a tree of {n} token(s) from the target's last hidden state",
+    "eagle": "EAGLE's draft layer grew a tree of {n} token(s) from the target's features",
+}
+
+
+def _quotes(ids: list[int], texts: dict[int, str], most: int = 6) -> str:
+    shown = "".join(_piece(t, texts) for t in ids[:most]).replace("\n", "↵")
+    return f"“{shown}”" + ("…" if len(ids) > most else "")
+
+
+def _drafted(mode: str | None, source: Mapping, n: int, texts: dict[int, str]) -> str:
+    """Where this step's n draft tokens came from, in one clause."""
+    if mode == "prompt_lookup" and isinstance(source.get("match"), Mapping):
+        match = source["match"]
+        where = "the prompt" if match.get("in_prompt") else "the text written so far"
+        key = [t for t in match.get("ngram") or [] if isinstance(t, int)]
+        return f"Prompt lookup copied {n} token(s) that followed {_quotes(key, texts)} earlier in {where}"
+    if mode == "suffix" and isinstance(source.get("suffix"), Mapping):
+        key = [t for t in source["suffix"].get("match") or [] if isinstance(t, int)]
+        count = source["suffix"].get("count")
+        seen = f", seen {count - 1} time(s) before" if isinstance(count, int) and count > 1 else ""
+        return f"Suffix decoding drafted the most frequent continuation of {_quotes(key, texts)}{seen}: {n} token(s)"
+    text = _DRAFTED_BY.get(mode or "", "The drafter proposed {n} token(s)").format(n=n)
+    return text + (" and prompt lookup added its copy to the tree" if isinstance(source.get("prompt_lookup"), Mapping) else "")
+
+
+def narrate(event: Mapping | None, texts: Mapping[Any, str], mode: str | None = None) -> str:
+    """One or two plain sentences on a step, from its trace alone: what was drafted and from where, what the
+    target accepted, what it added, and what the pass bought. Plain text (the caller escapes it)."""
+    if not event or not isinstance(event, Mapping):
+        return ""
+    texts = norm_texts(texts)
+    mode = mode or infer_mode([event])
+    accepted, added, kind = _split(event)
+    committed = len(event.get("tokens") or [])
+    if event.get("kind") == "prefill":
+        return (f"The target read the whole prompt in one pass and wrote its first token, "
+                f"{_quotes(added or accepted, texts)}. Nothing is drafted before the first token.")
+    if _engine_step(event):
+        return (f"The engine's step committed {committed} token(s), {_quotes(accepted + added, texts)}: "
+                f"{len(accepted)} of its draft accepted plus the target's own. Its draft is not visible.")
+    drafted = len(event.get("proposed", {}).get("tokens") or []) if isinstance(event.get("proposed"), Mapping) else 0
+    tokens, _ = _parents(event)
+    drafted = len(tokens) or drafted
+    own = _quotes(added, texts) if added else ""
+    if not drafted:
+        return (f"Nothing matched, so nothing was drafted: one pass, one token, {own}." if mode != "autoregressive"
+                else f"No draft: one target pass writes one token, {own}.")
+    first = _drafted(mode, event.get("source") or {}, drafted, texts) + "."
+    if accepted:
+        took = f"The target accepted {len(accepted)} of them, {_quotes(accepted, texts)}"
+    else:
+        took = "The target accepted none of them"
+    why = {"correction": f"and wrote {own} where the draft went wrong",
+           "bonus": f"and, as every drafted token on the path held, added {own} for free",
+           "next": f"and added {own}"}.get(kind, "") if added else "and the output ended there"
+    cost = "cost almost nothing" if mode in ("prompt_lookup", "suffix", "lookahead") else "cost its drafting time"
+    gain = (f" One pass, {committed} tokens." if committed > 1 else
+            f" One pass, one token: this step's draft {cost} and earned nothing.")
+    return f"{first} {took}, {why}.{gain}"
+
+
 # ----------------------------------------------------------------------------- step view
 
 
@@ -369,7 +436,8 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     source = event.get("source") or {}
     mode = infer_mode([event])
 
-    out = [f"<h4>Step {esc(number)} · {esc(event.get('kind') or 'decode')}</h4>"]
+    out = [f"<h4>Step {esc(number)} · {esc(event.get('kind') or 'decode')}</h4>",
+           f'<p class="sd-narration">{esc(narrate(event, texts, mode))}</p>']
     if _engine_step(event):
         summary = [f"accepted {len(accepted)}", f"committed {len(event.get('tokens') or [])}",
                    f"{source.get('engine')} engine step: its draft and timings are not visible"]

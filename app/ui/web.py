@@ -35,7 +35,7 @@ from app.service.configs import (MIN_PATH_PROB, MODE_TYPES, DraftTargetDecodingC
 from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
-from app.ui import charts, learn, links, render
+from app.ui import charts, learn, links, presenter, render
 from app.ui.controls import Number, Slider
 from app.ui.train import SHIPPED, TrainTab, visitor_of, artifact_choices
 
@@ -530,7 +530,7 @@ class Studio:
     # ------------------------------------------------------------------ links
     def open_link(self, request: gr.Request) -> list:
         """The page's setup from its URL's query string (links.parse); what the link gets wrong, in a note."""
-        keep = [gr.skip()] * (3 + len(CONTROLS))
+        keep = [gr.skip()] * (4 + len(CONTROLS))
         query = dict(request.query_params) if request is not None else {}
         if not query:
             return [*keep, "", gr.skip(), None]
@@ -538,17 +538,17 @@ class Studio:
                            lambda m, v: _link_check(self.service, m, v))
         values = [link.values.get(k, gr.skip()) for k in CONTROLS]
         return [gr.update(selected=link.tab) if link.tab else gr.skip(), link.prompt or gr.skip(), link.mode or gr.skip(),
-                *values, link.note(), link.replay or gr.skip(), link.replay]
+                *values, gr.skip() if link.present is None else link.present, link.note(), link.replay or gr.skip(), link.replay]
 
     def page_defaults(self) -> dict[str, Any]:
         """The controls' values on a fresh page (DEFAULTS, with the choices only the server knows)."""
         drafts = _draft_choices(self.service)
         return dict(DEFAULTS, dt_model=drafts[0] if drafts else None, backend=self.service.default_backend("lookahead"))
 
-    def link(self, mode: str, prompt: str, *values) -> Any:
+    def link(self, mode: str, prompt: str, present: bool, *values) -> Any:
         """The query string of the Run tab's setup (the browser adds its own address and copies it)."""
         return gr.update(value=links.build("run", mode, dict(zip(CONTROLS, values)), prompt or "", self.page_defaults(), _example_ids(),
-                                           DEFAULT_MODE, _examples()[0][1]), visible=True)
+                                           DEFAULT_MODE, _examples()[0][1], present=bool(present)), visible=True)
 
     # ------------------------------------------------------------------ Compare tab
     def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, settings: str, request: gr.Request):
@@ -722,6 +722,14 @@ class Studio:
                                 paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
                             explain = gr.Markdown(learn.LEARN[DEFAULT_MODE], elem_id="learn-mode")
                         with gr.Column(scale=2):
+                            present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
+                                                  "space plays it)", elem_id="present")
+                            with gr.Row(elem_id="presenter-row"):
+                                back_btn = gr.Button("◀ step", size="sm", elem_id="step-back")
+                                play_btn = gr.Button("play / pause", size="sm", elem_id="step-play")
+                                next_btn = gr.Button("step ▶", size="sm", elem_id="step-next")
+                                pace = Number(value=1.5, label="seconds per step", minimum=0.2, maximum=30, step=0.1, interactive=True,
+                                              elem_id="pace")
                             status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
                             view = gr.HTML(render.step_view([], {}), elem_id="step-view")
                             step = Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
@@ -869,11 +877,16 @@ class Studio:
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
+            present.change(None, present, None, js=presenter.TOGGLE_JS, **quiet)
+            for button, js in ((back_btn, "() => { window.sdStep(-1); }"), (next_btn, "() => { window.sdStep(1); }"),
+                               (play_btn, "() => { window.sdPlay(); }")):
+                button.click(None, None, None, js=js, **quiet)
             # A link opens the page set up as it says; Copy link writes the current setup's link.
-            redraw(demo.load(self.open_link, None, [tabs, prompt, mode, *inputs, link_note, recording, linked], **quiet)).then(
+            redraw(demo.load(self.open_link, None, [tabs, prompt, mode, *inputs, present, link_note, recording, linked],
+                             **quiet)).then(
                 self.replay_recording, [linked, paced, baselines], outputs, show_progress="hidden", concurrency_id="replay",
                 concurrency_limit=4, api_visibility="private")
-            link_btn.click(self.link, [mode, prompt, *inputs], link_box, **quiet).then(
+            link_btn.click(self.link, [mode, prompt, present, *inputs], link_box, **quiet).then(
                 None, link_box, link_box, js=COPY_LINK_JS, **quiet)
             demo.unload(self.visitor_left)
             del run_evt, cmp_evt
@@ -1102,4 +1115,5 @@ def launch(service: Service, host: str | None = None, port: int | None = None, *
     studio = Studio(service)
     demo = studio.blocks()
     demo.queue(max_size=service.limits.max_queue, default_concurrency_limit=service.limits.max_concurrency)
-    return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], **kwargs)
+    return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], css=presenter.CSS,
+                       head=presenter.HEAD, **kwargs)

@@ -1,0 +1,59 @@
+"""Presenter mode: large type for a projector, and stepping through a run from the keyboard.
+
+The page's own script and style, given once at launch (Gradio's `head` and `css`). The class `sd-presenting` on
+<body> turns it on (the Run tab's "Presenter mode" box, or a link's `present=1`); then → and ← move the
+"Inspect step" slider, whose change draws the step's detail and narration as a click would, and space plays
+the run step by step at the chosen pace, or pauses it.
+"""
+
+HEAD = """<script>
+(() => {
+  const field = (id, type) => document.querySelector(`#${id} input[type="${type}"]`);
+  // Step the "Inspect step" slider as a user would: type the number and press Enter (what Gradio listens to).
+  window.sdStep = (delta) => {
+    const range = field("step", "range"), box = field("step", "number");
+    if (!range || !box || range.disabled) return false;
+    const next = Math.min(+range.max, Math.max(+range.min, +range.value + delta));
+    if (next === +range.value) return false;
+    box.value = String(next);
+    box.dispatchEvent(new Event("input", {bubbles: true}));
+    box.dispatchEvent(new KeyboardEvent("keydown", {key: "Enter", bubbles: true}));
+    box.dispatchEvent(new Event("blur", {bubbles: true}));
+    return true;
+  };
+  let timer = null;
+  window.sdPlaying = () => timer !== null;
+  window.sdPlay = () => {
+    if (timer !== null) { clearTimeout(timer); timer = null; return false; }
+    const tick = () => {
+      const pace = Math.max(0.2, +(field("pace", "number")?.value || 1.5));
+      timer = setTimeout(() => { if (window.sdStep(1)) tick(); else timer = null; }, pace * 1000);
+    };
+    tick();
+    return true;
+  };
+  document.addEventListener("keydown", (e) => {
+    if (!document.body.classList.contains("sd-presenting") || e.altKey || e.ctrlKey || e.metaKey) return;
+    const t = e.target;
+    if (t && (t.tagName === "TEXTAREA" || t.isContentEditable ||
+              (t.tagName === "INPUT" && !["checkbox", "radio", "range", "button"].includes(t.type)))) return;
+    const act = {ArrowRight: () => window.sdStep(1), ArrowLeft: () => window.sdStep(-1), " ": () => window.sdPlay()}[e.key];
+    if (act) { e.preventDefault(); act(); }
+  });
+})();
+</script>"""
+
+# Readable from the back of a room at 1280x720: the step view, its detail and narration, and the status line.
+# Every rule starts at <body>: Gradio also adds a copy of each rule scoped inside its container, more specific
+# than the plain one, and a bare `#presenter-row { display: none }` copy would win over the presenting rule.
+CSS = """
+body:not(.sd-presenting) #presenter-row { display: none; }
+body.sd-presenting #status { font-size: 1.35rem; }
+body.sd-presenting #step-view .specdec, body.sd-presenting #step-detail .specdec { font-size: 1.45rem; line-height: 1.7; }
+body.sd-presenting #step-detail .sd-narration { font-size: 1.6rem; font-weight: 600; border-left: .35rem solid #E69F00;
+  padding: .3rem .8rem; margin: .4rem 0 .8rem; }
+body.sd-presenting .specdec .tok-accepted { outline: 2px solid currentColor; }
+body.sd-presenting .specdec .tok-rejected { text-decoration-thickness: 3px; }
+"""
+
+TOGGLE_JS = "(on) => { document.body.classList.toggle('sd-presenting', !!on); }"
