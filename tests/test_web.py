@@ -819,3 +819,17 @@ def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_
     page.uncheck("#present input")
     page.wait_for_function("!document.body.classList.contains('sd-presenting')")
     assert not page.locator("#presenter-row").is_visible()
+
+
+def test_browser_first_run_on_a_fresh_page_shows_speculation_earning(page):
+    """The page's defaults as they are: Run, and the status line shows prompt lookup's τ and its speedup in the
+    race against the autoregressive run (one run, side by side). The counter-example is one click away."""
+    page.click("#run")
+    status = wait_status(page, "finished")
+    status = wait_status(page, "autoregressive run's tokens/s")  # the race's verdict comes with the end
+    tau = float(re.search(r"τ (\d+\.\d+) tokens/pass", status).group(1))
+    speedup = float(re.search(r"(\d+\.\d+)× the autoregressive run's tokens/s", status).group(1))
+    assert tau >= 1.5 and speedup > 1.2, status
+    assert "copies the paragraph" in page.inner_text("#prompt-why")
+    page.click("#counter-example")
+    page.wait_for_function("/travel blog/i.test(document.querySelector('#prompt textarea').value)")

@@ -48,6 +48,17 @@ DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
 COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
 DEFAULT_MODE = "prompt_lookup"  # the Run tab's mode on a fresh page
+# A fresh page's prompt: its answer copies the prompt, so the first Run shows prompt lookup earning (measured on a
+# 2-core CPU, float32, 64 tokens: τ 3.9 tokens/pass, 2.5× the autoregressive run's tokens/s). The counter-example
+# is Spec-Bench's writing prompt: a new text, nothing to copy, nothing gained.
+FIRST_PROMPT = ("Correct the spelling mistakes in this paragraph and return the whole corrected paragraph: The quick "
+                "brown fox jumpd over the lazy dog. The dog was not amused, and it barkd loudly at the fox, who ran "
+                "away into the forrest. Later that day the fox came back and apologised to the dog.")
+COUNTER_EXAMPLE = 81  # Spec-Bench question id: a travel blog post
+WHY_FIRST = ("<small><b>Why this prompt:</b> the answer copies the paragraph it was given, so prompt lookup finds the "
+             "text that comes next in the prompt and the target accepts several tokens per pass. The counter-example "
+             "asks for new text: nothing to copy, so prompt lookup drafts little, the target rejects most of it, and "
+             "the run goes no faster than plain decoding.</small>")
 # Copy link: the server gives the query string; the browser adds its own address (a proxy's or a Space's, which
 # the server cannot know) and copies it where the page may use the clipboard.
 COPY_LINK_JS = """(q) => {
@@ -548,7 +559,7 @@ class Studio:
     def link(self, mode: str, prompt: str, present: bool, *values) -> Any:
         """The query string of the Run tab's setup (the browser adds its own address and copies it)."""
         return gr.update(value=links.build("run", mode, dict(zip(CONTROLS, values)), prompt or "", self.page_defaults(), _example_ids(),
-                                           DEFAULT_MODE, _examples()[0][1], present=bool(present)), visible=True)
+                                           DEFAULT_MODE, FIRST_PROMPT, present=bool(present)), visible=True)
 
     # ------------------------------------------------------------------ Compare tab
     def compare(self, prompt: str, modes: list[str], max_new_tokens: float, dtype: str, settings: str, request: gr.Request):
@@ -688,7 +699,11 @@ class Studio:
                 with gr.Tab("Run", id="run"):
                     with gr.Row():
                         with gr.Column(scale=1, min_width=340):
-                            prompt = gr.Textbox(label="Prompt", lines=5, value=examples[0][1], elem_id="prompt")
+                            prompt = gr.Textbox(label="Prompt", lines=5, value=FIRST_PROMPT, elem_id="prompt")
+                            with gr.Row():
+                                gr.Markdown(WHY_FIRST, elem_id="prompt-why")
+                                counter_btn = gr.Button("Counter-example: nothing to copy", size="sm", elem_id="counter-example",
+                                                        scale=0, min_width=200)
                             example = _examples_dropdown(examples, "examples")
                             mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value=DEFAULT_MODE, label="Decoding mode",
                                             elem_id="mode")
@@ -877,6 +892,7 @@ class Studio:
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
+            counter_btn.click(lambda: _example_ids()[COUNTER_EXAMPLE], None, prompt, **quiet)
             present.change(None, present, None, js=presenter.TOGGLE_JS, **quiet)
             for button, js in ((back_btn, "() => { window.sdStep(-1); }"), (next_btn, "() => { window.sdStep(1); }"),
                                (play_btn, "() => { window.sdPlay(); }")):
