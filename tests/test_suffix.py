@@ -148,3 +148,33 @@ def test_drafts_agree_with_arctic_inference():
         first = next(i for i, pair in enumerate(zip(p.tokens, p.parents)) if pair != (ref["tokens"][i], ref["parents"][i]))
         assert probs[first] == pytest.approx(ref["probs"][first], abs=1e-3), (c, p, ref)
     assert same >= 0.95 * len(cases), f"only {same} of {len(cases)} drafts are Arctic's"
+
+
+def test_vllm_mapping_and_what_it_ignores(tmp_path):
+    from app.service import configs
+
+    request = configs.parse({"speculative_config": {"decoding_type": "Suffix", "max_draft_len": 12, "use_tree_spec": True},
+                             "backend": "vllm"})
+    assert vllm.speculative_config(request) == {
+        "method": "suffix", "num_speculative_tokens": 12, "suffix_decoding_max_tree_depth": 24,
+        "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
+        "suffix_decoding_max_cached_requests": 0}
+    assert any("use_tree_spec" in note for note in vllm.ignored(request))
+    python = tmp_path / "bin" / "python"
+    assert not vllm.has_arctic(python)
+    (tmp_path / "lib" / "python3.11" / "site-packages" / "arctic_inference" / "suffix_decoding").mkdir(parents=True)
+    assert vllm.has_arctic(python)
+
+
+def test_what_each_backend_says_about_suffix():
+    from app.service import configs
+
+    with pytest.raises(configs.ConfigError, match="SADecodingConfig"):
+        configs.parse({"speculative_config": {"decoding_type": "Suffix"}, "backend": "tensorrt_llm"})
+    with pytest.raises(configs.ConfigError, match="the vLLM engine's"):
+        configs.parse({"speculative_config": {"decoding_type": "Suffix", "suffix_decoding_max_cached_requests": 5}})
+    for field, bad in (("suffix_decoding_max_tree_depth", 0), ("suffix_decoding_min_token_prob", 1.5),
+                       ("suffix_decoding_max_spec_factor", -1), ("max_draft_len", 0)):
+        with pytest.raises(configs.ConfigError, match=field.split("_", 2)[-1] if field != "max_draft_len" else "max_draft_len"):
+            configs.parse({"speculative_config": {"decoding_type": "Suffix", field: bad}})
+    assert configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Suffix", "use_tree_spec": True}})).drafter().tree

@@ -92,6 +92,11 @@ def unavailable(settings: Settings) -> str | None:
     return None
 
 
+def has_arctic(python: Path) -> bool:
+    """Whether Arctic Inference (vLLM's `suffix` method runs its suffix tree) is installed beside vLLM."""
+    return any((python.parent.parent / "lib").glob("python3*/site-packages/arctic_inference/suffix_decoding"))
+
+
 def method_reason(request: DecodeRequest, artifact: Path | None = None) -> str | None:
     """None when vLLM runs the request's mode, else why not (in words)."""
     mode = request.mode

@@ -56,6 +56,8 @@ class VLLMBackend:
         artifact = models.default_artifact(model or models.BUNDLED, "eagle") if mode == "eagle" else None
         if mode == "eagle" and artifact is None:
             return f"no EAGLE-3 module for {model}: set speculative_model"
+        if mode == "suffix" and not vllm.has_arctic(self.settings.python):
+            return f"vLLM's suffix method needs Arctic Inference beside it: {vllm.SETUP} builds it"
         return vllm.method_reason(request, artifact)
 
     def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None, cancel=None) -> tuple[dict, str]:
