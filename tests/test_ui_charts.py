@@ -395,3 +395,12 @@ def test_training_loss_draws_each_step_and_its_running_mean():
     assert list(per_step.x) == list(range(1, 13)) and list(per_step.y) == losses
     assert mean.y[0] == 12 and mean.y[9] == pytest.approx(sum(losses[:10]) / 10) and mean.y[11] == pytest.approx(sum(losses[2:]) / 10)
     assert fig.layout.xaxis.title.text == "optimiser step"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cursor_marks_the_inspected_step(mode):
+    events = load(mode)["steps"]
+    step = events[len(events) // 2]["step"]
+    for fig in (charts.race(events, events, cursor=step), charts.tokens_per_step(events, cursor=step)):
+        assert [a.text for a in fig.layout.annotations] == [f"step {step}"] and len(fig.layout.shapes) == 1
+    assert not charts.race(events).layout.shapes and not charts.tokens_per_step(events, cursor=10_000).layout.shapes

@@ -113,8 +113,11 @@ def test_api_run_streams_and_every_mode_commits_the_autoregressive_output(client
     reference = client.predict(*run_args("autoregressive"), api_name="/run_controls")[0]
     assert committed_text(view) == committed_text(reference) != ""
     # The session's record (gr.State) is kept between calls: inspect a step of this run.
-    detail = client.predict(1, api_name="/inspect")
-    assert "Step 1" in detail
+    detail, race, per_step = client.predict(1, api_name="/inspect")
+    assert "Step 1" in detail and "sd-narration" in detail
+    for figure in (race, per_step):  # the charts follow the inspected step: a cursor on it
+        layout = json.loads(figure["plot"])["layout"]
+        assert [a["text"] for a in layout["annotations"]] == ["step 1"] and layout["shapes"][0]["line"]["dash"] == "dot"
     # The target's side of the step, every token named by its text (the service sends the texts).
     assert 'class="sd-target-table"' in detail and "⟨" not in detail
 
@@ -145,7 +148,7 @@ def test_api_merged_tree_commits_the_autoregressive_output_and_shows_copied_node
     details = []
     for step in range(1, 40):
         try:
-            detail = client.predict(step, api_name="/inspect")
+            detail = client.predict(step, api_name="/inspect")[0]
         except AppError:  # past the last step
             break
         assert f"Step {step} " in detail
@@ -254,7 +257,7 @@ def test_api_replays_a_trace_file_at_once_and_refuses_other_files(client, tmp_pa
     assert "a step costing" in status  # the recording carries the baseline it raced
     committed = re.findall(r'<span class="tok [^"]*\btok-(?:accepted|added)\b[^"]*" data-tok="(\d+)"', view)
     assert view.count('data-step="') == len(trace["steps"]) and list(map(int, committed)) == trace["token_ids"]
-    detail = client.predict(3, api_name="/inspect")  # the replayed run is the session's run: its steps inspect
+    detail = client.predict(3, api_name="/inspect")[0]  # the replayed run is the session's run: its steps inspect
     assert "Step 3" in detail
     for content, words in (('{"hello": 1}', "not a SpecDec trace"), ("[1, 2", "not JSON"),
                            (json.dumps({**trace, "steps": trace["steps"][1:]}), "does not start with its prefill")):
@@ -833,3 +836,24 @@ def test_browser_first_run_on_a_fresh_page_shows_speculation_earning(page):
     assert "copies the paragraph" in page.inner_text("#prompt-why")
     page.click("#counter-example")
     page.wait_for_function("/travel blog/i.test(document.querySelector('#prompt textarea').value)")
+
+
+def test_browser_tour_plays_every_modes_recording(page):
+    from app.ui.web import TOUR_MODES, tour_stops
+
+    stops = tour_stops()
+    assert [s.split("-")[0] for s in stops] == list(TOUR_MODES)  # a recording ships for every mode and merged tree
+    page.locator("#replay").click()  # the accordion
+    page.locator("#replay-paced input").uncheck()  # all at once: the test checks the order, not the pace
+    page.evaluate("""() => { window.tourSeen = [];
+        const note = document.querySelector('#tour-note');
+        new MutationObserver(() => { const t = note.innerText; if (t && window.tourSeen.at(-1) !== t) window.tourSeen.push(t); })
+            .observe(note, {subtree: true, childList: true, characterData: true}); }""")
+    page.click("#tour")
+    page.wait_for_function("n => new RegExp(`^Tour ${n}/`).test(document.querySelector('#tour-note')?.innerText || '')",
+                           arg=len(stops), timeout=300_000)
+    wait_status(page, "Replayed a recording")
+    seen = page.evaluate("window.tourSeen")
+    assert [int(t.split("/")[0].removeprefix("Tour ")) for t in seen] == list(range(1, len(stops) + 1)), seen
+    assert "EAGLE + prompt lookup" in seen[-1]
+    assert "EAGLE" in page.inner_text("#learn-mode")  # the last stop's Learn paragraph

@@ -115,10 +115,18 @@ def _markers(n: int) -> str:
 # ----------------------------------------------------------------------------- figures
 
 
+def _cursor(fig: go.Figure, x: float | None, text: str) -> None:
+    """A dotted vertical line at x: where the step inspected (or narrated) sits on this chart."""
+    if x is not None:
+        fig.add_vline(x=x, line=dict(color=FONT, width=2, dash="dot"), annotation_text=text,
+                      annotation_position="top left", annotation_font=dict(color=FONT, size=13))
+
+
 def race(events: list[dict], baseline: list | None = None, *, label: str | None = None,
-         baseline_label: str | None = None) -> go.Figure:
+         baseline_label: str | None = None, cursor: int | None = None) -> go.Figure:
     """Cumulative tokens against wall time for this run and, when given, the autoregressive
-    baseline on the same axes. `baseline`: a list of (elapsed_s, new_tokens) points or of step events."""
+    baseline on the same axes. `baseline`: a list of (elapsed_s, new_tokens) points or of step events.
+    `cursor`: a step number to mark (the one inspected)."""
     title = "Race: tokens over time"
     events = _steps(events)
     base: list[tuple[float | None, float]] = []
@@ -141,6 +149,8 @@ def race(events: list[dict], baseline: list | None = None, *, label: str | None 
         points = _cumulative(events)
         fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], name=name,
                                  mode=_markers(len(points)), line=dict(color=color, width=4, shape="hv")))
+        at = [p[0] for e, p in zip(events, points) if e.get("step") == cursor]
+        _cursor(fig, at[0] if at else None, f"step {cursor}")
     return _layout(fig, title, "wall time (s)", "tokens generated")
 
 
@@ -176,9 +186,9 @@ def race_runs(runs: Mapping[str, list[dict]], until: float | None = None) -> go.
     return fig
 
 
-def tokens_per_step(events: list[dict]) -> go.Figure:
+def tokens_per_step(events: list[dict], cursor: int | None = None) -> go.Figure:
     """Tokens committed by each target pass (accepted drafts + the target's own token, stacked)
-    and the running mean τ."""
+    and the running mean τ; `cursor`: a step number to mark."""
     title = "Tokens per target pass"
     events = _steps(events)
     if not events:
@@ -196,6 +206,7 @@ def tokens_per_step(events: list[dict]) -> go.Figure:
     fig.add_trace(go.Bar(x=x, y=added, name="target's token", marker=dict(color=ADDED, pattern=dict(shape="/"))))
     fig.add_trace(go.Scatter(x=x, y=tau, name=f"τ (mean) = {tau[-1]:.2f}", mode="lines", line=dict(color=TAU, width=3)))
     fig.update_layout(barmode="stack", bargap=0.15)
+    _cursor(fig, cursor if cursor in x else None, f"step {cursor}")
     return _layout(fig, title, "step", "tokens")
 
 

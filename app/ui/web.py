@@ -469,21 +469,26 @@ class Studio:
             charts.tokens_per_step_hist(events) if final else gr.skip(),
             charts.throughput(events) if final else gr.skip(),
             charts.timing(events) if final else gr.skip(),
-            run.record() if final else gr.skip(),
+            dict(run.record(), baseline=baseline.events if baseline else None) if final else gr.skip(),
             baselines,
             gr.update(value=trace, interactive=trace is not None),
         )
 
-    def inspect(self, step: float, record: dict) -> str:
+    def inspect(self, step: float, record: dict) -> tuple:
+        """One step's detail, and the race and per-step charts with a cursor on it (they follow the step)."""
         if not record or not record.get("events"):
-            return ""
+            return "", gr.skip(), gr.skip()
         events = record["events"]
         i = min(max(int(step), 0), len(events) - 1) if isinstance(step, (int, float)) and math.isfinite(step) else 0
         history = [t for e in events[:i] for t in e["tokens"]]
         try:  # a record is this session's own run or a checked trace; a shape that still slipped through gets words
-            return render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
+            detail = render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
         except Exception as err:
             raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
+        number = events[i].get("step", i)
+        return (detail, charts.race(events, record.get("baseline"), label=learn.label(record["mode"]) if record.get("mode") else None,
+                                    cursor=number),
+                charts.tokens_per_step(events, cursor=number))
 
     # ------------------------------------------------------------------ replay
     def replay(self, request: gr.Request, path: str | None, paced: bool, baselines: dict):
@@ -537,6 +542,21 @@ class Studio:
     def replay_recording(self, request: gr.Request, name: str | None, paced: bool, baselines: dict):
         """A recording shipped in assets/traces/, by its name in the menu."""
         yield from self.replay(request, _recording_path(name), paced, baselines)
+
+    def tour(self, request: gr.Request, paced: bool, baselines: dict):
+        """Every mode's recording in turn (TOUR): its settings in the controls, its Learn paragraph, its replay
+        with the step narration; Stop skips the current one."""
+        stops = tour_stops()
+        for i, name in enumerate(stops, 1):
+            mode = name.split("-")[0]
+            line = (f"**Tour {i}/{len(stops)}: {learn.label(mode)}** · {_recording_label(name).split(' · ', 1)[1]} · "
+                    f"{RECORDING_WHY.get(mode, '')}")
+            settings = self.replay_settings(_recording_path(name))
+            fresh = True
+            for out in self.replay(request, _recording_path(name), paced, baselines):
+                extra = [*settings, learn.LEARN[split_mode(mode)[0]], line] if fresh else [gr.skip()] * (len(settings) + 2)
+                fresh = False
+                yield (*out, *extra)
 
     # ------------------------------------------------------------------ links
     def open_link(self, request: gr.Request) -> list:
@@ -735,6 +755,9 @@ class Studio:
                                     upload = gr.UploadButton("Replay a trace file (JSON)…", file_types=[".json"], type="filepath",
                                                              size="sm", elem_id="replay-upload")
                                 paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
+                                tour_btn = gr.Button("Tour: every mode, recorded", size="sm", elem_id="tour",
+                                                     visible=bool(tour_stops()))
+                                tour_note = gr.Markdown("", elem_id="tour-note")
                             explain = gr.Markdown(learn.LEARN[DEFAULT_MODE], elem_id="learn-mode")
                         with gr.Column(scale=2):
                             present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
@@ -874,7 +897,8 @@ class Studio:
                 show_progress="hidden", concurrency_id="replay", concurrency_limit=4)
             # Only the user's moves: the run's own updates of the slider would each call inspect with the
             # record of the run before, and one answering late would blank the step the run just drew.
-            step.input(self.inspect, [step, record], detail, queue=False, show_progress="hidden", api_name="inspect")
+            step.input(self.inspect, [step, record], [detail, race_plot, tps_plot], queue=False, show_progress="hidden",
+                       api_name="inspect")
             cmp_preset.change(lambda name: preset(name, service.fast_dtype())["dtype"], cmp_preset, cmp_dtype, queue=False,
                               show_progress="hidden", api_visibility="private")
             cmp_evt = cmp_btn.click(self.compare, [cmp_prompt, cmp_modes, cmp_tokens, cmp_dtype, cmp_preset],
@@ -893,6 +917,8 @@ class Studio:
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
             counter_btn.click(lambda: _example_ids()[COUNTER_EXAMPLE], None, prompt, **quiet)
+            redraw(tour_btn.click(self.tour, [paced, baselines], [*outputs, *settings, explain, tour_note], api_name="tour",
+                                  show_progress="hidden", concurrency_id="replay", concurrency_limit=4))
             present.change(None, present, None, js=presenter.TOGGLE_JS, **quiet)
             for button, js in ((back_btn, "() => { window.sdStep(-1); }"), (next_btn, "() => { window.sdStep(1); }"),
                                (play_btn, "() => { window.sdPlay(); }")):
@@ -1029,6 +1055,28 @@ def _status(run: Recording) -> str:
             "timeout": "⏱ stopped by the time limit"}.get(reason, "finished")
     counters = render.spec_decode_line(run.spec_decode)
     return f"{label} {word} · {line}" + (f" · {counters}" if counters else "")
+
+
+# The tour's order, one recording per mode and merged tree; what each recording shows, in one line.
+TOUR_MODES = ("autoregressive", "prompt_lookup", "suffix", "lookahead", "draft_target", "medusa", "eagle",
+              "medusa+prompt_lookup", "eagle+prompt_lookup")
+RECORDING_WHY = {
+    "autoregressive": "the baseline: one target pass per token, nothing drafted.",
+    "prompt_lookup": "the answer copies its input, so matches in the prompt are accepted many tokens at a time.",
+    "suffix": "the answer repeats what it has written, and the counts pick the continuation that recurs most.",
+    "lookahead": "no draft model: the window's n-grams hit on text that repeats a pattern.",
+    "draft_target": "a one-layer draft, distilled from the target, drafts one token per small pass.",
+    "medusa": "heads on the target's last hidden state guess several positions ahead, as a tree.",
+    "eagle": "a draft layer on the target's features grows a tree per step; the target keeps the best branch.",
+    "medusa+prompt_lookup": "Medusa's tree and prompt lookup's copy verified in one pass: each wins where the other misses.",
+    "eagle+prompt_lookup": "EAGLE's tree with prompt lookup's copy merged in: the best of both in one pass.",
+}
+
+
+def tour_stops() -> list[str]:
+    """The shipped recording of each TOUR_MODES mode that has one (the first by name), in tour order."""
+    return [next(n for n in RECORDINGS if n.split("-")[0] == mode) for mode in TOUR_MODES
+            if any(n.split("-")[0] == mode for n in RECORDINGS)]
 
 
 def _recording_path(name: str | None) -> str | None:
