@@ -390,10 +390,10 @@ def page(browser, app_url):
 def screenshot(page, request):
     folders = [ARTIFACTS / "screenshots"] + ([SHOTS] if request.config.getoption("--update-screenshots") else [])
 
-    def shoot(name):
+    def shoot(name, full_page=True):
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+            page.screenshot(path=str(folder / f"{name}.png"), full_page=full_page)
 
     return shoot
 
@@ -790,7 +790,7 @@ def test_browser_link_replays_a_recording(page, app_url):
     assert page.locator("#step-view .step").count() >= 2, status
 
 
-def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_url):
+def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_url, screenshot):
     page.set_viewport_size({"width": 1280, "height": 720})
     page.goto(f"{app_url}/?present=1&mode=suffix")
     page.wait_for_function("document.body.classList.contains('sd-presenting')")
@@ -808,6 +808,8 @@ def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_
     assert "target" in narration.lower() and len(narration) > 30
     big = page.eval_on_selector("#step-detail .sd-narration", "e => parseFloat(getComputedStyle(e).fontSize)")
     assert big >= 24  # reads from the back of a room
+    page.locator("#step-detail").scroll_into_view_if_needed()
+    screenshot("presenter", full_page=False)  # what a projector shows at 1280x720
     page.keyboard.press("ArrowRight")
     page.wait_for_function(heading, arg=last)
     set_number(page, "Inspect step", 1)
