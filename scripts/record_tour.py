@@ -43,8 +43,8 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(web.TOUR_MODES))
     args = parser.parse_args()
     service = Service()
-    values = dict(web.DEFAULTS, **web.preset("fastest here", args.dtype), dtype=args.dtype, max_new_tokens=args.max_new_tokens,
-                  backend="transformers")
+    values = {**web.DEFAULTS, **web.preset("fastest here", args.dtype), "max_new_tokens": args.max_new_tokens,
+              "backend": "transformers"}
     prompts = {r["category"]: r["text"] for r in bench.load_prompts(None, list(CANDIDATES), 1)}
     have = {n.split("-")[0] for n in web.RECORDINGS}
     baselines = {}
