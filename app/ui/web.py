@@ -48,6 +48,7 @@ DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
 COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
 DEFAULT_MODE = "prompt_lookup"  # the Run tab's mode on a fresh page
+OUTPUTS = 13  # what a run or a replay updates (Studio._run_outputs)
 # A fresh page's prompt: its answer copies the prompt, so the first Run shows prompt lookup earning (measured on a
 # 2-core CPU, float32, 64 tokens: τ 3.9 tokens/pass, 2.5× the autoregressive run's tokens/s). The counter-example
 # is Spec-Bench's writing prompt: a new text, nothing to copy, nothing gained.
@@ -543,6 +544,14 @@ class Studio:
         """A recording shipped in assets/traces/, by its name in the menu."""
         yield from self.replay(request, _recording_path(name), paced, baselines)
 
+    def replay_linked(self, request: gr.Request, name: str | None, paced: bool, baselines: dict):
+        """The recording a link named, after the page loaded; without one, every output stays as it is (an event
+        that yields nothing would blank them)."""
+        if name is None:
+            yield (gr.skip(),) * OUTPUTS
+            return
+        yield from self.replay_recording(request, name, paced, baselines)
+
     def tour(self, request: gr.Request, paced: bool, baselines: dict):
         """Every mode's recording in turn (TOUR): its settings in the controls, its Learn paragraph, its replay
         with the step narration; Stop skips the current one."""
@@ -880,6 +889,7 @@ class Studio:
                 menu.change(lambda t: t or gr.update(), menu, box, queue=False, show_progress="hidden", api_visibility="private")
             outputs = [view, status, step, detail, race_plot, tps_plot, depth_plot, hist_plot, speed_plot, time_plot, record,
                        baselines, download]
+            assert len(outputs) == OUTPUTS
             run_evt = run_btn.click(self.run, [prompt, mode, race, baselines, *inputs], outputs, api_name="run_controls",
                                     show_progress="hidden", concurrency_id="generate")
             # gr.api, not an invisible event: an API-only endpoint typed by run_request's signature (one object),
@@ -926,7 +936,7 @@ class Studio:
             # A link opens the page set up as it says; Copy link writes the current setup's link.
             redraw(demo.load(self.open_link, None, [tabs, prompt, mode, *inputs, present, link_note, recording, linked],
                              **quiet)).then(
-                self.replay_recording, [linked, paced, baselines], outputs, show_progress="hidden", concurrency_id="replay",
+                self.replay_linked, [linked, paced, baselines], outputs, show_progress="hidden", concurrency_id="replay",
                 concurrency_limit=4, api_visibility="private")
             link_btn.click(self.link, [mode, prompt, present, *inputs], link_box, **quiet).then(
                 None, link_box, link_box, js=COPY_LINK_JS, **quiet)
