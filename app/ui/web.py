@@ -50,7 +50,7 @@ COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
 DEFAULT_MODE = "prompt_lookup"  # the Run tab's mode on a fresh page
 OUTPUTS = 13  # what a run or a replay updates (Studio._run_outputs)
 # A fresh page's prompt: its answer copies the prompt, so the first Run shows prompt lookup earning (measured on a
-# 2-core CPU, float32, 64 tokens: τ 3.9 tokens/pass, 2.5× the autoregressive run's tokens/s). The counter-example
+# 2-core CPU, float32, five fresh pages: τ 3.50 tokens/pass, 2.2-3.0× the autoregressive run's tokens/s). The counter-example
 # is Spec-Bench's writing prompt: a new text, nothing to copy, nothing gained.
 FIRST_PROMPT = ("Correct the spelling mistakes in this paragraph and return the whole corrected paragraph: The quick "
                 "brown fox jumpd over the lazy dog. The dog was not amused, and it barkd loudly at the fox, who ran "
