@@ -28,8 +28,9 @@ def run(service: Service, mode: str, prompt: str, values: dict) -> Recording:
     name, merged = web.split_mode(mode)
     if merged:
         values = dict(values, **{web.MERGE_BOX[name]: True})
-    recording = Recording(mode)
-    for message in service.stream(web.request_from(name, values), prompt):
+    request = web.request_from(name, values)
+    recording = Recording(mode, request, prompt)
+    for message in service.stream(request, prompt):
         recording.add(message)
     if not recording.end or recording.end.get("error"):
         raise SystemExit(f"{mode}: {recording.end}")

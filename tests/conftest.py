@@ -44,7 +44,7 @@ def pytest_configure(config):
 
 # The longest modules first: scripts/test.sh hands whole files to its two workers in collection order, and
 # a long module dealt out last keeps one worker busy alone at the end.
-FIRST = ("test_vllm.py", "test_web.py", "test_defaults.py", "test_cli.py", "test_public.py", "test_bench.py")
+FIRST = ("test_vllm.py", "test_web.py", "test_defaults.py", "test_lecture.py", "test_cli.py", "test_public.py", "test_bench.py")
 
 
 def pytest_collection_modifyitems(config, items):

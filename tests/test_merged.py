@@ -224,8 +224,8 @@ def test_web_request_and_mode_values():
     with pytest.raises(ConfigError):
         web.mode_values("lookahead+prompt_lookup")
     shown = [u["visible"] for u in web._visible("eagle", False, True)]
-    assert shown == [True, False, False, False, True]
-    assert [u["visible"] for u in web._visible("eagle", True, False)] == [False, False, False, False, True]
+    assert shown == [True, False, False, False, True, False]  # groups: prompt lookup, lookahead, draft, Medusa, EAGLE, suffix
+    assert [u["visible"] for u in web._visible("eagle", True, False)] == [False, False, False, False, True, False]
 
 
 def test_labels_and_chart_colours_of_merged_trees():

@@ -367,7 +367,7 @@ def test_auto_backend_falls_back_to_transformers_and_says_why_others_are_unavail
     assert not state["tensorrt_llm"].available and "not installed" in state["tensorrt_llm"].reason
     assert not state["remote"].available and "--remote-url" in state["remote"].reason
     modes = {m["mode"]: m for m in s.modes(backend="tensorrt_llm")}
-    assert set(modes) == {"autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle"}
+    assert set(modes) == {"autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"}
     assert not any(m["available"] for m in modes.values())
     assert "NOT lossless" in modes["medusa"]["lossless"]
     s.close()
