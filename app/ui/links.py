@@ -17,6 +17,7 @@ TABS = ("run", "compare", "train", "learn", "engines")
 # Short forms: one parameter for a group of controls, comma-separated in this order.
 SHORT = {"la": ("la_W", "la_N", "la_G"), "la_req": ("la_w", "la_n", "la_g"),
          "pl": ("pl_ngram", "pl_num_tokens")}
+CHOICE_NAMES = {"tab": "tabs", "mode": "modes", "replay": "recordings"}
 MAX_PROMPT = 2000  # characters a link carries; longer prompts are left out of it (a note says so)
 MAX_NOTE_ITEMS = 6
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -63,19 +64,16 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
     """The setup a query string asks for. `defaults`: the controls and their default values (their types);
     `examples`: Spec-Bench prompts by id; `check(mode, values)`: None when the settings run, else why not."""
     link = Link()
+    choices = {"tab": TABS, "mode": modes, "replay": recordings}
     for key, raw in query.items():
         text = str(raw)
         shown = f"{key}={text[:40]}"
-        if key == "tab":
-            if text.lower() in TABS:
-                link.tab = text.lower()
+        if key in choices:
+            value = text.lower() if key == "tab" else text
+            if value in choices[key]:
+                setattr(link, key, value)
             else:
-                link.notes.append(f"{shown} (tabs: {', '.join(TABS)})")
-        elif key == "mode":
-            if text in modes:
-                link.mode = text
-            else:
-                link.notes.append(f"{shown} (modes: {', '.join(modes)})")
+                link.notes.append(f"{shown} ({CHOICE_NAMES[key]}: {', '.join(choices[key])})")
         elif key == "prompt":
             link.prompt = text[:MAX_PROMPT]
         elif key == "example":
@@ -88,11 +86,6 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
                 link.present = _value(text, False)
             except ValueError as err:
                 link.notes.append(f"{shown} ({err})")
-        elif key == "replay":
-            if text in recordings:
-                link.replay = text
-            else:
-                link.notes.append(f"{shown} (recordings: {', '.join(recordings)})")
         elif key in SHORT or key in defaults:
             names = SHORT.get(key, (key,))
             parts = text.split(",") if key in SHORT else [text]

@@ -326,6 +326,7 @@ class Studio:
         self._lock = threading.Lock()
         self._active: dict[str, Any] = {}  # session -> running job, so Stop can cancel it
         self.trainer = TrainTab(service)
+        self.example_ids = _example_ids()  # read once: links and the counter-example look prompts up by id
         # The Run tab's downloads: a folder per session, a file per mode, rewritten by the next run (Gradio serves a copy).
         self._traces = Path(tempfile.mkdtemp(prefix="specdec-traces-"))
         weakref.finalize(self, shutil.rmtree, self._traces, ignore_errors=True)
@@ -574,7 +575,7 @@ class Studio:
         query = dict(request.query_params) if request is not None else {}
         if not query:
             return [*keep, "", gr.skip(), None]
-        link = links.parse(query, self.page_defaults(), MODES, _example_ids(), RECORDINGS,
+        link = links.parse(query, self.page_defaults(), MODES, self.example_ids, RECORDINGS,
                            lambda m, v: _link_check(self.service, m, v))
         values = [link.values.get(k, gr.skip()) for k in CONTROLS]
         return [gr.update(selected=link.tab) if link.tab else gr.skip(), link.prompt or gr.skip(), link.mode or gr.skip(),
@@ -587,7 +588,7 @@ class Studio:
 
     def link(self, mode: str, prompt: str, present: bool, *values) -> Any:
         """The query string of the Run tab's setup (the browser adds its own address and copies it)."""
-        return gr.update(value=links.build("run", mode, dict(zip(CONTROLS, values)), prompt or "", self.page_defaults(), _example_ids(),
+        return gr.update(value=links.build("run", mode, dict(zip(CONTROLS, values)), prompt or "", self.page_defaults(), self.example_ids,
                                            DEFAULT_MODE, FIRST_PROMPT, present=bool(present)), visible=True)
 
     # ------------------------------------------------------------------ Compare tab
@@ -926,7 +927,7 @@ class Studio:
             eng_build.click(self.engine_build, [mode, *inputs], [eng_status, eng_table, eng_id], api_name="engine_build")
             eng_plan_btn.click(self.engine_plan, [mode, *inputs], eng_plan, api_name="engine_plan")
             eng_rm.click(self.engine_remove, eng_id, [eng_status, eng_table, eng_id], api_name="engine_remove")
-            counter_btn.click(lambda: _example_ids()[COUNTER_EXAMPLE], None, prompt, **quiet)
+            counter_btn.click(lambda: self.example_ids[COUNTER_EXAMPLE], None, prompt, **quiet)
             redraw(tour_btn.click(self.tour, [paced, baselines], [*outputs, *settings, explain, tour_note], api_name="tour",
                                   show_progress="hidden", concurrency_id="replay", concurrency_limit=4))
             present.change(None, present, None, js=presenter.TOGGLE_JS, **quiet)
