@@ -23,7 +23,7 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_benc
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 # Our mode -> the vLLM method that does its job (vllm.METHODS); a vLLM peer row is named vllm_<method>.
 VLLM_PEERS = {"autoregressive": "vllm_generate", "prompt_lookup": "vllm_ngram", "draft_target": "vllm_draft_model",
-              "medusa": "vllm_medusa", "suffix": "vllm_suffix"}
+              "medusa": "vllm_medusa", "eagle": "vllm_eagle3", "suffix": "vllm_suffix"}
 VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
 
 

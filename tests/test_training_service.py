@@ -250,6 +250,37 @@ def test_a_run_is_kept_listed_reused_and_its_heads_decode_losslessly(service):
 
 
 @pytest.mark.bundled
+def test_an_eagle3_run_from_scratch_exports_what_engines_load(service, tmp_path):
+    import zipfile
+
+    from safetensors.torch import load_file
+
+    from app.heads import eagle
+
+    manifest = service.train({**TINY, "kind": "eagle", "init_from": "scratch", "eval_prompts": 0})
+    name = f"trained:{manifest['id']}"
+    made = service.export_trained(name)
+    assert made.name == "eagle-eagle3.zip" and service.export_trained(name) == made  # made once, then kept
+    with zipfile.ZipFile(made) as z:
+        z.extractall(tmp_path)
+    (folder,) = tmp_path.iterdir()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # vLLM's numbering of 30 layers
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert tensors["fc.weight"].shape == (576, 3 * 576) and tensors["midlayer.self_attn.q_proj.weight"].shape == (576, 1152)
+    trained = eagle.load(training.artifact_dir(service.store, name, "eagle", models.BUNDLED), target_lm_head=torch.nn.Linear(576, 49152))
+    from dataclasses import replace
+
+    assert replace(eagle.read_export(folder).config, lm_head_from_target=True) == trained.config  # the export carries the rows
+    medusa = service.export_trained(f"trained:{service.train(TINY)['id']}")  # reused when an earlier test made it
+    with zipfile.ZipFile(medusa) as z:
+        assert {Path(n).name for n in z.namelist()} >= {"config.json", "medusa_lm_head.safetensors"}
+    with pytest.raises(ConfigError, match="no finished training run"):
+        service.export_trained("trained:../../etc")
+
+
+@pytest.mark.bundled
 def test_a_stopped_run_leaves_nothing_usable_and_one_run_goes_at_a_time(service):
     config = {**TINY, "data_offset": 100, "data_limit": 64, "epochs": 3}
     cancel, first = threading.Event(), threading.Event()

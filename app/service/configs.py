@@ -300,6 +300,13 @@ class EagleDecodingConfig(_Config):
     prompt_lookup: NGramDecodingConfig | None = None  # ours (transformers backend): merge its candidates into the tree
     mode: ClassVar[str] = "eagle"
 
+    def paths(self) -> list[list[int]]:
+        """The static tree's paths (eagle_choices); ConfigError without one."""
+        if self.eagle_choices is None:
+            raise ConfigError("this EAGLE config has no static tree (eagle_choices)")
+        spec = self.eagle_choices
+        return medusa_choices(spec if isinstance(spec, str) else _json(spec))
+
     def check(self) -> None:
         if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
             raise ConfigError(
@@ -315,8 +322,7 @@ class EagleDecodingConfig(_Config):
         if self.use_dynamic_tree == (self.eagle_choices is not None):
             raise ConfigError("EAGLE needs either use_dynamic_tree or eagle_choices (a static tree), not both or neither")
         if self.eagle_choices is not None:
-            spec = self.eagle_choices
-            paths = medusa_choices(spec if isinstance(spec, str) else _json(spec))
+            paths = self.paths()
             if len(paths) > self.max_draft_len:
                 raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_draft_len is {self.max_draft_len}")
         if self.prompt_lookup is not None:
