@@ -175,7 +175,7 @@ def command(model: str, config: TrainConfig, start: Path | None, out: Path, engi
         args += ["--medusa-num-heads", str(c.medusa_num_heads), "--medusa-num-layers", str(c.medusa_num_layers)]
     else:
         # The shipped module's own recipe (assets/defaults/README.md): the token loss weighted 1.0.
-        args += ["--eagle-steps", str(c.eagle_steps), "--eagle-ce-weight", "1.0"] + (["--eagle3"] if c.eagle3 and start is None else [])
+        args += ["--eagle-steps", str(c.eagle_steps), "--eagle-ce-weight", "1.0"] + (["--eagle3"] if c.eagle3 and c.init_from == "scratch" else [])
     return args
 
 
