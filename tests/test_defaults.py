@@ -111,7 +111,16 @@ def run_cli(*args, timeout=900):
 
 
 @pytest.mark.bundled
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "draft"])
+def test_the_shipped_eagle_module_is_the_earlier_design_and_its_export_says_so(tmp_path):
+    shipped = models.default_artifact(models.BUNDLED, "eagle")
+    proc = run_cli("export", str(shipped), "--output-dir", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "earlier design" in proc.stderr and "no engine loads" in proc.stderr and "--eagle3" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("kind", ["medusa", "eagle3", "draft"])
 def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     """A few conversations, one short epoch: the CLI trains, saves, evaluates, and exports a directory
     that reads back. (The bundled model's converted copy is shared through a symlink, not rebuilt.)"""
@@ -146,12 +155,8 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
         assert all(0 < len(a) <= 16 and q[-len(a):] == a for a, q in zip(shipped["answers"], cached))
     exported = tmp_path / f"{kind}-export"
     proc = run_cli("export", str(out), "--output-dir", str(exported))
-    if kind == "eagle":  # the earlier design: no engine loads it, and the export says so instead of writing it
-        assert proc.returncode == 2 and "earlier design" in proc.stderr and "--eagle3" in proc.stderr, proc.stderr
-        assert not exported.exists()
-    else:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        config = json.loads((exported / "config.json").read_text())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((exported / "config.json").read_text())
     if kind == "medusa":
         from app.heads import medusa
 
@@ -162,7 +167,7 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
 
         trained = json.loads((out / "config.json").read_text())
         assert trained["aux_layers"] == [2, 15, 27] and trained["lm_head_from_target"]  # EAGLE-3's layers of 30
-        assert trained["eagle3"] == (kind == "eagle3")
+        assert trained["eagle3"]
         assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))
     if kind == "eagle3":
         assert config["draft_vocab_size"] == 2048 and eagle.read_export(exported).config.eagle3
@@ -187,9 +192,8 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
         ids = torch.tensor([bundled.encode("List three rivers of Europe.")])
         kw = dict(max_new_tokens=16, do_sample=False, pad_token_id=bundled.eos_token_ids[0])
         assert torch.equal(plain.generate(ids, **kw), ours.generate(ids, **kw))
-    if kind != "eagle":
-        again = run_cli("export", str(out), "--output-dir", str(exported))
-        assert again.returncode == 2 and "not an empty directory" in again.stderr
+    again = run_cli("export", str(out), "--output-dir", str(exported))
+    assert again.returncode == 2 and "not an empty directory" in again.stderr
 
     # Continue training it: the artifact's architecture wins over flags that disagree, and its first batch
     # (the same batch as the first run's, by the fixed seed) scores better than it did from scratch.
