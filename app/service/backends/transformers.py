@@ -49,7 +49,7 @@ class TransformersBackend:
         return self._once(("model", name, dtype), lambda: models.load(name, dtype=dtype, engines=self.engines))
 
     def companion(self, target: LoadedModel, cfg) -> Any:
-        key = ("companion", target.name, target.dtype, cfg.mode, cfg.draft_model, cfg.medusa_model, cfg.eagle_model)
+        key = ("companion", target.name, target.dtype, cfg.mode, getattr(cfg.speculative_config, "speculative_model", None))
         return self._once(key, lambda: runner.load_companion(cfg, target, self.engines))
 
     def _once(self, key: tuple, load):

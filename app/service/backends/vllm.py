@@ -15,6 +15,7 @@ from app.config import ConfigError
 from app.service import configs, vllm
 from app.service.backends import remote
 from app.service.backends.base import Availability, Prompt
+from app.modes import MODES
 from app.service.configs import DecodeRequest
 from app.service.engines import EngineError, EngineStore, Progress, spec_for
 from app.service.jobs import Limits, Work
@@ -50,7 +51,7 @@ class VLLMBackend:
         reason = vllm.unavailable(self.settings)
         if reason:
             return reason
-        request = DecodeRequest(speculative_config={"decoding_type": configs.MODE_TYPES[mode]}
+        request = MODES.request(speculative_config={"decoding_type": MODES[mode].decoding_type}
                                 if mode != "eagle" else {"decoding_type": "Eagle", "eagle_choices": "[[0],[0,0],[0,0,0]]",
                                                          "use_dynamic_tree": False})
         artifact = models.default_artifact(model or models.BUNDLED, "eagle") if mode == "eagle" else None
