@@ -47,7 +47,7 @@ class Service:
         if tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {tensor_parallel_size}")
         self.engines = Path(engines)
-        self.modes = modes  # the modes it runs (app/modes.py)
+        self.registry = modes  # the modes it runs (app/modes.py)
         self.model = model
         self.dtype = dtype
         self.limits = limits
@@ -89,7 +89,7 @@ class Service:
         """Every mode, whether `backend` can run it for `model`, why not, and whether it is lossless."""
         model = model or self.model
         out = []
-        for entry in self.modes:
+        for entry in self.registry:
             name = backend or self.default_backend(entry.name)
             reason = self.backends[name].supports(entry.name, model)
             out.append({"mode": entry.name, "backend": name, "available": reason is None, "reason": reason or "",
@@ -135,11 +135,11 @@ class Service:
         if "backend" not in data or data["backend"] in (None, "auto"):
             spec = data.get("speculative_config")
             mode = spec.get("decoding_type", "Autoregressive") if isinstance(spec, dict) else "Autoregressive"
-            known = {m.decoding_type: m.name for m in self.modes}
+            known = {m.decoding_type: m.name for m in self.registry}
             data["backend"] = self.default_backend(known.get(str(mode), "autoregressive"))
         if data.get("max_new_tokens") is None:
             data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
-        request = self._trained(configs.parse(data, self.modes), visitor)
+        request = self._trained(configs.parse(data, self.registry), visitor)
         request.check(max_new_tokens_limit=self.limits.max_new_tokens)
         if (self.policy.public and request.backend == "transformers" and request.dtype == "bfloat16"
                 and self.dtype != "bfloat16" and not fast_bf16()):

@@ -102,7 +102,7 @@ class AutoregressiveConfig(_Config):
     def check(self) -> None:
         pass
 
-    def drafter(self, target, companion):
+    def drafter(self, target=None, companion=None):
         from app.decoding.drafters.autoregressive import Autoregressive
 
         return Autoregressive()
@@ -172,7 +172,7 @@ class LookaheadDecodingConfig(_Config):
             if w > W or n > N or g > G:
                 raise ConfigError(f"the per-request (w, n, g) = ({w}, {n}, {g}) exceeds the engine's (W, N, G) = ({W}, {N}, {G})")
 
-    def drafter(self, target, companion):
+    def drafter(self, target=None, companion=None):
         from app.decoding.drafters.lookahead import Lookahead
 
         return Lookahead(self.max_window_size, self.max_ngram_size, self.max_verification_set_size, request=self.request,
@@ -243,7 +243,7 @@ class SuffixDecodingConfig(_Config):
         if not 0 <= self.suffix_decoding_max_cached_requests <= MAX_CACHED_REQUESTS:
             raise ConfigError(f"suffix_decoding_max_cached_requests must be in [0, {MAX_CACHED_REQUESTS}], got {_short(self.suffix_decoding_max_cached_requests)}")
 
-    def drafter(self, target, companion):
+    def drafter(self, target=None, companion=None):
         from app.decoding.drafters.suffix import Suffix
 
         return Suffix(self.max_draft_len, self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_spec_factor,
@@ -307,7 +307,12 @@ class MedusaDecodingConfig(_Config):
 
         return _merged(self, Medusa(companion, target.get_output_embeddings(), self.paths(),
                                     posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
-                                    typical=self.typical_acceptance, min_path_prob=_min_path_prob(self.min_path_prob)))
+                                    typical=self.typical_acceptance, min_path_prob=self.pruning))
+
+    @property
+    def pruning(self) -> float:
+        """The min path probability the transformers backend prunes the tree at (MIN_PATH_PROB when unset)."""
+        return MIN_PATH_PROB if self.min_path_prob is None else self.min_path_prob
 
 
 class EagleDecodingConfig(_Config):
@@ -360,10 +365,17 @@ class EagleDecodingConfig(_Config):
         from app.decoding.drafters.eagle import Eagle
 
         static = None if self.use_dynamic_tree else self.paths()
-        prune = _min_path_prob(self.min_path_prob) if self.use_dynamic_tree else 0.0
         return _merged(self, Eagle(companion, target.get_input_embeddings(), total_tokens=self.max_draft_len + 1,
                                    depth=self.num_eagle_layers, top_k=self.dynamic_tree_max_topK, static_choices=static,
-                                   min_path_prob=prune))
+                                   min_path_prob=self.pruning))
+
+    @property
+    def pruning(self) -> float:
+        """The min path probability the transformers backend prunes the dynamic tree at (MIN_PATH_PROB when unset);
+        a static tree keeps its shape."""
+        if not self.use_dynamic_tree:
+            return 0.0
+        return MIN_PATH_PROB if self.min_path_prob is None else self.min_path_prob
 
 
 def _merged(c: MedusaDecodingConfig | EagleDecodingConfig, tree):
@@ -412,10 +424,6 @@ def _step_budget(request: DecodeRequest) -> None:
 def _check_min_path_prob(p: float | None) -> None:
     if p is not None and not 0.0 <= p < 1.0:
         raise ConfigError(f"min_path_prob must be in [0, 1) (0 = no pruning), got {p}")
-
-
-def _min_path_prob(p: float | None) -> float:
-    return MIN_PATH_PROB if p is None else p
 
 
 

@@ -254,9 +254,9 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     Its marks (✓ ⚠ ✗) are text symbols, not emoji: a lecture-room Linux machine often has no emoji font."""
     info = {m["mode"]: m for m in service.modes(backend=v["backend"])}[mode]
     if not info["available"]:
-        return f"✗ **{service.modes.label(mode)} is unavailable on {v['backend']}:** {info['reason']}"
+        return f"✗ **{service.registry.label(mode)} is unavailable on {v['backend']}:** {info['reason']}"
     try:
-        request = service.request(request_from(mode, v, service.modes))
+        request = service.request(request_from(mode, v, service.registry))
         engine = service.vllm_note(request) if request.backend == "vllm" else None
     except ConfigError as err:
         return f"⚠ **Invalid:** {err}"
@@ -278,13 +278,13 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     return f"✓ Valid · {info['lossless']}{extra}"
 
 
-def summary_row(mode: str, run: Recording, baseline: Recording | None) -> dict[str, Any]:
+def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Modes = MODES) -> dict[str, Any]:
     t = run.events[-1]["totals"] if run.events else {}
     tps = t.get("new_tokens", 0) / t["elapsed_s"] if t.get("elapsed_s") else 0.0
     base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
     parts = traces.speedup_parts(run.events, baseline.events) if baseline is not None else None
-    return {"mode": learn.label(mode), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
+    return {"mode": learn.label(mode, modes), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
             "step_cost": parts["step_cost"] if parts else None, "decoding_tau": parts["tau"] if parts else None,
             "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
             "identical": None if baseline is None else run.token_ids == baseline.token_ids,
@@ -324,7 +324,7 @@ class Studio:
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self.modes = service.modes  # the modes it offers (app/modes.py)
+        self.modes = service.registry  # the modes it offers (app/modes.py)
         self._lock = threading.Lock()
         self._active: dict[str, Any] = {}  # session -> running job, so Stop can cancel it
         self.trainer = TrainTab(service)
@@ -416,14 +416,14 @@ class Studio:
                 baselines = {**baselines, key: baseline.record()}
         run = Recording(run_name(mode, v), request_from(mode, v, self.modes), prompt)
         yield from _paced(self._stream(session, run.request, prompt, run),
-                          lambda part: self._run_outputs(part, baseline, _status(part), baselines, final=False))
+                          lambda part: self._run_outputs(part, baseline, _status(part, self.modes), baselines, final=False))
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
             baselines = {**baselines, key: run.record()}
         folder = self._traces / (re.sub(r"[^A-Za-z0-9_-]", "", session)[:40] or "local")
         folder.mkdir(exist_ok=True)
         trace = folder / f"specdec-{run.mode}-trace.json"
         trace.write_text(json.dumps(run.trace(baseline)))
-        yield self._run_outputs(run, baseline, _status(run), baselines, final=True, trace=str(trace))
+        yield self._run_outputs(run, baseline, _status(run, self.modes), baselines, final=True, trace=str(trace))
 
     def run_request(self, request: dict[str, Any], session: gr.Request) -> Iterator[dict[str, Any]]:
         """Run one request object: the DecodeRequest JSON (as `generate --json` records it and `serve` takes in
@@ -465,7 +465,7 @@ class Studio:
             status,
             gr.update(maximum=max(last, 1), value=max(last, 0), interactive=final and last > 0),
             detail,
-            charts.race(events, baseline.events if baseline else None, label=learn.label(run.mode)),
+            charts.race(events, baseline.events if baseline else None, label=learn.label(run.mode, self.modes)),
             charts.tokens_per_step(events),
             # The browser redraws every chart it is sent, on the cores the model runs on: while generating,
             # only the race and the per-step bars are live; the rest are drawn once at the end.
@@ -490,7 +490,7 @@ class Studio:
         except Exception as err:
             raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
         number = events[i].get("step", i)
-        return (detail, charts.race(events, record.get("baseline"), label=learn.label(record["mode"]) if record.get("mode") else None,
+        return (detail, charts.race(events, record.get("baseline"), label=learn.label(record["mode"], self.modes) if record.get("mode") else None,
                                     cursor=number),
                 charts.tokens_per_step(events, cursor=number))
 
@@ -517,10 +517,10 @@ class Studio:
             if paced:
                 runs = [run] if baseline is None else [run, baseline]
                 for parts in _replayed(runs, skip):
-                    yield self._run_outputs(parts[0], parts[1] if baseline else None, "▶ Replaying a recording · " + _status(parts[0]),
+                    yield self._run_outputs(parts[0], parts[1] if baseline else None, "▶ Replaying a recording · " + _status(parts[0], self.modes),
                                             baselines, final=False)
         where = "⏭ Skipped to the end of the recording" if skip.is_set() else "Replayed a recording"
-        yield self._run_outputs(run, baseline, f"{where} · {_status(run)}", baselines, final=True)
+        yield self._run_outputs(run, baseline, f"{where} · {_status(run, self.modes)}", baselines, final=True)
 
     def replay_settings(self, path: str | None) -> list:
         """The prompt, mode and controls a trace ran with, so Run runs it again here; each left as it is
@@ -561,7 +561,7 @@ class Studio:
         stops = tour_stops()
         for i, name in enumerate(stops, 1):
             mode = name.split("-")[0]
-            line = (f"**Tour {i}/{len(stops)}: {learn.label(mode)}** · {_recording_label(name).split(' · ', 1)[1]} · "
+            line = (f"**Tour {i}/{len(stops)}: {learn.label(mode, self.modes)}** · {_recording_label(name).split(' · ', 1)[1]} · "
                     f"{RECORDING_WHY.get(mode, '')}")
             settings = self.replay_settings(_recording_path(name))
             fresh = True
@@ -615,7 +615,7 @@ class Studio:
         deadline = time.monotonic() + self.service.limits.time_limit_s
         for name in chosen:
             if time.monotonic() > deadline:
-                notes.append(f"⏱ {learn.label(name)} and the rest were skipped: a comparison starts no new mode after "
+                notes.append(f"⏱ {learn.label(name, self.modes)} and the rest were skipped: a comparison starts no new mode after "
                              f"the server's time limit ({self.service.limits.time_limit_s:g} s).")
                 break
             on_vllm = name.startswith(learn.ENGINE_PREFIX)
@@ -624,25 +624,25 @@ class Studio:
                 values["backend"] = "vllm"
             state = (engine if on_vllm else available)[mode]
             if not state["available"]:
-                notes.append(f"{learn.label(name)} skipped: {state['reason']}")
+                notes.append(f"{learn.label(name, self.modes)} skipped: {state['reason']}")
                 continue
             run = runs[name] = Recording(name)
 
             def draw(part: Recording, name=name) -> tuple:
-                current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None)]
-                return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
-                        charts.tau_vs_cost(current), f"Running {learn.label(name)}…", gr.skip())
+                current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None, self.modes)]
+                return (render.summary_table(current), charts.race_runs(_curves(runs, self.modes)), charts.compare(current),
+                        charts.tau_vs_cost(current), f"Running {learn.label(name, self.modes)}…", gr.skip())
 
             yield from _paced(self._stream(session, request_from(mode, values, self.modes), prompt, run), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
                 notes.append("⏹ Stopped.")
                 break
-            rows.append(summary_row(name, run, runs.get("autoregressive") if name != "autoregressive" else None))
+            rows.append(summary_row(name, run, runs.get("autoregressive") if name != "autoregressive" else None, self.modes))
         ran_in = next((f" in {r.dtype}" for r in runs.values() if r.dtype), "")
         done = ("Done. " + " ".join(notes) if notes
                 else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another.")
         records = {name: run.record() for name, run in runs.items() if run.events}
-        yield (render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), charts.tau_vs_cost(rows),
+        yield (render.summary_table(rows), charts.race_runs(_curves(runs, self.modes)), charts.compare(rows), charts.tau_vs_cost(rows),
                done, records)
 
     def replay_race(self, records: dict, request: gr.Request):
@@ -651,7 +651,7 @@ class Studio:
         runs = {name: Recording.from_record(r) for name, r in (records or {}).items()}
         if not runs:
             raise gr.Error("Nothing to replay yet: compare first.")
-        curves = _curves(runs)
+        curves = _curves(runs, self.modes)
         total = max(_clock(r.events)[-1] for r in runs.values())
         with self._skippable(request) as skip:
             for now in _ticks(total, skip):
@@ -811,7 +811,7 @@ class Studio:
                             offered = [m for m in self.modes.names + self.modes.merged if m != "autoregressive"]
                             if service.backends["vllm"].availability().available:
                                 offered += VLLM_COMPARED
-                            cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in offered],
+                            cmp_modes = gr.CheckboxGroup([(learn.label(m, self.modes), m) for m in offered],
                                                          value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                                          elem_id="cmp-modes")
                             cmp_tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
@@ -1054,8 +1054,8 @@ def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
             for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle", "suffix")]
 
 
-def _status(run: Recording) -> str:
-    label = f"**{learn.label(run.mode)}**" + (f" ({run.dtype})" if run.dtype else "")
+def _status(run: Recording, modes: Modes = MODES) -> str:
+    label = f"**{learn.label(run.mode, modes)}**" + (f" ({run.dtype})" if run.dtype else "")
     if run.engine:
         method = (run.engine.get("speculative_config") or {}).get("method")
         label += f" on vLLM {run.engine.get('version') or ''}".rstrip() + (f" (`{method}`)" if method else "")
@@ -1135,8 +1135,8 @@ def _clock(events: list[dict]) -> list[float]:
     return out
 
 
-def _curves(runs: dict[str, Recording]) -> dict[str, list[dict]]:
-    return {learn.label(m): r.events for m, r in runs.items()}
+def _curves(runs: dict[str, Recording], modes: Modes = MODES) -> dict[str, list[dict]]:
+    return {learn.label(m, modes): r.events for m, r in runs.items()}
 
 
 def _modes_note(service: Service, backend: str) -> str:
@@ -1144,7 +1144,7 @@ def _modes_note(service: Service, backend: str) -> str:
     for m in service.modes(backend=backend):
         mark = "✓" if m["available"] else "✗"
         why = f" — {m['reason']}" if m["reason"] else ""
-        lines.append(f"{mark} {service.modes.label(m['mode'])}{why}")
+        lines.append(f"{mark} {service.registry.label(m['mode'])}{why}")
     return "<small>" + " · ".join(lines) + "</small>"
 
 
@@ -1161,7 +1161,7 @@ def _example_ids() -> dict[int, str]:
 
 def _link_check(service: Service, mode: str, values: dict[str, Any]) -> str | None:
     try:
-        service.request(request_from(mode, values, service.modes))
+        service.request(request_from(mode, values, service.registry))
     except (ConfigError, ValueError, TypeError) as err:
         return str(err)
     return None
