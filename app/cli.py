@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError
+from app.config import ConfigError, int_list
 from app.modes import MODES, NGRAM_FLAGS, Flag, Mode, Modes
 from app.service import configs
 from app.service.configs import DecodingConfig
@@ -89,13 +89,6 @@ def _add_public_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-time-limit", type=float, default=None,
                    help="seconds a training run may take before it is stopped (default: none; 240 in public mode, where 0 "
                    "turns training off)")
-
-
-def _int_list(text: str, what: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
 
 
 def _fields(args: argparse.Namespace, flags) -> dict[str, Any]:
@@ -480,7 +473,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         eagle_steps=args.eagle_steps, eagle_train_head=args.eagle_train_head, init_from=args.init_from,
         eagle_ce_weight=args.eagle_ce_weight, eagle3=args.eagle3,
         eagle_aux_layers=() if args.eagle_aux_layers == "none" else
-        None if args.eagle_aux_layers == "auto" else _int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
+        None if args.eagle_aux_layers == "auto" else int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
     )
     if args.init_from:
         try:

@@ -44,6 +44,14 @@ def medusa_choices(spec: str) -> list[list[int]]:
     return [list(p) for p in sorted(known, key=lambda p: (len(p), p))]
 
 
+def int_list(text: str, what: str) -> tuple[int, ...]:
+    """Comma-separated integers such as 2,5 ('' = none)."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
+
+
 def parse_triple(text: str, what: str) -> tuple[int, int, int]:
     try:
         parts = tuple(int(x) for x in text.split(","))

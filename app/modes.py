@@ -16,7 +16,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, create_model
 
-from app.config import ConfigError, parse_triple
+from app.config import ConfigError, int_list, parse_triple
 from app.service import configs
 
 MERGED_SUFFIX = "+prompt_lookup"  # a tree mode that also verifies prompt lookup's candidates: "eagle+prompt_lookup"
@@ -125,13 +125,6 @@ def _eagle_tree(choices: str | None) -> dict[str, Any]:
     return {"eagle_choices": choices, "use_dynamic_tree": choices is None}
 
 
-def _int_list(text: str, what: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
-
-
 def _triple(text: str) -> dict[str, Any]:
     W, N, G = parse_triple(text, "--lookahead-config")
     return {"max_window_size": W, "max_ngram_size": N, "max_verification_set_size": G}
@@ -152,7 +145,7 @@ NGRAM_FLAGS = (
     Flag("prompt_lookup_candidates", "max_candidates", "prompt lookup: verify this many matches' continuations as one tree"),
     Flag("ngram_draft_lens", help="prompt lookup: draft at most this many tokens after a 1-gram, 2-gram, ... match "
          "('' = always the full length)", default=",".join(map(str, _default(_NGRAM, "ngram_draft_lens"))),
-         to_fields=lambda v: {"ngram_draft_lens": _int_list(v, "--ngram-draft-lens")}),
+         to_fields=lambda v: {"ngram_draft_lens": int_list(v, "--ngram-draft-lens")}),
     Flag("use_newest_match", help="prompt lookup: copy after the latest match, not the earliest", kind=bool,
          to_fields=lambda v: {"is_use_oldest": not v}),
 )

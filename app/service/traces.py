@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -113,24 +114,24 @@ class Recording:
 def decoding(events: list[dict] | None) -> dict | None:
     """What a run spent after its prefill, by the loop's clock: tokens, target passes, seconds, and the
     draft and verify seconds of its decoding steps; None without a decoding step or usable times."""
-    events = _steps(events)
-    steps = [e for e in events if e.get("kind") == "decode"]
-    if not steps:
+    events = steps(events)
+    decode = [e for e in events if e.get("kind") == "decode"]
+    if not decode:
         return None
     prefill = next((e for e in events if e.get("kind") == "prefill"), None)
     start = ((prefill or {}).get("totals") or {}).get("elapsed_s", 0.0)
-    end = (steps[-1].get("totals") or {}).get("elapsed_s")
+    end = (decode[-1].get("totals") or {}).get("elapsed_s")
     if not (_number(start) and _number(end)) or end <= start:
         return None
-    out = {"tokens": sum(len(e.get("tokens") or []) for e in steps), "steps": len(steps), "seconds": end - start,
+    out = {"tokens": sum(len(e.get("tokens") or []) for e in decode), "steps": len(decode), "seconds": end - start,
            "draft_s": None, "verify_s": None}
     # An engine that does not time its steps apart (vLLM) leaves them None: tau and the step's cost are still known.
-    if all(_number(e.get(k)) for e in steps for k in ("draft_time_s", "verify_time_s")):
-        out.update(draft_s=sum(e["draft_time_s"] for e in steps), verify_s=sum(e["verify_time_s"] for e in steps))
+    if all(_number(e.get(k)) for e in decode for k in ("draft_time_s", "verify_time_s")):
+        out.update(draft_s=sum(e["draft_time_s"] for e in decode), verify_s=sum(e["verify_time_s"] for e in decode))
     return out
 
 
-def _steps(events: list[dict] | None) -> list[dict]:
+def steps(events: Iterable[Any] | None) -> list[dict]:
     """Step events only: a service stream also carries "start" and "end" messages."""
     return [e for e in events or [] if isinstance(e, dict) and e.get("type", "step") == "step"]
 
@@ -151,7 +152,7 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dic
         verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
         parts.update(verify=verify, draft=draft, loop=max(0.0, cost - verify - draft))
     parts["decoding"] = parts["tau"] / cost
-    totals = [(_steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
+    totals = [(steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
     if all(_number(t.get("elapsed_s")) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
         parts["overall"] = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])
     return parts

@@ -17,6 +17,7 @@ import plotly.io as pio
 
 from app.modes import MODES, Modes
 from app.ui.learn import earning_sizes, expected_speedup
+from app.service.traces import steps
 from app.ui.render import infer_mode
 
 HEIGHT = 300
@@ -40,10 +41,6 @@ def _name(mode: str, modes: Modes, fallback: str) -> str:
 def _colour(mode: str, modes: Modes) -> str:
     """The mode's colour (its entry's: Okabe-Ito, colour-blind safe); another run's the default blue."""
     return modes.colour(mode) or "#0072B2"
-
-
-def _steps(events: Iterable[Any] | None) -> list[dict]:
-    return [e for e in (events or []) if isinstance(e, dict) and e.get("type", "step") == "step"]
 
 
 def _number(value: Any) -> float | None:
@@ -123,12 +120,12 @@ def race(events: list[dict], baseline: list | None = None, *, label: str | None 
     baseline on the same axes. `baseline`: a list of (elapsed_s, new_tokens) points or of step events.
     `cursor`: a step number to mark (the one inspected)."""
     title = "Race: tokens over time"
-    events = _steps(events)
+    events = steps(events)
     base: list[tuple[float | None, float]] = []
     base_name, base_color = baseline_label or "Autoregressive", _colour("autoregressive", modes)
     if baseline:
         if isinstance(baseline[0], Mapping):
-            base_events = _steps(baseline)
+            base_events = steps(baseline)
             base = _cumulative(base_events)
             base_name = baseline_label or _name(infer_mode(base_events) or "", modes, base_name)
         else:
@@ -155,7 +152,7 @@ def race_runs(runs: Mapping[str, list[dict]], until: float | None = None, modes:
     `until`: the race as it stood that many seconds in (each run's steps done by then), on the axes
     of the whole race, so a replay's curves grow while its frame stays still."""
     title = "Race: tokens over time"
-    curves = [(name, _steps(events)) for name, events in (runs or {}).items()]
+    curves = [(name, steps(events)) for name, events in (runs or {}).items()]
     curves = [(name, events) for name, events in curves if events]
     if not curves:
         return _empty(title, "No runs yet: compare runs one prompt through each mode in turn.")
@@ -185,7 +182,7 @@ def tokens_per_step(events: list[dict], cursor: int | None = None) -> go.Figure:
     """Tokens committed by each target pass (accepted drafts + the target's own token, stacked)
     and the running mean τ; `cursor`: a step number to mark."""
     title = "Tokens per target pass"
-    events = _steps(events)
+    events = steps(events)
     if not events:
         return _empty(title)
     x = [e.get("step", i) for i, e in enumerate(events)]
@@ -208,7 +205,7 @@ def tokens_per_step(events: list[dict], cursor: int | None = None) -> go.Figure:
 def tokens_per_step_hist(events: list[dict]) -> go.Figure:
     """How often a target pass committed 1, 2, 3… tokens."""
     title = "Passes by tokens"  # short: this chart shares a row with two others
-    events = _steps(events)
+    events = steps(events)
     if not events:
         return _empty(title)
     counts = [len(e.get("tokens") or []) for e in events]
@@ -228,7 +225,7 @@ def acceptance_counts(events: list[dict]) -> tuple[list[int], list[int]]:
     by EOS or the token budget are left out: their acceptance was not decided by the target."""
     offered: list[int] = []
     accepted: list[int] = []
-    for e in _steps(events):
+    for e in steps(events):
         if e.get("kind") == "prefill" or e.get("added_token") is None:
             continue
         parents = list((e.get("proposed") or {}).get("parents") or [])
@@ -249,7 +246,7 @@ def acceptance_by_depth(events: list[dict], spec_decode: Mapping | None = None) 
     """α_d per draft depth: where along a draft the target stops agreeing (acceptance_counts), or, for an engine
     that does not show its drafts (vLLM), from its own counters: drafts reaching depth d = those accepted at d − 1."""
     title = "Acceptance by draft depth"
-    events = _steps(events)
+    events = steps(events)
     if not events:
         return _empty(title)
     offered, accepted = acceptance_counts(events)
@@ -277,7 +274,7 @@ def acceptance_by_depth(events: list[dict], spec_decode: Mapping | None = None) 
 def throughput(events: list[dict], *, label: str | None = None, modes: Modes = MODES) -> go.Figure:
     """Running tokens per second: tokens so far / wall time so far, after each step."""
     title = "Throughput"
-    events = _steps(events)
+    events = steps(events)
     if not events:
         return _empty(title)
     points = _cumulative(events)
@@ -294,7 +291,7 @@ def timing(events: list[dict]) -> go.Figure:
     named in a note instead of drawn: over a long prompt it costs tens of decoding steps, and its
     bar would flatten every other one."""
     title = "Time per step: draft vs verify"
-    events = _steps(events)
+    events = steps(events)
     prefill = [e for e in events if e.get("kind") == "prefill"]
     events = [e for e in events if e.get("kind") != "prefill"]
     if not events and not prefill:

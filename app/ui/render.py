@@ -34,8 +34,9 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from app.service import traces
 from app.modes import MODES
+from app.service import traces
+from app.service.traces import ADDED_KINDS, steps
 
 MAX_TREE_NODES = 64
 # Tree SVG node looks (group attributes, box attributes, label weight): the accepted path is thick,
@@ -44,7 +45,6 @@ NODE_ON_PATH = ('class="node accepted"', 'fill="#56B4E9" fill-opacity="0.35" str
                 ' font-weight="700"')
 NODE_OFF_PATH = ('class="node rejected" opacity="0.7"',
                  'fill="#8c8c8c" fill-opacity="0.12" stroke="#8c8c8c" stroke-width="1" stroke-dasharray="4 3"', "")
-ADDED_KINDS = ("next", "correction", "bonus", "engine")
 
 # Okabe-Ito colours (colour-blind safe); every colour also has a non-colour cue (underline, strike,
 # box, superscript). Backgrounds are translucent tints so the text keeps the page's own colour on
@@ -190,11 +190,6 @@ def _num(value: Any, fmt: str = "{:.2f}") -> str:
 
 def _wrap(body: str, cls: str = "") -> str:
     return f'<div class="specdec{" " + cls if cls else ""}">{STYLE}{body}</div>'
-
-
-def _step_events(events: Iterable[Any] | None) -> list[dict]:
-    """Step events only: the service's stream also carries "start" and "end" messages."""
-    return [e for e in (events or []) if isinstance(e, dict) and e.get("type", "step") == "step"]
 
 
 # ----------------------------------------------------------------------------- tree helpers
@@ -364,7 +359,7 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
     """The output with every target pass marked: accepted drafts, the first rejected branch struck
     through, the target's own token (next / correction / bonus), one `step` element per pass."""
     texts = norm_texts(texts)
-    events = _step_events(events)
+    events = steps(events)
     if not events:
         return _wrap(LEGEND + '<div class="sd-empty">No tokens yet. Run a prompt: every target pass '
                      "appears here as a numbered step.</div>", "sd-view")
@@ -400,7 +395,7 @@ def infer_mode(events: Iterable[Any] | Mapping | None) -> str | None:
     if isinstance(events, Mapping):
         events = [events]
     saw_decode = False
-    for event in _step_events(events):
+    for event in steps(events):
         source = event.get("source") or {}
         if "draft_probs" in source:
             return "draft_target"
