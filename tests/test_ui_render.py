@@ -130,7 +130,8 @@ def test_step_view_counts_match_trace(mode):
     legend = dom.find("legend")
     assert len(legend) == 1
     assert not [n for n in legend[0].iter() if any(c.startswith("tok-") for c in n.classes)]
-    assert "<style>" in render.step_view(steps, trace["texts"])
+    # The look is the page's (web.launch gives render.CSS once), not repeated in every fragment.
+    assert "<style>" not in render.step_view(steps, trace["texts"]) and "body .specdec .tok-accepted" in render.CSS
     assert dom.find("sd-finish")[0].text().endswith(steps[-1]["finish_reason"])
 
 

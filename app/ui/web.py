@@ -38,6 +38,7 @@ from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
 from app.ui import charts, learn, links, presenter, render
 from app.ui.controls import Number, Slider
+from app.ui.sessions import Sessions
 from app.ui.train import SHIPPED, TrainTab, visitor_of, artifact_choices
 
 REDRAW_S = 0.75
@@ -320,13 +321,12 @@ def _paced(parts, draw):
 
 
 class Studio:
-    """The app around one Service: per-session active jobs (for Stop), and the Blocks."""
+    """The app around one Service: per-session running jobs (for Stop), and the Blocks."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
         self.modes = service.registry  # the modes it offers (app/modes.py)
-        self._lock = threading.Lock()
-        self._active: dict[str, Any] = {}  # session -> running job, so Stop can cancel it
+        self.sessions = Sessions()  # what each page runs, for its Stop
         self.trainer = TrainTab(service)
         self.example_ids = _example_ids()  # read once: links and the counter-example look prompts up by id
         # The Run tab's downloads: a folder per session, a file per mode, rewritten by the next run (Gradio serves a copy).
@@ -334,60 +334,40 @@ class Studio:
         weakref.finalize(self, shutil.rmtree, self._traces, ignore_errors=True)
 
     # ------------------------------------------------------------------ jobs
-    def _start(self, session: str, data: dict[str, Any], prompt: str):
-        try:
-            job = self.service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
-        except (ConfigError, ModelError, QueueFull) as err:
-            raise gr.Error(self.service.relative(str(err)), duration=None) from None
-        with self._lock:
-            self._active[session] = job
-        return job
-
     @contextlib.contextmanager
     def _skippable(self, request: gr.Request | None):
-        """A replay's skip flag, registered as the session's active job so Stop sets it."""
-        session = request.session_hash if request is not None else "local"
+        """A replay's skip flag, registered as the session's running job so Stop sets it."""
         skip = threading.Event()
-        handle = SimpleNamespace(cancel=skip.set, replay=True)
-        with self._lock:
-            self._active[session] = handle
-        try:
+        with self.sessions.running(request.session_hash if request is not None else "local",
+                                   SimpleNamespace(cancel=skip.set, replay=True)):
             yield skip
-        finally:
-            with self._lock:
-                if self._active.get(session) is handle:
-                    del self._active[session]
 
     def visitor_left(self, request: gr.Request) -> None:
         """The page closed (Gradio's unload): what it runs stops, so nobody's work outlives their visit."""
-        with self._lock:
-            job = self._active.get(request.session_hash)
-        if job is not None:
-            job.cancel()
+        self.sessions.cancel(request.session_hash)
         self.trainer.visitor_left(request)
 
     def stop(self, request: gr.Request) -> str:
-        with self._lock:
-            job = self._active.get(request.session_hash)
+        job = self.sessions.cancel(request.session_hash)
         if job is None:
             return "Nothing is running."
-        job.cancel()
         # A replay skips to its end at once and says so itself: this answer could land after that line.
         return gr.skip() if getattr(job, "replay", False) else "⏹ Stopping after the current step…"
 
     def _stream(self, session: str, data: dict[str, Any], prompt: str, run: Recording):
-        """DecodeRequest `data` run as the session's active job (Stop cancels it); each batch of messages added to `run`."""
-        job = self._start(session, data, prompt)
+        """DecodeRequest `data` run as the session's job (Stop cancels it); each batch of messages added to `run`."""
         try:
-            for batch in job.batches(REDRAW_S):
-                for message in batch:
-                    run.add(message)
-                yield run
-        finally:
-            job.cancel()
-            with self._lock:
-                if self._active.get(session) is job:
-                    del self._active[session]
+            job = self.service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
+        except (ConfigError, ModelError, QueueFull) as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        with self.sessions.running(session, job):
+            try:
+                for batch in job.batches(REDRAW_S):
+                    for message in batch:
+                        run.add(message)
+                    yield run
+            finally:
+                job.cancel()
         if run.end and run.end.get("error"):
             raise gr.Error(f"generation failed: {run.end['error']}")
 
@@ -1188,10 +1168,14 @@ def _example_tree() -> str:
     return render.tree_svg(list(range(len(paths))), parents, path, texts)
 
 
+# The page's own styles, given once at launch: the token view's and presenter mode's.
+CSS = render.CSS + presenter.CSS
+
+
 def launch(service: Service, host: str | None = None, port: int | None = None, **kwargs):
     """Serve the app; host/port None = Gradio's own defaults (GRADIO_SERVER_NAME/PORT, else 127.0.0.1:7860)."""
     studio = Studio(service)
     demo = studio.blocks()
     demo.queue(max_size=service.limits.max_queue, default_concurrency_limit=service.limits.max_concurrency)
-    return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], css=presenter.CSS,
+    return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], css=CSS,
                        head=presenter.HEAD, **kwargs)
