@@ -3,50 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import TextIO
 
 import torch
 
 from app.modes import MODES
 from app.service.configs import AutoregressiveConfig, DecodingConfig, NGramDecodingConfig
-from app.decoding.target import TransformersTarget
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
-from app.runner import output_ids, run as run_mode
+from app.runner import output_ids, run as run_mode, verify_cost
 from app.service import traces
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_bench" / "question.jsonl"
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 # Our mode -> the vLLM engine row doing its job (vllm_<method>; the modes' entries say which).
 VLLM_PEERS = {m.name: m.vllm_row for m in MODES if m.vllm_peer}
-VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
-
-
-def load_prompts(path: str | None, categories: list[str] | None, limit: int | None) -> list[dict]:
-    """First turns of a Spec-Bench-format JSONL file; `limit` applies per category, in file order."""
-    path = Path(path) if path else DEFAULT_PROMPTS
-    rows, taken = [], defaultdict(int)
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            q = json.loads(line)
-            cat = q["category"]
-            if categories and cat not in categories:
-                continue
-            if limit is not None and taken[cat] >= limit:
-                continue
-            taken[cat] += 1
-            rows.append({"id": q["question_id"], "category": cat, "text": q["turns"][0]})
-    if not rows:
-        raise ValueError(f"no prompts selected from {path} (categories={categories})")
-    return rows
 
 
 class _ForwardCounter:
@@ -180,31 +154,6 @@ def run(
     cost = verify_cost(target, target.encode(prompts[0]["text"]) if prompts else warm)
     return {"settings": _settings(target, configs, draft), "summary": summarize(runs), "versus": versus(runs),
             "verify_cost": cost, "runs": runs}
-
-
-def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5) -> dict:
-    """Milliseconds of one target pass over k new tokens after `prompt_ids` (a verify step of k - 1
-    drafted tokens), the median of `repeats`, and each relative to k = 1.
-
-    This curve decides what speculation can earn on a machine: a step that verifies k tokens pays
-    only when it yields more than relative[k] tokens. It differs a lot between CPUs (bfloat16
-    without native instructions grows about linearly in k), so the bench records it with its results.
-    """
-    session = TransformersTarget(target.model, hidden_states=False)
-    session.prefill(prompt_ids)
-    times: dict[int, list[float]] = {k: [] for k in sizes}
-    for r in range(repeats + 1):  # round-robin over sizes, so drift of the machine hits all alike; round 0 warms up
-        for k in sizes:
-            tokens = [prompt_ids[i % len(prompt_ids)] for i in range(k - 1)]
-            t = time.perf_counter()
-            session.forward(prompt_ids[-1], tokens, list(range(-1, k - 2)))
-            elapsed = time.perf_counter() - t
-            session.commit([])  # keep only the root: the context grows by one token per pass
-            if r:
-                times[k].append(elapsed)
-    ms = {k: 1000 * sorted(v)[len(v) // 2] for k, v in times.items()}
-    return {"tokens": list(sizes), "ms": [round(ms[k], 2) for k in sizes],
-            "relative": [round(ms[k] / ms[sizes[0]], 2) for k in sizes], "context": len(prompt_ids)}
 
 
 def _common_prefix(a: list[int], b: list[int] | None) -> int:

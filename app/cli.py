@@ -13,6 +13,7 @@ from typing import Any
 
 from app.config import ConfigError, int_list
 from app.modes import MODES, NGRAM_FLAGS, Flag, Mode, Modes
+from app.prompts import load_prompts
 from app.service import configs
 from app.service.configs import DecodingConfig
 from app.decoding.loop import ContextError
@@ -389,7 +390,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.ui_overhead:
         from app.ui import overhead
 
-        prompts = bench.load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+        prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
         service = _service(args, max_new_tokens=max(args.max_new_tokens, 1))
         try:
             result = overhead.measure(service, prompts, modes, args.max_new_tokens, progress=sys.stderr)
@@ -405,7 +406,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     draft = companions.get("draft_target")
     if draft is None and args.peers and args.draft_model:
         draft = _companions(args, target, {"draft_target": _config(args, "draft_target")})["draft_target"]
-    prompts = bench.load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+    prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     if target.dtype == "bfloat16" and not fast_bf16():
         print("note: this CPU has no native bfloat16 matrix multiply (AVX-512 BF16 or AMX), so a bfloat16 pass over "
               "k tokens costs several one-token passes and speculative modes earn little; see the verify cost below, "

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.bench import load_prompts  # noqa: E402
+from app.prompts import load_prompts  # noqa: E402
 from app.decoding.drafters.prompt_lookup import NgramIndex, PromptLookup  # noqa: E402
 
 

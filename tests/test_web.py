@@ -432,9 +432,9 @@ def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
 
 
 def test_browser_examples_fill_the_prompt_of_each_tab(page):
-    from app import bench
+    from app.prompts import load_prompts
 
-    summarization = next(r["text"] for r in bench.load_prompts(None, ["summarization"], 1))
+    summarization = next(r["text"] for r in load_prompts(None, ["summarization"], 1))
     for tab, menu, box in (("Run", "#examples", "#prompt"), ("Compare", "#cmp-examples", "#cmp-prompt")):
         page.get_by_role("tab", name=tab).click()
         assert page.input_value(f"{box} textarea") != summarization

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app import bench, models
+from app import models, runner
+from app.models import DTYPES, ModelError  # noqa: F401  (the clients' dtypes and model errors)
+from app.prompts import load_prompts
 from app.config import ConfigError
 from app.modes import MODES, Modes
 from app.decoding.linear import fast_bf16
@@ -192,10 +194,19 @@ class Service:
         finally:
             job.cancel()
 
+    # ------------------------------------------------------------------ what a client offers
+    def examples(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The shipped Spec-Bench prompts (first turns: id, category, text), at most `limit` per category."""
+        return load_prompts(None, None, limit)
+
+    def drafts(self) -> list[str]:
+        """The registry's draft models for this service's model (what draft_target's speculative_model may name)."""
+        return [name for name, (base, _) in models.DRAFT_ALIASES.items() if base == self.model]
+
     # ------------------------------------------------------------------ the machine
     def pass_cost(self, prompt: str, dtype: str = "auto", repeats: int = 3) -> dict[str, Any]:
         """What one target pass over k tokens costs after `prompt` on this machine, in milliseconds and relative
-        to a one-token pass (bench.verify_cost), on the transformers backend in `dtype`. A speculative step that
+        to a one-token pass (runner.verify_cost), on the transformers backend in `dtype`. A speculative step that
         verifies k tokens pays only when it commits more than that relative cost. Queued like a generation,
         so it never times a CPU another job is using."""
         if dtype not in ("auto", *models.DTYPES):
@@ -206,7 +217,7 @@ class Service:
         configs.check_prompt_limit(len(ids), self.limits.max_prompt_tokens)
 
         def work(cancel):
-            yield {"type": "cost", "dtype": target.dtype, **bench.verify_cost(target, ids, repeats=repeats)}
+            yield {"type": "cost", "dtype": target.dtype, **runner.verify_cost(target, ids, repeats=repeats)}
             yield {"type": "end", "finish_reason": "length", "error": None}
 
         messages = list(self.jobs.submit(work).messages())

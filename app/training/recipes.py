@@ -266,7 +266,7 @@ def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engi
              report: Report | None = None) -> dict:
     """Mean accepted tokens per target step (τ) of the trained artifact, greedy, on the first
     Spec-Bench prompt of each category (up to `n_prompts` prompts)."""
-    from app.bench import load_prompts
+    from app.prompts import load_prompts
     from app.modes import MODES
     from app.service.configs import DecodingConfig
     from app.runner import load_companion, run

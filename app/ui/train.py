@@ -16,8 +16,7 @@ from typing import Any
 import gradio as gr
 
 from app.config import ConfigError
-from app.models import ModelError
-from app.service.api import TRAINING_OFF, Service, TrainingTimeout
+from app.service.api import TRAINING_OFF, ModelError, Service, TrainingTimeout
 from app.service.training import PREFIX, STAGES, TrainConfig
 from app.ui import charts
 from app.ui.controls import Number, Slider

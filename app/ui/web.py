@@ -24,12 +24,10 @@ from typing import Any
 
 import gradio as gr
 
-from app import bench
 from app.config import CHOICES_DIR, ConfigError
 from app.modes import MERGED_SUFFIX, MODES, Modes
-from app.models import DTYPES, ModelError
 from app.service import configs, traces
-from app.service.api import Service
+from app.service.api import DTYPES, ModelError, Service
 from app.service.configs import (MIN_PATH_PROB, DraftTargetDecodingConfig, EagleDecodingConfig,
                                  LookaheadDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig,
                                  SuffixDecodingConfig)
@@ -328,7 +326,7 @@ class Studio:
         self.modes = service.registry  # the modes it offers (app/modes.py)
         self.sessions = Sessions()  # what each page runs, for its Stop
         self.trainer = TrainTab(service)
-        self.example_ids = _example_ids()  # read once: links and the counter-example look prompts up by id
+        self.example_ids = _example_ids(service)  # read once: links and the counter-example look prompts up by id
         # The Run tab's downloads: a folder per session, a file per mode, rewritten by the next run (Gradio serves a copy).
         self._traces = Path(tempfile.mkdtemp(prefix="specdec-traces-"))
         weakref.finalize(self, shutil.rmtree, self._traces, ignore_errors=True)
@@ -514,7 +512,7 @@ class Studio:
         if settings is None:
             return [run.prompt if run and run.prompt else gr.skip(), *keep[1:]]
         mode, v = settings
-        if v.get("dt_model") not in (None, *_draft_choices(self.service)):
+        if v.get("dt_model") not in (None, *self.service.drafts()):
             del v["dt_model"]
         for key, kind in (("md_model", "medusa"), ("eg_model", "eagle")):  # a run this server has not made
             if key in v and v[key] not in {value for _, value in artifact_choices(self.service, kind)}:
@@ -565,7 +563,7 @@ class Studio:
 
     def page_defaults(self) -> dict[str, Any]:
         """The controls' values on a fresh page (DEFAULTS, with the choices only the server knows)."""
-        drafts = _draft_choices(self.service)
+        drafts = self.service.drafts()
         return dict(DEFAULTS, dt_model=drafts[0] if drafts else None, backend=self.service.default_backend("lookahead"))
 
     def link(self, mode: str, prompt: str, present: bool, *values) -> Any:
@@ -696,7 +694,7 @@ class Studio:
     def blocks(self) -> gr.Blocks:
         service = self.service
         availability = service.availability()
-        examples = _examples()
+        examples = _examples(service)
         # delete_cache: Gradio keeps a copy of every trace it served; an hour is enough to download one.
         with gr.Blocks(title="SpecDec Studio", delete_cache=(3600, 3600)) as demo:
             gr.Markdown(
@@ -957,7 +955,7 @@ class Studio:
                 c["la_g"] = Slider(0, 8, value=d["la_g"], step=1, label="g")
         with gr.Group(visible=False) as g_dt:
             gr.Markdown("**Draft-target** (`DraftTargetDecodingConfig`)")
-            drafts = _draft_choices(service)
+            drafts = service.drafts()
             c["dt_model"] = gr.Dropdown(drafts, value=drafts[0] if drafts else None, allow_custom_value=False,
                                         label="speculative_model (registry names only)")
             c["dt_len"] = Slider(1, 16, value=d["dt_len"], step=1, label="max_draft_len")
@@ -1128,15 +1126,9 @@ def _modes_note(service: Service, backend: str) -> str:
     return "<small>" + " · ".join(lines) + "</small>"
 
 
-def _draft_choices(service: Service) -> list[str]:
-    from app import models
-
-    return [name for name, (base, _) in models.DRAFT_ALIASES.items() if base == service.model]
-
-
-def _example_ids() -> dict[int, str]:
+def _example_ids(service: Service) -> dict[int, str]:
     """Every Spec-Bench first turn shipped, by question id (what a link's `example=` names)."""
-    return {int(r["id"]): r["text"] for r in bench.load_prompts(None, None, None)}
+    return {int(r["id"]): r["text"] for r in service.examples()}
 
 
 def _link_check(service: Service, mode: str, values: dict[str, Any]) -> str | None:
@@ -1147,9 +1139,9 @@ def _link_check(service: Service, mode: str, values: dict[str, Any]) -> str | No
     return None
 
 
-def _examples() -> list[tuple[str, str]]:
+def _examples(service: Service) -> list[tuple[str, str]]:
     """One Spec-Bench prompt per category (first turns)."""
-    return [(r["category"], r["text"]) for r in bench.load_prompts(None, None, 1)]
+    return [(r["category"], r["text"]) for r in service.examples(1)]
 
 
 def _examples_dropdown(examples: list[tuple[str, str]], elem_id: str) -> gr.Dropdown:
