@@ -17,7 +17,7 @@ import plotly.io as pio
 
 from app.modes import MODES, Modes
 from app.ui.learn import earning_sizes, expected_speedup
-from app.service.traces import steps
+from app.service.traces import is_number, steps
 from app.ui.render import infer_mode
 
 HEIGHT = 300
@@ -44,7 +44,7 @@ def _colour(mode: str, modes: Modes) -> str:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if is_number(value) else None
 
 
 def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:

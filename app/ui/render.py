@@ -36,7 +36,7 @@ from typing import Any
 
 from app.modes import MODES
 from app.service import traces
-from app.service.traces import ADDED_KINDS, steps
+from app.service.traces import ADDED_KINDS, is_number, steps
 
 MAX_TREE_NODES = 64
 # Tree SVG node looks (group attributes, box attributes, label weight): the accepted path is thick,
@@ -188,7 +188,7 @@ def _ms(seconds: Any) -> str:
 
 
 def _num(value: Any, fmt: str = "{:.2f}") -> str:
-    return fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "–"
+    return fmt.format(value) if is_number(value) else "–"
 
 
 def _wrap(body: str, cls: str = "") -> str:
@@ -418,10 +418,11 @@ def infer_mode(events: Iterable[Any] | Mapping | None) -> str | None:
 
 
 def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: list[int] | None,
-                history_ids: list[int] | None) -> str:
+                history_ids: list[int] | None, mode: str | None = None) -> str:
     """One target pass in detail: the draft (chain or tree) with the accepted path and the rejected
     nodes, what was committed, and where the draft came from (per mode). `history_ids` = the output
-    before this step, so the context the drafter saw is prompt_ids + history_ids."""
+    before this step, so the context the drafter saw is prompt_ids + history_ids. `mode`: the trace's
+    (a merged tree's name counts as its tree's); a step without one is read off its provenance."""
     texts = norm_texts(texts)
     if not event or not isinstance(event, Mapping):
         return _wrap('<div class="sd-empty">Pick a step to see its draft, what the target accepted, '
@@ -432,7 +433,7 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     accepted_nodes = [a for a in (event.get("accepted") or []) if isinstance(a, int) and 0 <= a < len(tokens)]
     accepted, added, kind = _split(event)
     source = event.get("source") or {}
-    mode = infer_mode([event])
+    mode = mode.partition("+")[0] if mode else infer_mode([event])
 
     out = [f"<h4>Step {esc(number)} · {esc(event.get('kind') or 'decode')}</h4>",
            f'<p class="sd-narration">{esc(narrate(event, texts, mode))}</p>']
@@ -839,7 +840,7 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
         tip = f"node {i} · depth {depth[i]} · {_quote(tokens[i], texts)}"
         tip += (f" · score {score[i]}" if i in score else "") + (" · from prompt lookup" if i in copied else "")
         weighed = target_p[i] if target_p and i < len(target_p) else None
-        if isinstance(weighed, (int, float)) and not isinstance(weighed, bool):
+        if is_number(weighed):
             tip += f" · target p {weighed:.3f}"
         elif target_p:
             tip += " · not weighed (below a rejected node)"
@@ -914,7 +915,7 @@ def summary_table(rows: list[dict] | None) -> str:
         mark = {True: '<span class="identical-yes" title="identical">✓</span>',
                 False: '<span class="identical-no" title="differs">✗</span>'}.get(identical, "–")
         rate = r.get("acceptance_rate")
-        rate_text = f"{rate * 100:.0f}%" if isinstance(rate, (int, float)) and not isinstance(rate, bool) else "–"
+        rate_text = f"{rate * 100:.0f}%" if is_number(rate) else "–"
         speed = r.get("speedup")
         is_best = best is not None and speed == best and len(rows) > 1
         best_attr = ' class="best"' if is_best else ""

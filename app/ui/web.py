@@ -437,7 +437,7 @@ class Studio:
         if final and baseline is not None and run.mode != "autoregressive":
             versus = render.speedup_line(events, baseline.events)
             status = f"{status}\n\n{versus}" if versus else status
-        detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history) if events else ""
+        detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history, run.mode) if events else ""
         return (
             render.step_view(events, run.texts),
             status,
@@ -464,7 +464,7 @@ class Studio:
         i = min(max(int(step), 0), len(events) - 1) if isinstance(step, (int, float)) and math.isfinite(step) else 0
         history = [t for e in events[:i] for t in e["tokens"]]
         try:  # a record is this session's own run or a checked trace; a shape that still slipped through gets words
-            detail = render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
+            detail = render.step_detail(events[i], record["texts"], record["prompt_ids"], history, record.get("mode"))
         except Exception as err:
             raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
         number = events[i].get("step", i)
@@ -488,7 +488,7 @@ class Studio:
         try:  # parse checked every field the display reads; should a shape still slip through, say so in words
             for r in (run, baseline or run):
                 render.step_view(r.events, r.texts)
-                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None])
+                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None], r.mode)
         except Exception as err:
             raise gr.Error(f"cannot replay this file: it could not be drawn ({type(err).__name__})", duration=None) from None
         with self._skippable(request) as skip:
