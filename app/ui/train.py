@@ -19,7 +19,7 @@ from app.config import ConfigError
 from app.service.api import TRAINING_OFF, ModelError, Service, TrainingTimeout
 from app.service.training import PREFIX, STAGES, TrainConfig
 from app.ui import charts
-from app.ui.controls import Number, Slider
+from app.ui.controls import Number, Slider, finite
 from app.ui.sessions import Sessions
 
 SHIPPED = "shipped"
@@ -69,11 +69,8 @@ def config_from(values: dict[str, Any]) -> dict[str, Any]:
         value = values.get(k)
         if value in (None, ""):
             return TrainConfig.model_fields[k].default
-        try:
-            x = float(value)
-            return cast(x) if cast is float else int(x) if x == int(x) else x  # 2.5 conversations: the rules say so
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{k} must be a finite number, got '{str(value)[:40]}'") from None
+        x = finite(value, k)
+        return cast(x) if cast is float else int(x) if x == int(x) else x  # 2.5 conversations: the rules say so
 
     lr = number("lr", float) if values.get("lr") not in (None, "") else None
     return {"kind": values["kind"], "init_from": values.get("init_from") or SHIPPED, "data_source": values["data_source"],

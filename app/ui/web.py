@@ -35,7 +35,7 @@ from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
 from app.ui import charts, learn, links, presenter, render
-from app.ui.controls import Number, Slider
+from app.ui.controls import Number, Slider, finite
 from app.ui.sessions import Sessions
 from app.ui.train import SHIPPED, TrainTab, visitor_of, artifact_choices
 
@@ -155,15 +155,7 @@ NAMES = {"la_W": "max_window_size W", "la_N": "max_ngram_size N", "la_G": "max_v
 
 
 def _float(v: dict[str, Any], key: str) -> float:
-    """A control's value as a finite number, or ConfigError naming the control (an API client may send anything)."""
-    value = v.get(key)
-    try:
-        x = float(value)
-    except (TypeError, ValueError, OverflowError):
-        x = math.nan
-    if not math.isfinite(x):
-        raise ConfigError(f"{NAMES.get(key, key)} must be a finite number, got '{str(value)[:40]}'")
-    return x
+    return finite(v.get(key), NAMES.get(key, key))
 
 
 def _int(v: dict[str, Any], key: str) -> int:
