@@ -89,6 +89,7 @@ CONTROLS = (
 PRESET_KEYS = tuple(k for k in CONTROLS if k not in ("max_new_tokens", "temperature", "top_p", "top_k", "seed",
                                                       "dt_model", "md_model", "eg_model", "backend"))
 FASTEST = {"pl_ngram": 3, "pl_oldest": False, "pl_candidates": 2, "dt_len": 2, "eg_total": 24, "eg_depth": 5, "eg_topk": 4}
+# (EAGLE's are its config's defaults: the Run tab starts smaller, RUN_TAB_CHOICES)
 PRESETS = ("defaults", "fastest here")
 
 
@@ -990,18 +991,13 @@ class Studio:
         return c
 
 
-DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0,
-    "pl_num_tokens": 10, "pl_ngram": 2, "pl_draft_lens": "2,5", "pl_candidates": 1, "pl_oldest": True,
-    "la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4,
-    "dt_model": None, "dt_len": 4,
-    "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": MIN_PATH_PROB,
-    "md_pl": False, "md_model": SHIPPED,
-    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": MIN_PATH_PROB, "eg_pl": False,
-    "eg_model": SHIPPED,
-    "sx_len": 24, "sx_depth": 24, "sx_factor": 1.0, "sx_min_prob": 0.1, "sx_tree": False,
-    "backend": "transformers", "dtype": "auto",
-}
+# Every control's value on a fresh page: its config's default (values_from each mode's default config), except
+# the Run tab's own choices: a short answer, a fixed seed, and a smaller EAGLE tree than EagleDecodingConfig's
+# (24 tokens, depth 5, top-k 4, which the "fastest here" preset sets): a cheaper step and a tree that reads at a glance.
+CONFIG_DEFAULTS: dict[str, Any] = {"dt_model": None} | {
+    k: v for m in MODES for k, v in values_from({"speculative_config": {"decoding_type": m.decoding_type}})[1].items()}
+RUN_TAB_CHOICES = {"max_new_tokens": 64, "seed": 0, "eg_total": 12, "eg_depth": 4, "eg_topk": 3}
+DEFAULTS: dict[str, Any] = CONFIG_DEFAULTS | RUN_TAB_CHOICES
 
 
 def _dtype_radio(service: Service, elem_id: str) -> gr.Radio:
