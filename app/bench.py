@@ -166,7 +166,9 @@ def _common_prefix(a: list[int], b: list[int] | None) -> int:
 
 
 def _settings(target, configs, draft) -> dict:
-    cfgs = {k: {**vars(c), "sampling": vars(c.sampling)} for k, c in configs.items()}
+    # Each mode's config as the service's request names it (TensorRT-LLM's fields).
+    cfgs = {k: {"mode": c.mode, "speculative_config": c.speculative_config.model_dump(mode="json"),
+                "max_new_tokens": c.max_new_tokens, "sampling": vars(c.sampling)} for k, c in configs.items()}
     return {
         "model": target.name,
         "dtype": target.dtype,

@@ -143,6 +143,9 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     cost = result["verify_cost"]
     assert cost["tokens"] == list(runner.VERIFY_SIZES) and cost["relative"][0] == 1.0
     assert {"cpu_capability", "fast_bf16", "threads"} <= set(result["settings"])
+    lookahead = result["settings"]["configs"]["lookahead"]  # each mode's config by the request's (TensorRT-LLM's) names
+    assert lookahead["speculative_config"]["decoding_type"] == "Lookahead" and lookahead["max_new_tokens"] == 12
+    assert [lookahead["speculative_config"][k] for k in ("max_window_size", "max_ngram_size", "max_verification_set_size")] == [3, 3, 2]
     assert "verify pass of k tokens vs one" in proc.stdout and "translation" in proc.stdout
     assert [(r["mode"], r["peer"]) for r in result["versus"]] == [("autoregressive", "hf_generate"),
                                                                    ("prompt_lookup", "hf_prompt_lookup")]

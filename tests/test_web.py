@@ -468,6 +468,11 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
         assert re.fullmatch(r"\d+/\d+", page.locator("#acceptance-depth .bartext").first.text_content())
     if mode == "prompt_lookup":
         assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
+        # The look comes from the page's stylesheet (given once at launch), not from a <style> in each fragment.
+        assert view.locator("style").count() == 0
+        assert page.eval_on_selector("#step-view .tok-added", "e => getComputedStyle(e).borderRadius") == "3px"
+        if view.locator(".tok-accepted").count():
+            assert page.eval_on_selector("#step-view .tok-accepted", "e => getComputedStyle(e).borderBottomWidth") == "3px"
         screenshot("run")
     if mode in ("medusa", "eagle"):
         # Inspect the step that drafted the most: its tree is drawn node by node.
