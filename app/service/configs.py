@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from dataclasses import dataclass, field
 
 from app.config import ConfigError, medusa_choices
 from app.decoding.sampling import SamplingParams
@@ -424,8 +423,6 @@ def _step_budget(request: DecodeRequest) -> None:
 def _check_min_path_prob(p: float | None) -> None:
     if p is not None and not 0.0 <= p < 1.0:
         raise ConfigError(f"min_path_prob must be in [0, 1) (0 = no pruning), got {p}")
-
-
 
 
 class DecodeRequest(_Config):
