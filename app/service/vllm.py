@@ -146,23 +146,23 @@ def speculative_config(request: DecodeRequest, model_dir: str | None = None, hea
     """vLLM's `--speculative-config` for a checked request, by vLLM's field names; None for autoregressive.
     `model` (the draft, the Medusa heads or the EAGLE-3 module) is filled in by the build, which knows where it
     put them; `heads` is the Medusa artifact's head count (vLLM's medusa drafts one token per head)."""
-    c = request.speculative_config
+    c, method = request.speculative_config, request.entry.vllm  # vLLM's name for the mode's method
     if isinstance(c, configs.AutoregressiveConfig):
         return None
     if isinstance(c, configs.NGramDecodingConfig):
-        return {"method": "ngram", "num_speculative_tokens": c.max_draft_len,
+        return {"method": method, "num_speculative_tokens": c.max_draft_len,
                 "prompt_lookup_max": c.max_matching_ngram_size, "prompt_lookup_min": 1}
     if isinstance(c, configs.SuffixDecodingConfig):
-        return {"method": "suffix", "num_speculative_tokens": c.max_draft_len,
+        return {"method": method, "num_speculative_tokens": c.max_draft_len,
                 **{k: getattr(c, k) for k in ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
                                               "suffix_decoding_min_token_prob", "suffix_decoding_max_cached_requests")}}
     if isinstance(c, configs.DraftTargetDecodingConfig):
-        return {"method": "draft_model", "model": model_dir, "num_speculative_tokens": c.max_draft_len}
+        return {"method": method, "model": model_dir, "num_speculative_tokens": c.max_draft_len}
     if isinstance(c, configs.MedusaDecodingConfig):
-        return {"method": "medusa", "model": model_dir, "num_speculative_tokens": c.num_medusa_heads or heads}
+        return {"method": method, "model": model_dir, "num_speculative_tokens": c.num_medusa_heads or heads}
     if isinstance(c, configs.EagleDecodingConfig):
         depth = max(map(len, c.paths())) if c.eagle_choices is not None else c.num_eagle_layers
-        return {"method": "eagle3", "model": model_dir, "num_speculative_tokens": depth}
+        return {"method": method, "model": model_dir, "num_speculative_tokens": depth}
     raise VLLMError(method_reason(request) or f"vLLM cannot run {request.mode}")
 
 
