@@ -48,6 +48,8 @@ class Mode:
     vllm: str | None = None  # vLLM's speculative method ("" = none needed); None = vLLM cannot
     vllm_missing: str = ""  # why vLLM cannot
     vllm_peer: bool = False  # the bench races vLLM doing this mode's job (row vllm_<method>)
+    artifact: str = ""  # the trained artifact it drafts with, by `train --mode`'s name (draft, medusa, eagle)
+    artifact_label: str = ""  # that artifact in words
     mergeable: bool = False  # its tree can verify prompt lookup's candidates too (<name>+prompt_lookup)
     merged_colour: str = ""
     drafts_free: bool = False  # drafting costs almost nothing (no model runs): render's explanation says so
@@ -155,6 +157,7 @@ MODES = Modes(
          trtllm=("pytorch", "tensorrt"), vllm="", vllm_peer=True),
     Mode("draft_target", "Draft-target", configs.DraftTargetDecodingConfig, "#0072B2",
          "lossless: greedy and exact speculative sampling", trtllm=("pytorch",), vllm="draft_model", vllm_peer=True,
+         artifact="draft", artifact_label="draft model",
          flags=(Flag("draft_model", "speculative_model", "draft model for draft_target (same tokenizer as --model; "
                      "default: the shipped distilled draft)"),
                 Flag("max_draft_len", "max_draft_len"))),
@@ -172,7 +175,8 @@ MODES = Modes(
                      to_fields=lambda v: {"pool_from_prompt": not v}))),
     Mode("medusa", "Medusa", configs.MedusaDecodingConfig, "#CC79A7",
          "lossless with greedy or exact sampling; typical acceptance is NOT lossless", trtllm=("tensorrt",),
-         vllm="medusa", vllm_peer=True, mergeable=True, merged_colour="#56B4E9",  # Okabe-Ito's sky blue
+         vllm="medusa", vllm_peer=True, artifact="medusa", artifact_label="Medusa heads", mergeable=True,
+         merged_colour="#56B4E9",  # Okabe-Ito's sky blue
          flags=(Flag("medusa_model", "speculative_model", "Medusa heads directory (default: the shipped heads of --model)"),
                 Flag("medusa_choices", "medusa_choices", "Medusa tree: a name in assets/medusa_choices/ or a JSON list of rank paths"),
                 Flag("typical_acceptance", "typical_acceptance", "Medusa under sampling: typical acceptance (faster, NOT lossless)"),
@@ -180,7 +184,8 @@ MODES = Modes(
                 Flag("posterior_alpha", "posterior_alpha"),
                 Flag("min_path_prob", "min_path_prob", PRUNE_HELP))),
     Mode("eagle", "EAGLE", configs.EagleDecodingConfig, "#D55E00", "lossless: greedy and exact sampling (recursive rejection)",
-         trtllm=("pytorch", "tensorrt"), vllm="eagle3", mergeable=True, merged_colour="#882255",  # Tol's wine
+         trtllm=("pytorch", "tensorrt"), vllm="eagle3", artifact="eagle", artifact_label="EAGLE module", mergeable=True,
+         merged_colour="#882255",  # Tol's wine
          flags=(Flag("eagle_model", "speculative_model", "EAGLE module directory (default: the shipped module of --model)"),
                 Flag("eagle_total_tokens", help="EAGLE-2 dynamic tree: nodes verified per step", kind=int,
                      default=_default(_EAGLE, "max_draft_len") + 1, to_fields=lambda v: {"max_draft_len": v - 1}),

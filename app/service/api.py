@@ -93,7 +93,7 @@ class Service:
         out = []
         for entry in self.registry:
             name = backend or self.default_backend(entry.name)
-            reason = self.backends[name].supports(entry.name, model)
+            reason = self.backends[name].supports(entry, model)
             out.append({"mode": entry.name, "backend": name, "available": reason is None, "reason": reason or "",
                         "lossless": entry.lossless})
         return out

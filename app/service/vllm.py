@@ -95,11 +95,18 @@ def has_arctic(python: Path) -> bool:
     return any((python.parent.parent / "lib").glob("python3*/site-packages/arctic_inference/suffix_decoding"))
 
 
+def missing(mode) -> str | None:
+    """Why vLLM has no method for the mode (an entry of app/modes.py), or None when it has one."""
+    if mode.vllm is None:
+        return mode.vllm_missing or f"vLLM has no {mode.label} decoding: run it on the transformers backend"
+    return None
+
+
 def method_reason(request: DecodeRequest, artifact: Path | None = None) -> str | None:
     """None when vLLM runs the request's mode, else why not (in words)."""
-    mode, entry = request.mode, request.entry
-    if entry.vllm is None:
-        return entry.vllm_missing or f"vLLM has no {entry.label} decoding: run it on the transformers backend"
+    mode = request.mode
+    if no_method := missing(request.entry):
+        return no_method
     c = request.speculative_config
     if getattr(c, "prompt_lookup", None) is not None:
         return f"merging prompt lookup into the {mode} tree is this app's own: vLLM cannot; leave it unset"
