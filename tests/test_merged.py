@@ -182,7 +182,7 @@ def test_service_config_nests_an_ngram_config():
     assert cfg.mode == "eagle" and (pl.max_draft_len, pl.max_matching_ngram_size, pl.is_use_oldest, pl.max_candidates) == (6, 3, False, 2)
     medusa = configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Medusa", "prompt_lookup": {}}}))
     assert medusa.mode == "medusa" and medusa.speculative_config.prompt_lookup.max_draft_len == 10
-    assert not configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Eagle"}})).merge_prompt_lookup
+    assert configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Eagle"}})).speculative_config.prompt_lookup is None
     with pytest.raises(ConfigError, match="max_draft_len"):
         configs.parse({"speculative_config": {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 0}}})
     with pytest.raises(ConfigError, match="prompt_lookup"):
