@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from app import models, runner
-from app.models import DTYPES, ModelError  # noqa: F401  (the clients' dtypes and model errors)
+from app.models import DTYPES, ModelError  # noqa: F401  (ModelError: what the service raises, for its clients)
 from app.prompts import load_prompts
 from app.config import ConfigError
 from app.modes import MODES, Modes
@@ -209,8 +209,8 @@ class Service:
         to a one-token pass (runner.verify_cost), on the transformers backend in `dtype`. A speculative step that
         verifies k tokens pays only when it commits more than that relative cost. Queued like a generation,
         so it never times a CPU another job is using."""
-        if dtype not in ("auto", *models.DTYPES):
-            raise ConfigError(f"dtype must be auto or one of {', '.join(models.DTYPES)}, got '{dtype}'")
+        if dtype not in ("auto", *DTYPES):
+            raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got '{dtype}'")
         self._require_text([prompt])
         target = self.backends["transformers"].model(self.model, dtype)
         ids = target.encode(prompt)
