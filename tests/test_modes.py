@@ -59,6 +59,19 @@ def test_the_app_registry_is_untouched():
     assert "repeat" not in MODES and "repeat" in TOY and TOY.names[:-1] == MODES.names
 
 
+def test_each_entry_is_its_configs_mode():
+    """An entry's config names the same mode, and every decoding_type and flag is one mode's only."""
+    assert all(m.config.mode == m.name for m in MODES)
+    assert len({m.decoding_type for m in MODES}) == len(MODES.names)
+    assert MODES.merged == ("medusa+prompt_lookup", "eagle+prompt_lookup")
+    flags = {}
+    for m in MODES:
+        for f in m.cli_flags():
+            assert f.field is None or f.field in m.config.model_fields, (m.name, f)
+            flags.setdefault(f.name, set()).add(m.name)
+    assert {name: owners for name, owners in flags.items() if len(owners) > 1} == {"min_path_prob": {"medusa", "eagle"}}
+
+
 def test_the_command_line_offers_the_toy_mode_and_its_field():
     parser = cli.build_parser(TOY)
     text = parser._subparsers._group_actions[0].choices["generate"].format_help()
