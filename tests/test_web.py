@@ -254,7 +254,7 @@ def test_api_replays_a_trace_file_at_once_and_refuses_other_files(client, tmp_pa
     recording = RACED
     trace = json.loads(recording.read_text())
     view, status, *_ = client.predict(handle_file(str(recording)), False, api_name="/replay")
-    assert "Replayed a recording" in status and label(trace["mode")] in status
+    assert "Replayed a recording" in status and label(trace["mode"]) in status
     assert "a step costing" in status  # the recording carries the baseline it raced
     committed = re.findall(r'<span class="tok [^"]*\btok-(?:accepted|added)\b[^"]*" data-tok="(\d+)"', view)
     assert view.count('data-step="') == len(trace["steps"]) and list(map(int, committed)) == trace["token_ids"]
@@ -591,7 +591,7 @@ def test_browser_replays_a_recording_at_its_pace_with_its_settings(page, screens
     trace = json.loads(recording.read_text())
     page.click("text=Replay a recorded run")
     page.locator("#recordings input").click()
-    page.get_by_role("option", name=re.compile("^" + re.escape(label(trace["mode")]) + " · ")).first.click()
+    page.get_by_role("option", name=re.compile("^" + re.escape(label(trace["mode"])) + " · ")).first.click()
     # The step view's sizes as the page drew them: a loaded machine may read the page only after the replay ended.
     page.evaluate("""() => { window.stepCounts = [];
         new MutationObserver(() => window.stepCounts.push(document.querySelectorAll('#step-view .step').length))
@@ -604,11 +604,11 @@ def test_browser_replays_a_recording_at_its_pace_with_its_settings(page, screens
     status = wait_status(page, "Replayed a recording", timeout=60_000)
     # At its pace: the steps arrived over time, not all at once.
     assert any(0 < n < len(trace["steps"]) for n in page.evaluate("window.stepCounts"))
-    assert label(trace["mode")] in status and f"({trace['dtype']})" in status
+    assert label(trace["mode"]) in status and f"({trace['dtype']})" in status
     assert page.locator("#step-view .step").count() == len(trace["steps"])
     # The controls are the recording's now: pressing Run would run the same request here.
     assert page.input_value("#prompt textarea") == trace["prompt"]
-    assert page.locator("#mode").get_by_label(label(trace["mode")], exact=True).is_checked()
+    assert page.locator("#mode").get_by_label(label(trace["mode"]), exact=True).is_checked()
     assert page.locator("#dtype").get_by_label(trace["dtype"], exact=True).is_checked()
     expected = trace["request"]["speculative_config"].get("max_draft_len")
     if expected:
