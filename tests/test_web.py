@@ -222,7 +222,7 @@ def test_api_run_refuses_a_bad_request_in_words(client):
     from gradio_client.exceptions import AppError
 
     for request, words in (
-        ({"prompt": "Hi", "speculative_config": {"decoding_type": "Warp"}}, "expected tags: 'Autoregressive', 'Lookahead'"),
+        ({"prompt": "Hi", "speculative_config": {"decoding_type": "Warp"}}, "expected tags: 'Autoregressive', 'Draft_Target', 'NGram'"),
         ({"prompt": "Hi", "mode": "eagle"}, "speculative_config.decoding_type (Autoregressive = autoregressive"),
         ({"prompt": "Hi", "max_tokens": 8}, "max_tokens: Extra inputs are not permitted"),
         ({"prompt": "Hi", "sampling": {"temperature": -1}}, "temperature must be a number in [0, 100]"),
