@@ -19,8 +19,8 @@ from app.runner import output_ids, run as run_mode, verify_cost
 from app.service import traces
 
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
-# Our mode -> the vLLM engine row doing its job (vllm_<method>; the modes' entries say which).
-VLLM_PEERS = {m.name: m.vllm_row for m in MODES if m.vllm_peer}
+# Our mode -> the vLLM engine row doing its job: every mode vLLM has a method for (vllm_<method>).
+VLLM_PEERS = {m.name: m.vllm_row for m in MODES if m.vllm is not None}
 
 
 class _ForwardCounter:

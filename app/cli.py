@@ -22,7 +22,7 @@ from app.models import BUNDLED, DTYPES, ModelError
 from app.service.engines import EngineError
 from app.service import traces
 from app.service.traces import Recording
-from app.training.export import ExportError
+from app.training.export import FORMATS, ExportError
 
 
 def _flag_kwargs(mode: Mode, flag: Flag) -> dict[str, Any]:
@@ -497,7 +497,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from app.training import export
 
-    out = export.export(Path(args.source), Path(args.output_dir), base_model=args.model)
+    out = export.export(Path(args.source), Path(args.output_dir), base_model=args.model, format=args.format)
     print(out)
     return 0
 
@@ -639,10 +639,13 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     t.add_argument("--progress-jsonl", action="store_true",
                    help="progress as one JSON object per line on stderr ({stage, done, total, loss}) instead of bars")
     t.set_defaults(func=cmd_train)
-    e = sub.add_parser("export", help="write trained heads in the layout TensorRT-LLM consumes")
-    e.add_argument("source", help="a directory written by `train` (Medusa heads, EAGLE module or draft layers)")
+    e = sub.add_parser("export", help="write a trained artifact in the layout engines (vLLM, TensorRT-LLM, SGLang) load")
+    e.add_argument("source", help="a directory written by `train` (an EAGLE-3 module, Medusa heads or a distilled draft)")
     e.add_argument("--output-dir", required=True)
-    e.add_argument("--model", default=BUNDLED, help="the base model the artifact belongs to")
+    e.add_argument("--format", default=None, choices=sorted({f for fs in FORMATS.values() for f in fs}),
+                   help="EAGLE-3: eagle3 (default; vLLM's and SGLang's numbering of the captured layers) or modelopt "
+                        "(ModelOpt's and TensorRT-LLM's); Medusa heads: medusa; the draft: hf (a plain model directory)")
+    e.add_argument("--model", default=None, help="the base model the artifact belongs to (default: the one it was trained for)")
     e.set_defaults(func=cmd_export)
     d = sub.add_parser("ship-data", help="copy the self-distilled training answers cached in engines/ into assets/ "
                        "(compressed), so later training runs, here or on a fresh clone, start from them")

@@ -47,7 +47,7 @@ class Mode:
     trtllm_missing: str = ""  # why TensorRT-LLM has no such mode
     vllm: str | None = None  # vLLM's speculative method ("" = none needed); None = vLLM cannot
     vllm_missing: str = ""  # why vLLM cannot
-    vllm_peer: bool = False  # the bench races vLLM doing this mode's job (row vllm_<method>)
+    vllm_compare: bool = False  # the Compare tab offers its run on a vLLM engine
     artifact: str = ""  # the trained artifact it drafts with, by `train --mode`'s name (draft, medusa, eagle)
     artifact_label: str = ""  # that artifact in words
     mergeable: bool = False  # its tree can verify prompt lookup's candidates too (<name>+prompt_lookup)
@@ -60,8 +60,8 @@ class Mode:
 
     @property
     def vllm_row(self) -> str | None:
-        """The bench's row for vLLM doing this mode's job."""
-        return f"vllm_{self.vllm or 'generate'}" if self.vllm_peer else None
+        """The bench's row for vLLM doing this mode's job (None: vLLM has no method for it)."""
+        return None if self.vllm is None else f"vllm_{self.vllm or 'generate'}"
 
     def cli_flags(self) -> tuple[Flag, ...]:
         if self.flags is not None:
@@ -154,15 +154,15 @@ NGRAM_FLAGS = (
 
 MODES = Modes(
     Mode("autoregressive", "Autoregressive", configs.AutoregressiveConfig, "#999999", "the baseline", flags=(),
-         trtllm=("pytorch", "tensorrt"), vllm="", vllm_peer=True),
+         trtllm=("pytorch", "tensorrt"), vllm="", vllm_compare=True),
     Mode("draft_target", "Draft-target", configs.DraftTargetDecodingConfig, "#0072B2",
-         "lossless: greedy and exact speculative sampling", trtllm=("pytorch",), vllm="draft_model", vllm_peer=True,
+         "lossless: greedy and exact speculative sampling", trtllm=("pytorch",), vllm="draft_model", vllm_compare=True,
          artifact="draft", artifact_label="draft model",
          flags=(Flag("draft_model", "speculative_model", "draft model for draft_target (same tokenizer as --model; "
                      "default: the shipped distilled draft)"),
                 Flag("max_draft_len", "max_draft_len"))),
     Mode("prompt_lookup", "Prompt lookup", configs.NGramDecodingConfig, "#E69F00", "lossless: greedy and exact sampling",
-         trtllm=("pytorch",), vllm="ngram", vllm_peer=True, drafts_free=True, flags=NGRAM_FLAGS),
+         trtllm=("pytorch",), vllm="ngram", vllm_compare=True, drafts_free=True, flags=NGRAM_FLAGS),
     Mode("lookahead", "Lookahead", configs.LookaheadDecodingConfig, "#009E73", "lossless: greedy and exact sampling",
          trtllm=("tensorrt",), drafts_free=True,
          vllm_missing="vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend",
@@ -175,7 +175,7 @@ MODES = Modes(
                      to_fields=lambda v: {"pool_from_prompt": not v}))),
     Mode("medusa", "Medusa", configs.MedusaDecodingConfig, "#CC79A7",
          "lossless with greedy or exact sampling; typical acceptance is NOT lossless", trtllm=("tensorrt",),
-         vllm="medusa", vllm_peer=True, artifact="medusa", artifact_label="Medusa heads", mergeable=True,
+         vllm="medusa", vllm_compare=True, artifact="medusa", artifact_label="Medusa heads", mergeable=True,
          merged_colour="#56B4E9",  # Okabe-Ito's sky blue
          flags=(Flag("medusa_model", "speculative_model", "Medusa heads directory (default: the shipped heads of --model)"),
                 Flag("medusa_choices", "medusa_choices", "Medusa tree: a name in assets/medusa_choices/ or a JSON list of rank paths"),
@@ -184,6 +184,7 @@ MODES = Modes(
                 Flag("posterior_alpha", "posterior_alpha"),
                 Flag("min_path_prob", "min_path_prob", PRUNE_HELP))),
     Mode("eagle", "EAGLE", configs.EagleDecodingConfig, "#D55E00", "lossless: greedy and exact sampling (recursive rejection)",
+         # Not in the Compare tab on vLLM: its eagle3 loads EAGLE-3 modules only, and the shipped module is not one.
          trtllm=("pytorch", "tensorrt"), vllm="eagle3", artifact="eagle", artifact_label="EAGLE module", mergeable=True,
          merged_colour="#882255",  # Tol's wine
          flags=(Flag("eagle_model", "speculative_model", "EAGLE module directory (default: the shipped module of --model)"),
@@ -194,7 +195,7 @@ MODES = Modes(
                 Flag("eagle_choices", help="EAGLE static tree (rank paths) instead of the dynamic tree", to_fields=_eagle_tree),
                 Flag("min_path_prob", "min_path_prob", PRUNE_HELP))),
     Mode("suffix", "Suffix", configs.SuffixDecodingConfig, "#DDCC77",  # Tol's sand: the last hue apart from the others
-         "lossless: greedy and exact sampling", vllm="suffix", vllm_peer=True, drafts_free=True,
+         "lossless: greedy and exact sampling", vllm="suffix", vllm_compare=True, drafts_free=True,
          trtllm_missing="its SADecodingConfig (suffix automaton) drafts what followed the context's longest earlier "
                         "match, prompt lookup's idea without counts; run suffix decoding on the transformers or vllm backend",
          flags=(Flag("suffix_max_draft_len", "max_draft_len", "suffix: draft at most this many tokens (vLLM's num_speculative_tokens)"),

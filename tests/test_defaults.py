@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from app import models
@@ -146,31 +147,50 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
         assert all(0 < len(a) <= 16 and q[-len(a):] == a for a, q in zip(shipped["answers"], cached))
     exported = tmp_path / f"{kind}-export"
     proc = run_cli("export", str(out), "--output-dir", str(exported))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    config = json.loads((exported / "config.json").read_text())
+    if kind == "eagle":  # the earlier design: no engine loads it, and the export says so instead of writing it
+        assert proc.returncode == 2 and "earlier design" in proc.stderr and "--eagle3" in proc.stderr, proc.stderr
+        assert not exported.exists()
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        config = json.loads((exported / "config.json").read_text())
     if kind == "medusa":
         from app.heads import medusa
 
-        assert config["medusa_num_heads"] == 3
+        assert config["medusa_num_heads"] == 3 and config["truncated_vocab_size"] == 2048  # vLLM's token_map
         medusa.read_export(exported)
     elif mode == "eagle":
         from app.heads import eagle
 
-        assert config["draft_vocab_size"] == 2048
-        assert eagle.read_export(exported).config.eagle3 == (kind == "eagle3")
         trained = json.loads((out / "config.json").read_text())
         assert trained["aux_layers"] == [2, 15, 27] and trained["lm_head_from_target"]  # EAGLE-3's layers of 30
         assert trained["eagle3"] == (kind == "eagle3")
         assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))
-        # An EAGLE-3 module exports as an EAGLE-3 checkpoint: TensorRT-LLM's default layers to capture for 30 layers.
-        assert config["eagle_config"]["use_aux_hidden_state"] == (kind == "eagle3")
-        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ([1, 14, 26] if kind == "eagle3" else [])
-    else:
-        loaded = models.load(str(exported), dtype="float32")
-        assert loaded.model.config.num_hidden_layers == 1 and loaded.vocab_size == bundled.vocab_size
-        assert loaded.draft_vocab is not None and len(loaded.draft_vocab) == 2048
-    again = run_cli("export", str(out), "--output-dir", str(exported))
-    assert again.returncode == 2 and "not empty" in again.stderr
+    if kind == "eagle3":
+        assert config["draft_vocab_size"] == 2048 and eagle.read_export(exported).config.eagle3
+        # vLLM's numbering by default; ModelOpt's and TensorRT-LLM's (one less) with --format modelopt.
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+        proc = run_cli("export", str(out), "--output-dir", str(tmp_path / "modelopt"), "--format", "modelopt")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        theirs = json.loads((tmp_path / "modelopt" / "config.json").read_text())
+        assert theirs["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+        assert eagle.read_export(tmp_path / "modelopt").config == eagle.read_export(exported).config
+        proc = run_cli("export", str(out), "--output-dir", str(tmp_path / "hf"), "--format", "hf")
+        assert proc.returncode == 2 and "exports as eagle3 or modelopt, not 'hf'" in proc.stderr, proc.stderr
+    if kind == "draft":
+        from transformers import AutoModelForCausalLM
+
+        from app.training.draft import rebuild
+
+        # A plain model directory: transformers loads it as it is, and it writes what the project's draft writes.
+        assert not list(exported.glob("draft_vocab*")) and (exported / "tokenizer.json").is_file()
+        plain = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+        ours = rebuild(bundled.model, out)
+        ids = torch.tensor([bundled.encode("List three rivers of Europe.")])
+        kw = dict(max_new_tokens=16, do_sample=False, pad_token_id=bundled.eos_token_ids[0])
+        assert torch.equal(plain.generate(ids, **kw), ours.generate(ids, **kw))
+    if kind != "eagle":
+        again = run_cli("export", str(out), "--output-dir", str(exported))
+        assert again.returncode == 2 and "not an empty directory" in again.stderr
 
     # Continue training it: the artifact's architecture wins over flags that disagree, and its first batch
     # (the same batch as the first run's, by the fixed seed) scores better than it did from scratch.

@@ -687,8 +687,8 @@ def test_fused_layers_save_load_export_and_fit_the_target(tmp_path, tiny_model):
     E.save(module, tmp_path / "m", "tiny")
     loaded = E.load(tmp_path / "m")
     assert loaded.config.aux_layers == [0, 2] and torch.equal(loaded.fc_aux.weight, module.fc_aux.weight)
-    back = E.read_export(E.export_trtllm(module, tmp_path / "x", "tiny"))
-    assert back.config.aux_layers == [0, 2] and torch.equal(back.fc_aux.weight, module.fc_aux.weight)
+    with pytest.raises(E.OldFormatError, match="earlier design.*--eagle3"):  # no engine loads the hybrid
+        E.export_checkpoint(module, tmp_path / "x", "tiny")
     E.check_compatible(loaded, tiny_model)
     too_deep = make_module(tiny_model, seed=14, aux=[0, 3])  # the tiny target has 2 layers
     with pytest.raises(EagleError, match="fuses layers"):
@@ -716,8 +716,6 @@ def test_a_module_on_the_targets_lm_head_ships_without_it(tmp_path, tiny_model):
         assert torch.allclose(a, b, atol=1e-6)
     with pytest.raises(EagleError, match="another model"):
         E.load(tmp_path / "m", target_lm_head=torch.nn.Linear(32, 40, bias=False))
-    back = E.read_export(E.export_trtllm(loaded, tmp_path / "x", "tiny"))  # TensorRT-LLM's layout carries the head
-    assert torch.equal(back.lm_head.weight, loaded.lm_head.weight.bfloat16().float())
 
 
 def test_save_load_round_trip(tmp_path, tiny_model):
@@ -755,54 +753,53 @@ def test_load_and_compatibility_errors(tmp_path, tiny_model, small_vocab_model):
         E.check_compatible(wide, tiny_model)
 
 
-def test_export_trtllm_layout_and_round_trip(tmp_path, tiny_model):
-    module = round_bf16(make_module(tiny_model, seed=11, draft_vocab=50))
-    E.export_trtllm(module, tmp_path / "x", "tiny-target")
-    tensors = load_file(str(tmp_path / "x" / "model.safetensors"))
-    mid = [f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"]
-    mid += [f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
-    mid += ["midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"]
-    assert set(tensors) == set(mid) | {"norm.weight", "fc.weight", "lm_head.weight", "d2t"}
-    assert tensors["fc.weight"].shape == (32, 64) and tensors["lm_head.weight"].shape == (50, 32)
-    assert tensors["d2t"].dtype == torch.int64 and torch.equal(tensors["d2t"], module.d2t)
-    config = json.loads((tmp_path / "x" / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
-    assert (config["draft_vocab_size"], config["vocab_size"], config["num_hidden_layers"]) == (50, 96, 1)
-    assert config["eagle_config"]["use_aux_hidden_state"] is False
-    assert config["specdec"]["base_model"] == "tiny-target"
-    back = E.read_export(tmp_path / "x")
-    assert back.config == module.config and back.base_model == "tiny-target"
-    state, original = back.state_dict(), module.state_dict()
-    assert all(torch.equal(state[k], original[k]) for k in original if "embed_tokens" not in k)
-    embeds, feats = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
-    assert torch.equal(back(embeds, feats)[1], module(embeds, feats)[1])
-    with pytest.raises(EagleError, match="one draft layer"):
-        E.export_trtllm(make_module(tiny_model, layers=2), tmp_path / "y", "tiny-target")
+def test_an_earlier_design_module_does_not_export(tmp_path, tiny_model):
+    for module in (make_module(tiny_model, seed=11, draft_vocab=50), make_module(tiny_model, layers=2)):
+        with pytest.raises(E.OldFormatError, match="no engine loads"):
+            E.export_checkpoint(module, tmp_path / "x", "tiny-target")
+    assert not (tmp_path / "x").exists()
 
 
-def test_export_of_an_eagle3_module_is_an_eagle3_checkpoint(tmp_path, tiny_model):
+MIDLAYER = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+            + ["input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight"])
+
+
+@pytest.mark.parametrize("layout, prefix, ids", [("eagle3", "midlayer.", [1, 2]), ("modelopt", "layers.0.", [0, 1])])
+def test_export_of_an_eagle3_module_is_an_eagle3_checkpoint(tmp_path, tiny_model, layout, prefix, ids):
     module = round_bf16(make_module(tiny_model, seed=15, draft_vocab=50, aux=[1, 2], eagle3=True))
-    E.export_trtllm(module, tmp_path / "x", "tiny-target")
+    E.export_checkpoint(module, tmp_path / "x", "tiny-target", layout=layout)
     tensors = load_file(str(tmp_path / "x" / "model.safetensors"))
-    mid = [f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"]
-    mid += [f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
-    mid += ["midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight"]
-    assert set(tensors) == set(mid) | {"norm.weight", "fc.weight", "lm_head.weight", "d2t"}
-    # EAGLE-3's shapes: fc over the two fused layers, q/k/v over cat(norm(embed), norm(h)).
-    assert tensors["fc.weight"].shape == (32, 64) and tensors["midlayer.self_attn.q_proj.weight"].shape[-1] == 64
-    assert tensors["midlayer.self_attn.o_proj.weight"].shape[0] == 32
+    extra = {"t2d"} if layout == "eagle3" else set()  # ModelOpt writes no t2d
+    assert set(tensors) == {prefix + k for k in MIDLAYER} | {"norm.weight", "fc.weight", "lm_head.weight", "d2t"} | extra
+    # EAGLE-3's shapes: fc over the two fused layers, q/k/v over cat(norm(embed), norm(h)), a draft-vocabulary head.
+    assert tensors["fc.weight"].shape == (32, 64) and tensors[prefix + "self_attn.q_proj.weight"].shape[-1] == 64
+    assert tensors[prefix + "self_attn.o_proj.weight"].shape[0] == 32 and tensors["lm_head.weight"].shape == (50, 32)
+    assert tensors["d2t"].dtype == torch.int64 and torch.equal(tensors["d2t"], module.d2t)
+    if layout == "eagle3":
+        assert tensors["t2d"].dtype == torch.bool and torch.equal(tensors["t2d"].nonzero().flatten(), module.target_ids)
     config = json.loads((tmp_path / "x" / "config.json").read_text())
-    # TensorRT-LLM numbers decoder layers from 0: our hidden-state index i is its layer i - 1.
-    assert config["eagle_config"]["use_aux_hidden_state"] is True
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1]
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
+    assert (config["draft_vocab_size"], config["vocab_size"], config["num_hidden_layers"]) == (50, 96, 1)
+    assert config["target_hidden_size"] == 32 and config["eagle_config"]["use_aux_hidden_state"] is True
+    # vLLM numbers a captured layer by the layers before it (our hidden-state index); ModelOpt and TensorRT-LLM by
+    # the decoder layer whose output it is.
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ids
+    assert config["specdec"]["eagle3_layers_to_capture"] == [0, 1] and config["specdec"]["base_model"] == "tiny-target"
     back = E.read_export(tmp_path / "x")
-    assert back.config == module.config and back.config.eagle3
+    assert back.config == module.config and back.config.eagle3 and back.base_model == "tiny-target"
     embeds, feats, aux = torch.randn(1, 5, 32), torch.randn(1, 5, 32), torch.randn(1, 5, 64)
     assert torch.equal(back(embeds, feats, aux=aux)[1], module(embeds, feats, aux=aux)[1])
-    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]  # three layers named, fc takes two
+    assert E.load(tmp_path / "x").config == module.config  # the drafter runs an exported checkpoint as it is
+    # Another trainer's checkpoint has no specdec block: the layer ids are read in its layout's numbering.
+    del config["specdec"]
     (tmp_path / "x" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(EagleError, match="fc takes 64 inputs, expected 96"):
+    assert E.read_export(tmp_path / "x").config.aux_layers == [1, 2]
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in range(3)]  # three named, fc takes two
+    (tmp_path / "x" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EagleError, match="fc takes 64 inputs, expected 3 layers x 32"):
         E.read_export(tmp_path / "x")
+    with pytest.raises(EagleError, match="unknown EAGLE-3 layout"):
+        E.export_checkpoint(module, tmp_path / "y", "tiny-target", layout="sglang")
 
 
 def test_two_layer_module_greedy(tiny_model):

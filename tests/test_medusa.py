@@ -701,7 +701,15 @@ def test_save_load_round_trip_with_a_draft_vocabulary(tmp_path, tiny_model):
         assert torch.equal(loaded.logits(x, lm), heads.logits(x, lm))
     mh.check_compatible(loaded, tiny_model)
     out = mh.export_trtllm(loaded, lm.weight, tmp_path / "x", base_model="tiny")
-    assert "d2t" not in load_file(str(out / mh.TRTLLM_WEIGHTS))  # TensorRT-LLM's layout ranks the whole vocabulary
+    tensors = load_file(str(out / mh.TRTLLM_WEIGHTS))
+    # Medusa's layout has no d2t: vLLM reads the draft vocabulary as token_map (the target id of each draft id)
+    # with truncated_vocab_size; TensorRT-LLM reads the heads by name and ranks the whole vocabulary.
+    assert "d2t" not in tensors and torch.equal(tensors["token_map"], heads.target_ids)
+    assert json.loads((out / "config.json").read_text())["truncated_vocab_size"] == 20
+    back = mh.read_export(out, lm_head_weight=lm.weight)
+    assert torch.equal(back.target_ids, heads.target_ids)
+    with torch.no_grad():
+        assert torch.allclose(back.logits(x, lm), heads.logits(x, lm), atol=1e-2)
 
 
 def test_load_errors(tmp_path, tiny_model):

@@ -273,7 +273,7 @@ def test_api_training_over_the_caps_is_refused_before_it_starts(client):
     from app.ui.train import FIELDS
 
     values = {**TINY, "init_from": "shipped", "data_limit": 500, "epochs": 1, "lr": 0, "medusa_num_heads": 4,
-              "medusa_num_layers": 1, "eagle_steps": 2, "answer_tokens": 256}
+              "medusa_num_layers": 1, "eagle_steps": 2, "eagle3": True, "answer_tokens": 256}
     said = refusal(client, *[values[k] for k in FIELDS], api_name="/train")
     assert "data_limit is at most 128 on this public server" in said
 

@@ -101,6 +101,10 @@ def test_the_child_process_gets_the_configs_flags(tmp_path):
     eagle = training.command("m", training.parse({"kind": "eagle"}), None, tmp_path / "out", tmp_path)
     assert "--init-from" not in eagle and "--lr" not in eagle  # the recipe's default rate
     assert eagle[eagle.index("--eagle-steps") + 1] == "2" and eagle[eagle.index("--dtype") + 1] == "bfloat16"
+    assert "--eagle3" not in eagle  # a continued module keeps its own architecture; a new one is EAGLE-3
+    assert "--eagle3" in training.command("m", training.parse({"kind": "eagle", "init_from": "scratch"}), None, tmp_path, tmp_path)
+    assert "--eagle3" not in training.command("m", training.parse({"kind": "eagle", "init_from": "scratch", "eagle3": False}),
+                                              None, tmp_path, tmp_path)
 
 
 def test_progress_events_are_read_from_json_lines_and_nothing_else():
@@ -115,13 +119,16 @@ def test_progress_events_are_read_from_json_lines_and_nothing_else():
     assert training.describe({"stage": "train", "done": 2, "total": 9, "loss": 1.23456}) == "training: 2/9, loss 1.235"
 
 
-def _fake_run(store: EngineStore, model: str, kind: str, status: str = "ready") -> str:
-    """A training build made by a stand-in builder (no model): what artifact_dir may point at."""
-    spec = training.spec(model, training.parse({**TINY, "kind": kind}), None)
+def _fake_run(store: EngineStore, model: str, kind: str, status: str = "ready", write=None, **settings) -> str:
+    """A training build made by a stand-in builder (no training): what artifact_dir may point at; `write(directory)`
+    puts an artifact there (else an empty config)."""
+    spec = training.spec(model, training.parse({**TINY, "kind": kind, **settings}), None)
 
     def build(out, progress):
         (out / kind).mkdir()
         (out / kind / "config.json").write_text("{}")
+        if write is not None:
+            write(out / kind)
         if status != "ready":
             raise BuildError("it broke")
         return {"kind": f"trained-{kind}", "source": {}}
@@ -247,6 +254,42 @@ def test_a_run_is_kept_listed_reused_and_its_heads_decode_losslessly(service):
         assert messages[-1]["error"] is None, messages[-1]
         texts[mode] = messages[-1]["token_ids"]
     assert texts["medusa"] == texts["autoregressive"]  # float32 greedy: lossless whatever the heads
+
+
+@pytest.mark.bundled
+def test_a_finished_eagle3_run_exports_what_engines_load(service, tmp_path):
+    """The Train tab's export: a run's EAGLE-3 module (random weights here: the layout is what is checked; tests/
+    test_vllm.py loads one in vLLM) becomes a zip of the checkpoint vLLM loads, made once and kept with the run."""
+    import zipfile
+
+    from safetensors.torch import load_file
+
+    from app.heads import eagle
+
+    bundled = models.load(models.BUNDLED, dtype="float32")
+    config = eagle.EagleConfig.from_target(bundled.model.config, draft_vocab_size=8192, aux_layers=[2, 15, 27],
+                                           lm_head_from_target=True, eagle3=True)
+    module = eagle.EagleModule(config, torch.arange(8192) * 4)  # d2t: draft id d is target id 5d
+    name = "trained:" + _fake_run(service.store, models.BUNDLED, "eagle", write=lambda d: eagle.save(module, d, models.BUNDLED))
+    made = service.export_trained(name)
+    assert made.name == "eagle-eagle3.zip" and made.stat().st_mtime == service.export_trained(name).stat().st_mtime
+    with zipfile.ZipFile(made) as z:
+        z.extractall(tmp_path)
+    (folder,) = tmp_path.iterdir()
+    exported = json.loads((folder / "config.json").read_text())
+    assert exported["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # vLLM's numbering of 30 layers
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert tensors["fc.weight"].shape == (576, 3 * 576) and tensors["midlayer.self_attn.q_proj.weight"].shape == (576, 1152)
+    assert torch.equal(tensors["lm_head.weight"].float(), bundled.model.get_output_embeddings().weight[::5][:8192].bfloat16().float())
+    assert eagle.read_export(folder).config.aux_layers == [2, 15, 27]
+    hybrid = eagle.EagleModule(eagle.EagleConfig.from_target(bundled.model.config, aux_layers=[2, 15, 27], lm_head_from_target=True))
+    old = "trained:" + _fake_run(service.store, models.BUNDLED, "eagle", write=lambda d: eagle.save(hybrid, d, models.BUNDLED),
+                                 eagle3=False)
+    with pytest.raises(ValueError, match="earlier design"):
+        service.export_trained(old)
+    with pytest.raises(ConfigError, match="no finished training run"):
+        service.export_trained("trained:../../etc")
 
 
 @pytest.mark.bundled

@@ -9,7 +9,7 @@ from app.ui import train
 
 VALUES = {"kind": "medusa", "init_from": "shipped", "data_source": "self", "data_offset": 6000, "data_limit": 128,
           "epochs": 1, "lr": 0, "eval_prompts": 4, "medusa_num_heads": 4, "medusa_num_layers": 1, "eagle_steps": 2,
-          "max_len": 640, "answer_tokens": 256, "dtype": "bfloat16"}
+          "eagle3": True, "max_len": 640, "answer_tokens": 256, "dtype": "bfloat16"}
 
 
 def test_the_controls_make_the_services_config():

@@ -320,7 +320,7 @@ def test_api_train_keeps_a_run_that_the_run_tab_then_decodes_with(client):
     from app.ui.train import FIELDS
 
     values = {"kind": "eagle", "init_from": "shipped", "data_source": "sharegpt", "data_offset": 40, "data_limit": 8,
-              "epochs": 1, "lr": 0, "eval_prompts": 1, "medusa_num_heads": 4, "medusa_num_layers": 1, "eagle_steps": 1,
+              "epochs": 1, "lr": 0, "eval_prompts": 1, "medusa_num_heads": 4, "medusa_num_layers": 1, "eagle_steps": 1, "eagle3": False,
               "max_len": 64, "answer_tokens": 256, "dtype": "float32"}
     assert client.predict(api_name="/train_stop") == "No training run of yours is under way."
     job = client.submit(*[values[k] for k in FIELDS], api_name="/train")
@@ -339,6 +339,11 @@ def test_api_train_keeps_a_run_that_the_run_tab_then_decodes_with(client):
 
     with pytest.raises(AppError, match="data_limit must be in"):
         client.predict(*[{**values, "data_limit": 2}[k] for k in FIELDS], api_name="/train")
+    # It went on from the shipped module, the earlier design: the export says so instead of writing what no engine loads.
+    with pytest.raises(AppError, match="earlier design.*--eagle3"):
+        client.predict(name, api_name="/train_export")
+    with pytest.raises(AppError, match="no finished training run"):
+        client.predict("trained:0123456789abcdef", api_name="/train_export")
 
 
 def test_api_engines_plan_build_and_remove(client):

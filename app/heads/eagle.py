@@ -11,6 +11,8 @@ draft id d is target id d + d2t[d] (ModelOpt's convention), which keeps the LM h
 This is EAGLE-1's input (features of the last layer, token shifted one ahead) with the parts of
 ModelOpt's "eagle" mode without aux hidden states (fc without bias, a full Llama layer, a final
 norm, its own reduced LM head, d2t) and an optional EAGLE-3-style training-time-test unroll.
+With `EagleConfig.eagle3` it is EAGLE-3 as the engines define it (`Eagle3Layer`), which is what
+`export_checkpoint` writes and vLLM / TensorRT-LLM load.
 """
 
 from __future__ import annotations
@@ -276,6 +278,11 @@ def load_config(directory: str | Path) -> dict:
     return artifact.read_config(directory, ARCHITECTURE, "an EAGLE module", EagleError)
 
 
+def read_config(directory: str | Path) -> EagleConfig:
+    """The EagleConfig of a `save`d module, without its weights."""
+    return _config_from(load_config(directory), directory)
+
+
 def _config_from(data: dict, source) -> EagleConfig:
     fields = EagleConfig.__dataclass_fields__
     try:
@@ -286,8 +293,10 @@ def _config_from(data: dict, source) -> EagleConfig:
 
 def load(directory: str | Path, attn_implementation: str | None = None, target_lm_head: nn.Module | None = None) -> EagleModule:
     """A module written by `save`, in float32 and eval mode; `target_lm_head`: the target's LM head,
-    which a module with `lm_head_from_target` needs."""
+    which a module with `lm_head_from_target` needs. An EAGLE-3 draft checkpoint (an engine's layout) loads too."""
     directory = Path(directory)
+    if is_checkpoint(directory):
+        return read_export(directory, attn_implementation)
     data = load_config(directory)
     if not (directory / WEIGHTS).is_file():
         raise EagleError(f"no EAGLE module at {directory}: {WEIGHTS} is missing")
@@ -426,56 +435,74 @@ def eagle_loss(
     return total / norm
 
 
-# ----------------------------------------------------------------------------- TensorRT-LLM / ModelOpt export
+# ----------------------------------------------------------------------------- EAGLE-3 checkpoints for engines
 
 EXPORT_WEIGHTS = "model.safetensors"
+# The engines' EAGLE-3 checkpoints differ in how `eagle_aux_hidden_state_layer_ids` numbers the captured layers.
+# vLLM and SGLang capture the residual stream *before* decoder layer i, i.e. after i layers: transformers'
+# hidden_states[i], our own numbering. ModelOpt hooks the *output* of decoder layer i, hidden_states[i + 1], and
+# TensorRT-LLM captures the same (its default {1, L//2-1, L-4} is vLLM's {2, L//2, L-3}); TensorRT-LLM reads
+# them from Eagle3DecodingConfig.eagle3_layers_to_capture, not from the checkpoint. ModelOpt also names the
+# layer `layers.0.*` where the EAGLE repository and vLLM say `midlayer.*` (TensorRT-LLM reads both).
+LAYOUTS = {"eagle3": 0, "modelopt": 1}  # layout -> what to subtract from a hidden-state index
 
 
-def _export_name(key: str) -> str | None:
-    if key.startswith("model.layers.0."):
-        return "midlayer." + key.removeprefix("model.layers.0.")
-    if key == "model.norm.weight":
-        return "norm.weight"
-    if key == "model.embed_tokens.weight" or key.startswith("rotary_emb."):
-        return None  # the unused one-row embedding of the decoder stack; EAGLE-3's RoPE tables (from the config)
-    return key  # fc.weight, lm_head.weight, d2t; an EAGLE-3 module's midlayer.* and norm.weight as they are
+class OldFormatError(EagleError):
+    """A module of this project's earlier EAGLE-1/2-style design, which no engine loads."""
 
 
-def export_trtllm(module: EagleModule, directory: str | Path, base_model: str, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the module in the EAGLE-3 / ModelOpt draft checkpoint layout (docs/tensorrt-llm.md).
+def _export_name(key: str, layout: str = "eagle3") -> str | None:
+    if key.startswith("rotary_emb."):
+        return None  # RoPE tables: the config's rope parameters
+    if layout == "modelopt" and key.startswith("midlayer."):
+        return "layers.0." + key.removeprefix("midlayer.")
+    return key  # fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t
 
-    model.safetensors holds `midlayer.self_attn.{q,k,v,o}_proj`, `midlayer.mlp.{gate,up,down}_proj`,
-    `midlayer.{input_layernorm,post_attention_layernorm}` (EAGLE-3: also `midlayer.hidden_norm`),
-    `norm`, `fc`, `lm_head` (the draft vocabulary's rows) and `d2t` (target id = draft id + d2t[draft
-    id]); config.json is Llama-style (`architectures: ["LlamaForCausalLM"]`, `draft_vocab_size`,
-    `eagle_config`).
 
-    An EAGLE-3 module (`config.eagle3`) is a true EAGLE-3 checkpoint: fc (H, A*H) over the fused
-    layers, q/k/v (., 2H) over cat(norm(embed), norm(h)), and `eagle_config` names the fused layers in
-    TensorRT-LLM's numbering (`eagle_aux_hidden_state_layer_ids`: decoder layer i's output is our
-    hidden-state index i + 1), which `Eagle3DecodingConfig.eagle3_layers_to_capture` must match.
-    An EAGLE-1/2 module only shares the layout: its fc is (H, 2H) over cat(embed(next token), final
-    normed hidden state (+ fc_aux of its fused layers)) feeding an ordinary Llama layer, which
-    TensorRT-LLM's PyTorch backend (EAGLE-3 checkpoints only) does not run; its export documents the
-    weights and round-trips (`read_export`). Only one-layer modules fit the layout ("midlayer").
-    """
+def check_exportable(cfg: EagleConfig) -> None:
+    """Raise OldFormatError unless a module of this config is an EAGLE-3 module (what engines load)."""
+    if not cfg.eagle3:
+        h = cfg.hidden_size
+        raise OldFormatError(
+            f"this EAGLE module is the project's earlier design (fc [{h}, {2 * h}] over the next token's embedding and "
+            f"the final hidden state{', plus fc_aux over the fused layers' if cfg.aux_layers else ''}, then a plain Llama "
+            "layer), which no engine loads: vLLM, SGLang and TensorRT-LLM load EAGLE-3 checkpoints only. Train an "
+            "EAGLE-3 module (python -m app train --mode eagle --eagle3) and export that")
+
+
+def export_checkpoint(module: EagleModule, directory: str | Path, base_model: str, layout: str = "eagle3",
+                      dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write an EAGLE-3 module as the EAGLE-3 draft checkpoint engines load (docs/training.md#export).
+
+    model.safetensors: `fc` (H, A*H) over the captured layers' hidden states side by side, `midlayer.self_attn.
+    {q,k,v}_proj` (., 2H) over cat(input_layernorm(embed), hidden_norm(h)), `midlayer.self_attn.o_proj`,
+    `midlayer.mlp.{gate,up,down}_proj`, `midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}`,
+    `norm`, `lm_head` (draft_vocab_size, H), `d2t` (target id = draft id + d2t[draft id]) and `t2d` (which
+    target ids the draft vocabulary holds). config.json: a Llama config of one layer with `draft_vocab_size`,
+    `target_hidden_size` and `eagle_config` naming the captured layers in `layout`'s numbering (LAYOUTS).
+    The "modelopt" layout is ModelOpt's export: `layers.0.*` for `midlayer.*`, no `t2d`."""
+    check_exportable(module.config)
+    if layout not in LAYOUTS:
+        raise EagleError(f"unknown EAGLE-3 layout '{layout}': choose one of {', '.join(LAYOUTS)}")
     cfg = module.config
-    if cfg.eagle_num_layers != 1:
-        raise EagleError(f"the EAGLE-3 layout holds one draft layer ('midlayer'); this module has {cfg.eagle_num_layers}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for key, value in module.state_dict().items():
-        name = _export_name(key)
+        name = _export_name(key, layout)
         if name is not None:
             value = value.detach().cpu()
             tensors[name] = (value.to(dtype) if value.is_floating_point() else value).contiguous()
+    if layout == "eagle3":
+        tensors["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, module.target_ids, True)
     save_file(tensors, str(directory / EXPORT_WEIGHTS))
     rope = dict(cfg.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
+    layer_ids = [i - LAYOUTS[layout] for i in cfg.aux_layers]
     config = {
-        "architectures": ["LlamaForCausalLM"],
+        "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
+        "target_hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": 1,
         "num_attention_heads": cfg.num_attention_heads,
@@ -497,53 +524,69 @@ def export_trtllm(module: EagleModule, directory: str | Path, base_model: str, d
         "eos_token_id": None,
         "pad_token_id": None,
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layers] if cfg.eagle3 else [],
-            "use_aux_hidden_state": cfg.eagle3,
+            "eagle_aux_hidden_state_layer_ids": layer_ids,
+            "use_aux_hidden_state": True,
             "use_input_layernorm_in_first_layer": True,
             "use_last_layernorm": True,
             "use_mtp_layernorm": False,
         },
-        # Ours, not read by TensorRT-LLM: what the checkpoint's fc expects, and the base model.
-        "specdec": {
-            "architecture": ARCHITECTURE,
-            "base_model": base_model,
-            "fc_input": "cat(target hidden states after aux_layers) (EAGLE-3)" if cfg.eagle3 else
-                        "cat(target input embedding of the next token, target final normed hidden state"
-                        + (" + fc_aux(cat(target hidden states after aux_layers)))" if cfg.aux_layers else ")"),
-            "aux_layers": cfg.aux_layers,
-        },
+        # Ours (engines ignore it): the layout, the base model, and the layers in transformers' numbering.
+        "specdec": {"architecture": ARCHITECTURE, "layout": layout, "base_model": base_model,
+                    "aux_layers": cfg.aux_layers, "eagle3_layers_to_capture": [i - 1 for i in cfg.aux_layers]},
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
 
 
+def is_checkpoint(directory: str | Path) -> bool:
+    """Whether `directory` holds an EAGLE-3 draft checkpoint (an engine's layout) rather than a `train` output."""
+    try:
+        data = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "eagle_config" in data
+
+
 def read_export(directory: str | Path, attn_implementation: str | None = None) -> EagleModule:
-    """Load a checkpoint written by `export_trtllm` back into an EagleModule (float32, eval mode)."""
+    """An EAGLE-3 draft checkpoint (ours from `export_checkpoint`, or another trainer's in the same layout:
+    `midlayer.*` or `layers.0.*`) as an EagleModule in float32, eval mode."""
     directory = Path(directory)
     if not (directory / "config.json").is_file() or not (directory / EXPORT_WEIGHTS).is_file():
-        raise EagleError(f"no EAGLE draft checkpoint at {directory}: needs config.json and {EXPORT_WEIGHTS}")
+        raise EagleError(f"no EAGLE-3 draft checkpoint at {directory}: needs config.json and {EXPORT_WEIGHTS}")
     data = json.loads((directory / "config.json").read_text())
     eagle_config = data.get("eagle_config") or {}
-    eagle3 = bool(eagle_config.get("use_aux_hidden_state"))
-    if eagle3:
-        aux = [int(i) + 1 for i in eagle_config.get("eagle_aux_hidden_state_layer_ids") or []]
-        if not aux:
-            raise EagleError(f"{directory}: an EAGLE-3 checkpoint must name its eagle_aux_hidden_state_layer_ids")
+    ours = data.get("specdec") or {}
+    if not eagle_config.get("use_aux_hidden_state", True):
+        raise EagleError(f"{directory}: not an EAGLE-3 checkpoint (eagle_config.use_aux_hidden_state is false)")
+    if int(data.get("num_hidden_layers", 1)) != 1:
+        raise EagleError(f"{directory}: a draft of {data['num_hidden_layers']} layers; this app runs one-layer EAGLE-3 modules")
+    for unsupported in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        if data.get(unsupported) or eagle_config.get(unsupported):
+            raise EagleError(f"{directory}: the EAGLE-3 variant with {unsupported} is not one this app runs")
+    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids") or data.get("eagle_aux_hidden_state_layer_ids")
+    raw = load_file(str(directory / EXPORT_WEIGHTS))
+    modelopt = any(k.startswith("layers.0.") for k in raw)  # ModelOpt's names, and so its numbering
+    if ours.get("aux_layers"):
+        aux = [int(i) for i in ours["aux_layers"]]
+    elif ids:
+        aux = [int(i) + LAYOUTS["modelopt" if modelopt else "eagle3"] for i in ids]
     else:
-        aux = data.get("specdec", {}).get("aux_layers")
-    tensors = load_file(str(directory / EXPORT_WEIGHTS))
-    inputs = (len(aux) if eagle3 else 2) * int(data["hidden_size"])
-    if "fc.weight" in tensors and tensors["fc.weight"].shape[-1] != inputs:
-        raise EagleError(f"{directory}: fc takes {tensors['fc.weight'].shape[-1]} inputs, expected {inputs}")
-    config = _config_from({**data, "eagle_num_layers": 1, "aux_layers": aux, "eagle3": eagle3}, directory)
-    tensors.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # optional: full vocabulary
+        raise EagleError(f"{directory}: the checkpoint does not name the target layers it reads "
+                         "(eagle_config.eagle_aux_hidden_state_layer_ids)")
+    tensors = {"midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k: v for k, v in raw.items()}
+    h = int(data["hidden_size"])
+    if "fc.weight" in tensors and tensors["fc.weight"].shape[-1] != len(aux) * h:
+        raise EagleError(f"{directory}: fc takes {tensors['fc.weight'].shape[-1]} inputs, expected {len(aux)} layers x {h}")
+    config = _config_from({**data, "eagle_num_layers": 1, "aux_layers": aux, "eagle3": True,
+                           "draft_vocab_size": data.get("draft_vocab_size") or data["vocab_size"]}, directory)
+    tensors.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # none: the whole vocabulary
+    tensors.pop("t2d", None)
+    tensors.pop("embed_tokens.weight", None)  # a copy of the target's embedding, which the drafter takes from the target
     module = EagleModule(config, tensors["d2t"], attn_implementation)
-    state = {}
-    for key, value in module.state_dict().items():
-        name = _export_name(key)
-        state[key] = value if name is None else tensors.get(name)
+    state = {key: value if _export_name(key) is None else tensors.get(_export_name(key))
+             for key, value in module.state_dict().items()}
     if any(v is None for v in state.values()):
         raise EagleError(f"{directory}: missing weights {[k for k, v in state.items() if v is None][:4]}")
     _load_state(module, state, directory)
-    module.base_model = data.get("specdec", {}).get("base_model")
+    module.base_model = ours.get("base_model")
     return module.eval()

@@ -404,6 +404,29 @@ class Service:
         """The manifest of the finished training run `trained:<id>` for this server's model, or None."""
         return next((m for m in self.trained(visitor=visitor) if training.PREFIX + m["id"] == name), None)
 
+    def export_trained(self, name: str, format: str | None = None, visitor: str | None = None) -> Path:
+        """A zip of the finished training run `trained:<id>` exported for engines (app/training/export.py: the
+        EAGLE-3 checkpoint vLLM loads, Medusa heads); made once per format and kept with the run."""
+        import shutil
+        import tempfile
+
+        from app.training import export
+
+        manifest = self.training_run(name, visitor)
+        if manifest is None:
+            raise ConfigError(f"there is no finished training run '{str(name)[:60]}' of yours to export")
+        kind = manifest["spec"]["mode"]
+        source = training.artifact_dir(self.store, name, kind, self.model)
+        fmt = format or export.FORMATS[export.architecture(source)][0]
+        out = source.parent / f"{kind}-{fmt}.zip"
+        if not out.is_file():
+            with tempfile.TemporaryDirectory(dir=source.parent) as tmp:
+                folder = Path(tmp) / f"{manifest['id']}-{kind}-{fmt}"
+                export.export(source, folder, self.model, fmt)
+                made = shutil.make_archive(str(Path(tmp) / "export"), "zip", tmp, folder.name)
+                Path(made).replace(out)  # whole or not at all: a cancelled export leaves no half zip
+        return out
+
     def _require_text(self, texts: list[str]) -> None:
         # A token is rarely more than a dozen characters: 16 per allowed prompt token leaves room for any real prompt.
         _check_text(texts, 16 * min(self.limits.max_prompt_tokens, 2**20))

@@ -333,6 +333,13 @@ class EagleDecodingConfig(_Config):
     prompt_lookup: NGramDecodingConfig | None = None  # ours (transformers backend): merge its candidates into the tree
     mode: ClassVar[str] = "eagle"
 
+    def paths(self) -> list[list[int]]:
+        """The static tree's paths (eagle_choices); ConfigError without one."""
+        if self.eagle_choices is None:
+            raise ConfigError("this EAGLE config has no static tree (eagle_choices)")
+        spec = self.eagle_choices
+        return medusa_choices(spec if isinstance(spec, str) else _json(spec))
+
     def check(self) -> None:
         if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
             raise ConfigError(
@@ -353,11 +360,6 @@ class EagleDecodingConfig(_Config):
                 raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_draft_len is {self.max_draft_len}")
         if self.prompt_lookup is not None:
             self.prompt_lookup.check()
-
-    def paths(self) -> list[list[int]]:
-        """The static tree's rank paths (eagle_choices set)."""
-        spec = self.eagle_choices
-        return medusa_choices(spec if isinstance(spec, str) else _json(spec))
 
     def drafter(self, target, companion):
         """`target`: the target torch model; `companion`: the EAGLE module runner.load_companion loaded."""

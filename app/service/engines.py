@@ -583,7 +583,7 @@ def _eagle_plan(src: str, artifact: dict, flavour: str, speculative: dict, prepa
 
     PyTorch backend: an EAGLE-3 checkpoint, with the target layers it reads as eagle3_layers_to_capture
     (upstream's default is {1, L//2-1, L-4}: a module trained on others would silently mismatch). Our
-    module is exported to that layout first (heads/eagle.export_trtllm). The engine backend builds EAGLE-1/2
+    module is exported to that layout first (heads/eagle.export_checkpoint). The engine backend builds EAGLE-1/2
     checkpoints in the EAGLE repository's layout (models/eagle/config.py), which this app does not write."""
     ours = artifact.get("architecture") == "eagle"
     if ours:
@@ -645,7 +645,8 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
                   "tensorrt_llm": library_versions("tensorrt_llm")["tensorrt_llm"]}
         for step in plan["prepare"]:
             progress(0.1, f"{step['step']}: from {step['from']}")
-            export = {"export_medusa": _export_medusa, "export_eagle": _export_eagle}[step["step"]]
+            export = {"export_medusa": _export_medusa,
+                      "export_eagle": lambda *a: _export_eagle(*a, layout="modelopt")}[step["step"]]
             export(Path(step["from"]), Path(where), Path(_fill(step["to"], out)), spec.model)
         try:
             kwargs = trt.llm_objects(_fill(plan["llm"], out))  # checked by the installed version's own classes
@@ -683,7 +684,7 @@ def _export_medusa(src: Path, model_dir: Path, out: Path, base_model: str) -> No
     medusa.export_trtllm(medusa.load(src), _lm_head_weight(model_dir, "the Medusa heads"), out, base_model)
 
 
-def _export_eagle(src: Path, model_dir: Path, out: Path, base_model: str) -> None:
+def _export_eagle(src: Path, model_dir: Path, out: Path, base_model: str, layout: str = "eagle3") -> None:
     import torch
 
     from app.heads import eagle
@@ -691,7 +692,7 @@ def _export_eagle(src: Path, model_dir: Path, out: Path, base_model: str) -> Non
     weight = _lm_head_weight(model_dir, "the EAGLE module")
     lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     lm_head.weight.data = weight.float()
-    eagle.export_trtllm(eagle.load(src, target_lm_head=lm_head), out, base_model)
+    eagle.export_checkpoint(eagle.load(src, target_lm_head=lm_head), out, base_model, layout=layout)
 
 
 
@@ -769,7 +770,11 @@ def vllm_builder(spec: BuildSpec, engines: Path) -> Builder:
             source["speculative_model_sha256"] = spec.config.get("speculative_model_sha256")
         elif method == "eagle3":
             src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, "eagle"))
-            shutil.copytree(src, out / "eagle3")
+            if _artifact_config(str(src)).get("architecture") == "eagle":  # ours: export to the EAGLE-3 layout
+                progress(0.3, "exporting the EAGLE-3 module")
+                _export_eagle(src, Path(where), out / "eagle3", spec.model)
+            else:  # already an EAGLE-3 checkpoint
+                shutil.copytree(src, out / "eagle3")
             source["speculative_model_sha256"] = tree_sha256(out / "eagle3")
         plan["model_dir"] = where
         # Written with the build directory's final name: the store renames the temporary one when it is done.

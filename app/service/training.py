@@ -59,6 +59,8 @@ class TrainConfig(BaseModel):
     medusa_num_heads: int = 4  # from scratch only; a continued artifact keeps its own architecture
     medusa_num_layers: int = 1
     eagle_steps: int = 2
+    # From scratch: EAGLE-3's architecture (what engines load, `python -m app export`); a continued module keeps its own
+    eagle3: bool = True
     eval_prompts: int = 4
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
 
@@ -173,7 +175,7 @@ def command(model: str, config: TrainConfig, start: Path | None, out: Path, engi
         args += ["--medusa-num-heads", str(c.medusa_num_heads), "--medusa-num-layers", str(c.medusa_num_layers)]
     else:
         # The shipped module's own recipe (assets/defaults/README.md): the token loss weighted 1.0.
-        args += ["--eagle-steps", str(c.eagle_steps), "--eagle-ce-weight", "1.0"]
+        args += ["--eagle-steps", str(c.eagle_steps), "--eagle-ce-weight", "1.0"] + (["--eagle3"] if c.eagle3 and c.init_from == "scratch" else [])
     return args
 
 

@@ -113,7 +113,8 @@ def method_reason(request: DecodeRequest, artifact: Path | None = None) -> str |
     if mode == "eagle":
         if artifact is not None and not is_eagle3(artifact):
             return ("vLLM's eagle3 loads EAGLE-3 checkpoints (an fc over three captured layers' hidden states and a "
-                    "reduced-vocabulary head); this EAGLE module is not one")
+                    "reduced-vocabulary head); this EAGLE module is the app's earlier design, which no engine loads: train "
+                    "an EAGLE-3 module (python -m app train --mode eagle --eagle3)")
     return None
 
 
@@ -142,10 +143,13 @@ def ignored(request: DecodeRequest) -> list[str]:
 
 
 def is_eagle3(directory: Path) -> bool:
+    """An EAGLE-3 checkpoint, or a module of this app's that exports to one (`train --eagle3`)."""
     try:
         config = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
         return False
+    if config.get("architecture") == "eagle":
+        return bool(config.get("eagle3"))
     return any("Eagle3" in a for a in config.get("architectures") or [])
 
 

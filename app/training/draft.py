@@ -112,14 +112,15 @@ def rebuild(base: torch.nn.Module, directory: Path) -> torch.nn.Module:
     return draft.eval()
 
 
-def write_model(base: torch.nn.Module, tokenizer, directory: Path, out: Path) -> None:
-    """A complete Hugging Face model directory of the layer draft in `directory` (with its draft
-    vocabulary, if it has one), loadable by name like any model."""
+def write_model(base: torch.nn.Module, tokenizer, directory: Path, out: Path, draft_vocab: bool = True) -> None:
+    """A complete Hugging Face model directory of the layer draft in `directory`, loadable by name like any
+    model; with `draft_vocab`, also its draft vocabulary (DRAFT_VOCAB), which this app reads and engines do
+    not (vLLM's loader refuses a weights file it has no parameter for: an engine scores the full head)."""
     draft = rebuild(base, directory)
     draft.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _, _, d2t = read_layers(directory)
-    if d2t is not None:
+    if d2t is not None and draft_vocab:
         save_file({"d2t": d2t.contiguous()}, str(Path(out) / DRAFT_VOCAB))
 
 

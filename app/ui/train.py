@@ -8,8 +8,11 @@ the status lines), then the tab itself. Nothing here touches tensors or paths: r
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,7 +28,7 @@ from app.ui.sessions import Sessions
 SHIPPED = "shipped"
 # The tab's controls, by TrainConfig field; the handlers receive their values in this order.
 FIELDS = ("kind", "init_from", "data_source", "data_offset", "data_limit", "epochs", "lr", "eval_prompts",
-          "medusa_num_heads", "medusa_num_layers", "eagle_steps", "max_len", "answer_tokens", "dtype")
+          "medusa_num_heads", "medusa_num_layers", "eagle_steps", "eagle3", "max_len", "answer_tokens", "dtype")
 KIND_LABELS = {"medusa": "Medusa heads", "eagle": "EAGLE module"}
 # A CPU answers about one ShareGPT prompt a second at 256 new tokens, batched (assets/defaults/README.md: ~17 min
 # per 1000): said before a run that must generate, so nobody waits blind.
@@ -78,7 +81,8 @@ def config_from(values: dict[str, Any]) -> dict[str, Any]:
             "epochs": number("epochs", float), "lr": lr if lr and lr > 0 else None,
             "eval_prompts": number("eval_prompts", int), "medusa_num_heads": number("medusa_num_heads", int),
             "medusa_num_layers": number("medusa_num_layers", int), "eagle_steps": number("eagle_steps", int),
-            "max_len": number("max_len", int), "answer_tokens": number("answer_tokens", int), "dtype": values["dtype"]}
+            "max_len": number("max_len", int), "answer_tokens": number("answer_tokens", int), "dtype": values["dtype"],
+            "eagle3": bool(values.get("eagle3", TrainConfig.model_fields["eagle3"].default))}
 
 
 def check_message(service: Service, values: dict[str, Any], visitor: str | None = None) -> str:
@@ -193,6 +197,8 @@ class TrainTab:
                 c["medusa_num_layers"] = Slider(1, 3, value=d["medusa_num_layers"].default, step=1, label="medusa_num_layers")
                 c["eagle_steps"] = Slider(1, 6, value=d["eagle_steps"].default, step=1,
                                              label="EAGLE: training-time test steps (eagle_steps)")
+                c["eagle3"] = gr.Checkbox(d["eagle3"].default, label="EAGLE from scratch: EAGLE-3 (the layout engines load)",
+                                          elem_id="tr-eagle3")
             with gr.Row():
                 c["max_len"] = Number(d["max_len"].default, label="tokens kept per conversation (max_len)")
                 c["answer_tokens"] = Number(d["answer_tokens"].default, label="answer_tokens (self-distilled)")
@@ -207,6 +213,11 @@ class TrainTab:
         # A callable: each page load lists what that visitor sees (in public mode, a new page sees the operator's runs).
         table = gr.Dataframe(lambda: trained_rows(self.service.trained()), headers=TABLE_HEADERS, interactive=False,
                              elem_id="tr-table")
+        with gr.Row():
+            picked = gr.Textbox("", label="run to export (pick a row)", placeholder="trained:…", elem_id="tr-picked",
+                                max_lines=1)
+            export = gr.Button("Export the picked run for engines", elem_id="tr-export", size="sm")
+            download = gr.File(label="for vLLM, TensorRT-LLM, SGLang (zip)", elem_id="tr-download", interactive=False)
 
         inputs = [c[k] for k in FIELDS]
         quiet = dict(queue=False, show_progress="hidden", api_visibility="private")
@@ -214,7 +225,9 @@ class TrainTab:
         # Another kind starts from its own shipped heads: the choices and the verdict in one answer, so the
         # verdict never speaks of a start the other kind had.
         c["kind"].input(self.kind_changed, inputs, [c["init_from"], check], **quiet)
-        table.select(self.show_run, None, [status, plot], **quiet)
+        table.select(self.show_run, None, [status, plot, picked], **quiet)
+        export.click(self.export, picked, download, api_name="train_export", show_progress="minimal", concurrency_id="train",
+                     concurrency_limit=None)
         pickers = [run_heads[k] for k in KIND_LABELS]
         # A run waits only for another run (one at a time on the server), never for a generation's queue.
         start.click(self.train, inputs, [status, plot, table, check, c["init_from"], *pickers], api_name="train",
@@ -234,8 +247,22 @@ class TrainTab:
         name = (event.row_value or [None])[0]
         manifest = self.service.training_run(name, visitor_of(request)) if isinstance(name, str) else None
         if manifest is None:
-            return gr.skip(), gr.skip()
-        return finished_line(manifest), charts.training_loss((manifest.get("source") or {}).get("losses"))
+            return gr.skip(), gr.skip(), gr.skip()
+        return finished_line(manifest), charts.training_loss((manifest.get("source") or {}).get("losses")), name
+
+    def export(self, picked: str | None, request: gr.Request) -> str:
+        picked = (picked or "").strip()
+        """The picked run exported for engines, as a zip to download (a copy in the temporary directory, which
+        Gradio serves from; the store may be anywhere)."""
+        if not picked:
+            raise gr.Error("Pick a finished run in the table first.", duration=None)
+        try:
+            made = self.service.export_trained(picked, visitor=visitor_of(request))
+        except (ConfigError, ModelError, ValueError) as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        copy = Path(tempfile.mkdtemp(prefix="specdec-export-")) / made.name
+        shutil.copyfile(made, copy)
+        return str(copy)
 
     def train(self, request: gr.Request, *values):
         """Run the training (in a thread; this generator only draws), drawing the loss as it falls."""

@@ -67,7 +67,7 @@ COPY_LINK_JS = """(q) => {
   return url;
 }"""
 # ... and, where vLLM is installed, the same jobs on its engines (their speedup is over our autoregressive run)
-VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m.name for m in MODES if m.vllm_peer)
+VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m.name for m in MODES if m.vllm_compare)
 MERGE_BOX = {"medusa": "md_pl", "eagle": "eg_pl"}  # the control that merges prompt lookup into that mode's tree
 MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the Prompt lookup group)"
 
@@ -742,7 +742,7 @@ class Studio:
                                 tour_btn = gr.Button("Tour: every mode, recorded", size="sm", elem_id="tour",
                                                      visible=bool(tour_stops()))
                                 tour_note = gr.Markdown("", elem_id="tour-note")
-                            explain = gr.Markdown(learn.LEARN[DEFAULT_MODE], elem_id="learn-mode")
+                            explain = gr.Markdown(learn.explain(DEFAULT_MODE, self.modes), elem_id="learn-mode")
                         with gr.Column(scale=2):
                             present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
                                                   "space plays it)", elem_id="present")
