@@ -2,50 +2,25 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import random
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import TextIO
 
 import torch
 
-from app.config import DecodingConfig
-from app.decoding.target import TransformersTarget
+from app.modes import MODES
+from app.service.configs import AutoregressiveConfig, DecodingConfig, NGramDecodingConfig
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
-from app.runner import output_ids, run as run_mode
+from app.runner import output_ids, run as run_mode, verify_cost
 from app.service import traces
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "spec_bench" / "question.jsonl"
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
-# Our mode -> the vLLM method that does its job (vllm.METHODS); a vLLM peer row is named vllm_<method>.
-VLLM_PEERS = {"autoregressive": "vllm_generate", "prompt_lookup": "vllm_ngram", "draft_target": "vllm_draft_model",
-              "medusa": "vllm_medusa", "eagle": "vllm_eagle3", "suffix": "vllm_suffix"}
-VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
-
-
-def load_prompts(path: str | None, categories: list[str] | None, limit: int | None) -> list[dict]:
-    """First turns of a Spec-Bench-format JSONL file; `limit` applies per category, in file order."""
-    path = Path(path) if path else DEFAULT_PROMPTS
-    rows, taken = [], defaultdict(int)
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            q = json.loads(line)
-            cat = q["category"]
-            if categories and cat not in categories:
-                continue
-            if limit is not None and taken[cat] >= limit:
-                continue
-            taken[cat] += 1
-            rows.append({"id": q["question_id"], "category": cat, "text": q["turns"][0]})
-    if not rows:
-        raise ValueError(f"no prompts selected from {path} (categories={categories})")
-    return rows
+# Our mode -> the vLLM engine row doing its job: every mode vLLM has a method for (vllm_<method>).
+VLLM_PEERS = {m.name: m.vllm_row for m in MODES if m.vllm is not None}
 
 
 class _ForwardCounter:
@@ -71,8 +46,9 @@ def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], d
         kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
         if s.seed is not None:
             torch.manual_seed(s.seed)  # generate() samples from torch's global generator
-    if name == "hf_prompt_lookup":
-        kwargs.update(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens, max_matching_ngram_size=cfg.max_matching_ngram_size)
+    if name == "hf_prompt_lookup":  # prompt lookup's settings when it runs too, else its defaults
+        pl = cfg.speculative_config if isinstance(cfg.speculative_config, NGramDecodingConfig) else NGramDecodingConfig()
+        kwargs.update(prompt_lookup_num_tokens=pl.max_draft_len, max_matching_ngram_size=pl.max_matching_ngram_size)
     if name == "hf_assisted":
         kwargs.update(assistant_model=draft.model)
     x = torch.tensor([ids], device=target.model.device)
@@ -129,7 +105,8 @@ def run(
     engine description),
     run interleaved with our modes prompt by prompt, timed as their client sees them (request to last step)."""
     if "autoregressive" not in configs:
-        configs = {"autoregressive": DecodingConfig(**{**vars(next(iter(configs.values()))), "mode": "autoregressive"}), **configs}
+        configs = {"autoregressive": dataclasses.replace(next(iter(configs.values())), speculative_config=AutoregressiveConfig()),
+                   **configs}
     companions = companions or {}
     names = list(configs)
     if peers:
@@ -137,7 +114,7 @@ def run(
     names += list(engines or {})
     # Warm-up: the first calls of each path pay one-off costs (allocations, kernel selection).
     warm = target.encode("Say hello.")
-    short = {k: DecodingConfig(**{**vars(c), "max_new_tokens": 8}) for k, c in configs.items()}
+    short = {k: dataclasses.replace(c, max_new_tokens=8) for k, c in configs.items()}
     for name in names:
         _one(name, target, short, warm, draft, companions, engines)
     runs = []
@@ -179,31 +156,6 @@ def run(
             "verify_cost": cost, "runs": runs}
 
 
-def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5) -> dict:
-    """Milliseconds of one target pass over k new tokens after `prompt_ids` (a verify step of k - 1
-    drafted tokens), the median of `repeats`, and each relative to k = 1.
-
-    This curve decides what speculation can earn on a machine: a step that verifies k tokens pays
-    only when it yields more than relative[k] tokens. It differs a lot between CPUs (bfloat16
-    without native instructions grows about linearly in k), so the bench records it with its results.
-    """
-    session = TransformersTarget(target.model, hidden_states=False)
-    session.prefill(prompt_ids)
-    times: dict[int, list[float]] = {k: [] for k in sizes}
-    for r in range(repeats + 1):  # round-robin over sizes, so drift of the machine hits all alike; round 0 warms up
-        for k in sizes:
-            tokens = [prompt_ids[i % len(prompt_ids)] for i in range(k - 1)]
-            t = time.perf_counter()
-            session.forward(prompt_ids[-1], tokens, list(range(-1, k - 2)))
-            elapsed = time.perf_counter() - t
-            session.commit([])  # keep only the root: the context grows by one token per pass
-            if r:
-                times[k].append(elapsed)
-    ms = {k: 1000 * sorted(v)[len(v) // 2] for k, v in times.items()}
-    return {"tokens": list(sizes), "ms": [round(ms[k], 2) for k in sizes],
-            "relative": [round(ms[k] / ms[sizes[0]], 2) for k in sizes], "context": len(prompt_ids)}
-
-
 def _common_prefix(a: list[int], b: list[int] | None) -> int:
     n = 0
     for x, y in zip(a, b or []):
@@ -214,7 +166,9 @@ def _common_prefix(a: list[int], b: list[int] | None) -> int:
 
 
 def _settings(target, configs, draft) -> dict:
-    cfgs = {k: {**vars(c), "sampling": vars(c.sampling)} for k, c in configs.items()}
+    # Each mode's config as the service's request names it (TensorRT-LLM's fields).
+    cfgs = {k: {"mode": c.mode, "speculative_config": c.speculative_config.model_dump(mode="json"),
+                "max_new_tokens": c.max_new_tokens, "sampling": vars(c.sampling)} for k, c in configs.items()}
     return {
         "model": target.name,
         "dtype": target.dtype,

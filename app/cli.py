@@ -7,10 +7,15 @@ import json
 import os
 import signal
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
-from app.config import MERGED_MODES, MODES, ConfigError, DecodingConfig, parse_triple, split_mode
+from app.config import ConfigError, int_list
+from app.modes import MODES, NGRAM_FLAGS, Flag, Mode, Modes
+from app.prompts import load_prompts
 from app.service import configs
+from app.service.configs import DecodingConfig
 from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
 from app.models import BUNDLED, DTYPES, ModelError
@@ -20,7 +25,26 @@ from app.service.traces import Recording
 from app.training.export import FORMATS, ExportError
 
 
-def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
+def _flag_kwargs(mode: Mode, flag: Flag) -> dict[str, Any]:
+    """argparse's arguments for a mode's flag: type, default and help from its config field where it sets one."""
+    if flag.to_fields is not None:
+        kind, default = flag.kind, flag.default
+    else:
+        info = mode.config.model_fields[flag.field]
+        kind, default = _scalar(info.annotation), info.default
+    help = flag.help or (mode.config.model_fields[flag.field].description if flag.field else None) or f"{mode.name}: {flag.field}"
+    if kind is bool:  # a switch: --x turns a default off on; a default on gets --no-x too
+        return {"action": argparse.BooleanOptionalAction if default is True else "store_true", "help": help}
+    return {"type": kind, "default": default, "help": help}
+
+
+def _scalar(annotation: Any) -> type:
+    """int, float, bool or str: the type of a field's flag (a field of int | None takes an int)."""
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return next((k for k in kinds if k in (bool, int, float)), str)
+
+
+def _add_decoding_flags(p: argparse.ArgumentParser, modes: Modes = MODES) -> None:
     p.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -28,41 +52,12 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--lookahead-config", default="4,3,4", help="W,N,G: window, n-gram size, verification set")
-    p.add_argument("--lookahead-request", default=None, help="per-request w,n,g <= W,N,G (default W,N,G)")
-    p.add_argument("--no-pool-from-prompt", action="store_true", help="lookahead: do not seed the n-gram pool from the context")
-    p.add_argument("--prompt-lookup-num-tokens", type=int, default=10)
-    p.add_argument("--max-matching-ngram-size", type=int, default=2)
-    p.add_argument("--prompt-lookup-candidates", type=int, default=1, help="prompt lookup: verify this many matches' continuations as one tree")
-    p.add_argument(
-        "--ngram-draft-lens", default="2,5",
-        help="prompt lookup: draft at most this many tokens after a 1-gram, 2-gram, ... match ('' = always the full length)",
-    )
-    p.add_argument("--use-newest-match", action="store_true", help="prompt lookup: copy after the latest match, not the earliest")
-    p.add_argument("--draft-model", default=None, help="draft model for draft_target (same tokenizer as --model; default: the shipped distilled draft)")
-    p.add_argument("--max-draft-len", type=int, default=4)
-    p.add_argument("--medusa-model", default=None, help="Medusa heads directory (default: the shipped heads of --model)")
-    p.add_argument("--medusa-choices", default="default", help="Medusa tree: a name in assets/medusa_choices/ or a JSON list of rank paths")
-    p.add_argument("--typical-acceptance", action="store_true", help="Medusa under sampling: typical acceptance (faster, NOT lossless)")
-    p.add_argument("--posterior-threshold", type=float, default=0.09)
-    p.add_argument("--posterior-alpha", type=float, default=0.3)
-    p.add_argument("--eagle-model", default=None, help="EAGLE module directory (default: the shipped module of --model)")
-    p.add_argument("--eagle-total-tokens", type=int, default=24, help="EAGLE-2 dynamic tree: nodes verified per step")
-    p.add_argument("--eagle-depth", type=int, default=5)
-    p.add_argument("--eagle-top-k", type=int, default=4)
-    p.add_argument("--eagle-choices", default=None, help="EAGLE static tree (rank paths) instead of the dynamic tree")
-    p.add_argument("--suffix-max-draft-len", type=int, default=24, help="suffix: draft at most this many tokens (vLLM's num_speculative_tokens)")
-    p.add_argument("--suffix-decoding-max-tree-depth", type=int, default=24, help="suffix: the suffix tree's depth (match + draft)")
-    p.add_argument("--suffix-decoding-max-spec-factor", type=float, default=1.0, help="suffix: draft at most this times the match length")
-    p.add_argument("--suffix-decoding-min-token-prob", type=float, default=0.1, help="suffix: stop drafting below this estimated probability")
-    p.add_argument("--suffix-decoding-max-cached-requests", type=int, default=0,
-                   help="suffix on vLLM: also count this many earlier requests' responses (shared by all requests; 0 = none)")
-    p.add_argument("--use-tree-spec", action="store_true", help="suffix: verify the most probable continuations as a tree (transformers backend)")
-    p.add_argument(
-        "--min-path-prob", type=float, default=None,
-        help="Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower "
-        f"(0 = keep all; default {configs.MIN_PATH_PROB} on the transformers backend, none on TensorRT-LLM)",
-    )
+    seen = set()
+    for mode in modes:
+        for flag in mode.cli_flags():
+            if flag.name not in seen:  # a flag two modes share (--min-path-prob) is added once
+                seen.add(flag.name)
+                p.add_argument("--" + flag.name.replace("_", "-"), **_flag_kwargs(mode, flag))
     p.add_argument("--engines-dir", default=None, help="artifact store (default: engines/ in the repository)")
 
 
@@ -97,51 +92,25 @@ def _add_public_flags(p: argparse.ArgumentParser) -> None:
                    "turns training off)")
 
 
-def _int_list(text: str, what: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
+def _fields(args: argparse.Namespace, flags) -> dict[str, Any]:
+    """Config fields from the flags that set them."""
+    out: dict[str, Any] = {}
+    for flag in flags:
+        value = getattr(args, flag.name)
+        out.update(flag.to_fields(value) if flag.to_fields is not None else {flag.field: value})
+    return out
 
 
-def _ngram_spec(args: argparse.Namespace) -> dict:
-    return {"max_draft_len": args.prompt_lookup_num_tokens, "max_matching_ngram_size": args.max_matching_ngram_size,
-            "is_use_oldest": not args.use_newest_match, "max_candidates": args.prompt_lookup_candidates,
-            "ngram_draft_lens": _int_list(args.ngram_draft_lens, "--ngram-draft-lens")}
-
-
-def request_data(args: argparse.Namespace, mode: str) -> dict:
+def request_data(args: argparse.Namespace, mode: str, modes: Modes = MODES) -> dict:
     """The service's DecodeRequest data (TensorRT-LLM names) for the command-line flags of one mode;
     `medusa+prompt_lookup` / `eagle+prompt_lookup` add prompt lookup's candidates (its flags) to the tree."""
-    mode, merged = split_mode(mode)
-    if mode == "lookahead":
-        W, N, G = parse_triple(args.lookahead_config, "--lookahead-config")
-        spec = {"max_window_size": W, "max_ngram_size": N, "max_verification_set_size": G,
-                "request": parse_triple(args.lookahead_request, "--lookahead-request") if args.lookahead_request else None,
-                "pool_from_prompt": not args.no_pool_from_prompt}
-    elif mode == "prompt_lookup":
-        spec = _ngram_spec(args)
-    elif mode == "draft_target":
-        spec = {"max_draft_len": args.max_draft_len, "speculative_model": args.draft_model}
-    elif mode == "suffix":
-        spec = {"max_draft_len": args.suffix_max_draft_len, "use_tree_spec": args.use_tree_spec,
-                **{f"suffix_decoding_{k}": getattr(args, f"suffix_decoding_{k}")
-                   for k in ("max_tree_depth", "max_spec_factor", "min_token_prob", "max_cached_requests")}}
-    elif mode == "medusa":
-        spec = {"medusa_choices": args.medusa_choices, "speculative_model": args.medusa_model,
-                "typical_acceptance": args.typical_acceptance, "posterior_threshold": args.posterior_threshold,
-                "posterior_alpha": args.posterior_alpha, "min_path_prob": args.min_path_prob}
-    elif mode == "eagle":
-        spec = {"max_draft_len": args.eagle_total_tokens - 1, "num_eagle_layers": args.eagle_depth,
-                "dynamic_tree_max_topK": args.eagle_top_k, "speculative_model": args.eagle_model,
-                "use_dynamic_tree": args.eagle_choices is None, "eagle_choices": args.eagle_choices,
-                "min_path_prob": args.min_path_prob}
-    else:
-        spec = {}
+    mode, merged = modes.split(mode)
+    entry = modes[mode]
+    spec = _fields(args, entry.cli_flags())
     if merged:
-        spec["prompt_lookup"] = _ngram_spec(args)
+        spec["prompt_lookup"] = _fields(args, NGRAM_FLAGS)
     data = {
-        "speculative_config": {"decoding_type": configs.MODE_TYPES[mode], **spec},
+        "speculative_config": {"decoding_type": entry.decoding_type, **spec},
         "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed},
         "max_new_tokens": args.max_new_tokens,
     }
@@ -417,11 +386,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
-        split_mode(m, " in --modes")
+        MODES.split(m, " in --modes")
     if args.ui_overhead:
         from app.ui import overhead
 
-        prompts = bench.load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+        prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
         service = _service(args, max_new_tokens=max(args.max_new_tokens, 1))
         try:
             result = overhead.measure(service, prompts, modes, args.max_new_tokens, progress=sys.stderr)
@@ -437,7 +406,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     draft = companions.get("draft_target")
     if draft is None and args.peers and args.draft_model:
         draft = _companions(args, target, {"draft_target": _config(args, "draft_target")})["draft_target"]
-    prompts = bench.load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+    prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     if target.dtype == "bfloat16" and not fast_bf16():
         print("note: this CPU has no native bfloat16 matrix multiply (AVX-512 BF16 or AMX), so a bfloat16 pass over "
               "k tokens costs several one-token passes and speculative modes earn little; see the verify cost below, "
@@ -505,7 +474,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         eagle_steps=args.eagle_steps, eagle_train_head=args.eagle_train_head, init_from=args.init_from,
         eagle_ce_weight=args.eagle_ce_weight, eagle3=args.eagle3,
         eagle_aux_layers=() if args.eagle_aux_layers == "none" else
-        None if args.eagle_aux_layers == "auto" else _int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
+        None if args.eagle_aux_layers == "auto" else int_list(args.eagle_aux_layers, "--eagle-aux-layers"),
     )
     if args.init_from:
         try:
@@ -557,7 +526,7 @@ CONCURRENCY_HELP = ("generations running at once (keep 1 on a small CPU: each wo
                     "which slows every pass)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m app", description="SpecDec Studio")
     sub = parser.add_subparsers(dest="command", required=True)
     u = sub.add_parser("ui", help="the web app (the default command: `python -m app` starts it)")
@@ -573,14 +542,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_flags(u)
     u.set_defaults(func=cmd_ui)
     g = sub.add_parser("generate", help="generate text with one decoding mode and show every step")
-    g.add_argument("--mode", default="autoregressive", help=", ".join(MODES + MERGED_MODES))
+    g.add_argument("--mode", default="autoregressive", help=", ".join(modes.names + modes.merged))
     g.add_argument("--prompt", required=True, help="the user turn (the chat template is applied)")
     g.add_argument("--json", action="store_true", help="print the run as one JSON trace (text, token_ids, steps: the trace events, "
                    "texts, mode, request...); the web app's Run tab replays it")
     g.add_argument("--race", action="store_true", help="run autoregressive first on the same prompt and settings, then "
                    "say why the mode is as fast as it is against it (tau / a step's cost); with --json the trace "
                    "carries it as `baseline`")
-    _add_decoding_flags(g)
+    _add_decoding_flags(g, modes)
     _add_backend_flags(g)
     g.set_defaults(func=cmd_generate)
     v = sub.add_parser("serve", help="serve the model as an OpenAI-compatible HTTP API with the per-step trace")
@@ -591,7 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones get 429")
     v.add_argument("--time-limit", type=float, default=None, help="seconds a generation may run (default 300; 60 in public mode)")
     _add_public_flags(v)
-    _add_decoding_flags(v)
+    _add_decoding_flags(v, modes)
     _add_backend_flags(v)
     v.set_defaults(func=cmd_serve)
     en = sub.add_parser("engines", help="list, build, inspect and remove engine builds in engines/builds/")
@@ -605,9 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
     est = en_sub.add_parser("stop", help="stop a vLLM engine's server (its build stays)")
     est.add_argument("id")
     eb = en_sub.add_parser("build", help="build (or reuse) what a mode needs on a backend")
-    eb.add_argument("--mode", default="autoregressive", help=", ".join(MODES))
+    eb.add_argument("--mode", default="autoregressive", help=", ".join(modes.names))
     eb.add_argument("--plan", action="store_true", help="print what the build would do (TensorRT-LLM: LLM API arguments, trtllm-build command) and stop")
-    _add_decoding_flags(eb)
+    _add_decoding_flags(eb, modes)
     _add_backend_flags(eb)
     for p in (el, es, er, est):
         p.add_argument("--engines-dir", default=None)
@@ -625,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ui-overhead", action="store_true",
                    help="instead: time each mode through the web app (launched in this process) against the same "
                    "generation without it, alternately, and report the overhead (the app's own defaults per mode)")
-    _add_decoding_flags(b)
+    _add_decoding_flags(b, modes)
     _add_vllm_flags(b)
     b.set_defaults(func=cmd_bench)
     t = sub.add_parser("train", help="train Medusa heads, an EAGLE module or a distilled draft on a frozen model")

@@ -7,11 +7,13 @@ read-only between generations: the draft model (draft_target), Medusa heads, or 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from app import models
-from app.config import ConfigError, DecodingConfig
+from app.config import ConfigError
+from app.service.configs import DecodingConfig
 from app.decoding import linear
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
@@ -22,12 +24,12 @@ from app.models import LoadedModel, ModelError
 def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES):
     """What cfg.mode drafts with, or None. Explicit paths/names win; otherwise the model's shipped default."""
     if cfg.mode == "draft_target":
-        name = cfg.draft_model or default_draft(target.name)
+        name = cfg.speculative_config.speculative_model or default_draft(target.name)
         draft = models.load(name, dtype=target.dtype, engines=engines)
         models.check_compatible(target, draft)
         return draft
     if cfg.mode in ("medusa", "eagle"):
-        path = getattr(cfg, f"{cfg.mode}_model") or models.default_artifact(target.name, cfg.mode)
+        path = cfg.speculative_config.speculative_model or models.default_artifact(target.name, cfg.mode)
         if path is None:
             raise ConfigError(
                 f"no {cfg.mode} artifact for model '{target.name}': train one (python -m app train --mode {cfg.mode}) "
@@ -94,3 +96,32 @@ def run(
 
 def output_ids(events: list[StepEvent]) -> list[int]:
     return [t for e in events for t in e.tokens]
+
+
+# A verify pass of k tokens (k - 1 drafted), for k in:
+VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5) -> dict:
+    """Milliseconds of one target pass over k new tokens after `prompt_ids` (a verify step of k - 1
+    drafted tokens), the median of `repeats`, and each relative to k = 1.
+
+    This curve decides what speculation can earn on a machine: a step that verifies k tokens pays
+    only when it yields more than relative[k] tokens. It differs a lot between CPUs (bfloat16
+    without native instructions grows about linearly in k), so the bench records it with its results.
+    """
+    session = TransformersTarget(target.model, hidden_states=False)
+    session.prefill(prompt_ids)
+    times: dict[int, list[float]] = {k: [] for k in sizes}
+    for r in range(repeats + 1):  # round-robin over sizes, so drift of the machine hits all alike; round 0 warms up
+        for k in sizes:
+            tokens = [prompt_ids[i % len(prompt_ids)] for i in range(k - 1)]
+            t = time.perf_counter()
+            session.forward(prompt_ids[-1], tokens, list(range(-1, k - 2)))
+            elapsed = time.perf_counter() - t
+            session.commit([])  # keep only the root: the context grows by one token per pass
+            if r:
+                times[k].append(elapsed)
+    ms = {k: 1000 * sorted(v)[len(v) // 2] for k, v in times.items()}
+    return {"tokens": list(sizes), "ms": [round(ms[k], 2) for k in sizes],
+            "relative": [round(ms[k] / ms[sizes[0]], 2) for k in sizes], "context": len(prompt_ids)}

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.bench import load_prompts  # noqa: E402
+from app.prompts import load_prompts  # noqa: E402
 from app.decoding.drafters.prompt_lookup import NgramIndex, PromptLookup  # noqa: E402
 
 
@@ -88,8 +88,8 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "engines" / "models" / settings["model"])
     texts = {p["id"]: p["text"] for p in load_prompts(args.prompts, None, None)}
-    pl = settings["configs"].get("prompt_lookup") or {}
-    m, k = pl.get("max_matching_ngram_size", 3), pl.get("prompt_lookup_num_tokens", 10)
+    pl = (settings["configs"].get("prompt_lookup") or {}).get("speculative_config") or {}  # NGramDecodingConfig's fields
+    m, k = pl.get("max_matching_ngram_size", 3), pl.get("max_draft_len", 10)
     policies = {
         "ours (bench settings, one candidate)": ours(
             prompt_lookup_num_tokens=k, max_matching_ngram_size=m, is_use_oldest=pl.get("is_use_oldest", True),

@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app import bench  # noqa: E402
+from app.prompts import load_prompts  # noqa: E402
+from app.modes import MODES  # noqa: E402
 from app.service.api import Service  # noqa: E402
 from app.service.traces import Recording  # noqa: E402
 from app.ui import web  # noqa: E402
@@ -25,7 +26,7 @@ CANDIDATES = ("extraction", "summarization", "rag", "coding", "math_reasoning", 
 
 
 def run(service: Service, mode: str, prompt: str, values: dict) -> Recording:
-    name, merged = web.split_mode(mode)
+    name, merged = MODES.split(mode)
     if merged:
         values = dict(values, **{web.MERGE_BOX[name]: True})
     request = web.request_from(name, values)
@@ -46,7 +47,7 @@ def main() -> int:
     service = Service()
     values = {**web.DEFAULTS, **web.preset("fastest here", args.dtype), "max_new_tokens": args.max_new_tokens,
               "backend": "transformers"}
-    prompts = {r["category"]: r["text"] for r in bench.load_prompts(None, list(CANDIDATES), 1)}
+    prompts = {r["category"]: r["text"] for r in load_prompts(None, list(CANDIDATES), 1)}
     have = {n.split("-")[0] for n in web.RECORDINGS}
     baselines = {}
     for mode in args.modes.split(","):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app import bench
+from app import bench, runner
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
 
@@ -105,7 +105,7 @@ def test_summary_and_versus_carry_the_intervals():
 
 def test_verify_cost_times_every_size_on_a_real_model(tiny_model):
     target = LoadedModel(name="tiny", model=tiny_model, tokenizer=None, dtype="float32")
-    cost = bench.verify_cost(target, list(range(1, 20)), sizes=(1, 3, 9), repeats=3)
+    cost = runner.verify_cost(target, list(range(1, 20)), sizes=(1, 3, 9), repeats=3)
     assert cost["tokens"] == [1, 3, 9] and cost["context"] == 19
     assert len(cost["ms"]) == 3 and all(ms > 0 for ms in cost["ms"])
     assert cost["relative"][0] == 1.0
@@ -141,8 +141,11 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     assert len(result["runs"]) == 2 * 5 and {r["new_tokens"] for r in result["runs"]} == {12}
     assert all(r["mean_accepted_tokens"] >= 1.0 for r in result["runs"])
     cost = result["verify_cost"]
-    assert cost["tokens"] == list(bench.VERIFY_SIZES) and cost["relative"][0] == 1.0
+    assert cost["tokens"] == list(runner.VERIFY_SIZES) and cost["relative"][0] == 1.0
     assert {"cpu_capability", "fast_bf16", "threads"} <= set(result["settings"])
+    lookahead = result["settings"]["configs"]["lookahead"]  # each mode's config by the request's (TensorRT-LLM's) names
+    assert lookahead["speculative_config"]["decoding_type"] == "Lookahead" and lookahead["max_new_tokens"] == 12
+    assert [lookahead["speculative_config"][k] for k in ("max_window_size", "max_ngram_size", "max_verification_set_size")] == [3, 3, 2]
     assert "verify pass of k tokens vs one" in proc.stdout and "translation" in proc.stdout
     assert [(r["mode"], r["peer"]) for r in result["versus"]] == [("autoregressive", "hf_generate"),
                                                                    ("prompt_lookup", "hf_prompt_lookup")]

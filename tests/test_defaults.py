@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from app import models
-from app.config import DecodingConfig
+from app.modes import MODES
+from app.service.configs import DecodingConfig
 from app.runner import load_companion, output_ids, run
 from app.service import configs
 
@@ -42,9 +43,9 @@ def test_defaults_are_shipped_and_small():
 def test_shipped_artifacts_are_lossless_and_get_drafts_accepted(bundled, spec_bench_prompts, mode):
     """float32, greedy: identical to autoregressive, and more than one token per target step on
     prompts where a trained drafter should help (a random or misaligned artifact gets about 1)."""
-    cfg = DecodingConfig(mode=mode, max_new_tokens=MAX_NEW)
+    cfg = DecodingConfig(MODES[mode].config(), max_new_tokens=MAX_NEW)
     companion = load_companion(cfg, bundled)
-    ar_cfg = DecodingConfig(mode="autoregressive", max_new_tokens=MAX_NEW)
+    ar_cfg = DecodingConfig(max_new_tokens=MAX_NEW)
     tokens = steps = 0
     for category in ("writing", "qa", "math_reasoning"):
         ids = bundled.encode(spec_bench_prompts[category])
@@ -64,12 +65,12 @@ def test_draft_target_without_a_draft_says_how_to_get_one(bundled):
     from app.config import ConfigError
 
     with pytest.raises(ConfigError, match="python -m app train --mode draft"):
-        load_companion(DecodingConfig(mode="draft_target"), dataclasses.replace(bundled, name="another-model"))
+        load_companion(DecodingConfig(MODES["draft_target"].config()), dataclasses.replace(bundled, name="another-model"))
 
 
 @pytest.mark.bundled
 def test_the_shipped_draft_loads_by_name_like_any_model(bundled):
-    draft = load_companion(DecodingConfig(mode="draft_target"), bundled)
+    draft = load_companion(DecodingConfig(MODES["draft_target"].config()), bundled)
     assert draft.name == f"{models.BUNDLED}-draft"
     assert draft.model.config.num_hidden_layers == 1 and draft.vocab_size == bundled.vocab_size
 

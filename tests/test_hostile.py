@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import ConfigError
+from app.modes import MODES
 from app.service import configs, traces
 from app.service.policy import Policy, relative
 from app.service.traces import TraceError
@@ -78,7 +79,7 @@ NUMBERS = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_
 @given(st.fixed_dictionaries({}, optional={
     "max_new_tokens": NUMBERS, "sampling": st.dictionaries(st.sampled_from(["temperature", "top_p", "top_k", "seed"]), NUMBERS),
     "speculative_config": st.fixed_dictionaries(
-        {"decoding_type": st.sampled_from(list(configs.MODE_TYPES.values()))},
+        {"decoding_type": st.sampled_from([m.decoding_type for m in MODES])},
         optional={k: NUMBERS for k in ("max_draft_len", "dynamic_tree_max_topK", "num_eagle_layers", "max_window_size",
                                         "max_ngram_size", "max_verification_set_size", "max_candidates",
                                         "max_matching_ngram_size", "num_medusa_heads", "min_path_prob",
@@ -300,7 +301,7 @@ BODIES = st.fixed_dictionaries(
               "top_k": FIELD_VALUES, "seed": FIELD_VALUES, "n": FIELD_VALUES, "stream": st.one_of(st.just(False), FIELD_VALUES),
               "model": st.one_of(st.just("smollm2-135m-instruct"), FIELD_VALUES),
               "specdec": st.one_of(JSON_ANY, st.fixed_dictionaries({"speculative_config": st.fixed_dictionaries(
-                  {"decoding_type": st.sampled_from(list(configs.MODE_TYPES.values()))},
+                  {"decoding_type": st.sampled_from([m.decoding_type for m in MODES])},
                   optional={k: FIELD_VALUES for k in ("max_draft_len", "dynamic_tree_max_topK", "num_eagle_layers",
                                                        "speculative_model", "max_window_size", "max_candidates")})}))})
 

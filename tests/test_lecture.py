@@ -12,9 +12,9 @@ from test_web import (PROMPT, RECORDINGS, app_url, browser, page, screenshot, se
 
 
 def test_browser_link_sets_up_the_page_and_copy_link_gives_it_back(page, app_url):
-    from app import bench
+    from app.prompts import load_prompts
 
-    summarization = next(r["text"] for r in bench.load_prompts(None, ["summarization"], 1))
+    summarization = next(r["text"] for r in load_prompts(None, ["summarization"], 1))
     query = "mode=lookahead&example=241&la=5,3,2&dtype=float32"
     page.goto(f"{app_url}/?{query}")
     page.wait_for_function("document.querySelector('#mode input[value=lookahead]')?.checked")

@@ -142,7 +142,7 @@ def test_a_packed_layer_converted_to_float64_goes_through_f_linear():
 @pytest.mark.bundled
 def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_greedy_output(tmp_path):
     from app import models
-    from app.config import DecodingConfig
+    from app.service.configs import DecodingConfig, NGramDecodingConfig
     from app.runner import output_ids, run
 
     packed = models.load(models.BUNDLED, dtype="bfloat16")
@@ -158,5 +158,5 @@ def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_greedy_output(
     assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
     prompt = packed.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
                                                   add_generation_prompt=True, tokenize=True, return_dict=False)
-    cfg = DecodingConfig(mode="prompt_lookup", max_new_tokens=24)
+    cfg = DecodingConfig(NGramDecodingConfig(), max_new_tokens=24)
     assert output_ids(list(run(packed, cfg, prompt))) == output_ids(list(run(plain, cfg, prompt)))

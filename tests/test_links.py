@@ -4,7 +4,7 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from app.config import MODES
+from app.modes import MODES
 from app.ui import links
 from app.ui.web import CONTROLS, DEFAULTS
 
@@ -17,7 +17,7 @@ def refuse_big_windows(mode, values):
 
 
 def parse(query: str, check=refuse_big_windows) -> links.Link:
-    return links.parse(dict(parse_qsl(query, keep_blank_values=True)), DEFAULTS, MODES, EXAMPLES, RECORDINGS, check)
+    return links.parse(dict(parse_qsl(query, keep_blank_values=True)), DEFAULTS, MODES.names, EXAMPLES, RECORDINGS, check)
 
 
 def build(mode, values, prompt, tab="run"):

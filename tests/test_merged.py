@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from app import runner
 from app.cli import request_data
-from app.config import ConfigError, DecodingConfig
+from app.config import ConfigError
+from app.modes import MODES
+from app.service.configs import DecodingConfig, EagleDecodingConfig, NGramDecodingConfig
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.eagle import Eagle
 from app.decoding.drafters.lookahead import Lookahead
@@ -163,24 +165,24 @@ def test_only_deterministic_trees_merge(tiny_model, tiny_draft):
 
 
 def test_runtime_config_merges_only_tree_modes(tiny_model, trained):  # noqa: F811
-    cfg = DecodingConfig(mode="eagle", merge_prompt_lookup=True, prompt_lookup_num_tokens=7, max_matching_ngram_size=3)
-    d = cfg.drafter(tiny_model, trained)
+    pl = NGramDecodingConfig(max_draft_len=7, max_matching_ngram_size=3)
+    d = DecodingConfig(EagleDecodingConfig(prompt_lookup=pl)).drafter(tiny_model, trained)
     assert isinstance(d, Merged) and isinstance(d.primary, Eagle) and d.name == "eagle" and d.needs_hidden
     assert (d.extra.num_tokens, d.extra.max_ngram) == (7, 3)
-    assert not isinstance(DecodingConfig(mode="eagle").drafter(tiny_model, trained), Merged)
-    with pytest.raises(ConfigError, match="only medusa and eagle"):
-        DecodingConfig(mode="lookahead", merge_prompt_lookup=True).drafter(tiny_model, None)
+    assert not isinstance(DecodingConfig(EagleDecodingConfig()).drafter(tiny_model, trained), Merged)
+    with pytest.raises(ConfigError, match="prompt_lookup: Extra inputs"):  # only a tree mode's config has the field
+        configs.parse({"speculative_config": {"decoding_type": "Lookahead", "prompt_lookup": {}}})
 
 
 def test_service_config_nests_an_ngram_config():
     data = {"speculative_config": {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 6, "max_matching_ngram_size": 3,
                                                                                "is_use_oldest": False, "max_candidates": 2}}}
     cfg = configs.to_runtime(configs.parse(data))
-    assert cfg.mode == "eagle" and cfg.merge_prompt_lookup
-    assert (cfg.prompt_lookup_num_tokens, cfg.max_matching_ngram_size, cfg.is_use_oldest, cfg.max_candidates) == (6, 3, False, 2)
+    pl = cfg.speculative_config.prompt_lookup
+    assert cfg.mode == "eagle" and (pl.max_draft_len, pl.max_matching_ngram_size, pl.is_use_oldest, pl.max_candidates) == (6, 3, False, 2)
     medusa = configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Medusa", "prompt_lookup": {}}}))
-    assert medusa.mode == "medusa" and medusa.merge_prompt_lookup and medusa.prompt_lookup_num_tokens == 10
-    assert not configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Eagle"}})).merge_prompt_lookup
+    assert medusa.mode == "medusa" and medusa.speculative_config.prompt_lookup.max_draft_len == 10
+    assert configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Eagle"}})).speculative_config.prompt_lookup is None
     with pytest.raises(ConfigError, match="max_draft_len"):
         configs.parse({"speculative_config": {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 0}}})
     with pytest.raises(ConfigError, match="prompt_lookup"):
@@ -233,7 +235,7 @@ def test_labels_and_chart_colours_of_merged_trees():
 
     assert learn.label("eagle+prompt_lookup") == "EAGLE + prompt lookup" and learn.label("medusa") == "Medusa"
     assert charts.mode_key("Medusa + prompt lookup") == "medusa+prompt_lookup"
-    colours = [charts.COLORS[m] for m in charts.MODE_LABELS]
+    colours = [MODES.colour(m) for m in MODES.names + MODES.merged]
     assert len(set(colours)) == len(colours)  # every mode and merged tree has its own colour
     fig = charts.compare([{"mode": "EAGLE + prompt lookup", "speedup": 1.7}, {"mode": "EAGLE", "speedup": 1.4}])
     assert list(fig.data[0].x) == ["EAGLE + prompt lookup", "EAGLE"]
@@ -280,9 +282,9 @@ def test_tree_svg_without_copied_nodes_is_unchanged():
 def test_bundled_merged_trees_are_lossless_and_copy(bundled, spec_bench_prompts, mode):
     """float32, greedy, the shipped heads / module: identical to autoregressive, and on prompts whose answer
     copies from the context some prompt lookup nodes of their own are accepted."""
-    cfg = DecodingConfig(mode=mode, max_new_tokens=MAX_NEW, merge_prompt_lookup=True)
+    cfg = DecodingConfig(MODES[mode].config(prompt_lookup=NGramDecodingConfig()), max_new_tokens=MAX_NEW)
     companion = runner.load_companion(cfg, bundled)
-    ar_cfg = DecodingConfig(mode="autoregressive", max_new_tokens=MAX_NEW)
+    ar_cfg = DecodingConfig(max_new_tokens=MAX_NEW)
     copied = 0
     for category in ("writing", "summarization", "extraction"):
         ids = bundled.encode(spec_bench_prompts[category])

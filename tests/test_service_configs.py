@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import ConfigError
+from app.modes import MODES
 from app.service import configs as c
 
 
@@ -75,8 +76,8 @@ def test_lookahead_max_draft_len_formula(wng, draft_len):
     cfg = r.speculative_config
     assert cfg.max_draft_len == draft_len
     assert cfg.calculate_speculative_resource() == (draft_len + 1, wng[1], draft_len, wng[1] - 1)
-    runtime = c.to_runtime(r)
-    assert runtime.lookahead_config == wng
+    drafter = c.to_runtime(r).drafter()
+    assert (drafter.w, drafter.n, drafter.g) == wng
 
 
 VALID = [
@@ -102,7 +103,7 @@ def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
     if r.mode == "autoregressive":
         assert spec is None
     else:
-        assert spec["decoding_type"] == c.MODE_TYPES[r.mode]
+        assert spec["decoding_type"] == MODES[r.mode].decoding_type
         if r.mode == "eagle":  # TensorRT-LLM's max_draft_len is the drafting steps (the depth); ours the tree's nodes
             sc = r.speculative_config
             depth = sc.num_eagle_layers if sc.eagle_choices is None else max(map(len, spec["eagle_choices"]))
@@ -117,27 +118,25 @@ def test_translations_carry_every_field():
     r = c.parse({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "small", "typical_acceptance": True}})
     spec = c.trtllm_speculative_config(r)
     assert spec["max_draft_len"] == len(spec["medusa_choices"]) == 8
-    assert c.to_runtime(r).typical_acceptance
+    assert c.to_runtime(r).speculative_config.typical_acceptance
     r = c.parse({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 11, "num_eagle_layers": 3, "dynamic_tree_max_topK": 2}})
-    rt = c.to_runtime(r)
-    assert (rt.eagle_total_tokens, rt.eagle_depth, rt.eagle_top_k) == (12, 3, 2)
     plan = c.trtllm_build_plan(r, "a", "b")
     assert plan[plan.index("--speculative_decoding_mode") + 1] == "eagle" and plan[plan.index("--max_draft_len") + 1] == "11"
     r = c.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 7}})
-    assert c.to_runtime(r).prompt_lookup_num_tokens == 7
+    assert c.to_runtime(r).drafter().num_tokens == 7
     assert "--use_paged_context_fmha" in c.trtllm_build_plan(r, "a", "b")
 
 
 def test_tree_pruning_unset_is_the_transformers_default_and_none_on_tensorrt_llm():
     def runtime(**spec):
-        return c.to_runtime(c.parse({"speculative_config": spec}))
+        return c.to_runtime(c.parse({"speculative_config": spec})).speculative_config
 
-    assert runtime(decoding_type="Medusa").medusa_min_path_prob == c.MIN_PATH_PROB > 0
-    assert runtime(decoding_type="Eagle").eagle_min_path_prob == c.MIN_PATH_PROB
-    assert runtime(decoding_type="Eagle", min_path_prob=0).eagle_min_path_prob == 0
-    assert runtime(decoding_type="Medusa", min_path_prob=0.2).medusa_min_path_prob == 0.2
+    assert runtime(decoding_type="Medusa").pruning == c.MIN_PATH_PROB > 0
+    assert runtime(decoding_type="Eagle").pruning == c.MIN_PATH_PROB
+    assert runtime(decoding_type="Eagle", min_path_prob=0).pruning == 0
+    assert runtime(decoding_type="Medusa", min_path_prob=0.2).pruning == 0.2
     static = runtime(decoding_type="Eagle", use_dynamic_tree=False, eagle_choices="small", max_draft_len=20)
-    assert static.eagle_min_path_prob == 0  # a static tree keeps its shape
+    assert static.pruning == 0  # a static tree keeps its shape
     trt = {"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x"}}
     assert "min_path_prob" not in c.trtllm_speculative_config(c.parse(trt))
     with pytest.raises(ConfigError, match="TensorRT-LLM has no such setting"):
@@ -166,7 +165,7 @@ fields = st.sampled_from(
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    decoding_type=st.sampled_from(list(c.MODE_TYPES.values()) + ["x"]),
+    decoding_type=st.sampled_from([m.decoding_type for m in MODES] + ["x"]),
     spec=st.dictionaries(fields, json_values | st.integers(-3, 300), max_size=5),
     top=st.dictionaries(st.sampled_from(["max_new_tokens", "backend", "trtllm_backend", "sampling"]), json_values, max_size=3),
 )
@@ -179,7 +178,7 @@ def test_the_validator_never_crashes(decoding_type, spec, top):
         assert str(err)
         return
     c.to_runtime(r)
-    if c.TRTLLM_BACKENDS[r.mode]:
+    if MODES[r.mode].trtllm:
         c.trtllm_speculative_config(r)
     else:  # a mode TensorRT-LLM lacks says so
         with pytest.raises(ConfigError, match="TensorRT-LLM has no"):

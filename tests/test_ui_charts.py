@@ -7,7 +7,8 @@ import plotly.graph_objects as go
 import pytest
 
 from app.ui import charts
-from app.ui.learn import MODE_LABELS
+from app.modes import MODES as REGISTRY
+from app.ui.learn import label
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
@@ -37,7 +38,7 @@ def test_race_points_and_last_value(mode):
     _common(fig)
     assert len(fig.data) == 1
     run = fig.data[0]
-    assert run.name == MODE_LABELS[mode]
+    assert run.name == label(mode)
     assert len(run.x) == len(run.y) == len(steps)
     assert run.y[-1] == steps[-1]["totals"]["new_tokens"]
     assert run.x[-1] == pytest.approx(steps[-1]["totals"]["elapsed_s"])
@@ -52,7 +53,7 @@ def test_race_with_baseline(mode):
         fig = charts.race(steps, baseline)
         _common(fig)
         names = [t.name for t in fig.data]
-        assert names == ["Autoregressive", MODE_LABELS[mode]]
+        assert names == ["Autoregressive", label(mode)]
         assert len(fig.data[0].x) == len(base)
         assert fig.data[0].y[-1] == base[-1]["totals"]["new_tokens"]
         assert len(fig.data[1].x) == len(steps)
@@ -190,7 +191,7 @@ def test_race_runs_shares_axes_across_modes():
         assert len(trace.x) == len(steps)
         assert trace.y[-1] == steps[-1]["totals"]["new_tokens"]
     assert fig.data[0].line.dash == "dash" and fig.data[1].line.dash == "solid"
-    by_label = charts.race_runs({MODE_LABELS[m]: s for m, s in runs.items()})
+    by_label = charts.race_runs({label(m): s for m, s in runs.items()})
     assert [t.line.color for t in by_label.data] == [t.line.color for t in fig.data]
     empty = charts.race_runs({})
     assert not empty.data and empty.layout.annotations
@@ -223,7 +224,7 @@ def test_tau_vs_cost_places_each_mode_between_iso_speedup_rays():
     _common(fig)
     points = {t.name: (t.x[0], t.y[0]) for t in fig.data if t.name}
     assert points == {"Autoregressive": (1.0, 1.0), "Prompt lookup": (1.2, 2.4), "EAGLE": (1.5, 3.0)}
-    assert fig.data[-1].marker.color == charts.COLORS["eagle"]
+    assert fig.data[-1].marker.color == REGISTRY["eagle"].colour
     rays = [t for t in fig.data if not t.name]
     assert all(list(t.x)[0] == 0 and list(t.y)[0] == 0 for t in rays)  # through the origin: speedup = τ ÷ step time
     slopes = sorted(round(t.y[1] / t.x[1], 3) for t in rays)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app.modes import MODES as REGISTRY
 from app.service import traces
 from app.ui import learn, render
 
@@ -129,7 +130,8 @@ def test_step_view_counts_match_trace(mode):
     legend = dom.find("legend")
     assert len(legend) == 1
     assert not [n for n in legend[0].iter() if any(c.startswith("tok-") for c in n.classes)]
-    assert "<style>" in render.step_view(steps, trace["texts"])
+    # The look is the page's (web.launch gives render.CSS once), not repeated in every fragment.
+    assert "<style>" not in render.step_view(steps, trace["texts"]) and "body .specdec .tok-accepted" in render.CSS
     assert dom.find("sd-finish")[0].text().endswith(steps[-1]["finish_reason"])
 
 
@@ -629,8 +631,8 @@ def test_infer_mode_from_fixtures():
 
 
 def test_learn_texts():
-    assert set(learn.LEARN) == set(learn.MODE_LABELS) == set(MODES)
-    assert learn.MODE_LABELS["eagle"] == "EAGLE" and learn.MODE_LABELS["draft_target"] == "Draft-target"
+    assert set(learn.LEARN) == set(REGISTRY.names) == set(MODES)
+    assert learn.label("eagle") == "EAGLE" and learn.label("draft_target") == "Draft-target"
     for mode, text in learn.LEARN.items():
         assert len(text.split()) < 280, mode
         assert "lossless" in text.lower(), mode

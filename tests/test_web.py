@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ui.learn import MODE_LABELS
+from app.ui.learn import label
 from helpers import free_port, running_server
 
 pytestmark = pytest.mark.bundled
@@ -222,7 +222,7 @@ def test_api_run_refuses_a_bad_request_in_words(client):
     from gradio_client.exceptions import AppError
 
     for request, words in (
-        ({"prompt": "Hi", "speculative_config": {"decoding_type": "Warp"}}, "expected tags: 'Autoregressive', 'Lookahead'"),
+        ({"prompt": "Hi", "speculative_config": {"decoding_type": "Warp"}}, "expected tags: 'Autoregressive', 'Draft_Target', 'NGram'"),
         ({"prompt": "Hi", "mode": "eagle"}, "speculative_config.decoding_type (Autoregressive = autoregressive"),
         ({"prompt": "Hi", "max_tokens": 8}, "max_tokens: Extra inputs are not permitted"),
         ({"prompt": "Hi", "sampling": {"temperature": -1}}, "temperature must be a number in [0, 100]"),
@@ -254,7 +254,7 @@ def test_api_replays_a_trace_file_at_once_and_refuses_other_files(client, tmp_pa
     recording = RACED
     trace = json.loads(recording.read_text())
     view, status, *_ = client.predict(handle_file(str(recording)), False, api_name="/replay")
-    assert "Replayed a recording" in status and MODE_LABELS[trace["mode"]] in status
+    assert "Replayed a recording" in status and label(trace["mode"]) in status
     assert "a step costing" in status  # the recording carries the baseline it raced
     committed = re.findall(r'<span class="tok [^"]*\btok-(?:accepted|added)\b[^"]*" data-tok="(\d+)"', view)
     assert view.count('data-step="') == len(trace["steps"]) and list(map(int, committed)) == trace["token_ids"]
@@ -437,9 +437,9 @@ def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
 
 
 def test_browser_examples_fill_the_prompt_of_each_tab(page):
-    from app import bench
+    from app.prompts import load_prompts
 
-    summarization = next(r["text"] for r in bench.load_prompts(None, ["summarization"], 1))
+    summarization = next(r["text"] for r in load_prompts(None, ["summarization"], 1))
     for tab, menu, box in (("Run", "#examples", "#prompt"), ("Compare", "#cmp-examples", "#cmp-prompt")):
         page.get_by_role("tab", name=tab).click()
         assert page.input_value(f"{box} textarea") != summarization
@@ -452,12 +452,12 @@ def test_browser_examples_fill_the_prompt_of_each_tab(page):
 @pytest.mark.parametrize("mode", ["prompt_lookup", "lookahead", "medusa", "eagle", "draft_target", "autoregressive", "suffix"])
 def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
 
-    page.get_by_label(MODE_LABELS[mode], exact=True).check()
+    page.get_by_label(label(mode), exact=True).check()
     page.fill("#prompt textarea", PROMPT)
     page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(mode == "prompt_lookup")
     page.click("#run")
     status = wait_status(page, "finished")
-    assert MODE_LABELS[mode] in status
+    assert label(mode) in status
     view = page.locator("#step-view")
     assert view.locator(".tok-added").count() >= 1
     assert view.locator(".step").count() == view.locator(".tok-added").count() + view.locator(".step:not(:has(.tok-added))").count()
@@ -473,6 +473,11 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
         assert re.fullmatch(r"\d+/\d+", page.locator("#acceptance-depth .bartext").first.text_content())
     if mode == "prompt_lookup":
         assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
+        # The look comes from the page's stylesheet (given once at launch), not from a <style> in each fragment.
+        assert view.locator("style").count() == 0
+        assert page.eval_on_selector("#step-view .tok-added", "e => getComputedStyle(e).borderRadius") == "3px"
+        if view.locator(".tok-accepted").count():
+            assert page.eval_on_selector("#step-view .tok-accepted", "e => getComputedStyle(e).borderBottomWidth") == "3px"
         screenshot("run")
     if mode in ("medusa", "eagle"):
         # Inspect the step that drafted the most: its tree is drawn node by node.
@@ -591,7 +596,7 @@ def test_browser_replays_a_recording_at_its_pace_with_its_settings(page, screens
     trace = json.loads(recording.read_text())
     page.click("text=Replay a recorded run")
     page.locator("#recordings input").click()
-    page.get_by_role("option", name=re.compile("^" + re.escape(MODE_LABELS[trace["mode"]]) + " · ")).first.click()
+    page.get_by_role("option", name=re.compile("^" + re.escape(label(trace["mode"])) + " · ")).first.click()
     # The step view's sizes as the page drew them: a loaded machine may read the page only after the replay ended.
     page.evaluate("""() => { window.stepCounts = [];
         new MutationObserver(() => window.stepCounts.push(document.querySelectorAll('#step-view .step').length))
@@ -604,11 +609,11 @@ def test_browser_replays_a_recording_at_its_pace_with_its_settings(page, screens
     status = wait_status(page, "Replayed a recording", timeout=60_000)
     # At its pace: the steps arrived over time, not all at once.
     assert any(0 < n < len(trace["steps"]) for n in page.evaluate("window.stepCounts"))
-    assert MODE_LABELS[trace["mode"]] in status and f"({trace['dtype']})" in status
+    assert label(trace["mode"]) in status and f"({trace['dtype']})" in status
     assert page.locator("#step-view .step").count() == len(trace["steps"])
     # The controls are the recording's now: pressing Run would run the same request here.
     assert page.input_value("#prompt textarea") == trace["prompt"]
-    assert page.locator("#mode").get_by_label(MODE_LABELS[trace["mode"]], exact=True).is_checked()
+    assert page.locator("#mode").get_by_label(label(trace["mode"]), exact=True).is_checked()
     assert page.locator("#dtype").get_by_label(trace["dtype"], exact=True).is_checked()
     expected = trace["request"]["speculative_config"].get("max_draft_len")
     if expected:

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from app.cli import build_parser
-from app.config import MERGED_MODES, MODES, ConfigError
+from app.config import ConfigError
+from app.modes import MODES as REGISTRY
+
+MODES, MERGED_MODES = REGISTRY.names, REGISTRY.merged
 from app.service.api import Service
 from app.ui import web
 

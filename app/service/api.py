@@ -13,8 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app import bench, models
-from app.config import MODES, ConfigError
+from app import models, runner
+from app.models import DTYPES, ModelError  # noqa: F401  (ModelError: what the service raises, for its clients)
+from app.prompts import load_prompts
+from app.config import ConfigError
+from app.modes import MODES, Modes
 from app.decoding.linear import fast_bf16
 from app.service import configs, training, vllm
 from app.service.backends.base import Availability, Prompt
@@ -26,17 +29,6 @@ from app.service.configs import DecodeRequest
 from app.service.engines import BuildError, BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
 from app.service.jobs import Job, JobManager, Limits
 from app.service.policy import Policy, relative
-
-LOSSLESS = {
-    "autoregressive": "the baseline",
-    "draft_target": "lossless: greedy and exact speculative sampling",
-    "prompt_lookup": "lossless: greedy and exact sampling",
-    "lookahead": "lossless: greedy and exact sampling",
-    "medusa": "lossless with greedy or exact sampling; typical acceptance is NOT lossless",
-    "eagle": "lossless: greedy and exact sampling (recursive rejection)",
-    "suffix": "lossless: greedy and exact sampling",
-}
-
 
 class Service:
     def __init__(
@@ -50,12 +42,14 @@ class Service:
         limits: Limits = Limits(),
         vllm_settings: vllm.Settings = vllm.Settings(),
         policy: Policy = Policy(),
+        modes: Modes = MODES,
     ) -> None:
         if backend not in ("auto", *configs.BACKENDS):
             raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(configs.BACKENDS)}")
         if tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {tensor_parallel_size}")
         self.engines = Path(engines)
+        self.registry = modes  # the modes it runs (app/modes.py)
         self.model = model
         self.dtype = dtype
         self.limits = limits
@@ -97,11 +91,11 @@ class Service:
         """Every mode, whether `backend` can run it for `model`, why not, and whether it is lossless."""
         model = model or self.model
         out = []
-        for mode in MODES:
-            name = backend or self.default_backend(mode)
-            reason = self.backends[name].supports(mode, model)
-            out.append({"mode": mode, "backend": name, "available": reason is None, "reason": reason or "",
-                        "lossless": LOSSLESS[mode]})
+        for entry in self.registry:
+            name = backend or self.default_backend(entry.name)
+            reason = self.backends[name].supports(entry, model)
+            out.append({"mode": entry.name, "backend": name, "available": reason is None, "reason": reason or "",
+                        "lossless": entry.lossless})
         return out
 
     def fast_dtype(self) -> str:
@@ -143,10 +137,11 @@ class Service:
         if "backend" not in data or data["backend"] in (None, "auto"):
             spec = data.get("speculative_config")
             mode = spec.get("decoding_type", "Autoregressive") if isinstance(spec, dict) else "Autoregressive"
-            data["backend"] = self.default_backend({v: k for k, v in configs.MODE_TYPES.items()}.get(str(mode), "autoregressive"))
+            known = {m.decoding_type: m.name for m in self.registry}
+            data["backend"] = self.default_backend(known.get(str(mode), "autoregressive"))
         if data.get("max_new_tokens") is None:
             data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
-        request = self._trained(configs.parse(data), visitor)
+        request = self._trained(configs.parse(data, self.registry), visitor)
         request.check(max_new_tokens_limit=self.limits.max_new_tokens)
         if (self.policy.public and request.backend == "transformers" and request.dtype == "bfloat16"
                 and self.dtype != "bfloat16" and not fast_bf16()):
@@ -199,21 +194,30 @@ class Service:
         finally:
             job.cancel()
 
+    # ------------------------------------------------------------------ what a client offers
+    def examples(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The shipped Spec-Bench prompts (first turns: id, category, text), at most `limit` per category."""
+        return load_prompts(None, None, limit)
+
+    def drafts(self) -> list[str]:
+        """The registry's draft models for this service's model (what draft_target's speculative_model may name)."""
+        return [name for name, (base, _) in models.DRAFT_ALIASES.items() if base == self.model]
+
     # ------------------------------------------------------------------ the machine
     def pass_cost(self, prompt: str, dtype: str = "auto", repeats: int = 3) -> dict[str, Any]:
         """What one target pass over k tokens costs after `prompt` on this machine, in milliseconds and relative
-        to a one-token pass (bench.verify_cost), on the transformers backend in `dtype`. A speculative step that
+        to a one-token pass (runner.verify_cost), on the transformers backend in `dtype`. A speculative step that
         verifies k tokens pays only when it commits more than that relative cost. Queued like a generation,
         so it never times a CPU another job is using."""
-        if dtype not in ("auto", *models.DTYPES):
-            raise ConfigError(f"dtype must be auto or one of {', '.join(models.DTYPES)}, got '{dtype}'")
+        if dtype not in ("auto", *DTYPES):
+            raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got '{dtype}'")
         self._require_text([prompt])
         target = self.backends["transformers"].model(self.model, dtype)
         ids = target.encode(prompt)
         configs.check_prompt_limit(len(ids), self.limits.max_prompt_tokens)
 
         def work(cancel):
-            yield {"type": "cost", "dtype": target.dtype, **bench.verify_cost(target, ids, repeats=repeats)}
+            yield {"type": "cost", "dtype": target.dtype, **runner.verify_cost(target, ids, repeats=repeats)}
             yield {"type": "end", "finish_reason": "length", "error": None}
 
         messages = list(self.jobs.submit(work).messages())

@@ -2,6 +2,7 @@
 
 Every problem becomes one sentence a user understands (ConfigError); `check()` runs every rule
 that needs no loaded model, `check_models()` the ones that do (vocabularies, heads, context).
+Which configs a request may carry is the registry's (app/modes.py: `Modes.request`, what `parse` validates);
 `to_runtime()` turns a valid request into the transformers backend's DecodingConfig, and
 `trtllm_speculative_config()` / `trtllm_build_plan()` into what TensorRT-LLM's LLM API and
 `trtllm-build` take (pure data: nothing here imports tensorrt_llm).
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Any, ClassVar, Literal, Union
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.config import ConfigError, DecodingConfig, medusa_choices
+from app.config import ConfigError, medusa_choices
 from app.decoding.sampling import SamplingParams
 
 MAX_DRAFT_LEN = 256  # this app's bound on the draft tokens one step verifies (every mode, every backend)
@@ -55,22 +57,11 @@ STEP_EAGLE_TOKENS = 63  # max_draft_len (total tokens 64)
 # lossless: the tree stays a deterministic function of the context. TensorRT-LLM has no such setting (unset: none).
 MIN_PATH_PROB = 0.05
 BACKENDS = ("transformers", "tensorrt_llm", "remote", "vllm")
-TRTLLM_BACKENDS = {
-    "autoregressive": ("pytorch", "tensorrt"),
-    "prompt_lookup": ("pytorch",),
-    "draft_target": ("pytorch",),
-    "lookahead": ("tensorrt",),
-    "medusa": ("tensorrt",),
-    "eagle": ("pytorch", "tensorrt"),
-    "suffix": (),
-}
-TRTLLM_MISSING = {
-    "suffix": "its SADecodingConfig (suffix automaton) drafts what followed the context's longest earlier match, "
-              "prompt lookup's idea without counts; run suffix decoding on the transformers or vllm backend",
-}
 
 
 class _Config(BaseModel):
+    """A mode's config (its entry in app/modes.py names it); `drafter()` builds its drafter from a checked one."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -109,6 +100,11 @@ class AutoregressiveConfig(_Config):
 
     def check(self) -> None:
         pass
+
+    def drafter(self, target=None, companion=None):
+        from app.decoding.drafters.autoregressive import Autoregressive
+
+        return Autoregressive()
 
 
 class LookaheadDecodingConfig(_Config):
@@ -175,6 +171,12 @@ class LookaheadDecodingConfig(_Config):
             if w > W or n > N or g > G:
                 raise ConfigError(f"the per-request (w, n, g) = ({w}, {n}, {g}) exceeds the engine's (W, N, G) = ({W}, {N}, {G})")
 
+    def drafter(self, target=None, companion=None):
+        from app.decoding.drafters.lookahead import Lookahead
+
+        return Lookahead(self.max_window_size, self.max_ngram_size, self.max_verification_set_size, request=self.request,
+                         pool_from_prompt=self.pool_from_prompt)
+
 
 class NGramDecodingConfig(_Config):
     """Prompt lookup. `max_draft_len` is the draft length (prompt_lookup_num_tokens in the engine flow)."""
@@ -203,6 +205,12 @@ class NGramDecodingConfig(_Config):
             raise ConfigError(f"ngram_draft_lens must be non-negative, got {_short(list(self.ngram_draft_lens))}")
         if any(k > MAX_DRAFT_LEN for k in self.ngram_draft_lens):
             raise ConfigError(f"ngram_draft_lens entries are draft lengths, at most {MAX_DRAFT_LEN}; got {_short(list(self.ngram_draft_lens))}")
+
+    def drafter(self, target=None, companion=None):
+        from app.decoding.drafters.prompt_lookup import PromptLookup
+
+        return PromptLookup(self.max_draft_len, self.max_matching_ngram_size, self.is_use_oldest, self.max_candidates,
+                            self.ngram_draft_lens)
 
 
 class SuffixDecodingConfig(_Config):
@@ -234,6 +242,12 @@ class SuffixDecodingConfig(_Config):
         if not 0 <= self.suffix_decoding_max_cached_requests <= MAX_CACHED_REQUESTS:
             raise ConfigError(f"suffix_decoding_max_cached_requests must be in [0, {MAX_CACHED_REQUESTS}], got {_short(self.suffix_decoding_max_cached_requests)}")
 
+    def drafter(self, target=None, companion=None):
+        from app.decoding.drafters.suffix import Suffix
+
+        return Suffix(self.max_draft_len, self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_spec_factor,
+                      self.suffix_decoding_min_token_prob, self.use_tree_spec)
+
 
 class DraftTargetDecodingConfig(_Config):
     decoding_type: Literal["Draft_Target"] = "Draft_Target"
@@ -244,6 +258,12 @@ class DraftTargetDecodingConfig(_Config):
     def check(self) -> None:
         if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
             raise ConfigError(f"draft-target needs 0 < max_draft_len <= {MAX_DRAFT_LEN}, got {self.max_draft_len}")
+
+    def drafter(self, target, companion):
+        """`companion`: the draft model runner.load_companion loaded."""
+        from app.decoding.drafters.draft_model import DraftModel
+
+        return DraftModel(companion.model, self.max_draft_len, d2t=companion.draft_vocab)
 
 
 class MedusaDecodingConfig(_Config):
@@ -279,6 +299,19 @@ class MedusaDecodingConfig(_Config):
         _check_min_path_prob(self.min_path_prob)
         if self.prompt_lookup is not None:
             self.prompt_lookup.check()
+
+    def drafter(self, target, companion):
+        """`target`: the target torch model; `companion`: the heads runner.load_companion loaded."""
+        from app.decoding.drafters.medusa import Medusa
+
+        return _merged(self, Medusa(companion, target.get_output_embeddings(), self.paths(),
+                                    posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
+                                    typical=self.typical_acceptance, min_path_prob=self.pruning))
+
+    @property
+    def pruning(self) -> float:
+        """The min path probability the transformers backend prunes the tree at (MIN_PATH_PROB when unset)."""
+        return MIN_PATH_PROB if self.min_path_prob is None else self.min_path_prob
 
 
 class EagleDecodingConfig(_Config):
@@ -328,6 +361,32 @@ class EagleDecodingConfig(_Config):
         if self.prompt_lookup is not None:
             self.prompt_lookup.check()
 
+    def drafter(self, target, companion):
+        """`target`: the target torch model; `companion`: the EAGLE module runner.load_companion loaded."""
+        from app.decoding.drafters.eagle import Eagle
+
+        static = None if self.use_dynamic_tree else self.paths()
+        return _merged(self, Eagle(companion, target.get_input_embeddings(), total_tokens=self.max_draft_len + 1,
+                                   depth=self.num_eagle_layers, top_k=self.dynamic_tree_max_topK, static_choices=static,
+                                   min_path_prob=self.pruning))
+
+    @property
+    def pruning(self) -> float:
+        """The min path probability the transformers backend prunes the dynamic tree at (MIN_PATH_PROB when unset);
+        a static tree keeps its shape."""
+        if not self.use_dynamic_tree:
+            return 0.0
+        return MIN_PATH_PROB if self.min_path_prob is None else self.min_path_prob
+
+
+def _merged(c: MedusaDecodingConfig | EagleDecodingConfig, tree):
+    """The tree drafter, with prompt lookup's candidates merged into its tree when the config asks for them."""
+    if c.prompt_lookup is None:
+        return tree
+    from app.decoding.drafters.merged import Merged
+
+    return Merged(tree, c.prompt_lookup.drafter())
+
 
 def _whole(v: Any) -> Any:
     """JSON's 1e30 is a whole number too: as an int, it meets the field's bound and its sentence, not pydantic's
@@ -368,43 +427,22 @@ def _check_min_path_prob(p: float | None) -> None:
         raise ConfigError(f"min_path_prob must be in [0, 1) (0 = no pruning), got {p}")
 
 
-def _min_path_prob(p: float | None) -> float:
-    return MIN_PATH_PROB if p is None else p
-
-
-SpeculativeConfig = Annotated[
-    Union[
-        AutoregressiveConfig,
-        LookaheadDecodingConfig,
-        NGramDecodingConfig,
-        DraftTargetDecodingConfig,
-        MedusaDecodingConfig,
-        EagleDecodingConfig,
-        SuffixDecodingConfig,
-    ],
-    Field(discriminator="decoding_type"),
-]
-MODE_TYPES = {
-    "autoregressive": "Autoregressive",
-    "lookahead": "Lookahead",
-    "prompt_lookup": "NGram",
-    "draft_target": "Draft_Target",
-    "medusa": "Medusa",
-    "eagle": "Eagle",
-    "suffix": "Suffix",
-}
-
-
 class DecodeRequest(_Config):
     """One generation: mode config, sampling, budget, backend (TensorRT-LLM backend flavour when it applies)."""
 
-    speculative_config: SpeculativeConfig = Field(default_factory=AutoregressiveConfig)
+    speculative_config: Any = Field(default_factory=AutoregressiveConfig)  # one of `modes`' configs (Modes.request)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     max_new_tokens: int = 128
     backend: str = "transformers"
     trtllm_backend: Literal["pytorch", "tensorrt"] | None = None  # None = the one the mode needs
     # The transformers backend loads the model once per dtype; "auto" = the dtype the server was started with.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    modes: ClassVar[Any] = None  # the registry (app/modes.py Modes) whose request type this is
+
+    @property
+    def entry(self):
+        """The mode's registry entry (app/modes.py)."""
+        return self.modes[self.mode]
 
     @field_validator("max_new_tokens", mode="before")
     @classmethod
@@ -446,9 +484,9 @@ class DecodeRequest(_Config):
             if reason:
                 raise ConfigError(reason)
         if self.backend == "tensorrt_llm":
-            allowed = TRTLLM_BACKENDS[self.mode]
+            allowed = self.entry.trtllm
             if not allowed:
-                raise ConfigError(f"TensorRT-LLM has no {self.mode} decoding: {TRTLLM_MISSING[self.mode]}")
+                raise ConfigError(f"TensorRT-LLM has no {self.mode} decoding: {self.entry.trtllm_missing}")
             flavour = self.trtllm_backend or allowed[0]
             if flavour not in allowed:
                 raise ConfigError(
@@ -476,9 +514,12 @@ def validated(model: type[BaseModel], data: Any, what: str):
         raise ConfigError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
-def parse(data: dict[str, Any]) -> DecodeRequest:
-    """A DecodeRequest from JSON-like data, checked; every problem becomes one ConfigError sentence."""
-    request = validated(DecodeRequest, data, "request")
+def parse(data: dict[str, Any], modes=None) -> DecodeRequest:
+    """A DecodeRequest of `modes` (a registry of app/modes.py; default the app's) from JSON-like data, checked;
+    every problem becomes one ConfigError sentence."""
+    if modes is None:
+        from app.modes import MODES as modes  # the registry is built on these configs
+    request = validated(modes.request, data, "request")
     request.check()
     return request
 
@@ -496,45 +537,34 @@ def check_context(prompt_tokens: int, max_new_tokens: int, context: int) -> None
         raise ConfigError(f"the prompt has {prompt_tokens} tokens but the model's context holds {context}: shorten it")
 
 
+@dataclass
+class DecodingConfig:
+    """A checked request as the transformers backend's loop runs it."""
+
+    speculative_config: Any = field(default_factory=AutoregressiveConfig)  # one mode's checked config
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+
+    @property
+    def mode(self) -> str:
+        return self.speculative_config.mode
+
+    def drafter(self, target=None, companion=None):
+        """A fresh drafter for one generation. `target` is the target torch model; `companion` what
+        runner.load_companion loaded (draft model, Medusa heads or EAGLE module)."""
+        return self.speculative_config.drafter(target, companion)
+
+
 def to_runtime(request: DecodeRequest) -> DecodingConfig:
     """The transformers backend's runtime config for a checked request."""
-    c, s = request.speculative_config, request.sampling
-    fields: dict[str, Any] = {"mode": c.mode, "max_new_tokens": request.max_new_tokens,
-                              "sampling": SamplingParams(s.temperature, s.top_p, s.top_k, s.seed)}
-    if isinstance(c, LookaheadDecodingConfig):
-        fields.update(lookahead_config=(c.max_window_size, c.max_ngram_size, c.max_verification_set_size),
-                      lookahead_request=c.request, pool_from_prompt=c.pool_from_prompt)
-    elif isinstance(c, NGramDecodingConfig):
-        fields.update(_ngram_fields(c))
-    elif isinstance(c, DraftTargetDecodingConfig):
-        fields.update(draft_model=c.speculative_model, max_draft_len=c.max_draft_len)
-    elif isinstance(c, SuffixDecodingConfig):
-        fields.update(suffix_max_draft_len=c.max_draft_len, suffix_max_tree_depth=c.suffix_decoding_max_tree_depth,
-                      suffix_max_spec_factor=c.suffix_decoding_max_spec_factor,
-                      suffix_min_token_prob=c.suffix_decoding_min_token_prob, suffix_use_tree_spec=c.use_tree_spec)
-    elif isinstance(c, MedusaDecodingConfig):
-        spec = c.medusa_choices
-        fields.update(medusa_model=c.speculative_model, medusa_choices=spec if isinstance(spec, str) else _json(spec),
-                      typical_acceptance=c.typical_acceptance, posterior_threshold=c.posterior_threshold,
-                      posterior_alpha=c.posterior_alpha, medusa_min_path_prob=_min_path_prob(c.min_path_prob))
-    elif isinstance(c, EagleDecodingConfig):
-        spec = c.eagle_choices
-        fields.update(eagle_model=c.speculative_model, eagle_total_tokens=c.max_draft_len + 1, eagle_depth=c.num_eagle_layers,
-                      eagle_top_k=c.dynamic_tree_max_topK, eagle_choices=None if spec is None else (spec if isinstance(spec, str) else _json(spec)),
-                      eagle_min_path_prob=_min_path_prob(c.min_path_prob) if c.use_dynamic_tree else 0.0)
-    if getattr(c, "prompt_lookup", None) is not None:
-        fields.update(_ngram_fields(c.prompt_lookup), merge_prompt_lookup=True)
-    return DecodingConfig(**fields)
-
-
-def _ngram_fields(c: NGramDecodingConfig) -> dict[str, Any]:
-    return dict(prompt_lookup_num_tokens=c.max_draft_len, max_matching_ngram_size=c.max_matching_ngram_size,
-                is_use_oldest=c.is_use_oldest, max_candidates=c.max_candidates, ngram_draft_lens=c.ngram_draft_lens)
+    s = request.sampling
+    return DecodingConfig(request.speculative_config, request.max_new_tokens,
+                          SamplingParams(s.temperature, s.top_p, s.top_k, s.seed))
 
 
 def trtllm_backend(request: DecodeRequest) -> str:
-    """'pytorch' or 'tensorrt': the one asked for, or the first that runs the mode (TRTLLM_BACKENDS)."""
-    return request.trtllm_backend or TRTLLM_BACKENDS[request.mode][0]
+    """'pytorch' or 'tensorrt': the one asked for, or the first that runs the mode (its entry's `trtllm`)."""
+    return request.trtllm_backend or request.entry.trtllm[0]
 
 
 def trtllm_notes(request: DecodeRequest) -> list[str]:
@@ -549,7 +579,7 @@ def trtllm_notes(request: DecodeRequest) -> list[str]:
         notes.append("pool_from_prompt off is this app's own: TensorRT-LLM's LookaheadDecodingConfig has no such field "
                      "and always seeds its n-gram pool from the prompt (lookaheadAlgorithm.cpp setup)")
     if isinstance(c, EagleDecodingConfig):
-        depth = c.num_eagle_layers if c.eagle_choices is None else max(map(len, _eagle_paths(c)))
+        depth = c.num_eagle_layers if c.eagle_choices is None else max(map(len, c.paths()))
         notes.append(f"TensorRT-LLM's max_draft_len is the number of drafting steps, sent as {depth} (the tree's depth); "
                      f"it sets num_eagle_layers and max_total_draft_tokens from it itself")
         if trtllm_backend(request) == "tensorrt":
@@ -561,11 +591,6 @@ def trtllm_notes(request: DecodeRequest) -> list[str]:
                          f"not sent: TensorRT-LLM 1.2's PyTorch backend drafts a chain of {depth} tokens (its "
                          f"validate_eagle_config sets max_total_draft_tokens to max_draft_len)")
     return notes
-
-
-def _eagle_paths(c: EagleDecodingConfig) -> list[list[int]]:
-    spec = c.eagle_choices
-    return medusa_choices(spec if isinstance(spec, str) else _json(spec))
 
 
 def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
@@ -588,10 +613,10 @@ def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
         return {"decoding_type": "Medusa", "max_draft_len": c.max_draft_len, "medusa_choices": c.paths(),
                 "num_medusa_heads": c.num_medusa_heads, "speculative_model": c.speculative_model}
     if not isinstance(c, EagleDecodingConfig):
-        raise ConfigError(f"TensorRT-LLM has no {c.mode} decoding: {TRTLLM_MISSING.get(c.mode, '')}")
+        raise ConfigError(f"TensorRT-LLM has no {c.mode} decoding: {request.entry.trtllm_missing}")
     out = {"decoding_type": "Eagle", "max_draft_len": c.num_eagle_layers, "speculative_model": c.speculative_model}
     if c.eagle_choices is not None:
-        paths = _eagle_paths(c)
+        paths = c.paths()
         out.update(eagle_choices=paths, max_draft_len=max(map(len, paths)))  # upstream resets it to the depth
     elif trtllm_backend(request) == "tensorrt":  # the engine's EAGLE-2 tree; see trtllm_notes for PyTorch's
         out.update(use_dynamic_tree=c.use_dynamic_tree, dynamic_tree_max_topK=c.dynamic_tree_max_topK)

@@ -44,6 +44,7 @@ from app import models
 from app.config import ConfigError
 from app.service import configs
 from app.service.backends import tensorrt_llm as trt
+from app.modes import MODES
 from app.service.configs import DecodeRequest
 
 Progress = Callable[[float, str], None]
@@ -156,7 +157,7 @@ def spec_for(request: DecodeRequest, model: str, *, build_config: dict | None = 
             if fields.get(name) is not None:
                 fields[name] = configs.medusa_choices(fields[name] if isinstance(fields[name], str) else json.dumps(fields[name]))
         config.update(speculative_config=fields, max_draft_len=c.max_draft_len,
-                      trtllm_backend=request.trtllm_backend or configs.TRTLLM_BACKENDS[c.mode][0],
+                      trtllm_backend=configs.trtllm_backend(request),
                       tensor_parallel_size=tensor_parallel_size)
         if config["trtllm_backend"] == "tensorrt":
             config["build_config"] = {**TRT_BUILD_DEFAULTS, **(build_config or {})}
@@ -476,10 +477,10 @@ def _check_artifact_fits(artifact: Path, model_dir: str, mode: str) -> None:
 def _request(spec: BuildSpec) -> DecodeRequest:
     """The checked DecodeRequest a tensorrt_llm spec was derived from (its build-relevant part)."""
     cfg = spec.config
-    fields = dict(cfg.get("speculative_config") or {"decoding_type": configs.MODE_TYPES[spec.mode]})
+    fields = dict(cfg.get("speculative_config") or {"decoding_type": MODES[spec.mode].decoding_type})
     if "speculative_model" in cfg:
         fields["speculative_model"] = cfg["speculative_model"]
-    request = DecodeRequest(speculative_config=fields, backend="tensorrt_llm", trtllm_backend=cfg.get("trtllm_backend"))
+    request = MODES.request(speculative_config=fields, backend="tensorrt_llm", trtllm_backend=cfg.get("trtllm_backend"))
     request.check()
     return request
 
@@ -493,7 +494,7 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
         raise EngineError(f"a TensorRT-LLM plan needs a tensorrt_llm spec, not {spec.backend}")
     spec = resolve(spec)
     request = _request(spec)
-    flavour = spec.config.get("trtllm_backend") or configs.TRTLLM_BACKENDS[spec.mode][0]
+    flavour = spec.config.get("trtllm_backend") or MODES[spec.mode].trtllm[0]
     model_dir = _model_dir(spec.model, engines)
     llm: dict[str, Any] = {"model": model_dir, "tensor_parallel_size": spec.config.get("tensor_parallel_size", 1)}
     prepare: list[dict] = []

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from app.config import MERGED_MODES, MODES
+from app.modes import MODES
 from app.models import DTYPES
 
 MAX_BYTES = 8 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
@@ -113,24 +114,24 @@ class Recording:
 def decoding(events: list[dict] | None) -> dict | None:
     """What a run spent after its prefill, by the loop's clock: tokens, target passes, seconds, and the
     draft and verify seconds of its decoding steps; None without a decoding step or usable times."""
-    events = _steps(events)
-    steps = [e for e in events if e.get("kind") == "decode"]
-    if not steps:
+    events = steps(events)
+    decode = [e for e in events if e.get("kind") == "decode"]
+    if not decode:
         return None
     prefill = next((e for e in events if e.get("kind") == "prefill"), None)
     start = ((prefill or {}).get("totals") or {}).get("elapsed_s", 0.0)
-    end = (steps[-1].get("totals") or {}).get("elapsed_s")
-    if not (_number(start) and _number(end)) or end <= start:
+    end = (decode[-1].get("totals") or {}).get("elapsed_s")
+    if not (is_number(start) and is_number(end)) or end <= start:
         return None
-    out = {"tokens": sum(len(e.get("tokens") or []) for e in steps), "steps": len(steps), "seconds": end - start,
+    out = {"tokens": sum(len(e.get("tokens") or []) for e in decode), "steps": len(decode), "seconds": end - start,
            "draft_s": None, "verify_s": None}
     # An engine that does not time its steps apart (vLLM) leaves them None: tau and the step's cost are still known.
-    if all(_number(e.get(k)) for e in steps for k in ("draft_time_s", "verify_time_s")):
-        out.update(draft_s=sum(e["draft_time_s"] for e in steps), verify_s=sum(e["verify_time_s"] for e in steps))
+    if all(is_number(e.get(k)) for e in decode for k in ("draft_time_s", "verify_time_s")):
+        out.update(draft_s=sum(e["draft_time_s"] for e in decode), verify_s=sum(e["verify_time_s"] for e in decode))
     return out
 
 
-def _steps(events: list[dict] | None) -> list[dict]:
+def steps(events: Iterable[Any] | None) -> list[dict]:
     """Step events only: a service stream also carries "start" and "end" messages."""
     return [e for e in events or [] if isinstance(e, dict) and e.get("type", "step") == "step"]
 
@@ -151,8 +152,8 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dic
         verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
         parts.update(verify=verify, draft=draft, loop=max(0.0, cost - verify - draft))
     parts["decoding"] = parts["tau"] / cost
-    totals = [(_steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
-    if all(_number(t.get("elapsed_s")) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
+    totals = [(steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
+    if all(is_number(t.get("elapsed_s")) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
         parts["overall"] = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])
     return parts
 
@@ -197,7 +198,7 @@ def _parse(data: Any, what: str) -> Recording:
         raise TraceError(f"{what} has {len(data['steps']):,} steps; a replay shows at most {MAX_STEPS:,}")
     mode = data.get("mode")
     # An unknown mode (an old `generate --json` has none) is left to the display, which reads it off the steps.
-    run = Recording(mode if mode in MODES or mode in MERGED_MODES else None)
+    run = Recording(mode if mode in MODES.names + MODES.merged else None)
     run.events = [_step(step, i, what) for i, step in enumerate(data["steps"])]
     if run.events[0]["kind"] != "prefill":
         raise TraceError(f"{what} does not start with its prefill step")
@@ -290,9 +291,9 @@ def _shaped(value: Any, shape: Any, where: str) -> Any:
         raise bad("a token id")
     if shape == "int" and not (isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**31):
         raise bad("an integer")
-    if shape == "num" and not (_number(value) and abs(value) <= 1e9):
+    if shape == "num" and not (is_number(value) and abs(value) <= 1e9):
         raise bad("a number")
-    if shape == "num?" and value is not None and not (_number(value) and abs(value) <= 1e9):
+    if shape == "num?" and value is not None and not (is_number(value) and abs(value) <= 1e9):
         raise bad("a number or null")
     if shape == "bool" and not isinstance(value, bool):
         raise bad("true or false")
@@ -320,7 +321,7 @@ def _engine(value: Any) -> dict[str, Any] | None:
     spec = value.get("speculative_config")
     if isinstance(spec, dict):
         out["speculative_config"] = {str(k)[:64]: v for k, v in list(spec.items())[:16]
-                                     if _number(v) or (isinstance(v, str) and len(v) <= 256) or v is None}
+                                     if is_number(v) or (isinstance(v, str) and len(v) <= 256) or v is None}
     for key in ("ignored", "not_visible"):
         items = value.get(key)
         out[key] = [x[:200] for x in items[:16] if isinstance(x, str)] if isinstance(items, list) else []
@@ -366,9 +367,9 @@ def _step(step: Any, i: int, what: str) -> dict[str, Any]:
     out["text"] = text if isinstance(text, str) and len(text) <= MAX_NODES * MAX_TOKEN_TEXT else ""
     out["added_kind"] = step.get("added_kind") if step.get("added_kind") in ADDED_KINDS else None
     for key in ("draft_time_s", "verify_time_s"):
-        out[key] = step.get(key) if _number(step.get(key)) and 0 <= step[key] <= 1e6 else None
+        out[key] = step.get(key) if is_number(step.get(key)) and 0 <= step[key] <= 1e6 else None
     # Numbers a person could read: a total of 1e308 is no count of tokens or seconds.
-    out["totals"] = {k: v for k, v in step["totals"].items() if isinstance(k, str) and len(k) <= 40 and _number(v) and abs(v) <= 1e12}
+    out["totals"] = {k: v for k, v in step["totals"].items() if isinstance(k, str) and len(k) <= 40 and is_number(v) and abs(v) <= 1e12}
     out["finish_reason"] = _reason(step.get("finish_reason"))
     return out
 
@@ -377,7 +378,8 @@ def _reason(value: Any) -> str | None:
     return value if value in FINISH_REASONS else None
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float (a bool is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

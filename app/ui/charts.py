@@ -15,44 +15,36 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from app.config import MERGED_MODES, MODES
-from app.ui.learn import earning_sizes, expected_speedup, label
+from app.modes import MODES, Modes
+from app.ui.learn import earning_sizes, expected_speedup
+from app.service.traces import is_number, steps
 from app.ui.render import infer_mode
 
 HEIGHT = 300
 _TEMPLATE = pio.templates["none"]  # the object: naming it makes plotly look it up and copy it per figure
 FONT = "#777777"
 GRID = "rgba(128,128,128,0.25)"
-# Okabe-Ito, colour-blind safe; the baseline is grey and dashed.
-COLORS = {
-    "autoregressive": "#999999",
-    "draft_target": "#0072B2",
-    "prompt_lookup": "#E69F00",
-    "lookahead": "#009E73",
-    "medusa": "#CC79A7",
-    "eagle": "#D55E00",
-    "suffix": "#DDCC77",  # Tol's sand: the last hue apart from the others
-    # merged trees: Okabe-Ito's sky blue, and Tol's wine (its black would vanish on a dark page)
-    "medusa+prompt_lookup": "#56B4E9",
-    "eagle+prompt_lookup": "#882255",
-}
-# Display names of every mode and merged tree ("eagle+prompt_lookup" -> "EAGLE + prompt lookup").
-MODE_LABELS = {name: label(name) for name in MODES + MERGED_MODES}
 ACCEPTED, ADDED, DRAFT, VERIFY, TAU = "#56B4E9", "#E69F00", "#CC79A7", "#0072B2", "#D55E00"
 EMPTY = "No steps yet: run a prompt."
 
 
-def mode_key(name: str) -> str:
+def mode_key(name: str, modes: Modes = MODES) -> str:
     """A mode key from a key or its label ("Prompt lookup" -> "prompt_lookup"); unknown names pass through."""
-    return name if name in MODE_LABELS else {v: k for k, v in MODE_LABELS.items()}.get(name, name)
+    known = modes.names + modes.merged
+    return name if name in known else {modes.label(k): k for k in known}.get(name, name)
 
 
-def _steps(events: Iterable[Any] | None) -> list[dict]:
-    return [e for e in (events or []) if isinstance(e, dict) and e.get("type", "step") == "step"]
+def _name(mode: str, modes: Modes, fallback: str) -> str:
+    return modes.label(mode) if mode in modes.names + modes.merged else fallback
+
+
+def _colour(mode: str, modes: Modes) -> str:
+    """The mode's colour (its entry's: Okabe-Ito, colour-blind safe); another run's the default blue."""
+    return modes.colour(mode) or "#0072B2"
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if is_number(value) else None
 
 
 def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
@@ -91,10 +83,10 @@ def _empty(title: str, message: str = EMPTY) -> go.Figure:
     return _layout(fig, title, "", "")
 
 
-def _label(events: list[dict], label: str | None) -> tuple[str, str]:
+def _label(events: list[dict], label: str | None, modes: Modes) -> tuple[str, str]:
     """(trace name, colour) for a run: the given label, else the mode read off the trace."""
-    mode = infer_mode(events)
-    return label or MODE_LABELS.get(mode or "", "This run"), COLORS.get(mode or "", "#0072B2")
+    mode = infer_mode(events) or ""
+    return label or _name(mode, modes, "This run"), _colour(mode, modes)
 
 
 def _cumulative(events: list[dict]) -> list[tuple[float | None, float]]:
@@ -123,19 +115,19 @@ def _cursor(fig: go.Figure, x: float | None, text: str) -> None:
 
 
 def race(events: list[dict], baseline: list | None = None, *, label: str | None = None,
-         baseline_label: str | None = None, cursor: int | None = None) -> go.Figure:
+         baseline_label: str | None = None, cursor: int | None = None, modes: Modes = MODES) -> go.Figure:
     """Cumulative tokens against wall time for this run and, when given, the autoregressive
     baseline on the same axes. `baseline`: a list of (elapsed_s, new_tokens) points or of step events.
     `cursor`: a step number to mark (the one inspected)."""
     title = "Race: tokens over time"
-    events = _steps(events)
+    events = steps(events)
     base: list[tuple[float | None, float]] = []
-    base_name, base_color = baseline_label or "Autoregressive", COLORS["autoregressive"]
+    base_name, base_color = baseline_label or "Autoregressive", _colour("autoregressive", modes)
     if baseline:
         if isinstance(baseline[0], Mapping):
-            base_events = _steps(baseline)
+            base_events = steps(baseline)
             base = _cumulative(base_events)
-            base_name = baseline_label or MODE_LABELS.get(infer_mode(base_events) or "", base_name)
+            base_name = baseline_label or _name(infer_mode(base_events) or "", modes, base_name)
         else:
             base = [(_number(p[0]), _number(p[1]) or 0.0) for p in baseline if isinstance(p, (list, tuple)) and len(p) >= 2]
     if not events and not base:
@@ -145,7 +137,7 @@ def race(events: list[dict], baseline: list | None = None, *, label: str | None 
         fig.add_trace(go.Scatter(x=[p[0] for p in base], y=[p[1] for p in base], name=base_name,
                                  mode=_markers(len(base)), line=dict(color=base_color, width=3, dash="dash", shape="hv")))
     if events:
-        name, color = _label(events, label)
+        name, color = _label(events, label, modes)
         points = _cumulative(events)
         fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], name=name,
                                  mode=_markers(len(points)), line=dict(color=color, width=4, shape="hv")))
@@ -154,20 +146,20 @@ def race(events: list[dict], baseline: list | None = None, *, label: str | None 
     return _layout(fig, title, "wall time (s)", "tokens generated")
 
 
-def race_runs(runs: Mapping[str, list[dict]], until: float | None = None) -> go.Figure:
+def race_runs(runs: Mapping[str, list[dict]], until: float | None = None, modes: Modes = MODES) -> go.Figure:
     """The Compare tab's race: cumulative tokens against wall time for several runs of one prompt
     on shared axes. `runs` maps a mode (key or label) to its step events; the baseline is dashed.
     `until`: the race as it stood that many seconds in (each run's steps done by then), on the axes
     of the whole race, so a replay's curves grow while its frame stays still."""
     title = "Race: tokens over time"
-    curves = [(name, _steps(events)) for name, events in (runs or {}).items()]
+    curves = [(name, steps(events)) for name, events in (runs or {}).items()]
     curves = [(name, events) for name, events in curves if events]
     if not curves:
         return _empty(title, "No runs yet: compare runs one prompt through each mode in turn.")
     fig = go.Figure()
     ends = [0.0, 0.0]
     for name, events in curves:
-        mode = mode_key(str(name))
+        mode = mode_key(str(name), modes)
         points = _cumulative(events)
         timed = [p for p in points if p[0] is not None]
         ends = [max([ends[0]] + [p[0] for p in timed]), max([ends[1]] + [p[1] for p in timed])]
@@ -175,9 +167,9 @@ def race_runs(runs: Mapping[str, list[dict]], until: float | None = None) -> go.
             points = [p for p in timed if p[0] <= until]
         baseline = mode == "autoregressive"
         fig.add_trace(go.Scatter(
-            x=[p[0] for p in points], y=[p[1] for p in points], name=MODE_LABELS.get(mode, str(name)),
+            x=[p[0] for p in points], y=[p[1] for p in points], name=_name(mode, modes, str(name)),
             mode=_markers(len(points)),
-            line=dict(color=COLORS.get(mode, "#0072B2"), width=3, dash="dash" if baseline else "solid", shape="hv"),
+            line=dict(color=_colour(mode, modes), width=3, dash="dash" if baseline else "solid", shape="hv"),
         ))
     fig = _layout(fig, title, "wall time (s)", "tokens generated")
     if until is not None:
@@ -190,7 +182,7 @@ def tokens_per_step(events: list[dict], cursor: int | None = None) -> go.Figure:
     """Tokens committed by each target pass (accepted drafts + the target's own token, stacked)
     and the running mean τ; `cursor`: a step number to mark."""
     title = "Tokens per target pass"
-    events = _steps(events)
+    events = steps(events)
     if not events:
         return _empty(title)
     x = [e.get("step", i) for i, e in enumerate(events)]
@@ -213,7 +205,7 @@ def tokens_per_step(events: list[dict], cursor: int | None = None) -> go.Figure:
 def tokens_per_step_hist(events: list[dict]) -> go.Figure:
     """How often a target pass committed 1, 2, 3… tokens."""
     title = "Passes by tokens"  # short: this chart shares a row with two others
-    events = _steps(events)
+    events = steps(events)
     if not events:
         return _empty(title)
     counts = [len(e.get("tokens") or []) for e in events]
@@ -233,7 +225,7 @@ def acceptance_counts(events: list[dict]) -> tuple[list[int], list[int]]:
     by EOS or the token budget are left out: their acceptance was not decided by the target."""
     offered: list[int] = []
     accepted: list[int] = []
-    for e in _steps(events):
+    for e in steps(events):
         if e.get("kind") == "prefill" or e.get("added_token") is None:
             continue
         parents = list((e.get("proposed") or {}).get("parents") or [])
@@ -254,7 +246,7 @@ def acceptance_by_depth(events: list[dict], spec_decode: Mapping | None = None) 
     """α_d per draft depth: where along a draft the target stops agreeing (acceptance_counts), or, for an engine
     that does not show its drafts (vLLM), from its own counters: drafts reaching depth d = those accepted at d − 1."""
     title = "Acceptance by draft depth"
-    events = _steps(events)
+    events = steps(events)
     if not events:
         return _empty(title)
     offered, accepted = acceptance_counts(events)
@@ -279,15 +271,15 @@ def acceptance_by_depth(events: list[dict], spec_decode: Mapping | None = None) 
     return _layout(fig, title, "draft depth (1 = first token)", "accepted, if reached")
 
 
-def throughput(events: list[dict], *, label: str | None = None) -> go.Figure:
+def throughput(events: list[dict], *, label: str | None = None, modes: Modes = MODES) -> go.Figure:
     """Running tokens per second: tokens so far / wall time so far, after each step."""
     title = "Throughput"
-    events = _steps(events)
+    events = steps(events)
     if not events:
         return _empty(title)
     points = _cumulative(events)
     rate = [n / t if t else None for t, n in points]
-    name, color = _label(events, label)
+    name, color = _label(events, label, modes)
     fig = go.Figure(go.Scatter(x=[p[0] for p in points], y=rate, name=name, mode=_markers(len(points)),
                                line=dict(color=color, width=3)))
     fig.update_layout(showlegend=False)
@@ -299,7 +291,7 @@ def timing(events: list[dict]) -> go.Figure:
     named in a note instead of drawn: over a long prompt it costs tens of decoding steps, and its
     bar would flatten every other one."""
     title = "Time per step: draft vs verify"
-    events = _steps(events)
+    events = steps(events)
     prefill = [e for e in events if e.get("kind") == "prefill"]
     events = [e for e in events if e.get("kind") != "prefill"]
     if not events and not prefill:
@@ -322,17 +314,17 @@ def timing(events: list[dict]) -> go.Figure:
     return _layout(fig, title, "step", "ms")
 
 
-def compare(rows: list[dict]) -> go.Figure:
+def compare(rows: list[dict], modes: Modes = MODES) -> go.Figure:
     """Speedup over autoregressive per mode (the Compare tab), with the 1× line."""
     title = "Speedup vs autoregressive"
     rows = [r for r in (rows or []) if isinstance(r, Mapping)]
     if not rows:
         return _empty(title, "No comparison yet: run one prompt through several modes.")
-    modes = [mode_key(str(r.get("mode", ""))) for r in rows]
+    keys = [mode_key(str(r.get("mode", "")), modes) for r in rows]
     speedup = [_number(r.get("speedup")) for r in rows]
     fig = go.Figure(go.Bar(
-        x=[MODE_LABELS.get(m, m) for m in modes], y=speedup,
-        marker=dict(color=[COLORS.get(m, "#0072B2") for m in modes]),
+        x=[_name(m, modes, m) for m in keys], y=speedup,
+        marker=dict(color=[_colour(m, modes) for m in keys]),
         text=["" if s is None else f"{s:.2f}×" for s in speedup], textposition="outside", cliponaxis=False,
         name="speedup",
     ))
@@ -341,7 +333,7 @@ def compare(rows: list[dict]) -> go.Figure:
     return _layout(fig, title, "", "× autoregressive tokens/s")
 
 
-def tau_vs_cost(rows: list[dict]) -> go.Figure:
+def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
     """Each compared mode as a point: τ after the prefill (`decoding_tau`) against what one of its steps cost in
     autoregressive steps (`step_cost`, traces.speedup_parts). The speedup is τ ÷ step time, the same all along
     each dotted ray from the origin: up is better drafting, left is cheaper steps. Autoregressive is (1, 1)."""
@@ -350,7 +342,7 @@ def tau_vs_cost(rows: list[dict]) -> go.Figure:
     for r in rows or []:
         if not isinstance(r, Mapping):
             continue
-        mode = mode_key(str(r.get("mode", "")))
+        mode = mode_key(str(r.get("mode", "")), modes)
         tau, cost = (1.0, 1.0) if mode == "autoregressive" else (_number(r.get("decoding_tau")), _number(r.get("step_cost")))
         if tau is not None and cost is not None and cost > 0:
             points.append((mode, tau, cost))
@@ -371,11 +363,11 @@ def tau_vs_cost(rows: list[dict]) -> go.Figure:
         fig.add_annotation(x=end[0], y=end[1], text=f"{speed:g}×", showarrow=False, xanchor="right", yanchor="bottom",
                            font=dict(color=FONT, size=14))
     for mode, tau, cost in points:
-        name = MODE_LABELS.get(mode, mode)
+        name = _name(mode, modes, mode)
         fig.add_trace(go.Scatter(
             x=[round(cost, 4)], y=[round(tau, 4)], mode="markers+text", name=name, text=[name], textposition="top center",
             cliponaxis=False,  # a label near the edge stays whole
-            marker=dict(color=COLORS.get(mode, "#0072B2"), size=16, line=dict(color="#ffffff", width=1)),
+            marker=dict(color=_colour(mode, modes), size=16, line=dict(color="#ffffff", width=1)),
             hovertemplate=f"{name}: τ %{{y:.2f}} ÷ step %{{x:.2f}} = {tau / cost:.2f}× after the prefill<extra></extra>",
         ))
     fig.update_layout(showlegend=False, xaxis=dict(range=[x_low, x_high]), yaxis=dict(range=[y_low, y_high]))

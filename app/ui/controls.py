@@ -6,15 +6,29 @@ control. `is_template` keeps Gradio's own frontend component (the base class's n
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gradio as gr
+
+from app.config import ConfigError
+
+
+def finite(value: Any, name: str) -> float:
+    """A control's value as a finite number, or ConfigError naming the control (an API client may send anything)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise ConfigError(f"{name} must be a finite number, got '{str(value)[:40]}'")
+    return x
 
 
 def _check(payload: Any, label: str | None, empty_ok: bool) -> None:
     if payload is None and empty_ok:
         return
-    if not isinstance(payload, (int, float)) or isinstance(payload, bool):
+    if not isinstance(payload, (int, float)) or isinstance(payload, bool):  # NaN and inf go on: finite() words them
         raise gr.Error(f"{label or 'this control'} takes a number, got '{str(payload)[:40]}'")
 
 

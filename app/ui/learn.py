@@ -4,27 +4,22 @@ TensorRT-LLM's documentation define them. The CPU numbers are the bundled SmolLM
 bfloat16 on 2 cores: a target pass costs 20-50 ms depending on the CPU, each extra position verified
 in it 2-3 % of that where the CPU multiplies bfloat16 natively (`python -m app bench` records the curve)."""
 
-MODE_LABELS = {
-    "autoregressive": "Autoregressive",
-    "draft_target": "Draft-target",
-    "prompt_lookup": "Prompt lookup",
-    "lookahead": "Lookahead",
-    "medusa": "Medusa",
-    "eagle": "EAGLE",
-    "suffix": "Suffix",
-}
-
+from app.modes import MODES, Modes
 
 ENGINE_PREFIX = "vllm:"  # a Compare row run on the vLLM engine: `vllm:prompt_lookup`
 
 
-def label(name: str) -> str:
-    """A mode's display name; a merged tree's (`eagle+prompt_lookup`) reads "EAGLE + prompt lookup", a vLLM row's
-    (`vllm:prompt_lookup`) "Prompt lookup on vLLM"."""
+def label(name: str, modes: Modes = MODES) -> str:
+    """A mode's display name (its entry's); a merged tree's (`eagle+prompt_lookup`) reads "EAGLE + prompt lookup",
+    a vLLM row's (`vllm:prompt_lookup`) "Prompt lookup on vLLM"."""
     if name.startswith(ENGINE_PREFIX):
-        return label(name.removeprefix(ENGINE_PREFIX)) + " on vLLM"
-    base, _, extra = name.partition("+")
-    return MODE_LABELS[base] + (f" + {MODE_LABELS[extra].lower()}" if extra else "")
+        return label(name.removeprefix(ENGINE_PREFIX), modes) + " on vLLM"
+    return modes.label(name)
+
+
+def explain(name: str, modes: Modes = MODES) -> str:
+    """A mode's Learn text: LEARN's, or for a mode without one its config's own description."""
+    return LEARN.get(name) or f"### {modes[name].label}\n{modes[name].config.__doc__ or ''}"
 
 OVERVIEW = """\
 ### Speculative decoding in one paragraph

@@ -34,8 +34,9 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from app.modes import MODES
 from app.service import traces
-from app.ui.learn import MODE_LABELS
+from app.service.traces import ADDED_KINDS, is_number, steps
 
 MAX_TREE_NODES = 64
 # Tree SVG node looks (group attributes, box attributes, label weight): the accepted path is thick,
@@ -44,62 +45,64 @@ NODE_ON_PATH = ('class="node accepted"', 'fill="#56B4E9" fill-opacity="0.35" str
                 ' font-weight="700"')
 NODE_OFF_PATH = ('class="node rejected" opacity="0.7"',
                  'fill="#8c8c8c" fill-opacity="0.12" stroke="#8c8c8c" stroke-width="1" stroke-dasharray="4 3"', "")
-ADDED_KINDS = ("next", "correction", "bonus", "engine")
 
 # Okabe-Ito colours (colour-blind safe); every colour also has a non-colour cue (underline, strike,
 # box, superscript). Backgrounds are translucent tints so the text keeps the page's own colour on
-# light and dark themes; the thin marks switch to lighter shades on dark pages.
-STYLE = """<style>
-.specdec{--sd-acc:#0072B2;--sd-rej:#D55E00;--sd-cor:#B87E00;--sd-bon:#009E73;--sd-line:rgba(128,128,128,.55);
+# light and dark themes; the thin marks switch to lighter shades on dark pages. Given once, to the page (web.launch),
+# not in every fragment; every rule starts at <body>, so Gradio's scoped copy of it matches as well.
+CSS = """
+body .specdec{--sd-acc:#0072B2;--sd-rej:#D55E00;--sd-cor:#B87E00;--sd-bon:#009E73;--sd-line:rgba(128,128,128,.55);
 --sd-acc-bg:rgba(86,180,233,.28);--sd-rej-bg:rgba(213,94,0,.12);--sd-cor-bg:rgba(230,159,0,.24);--sd-bon-bg:rgba(0,158,115,.2);
 line-height:1.9;font-size:1.05em}
-.dark .specdec{--sd-acc:#56B4E9;--sd-rej:#F0864A;--sd-cor:#E69F00;--sd-bon:#35C79B}
-@media (prefers-color-scheme:dark){.specdec{--sd-acc:#56B4E9;--sd-rej:#F0864A;--sd-cor:#E69F00;--sd-bon:#35C79B}}
-.specdec .sd-text{white-space:pre-wrap;overflow-wrap:anywhere;font-size:1.2em}
-.specdec .step{border-left:1px solid var(--sd-line);padding-left:1px}
-.specdec .step::before{content:attr(data-step);font-size:.6em;vertical-align:super;opacity:.7;margin-right:1px}
-.specdec .tok{border-radius:3px}
-.specdec .tok+.tok{margin-left:1px}
-.specdec .tok-accepted,.specdec .lg-accepted{background:var(--sd-acc-bg);border-bottom:3px solid var(--sd-acc)}
-.specdec .tok-rejected,.specdec .lg-rejected{background:var(--sd-rej-bg);text-decoration:line-through 2px var(--sd-rej);opacity:.75}
-.specdec .tok-correction,.specdec .lg-correction{background:var(--sd-cor-bg);outline:2px solid var(--sd-cor);outline-offset:-1px}
-.specdec .tok-bonus,.specdec .lg-bonus{background:var(--sd-bon-bg);outline:2px dashed var(--sd-bon);outline-offset:-1px}
-.specdec .tok-correction::after,.specdec .lg-correction::after{content:"c";font-size:.6em;vertical-align:super;font-weight:700;color:var(--sd-cor)}
-.specdec .tok-bonus::after,.specdec .lg-bonus::after{content:"+";font-size:.7em;vertical-align:super;font-weight:700;color:var(--sd-bon)}
-.specdec .lg-next{border-bottom:1px dotted var(--sd-line)}
-.specdec .tok-engine,.specdec .lg-engine{outline:2px solid var(--sd-line);outline-offset:-1px}
-.specdec .tok-engine::after,.specdec .lg-engine::after{content:"?";font-size:.6em;vertical-align:super;font-weight:700}
-.specdec .special{opacity:.6;font-size:.85em}
-.specdec .ws{opacity:.55}
-.specdec .more-rejected{font-size:.6em;vertical-align:super;color:var(--sd-rej);opacity:.8}
-.specdec .legend{display:flex;flex-wrap:wrap;gap:.3em 1.2em;font-size:.85em;margin-bottom:.5em;line-height:1.6}
-.specdec .legend .lg-item{white-space:nowrap}
-.specdec .legend .lg-step{border-left:1px solid var(--sd-line);padding-left:2px}
-.specdec .legend .lg-step::before{content:"7";font-size:.6em;vertical-align:super;opacity:.6}
-.specdec .sd-finish{font-size:.75em;opacity:.75;border:1px solid var(--sd-line);border-radius:3px;padding:0 .3em;margin-left:.4em}
-.specdec .sd-empty,.specdec .tree-note,.specdec .sd-note{opacity:.7;font-style:italic}
-.specdec p{margin:.3em 0}
-.specdec .sd-detail h4{margin:.2em 0}.specdec .sd-detail h5{margin:.6em 0 .2em 0;font-size:.9em;opacity:.85}
-.specdec .sd-row{white-space:pre-wrap;overflow-wrap:anywhere}
-.specdec .tok-root{outline:1px dotted var(--sd-line);outline-offset:-1px}
-.specdec .ctx-ngram{outline:2px solid var(--sd-cor);outline-offset:-1px;background:var(--sd-cor-bg)}
-.specdec .ctx-key{outline:2px dashed var(--sd-cor);outline-offset:-1px}
-.specdec .ctx-cont{background:var(--sd-acc-bg);border-bottom:3px solid var(--sd-acc)}
-.specdec .ctx-out{font-style:italic}
-.specdec table.sd-grid,.specdec table.sd-probs,.specdec table.sd-table{border-collapse:collapse;line-height:1.4}
-.specdec .sd-grid td,.specdec .sd-grid th{border:1px solid var(--sd-line);padding:.1em .35em;text-align:center;white-space:pre}
-.specdec .sd-grid th{font-weight:400;font-size:.75em;opacity:.7}
-.specdec .sd-probs td,.specdec .sd-target-table td,.specdec .sd-target-table th{padding:.1em .5em;text-align:left;vertical-align:top}
-.specdec .sd-target-table{border-collapse:collapse;line-height:1.6}
-.specdec .sd-target-table tr+tr td{border-top:1px solid var(--sd-line)}
-.specdec .weighed{white-space:nowrap;margin-right:.8em}
-.specdec .bar{display:inline-block;height:.8em;background:var(--sd-acc);opacity:.75;vertical-align:middle}
-.specdec .cand{margin:.1em 0}.specdec .cand-accepted{font-weight:700}
-.specdec .sd-tree{overflow:auto;max-height:80vh}
-.specdec .sd-table th,.specdec .sd-table td{padding:.25em .7em;border-bottom:1px solid var(--sd-line);text-align:right}
-.specdec .sd-table th:first-child,.specdec .sd-table td:first-child{text-align:left}
-.specdec .sd-table tr.best td{font-weight:700}
-</style>"""
+body.dark .specdec,body .dark .specdec{--sd-acc:#56B4E9;--sd-rej:#F0864A;--sd-cor:#E69F00;--sd-bon:#35C79B}
+@media (prefers-color-scheme:dark){body .specdec{--sd-acc:#56B4E9;--sd-rej:#F0864A;--sd-cor:#E69F00;--sd-bon:#35C79B}}
+body .specdec .sd-text{white-space:pre-wrap;overflow-wrap:anywhere;font-size:1.2em}
+body .specdec .step{border-left:1px solid var(--sd-line);padding-left:1px}
+body .specdec .step::before{content:attr(data-step);font-size:.6em;vertical-align:super;opacity:.7;margin-right:1px}
+body .specdec .tok{border-radius:3px}
+body .specdec .tok+.tok{margin-left:1px}
+body .specdec .tok-accepted,body .specdec .lg-accepted{background:var(--sd-acc-bg);border-bottom:3px solid var(--sd-acc)}
+body .specdec .tok-rejected,body .specdec .lg-rejected{background:var(--sd-rej-bg);text-decoration:line-through 2px var(--sd-rej);opacity:.75}
+body .specdec .tok-correction,body .specdec .lg-correction{background:var(--sd-cor-bg);outline:2px solid var(--sd-cor);outline-offset:-1px}
+body .specdec .tok-bonus,body .specdec .lg-bonus{background:var(--sd-bon-bg);outline:2px dashed var(--sd-bon);outline-offset:-1px}
+body .specdec .tok-correction::after,body .specdec .lg-correction::after{content:"c";font-size:.6em;vertical-align:super;font-weight:700;color:var(--sd-cor)}
+body .specdec .tok-bonus::after,body .specdec .lg-bonus::after{content:"+";font-size:.7em;vertical-align:super;font-weight:700;color:var(--sd-bon)}
+body .specdec .lg-next{border-bottom:1px dotted var(--sd-line)}
+body .specdec .tok-engine,body .specdec .lg-engine{outline:2px solid var(--sd-line);outline-offset:-1px}
+body .specdec .tok-engine::after,body .specdec .lg-engine::after{content:"?";font-size:.6em;vertical-align:super;font-weight:700}
+body .specdec .special{opacity:.6;font-size:.85em}
+body .specdec .ws{opacity:.55}
+body .specdec .more-rejected{font-size:.6em;vertical-align:super;color:var(--sd-rej);opacity:.8}
+body .specdec .legend{display:flex;flex-wrap:wrap;gap:.3em 1.2em;font-size:.85em;margin-bottom:.5em;line-height:1.6}
+body .specdec .legend .lg-item{white-space:nowrap}
+body .specdec .legend .lg-step{border-left:1px solid var(--sd-line);padding-left:2px}
+body .specdec .legend .lg-step::before{content:"7";font-size:.6em;vertical-align:super;opacity:.6}
+body .specdec .sd-finish{font-size:.75em;opacity:.75;border:1px solid var(--sd-line);border-radius:3px;padding:0 .3em;margin-left:.4em}
+body .specdec .sd-empty,body .specdec .tree-note,body .specdec .sd-note{opacity:.7;font-style:italic}
+body .specdec p{margin:.3em 0}
+body .specdec .sd-detail h4{margin:.2em 0}
+body .specdec .sd-detail h5{margin:.6em 0 .2em 0;font-size:.9em;opacity:.85}
+body .specdec .sd-row{white-space:pre-wrap;overflow-wrap:anywhere}
+body .specdec .tok-root{outline:1px dotted var(--sd-line);outline-offset:-1px}
+body .specdec .ctx-ngram{outline:2px solid var(--sd-cor);outline-offset:-1px;background:var(--sd-cor-bg)}
+body .specdec .ctx-key{outline:2px dashed var(--sd-cor);outline-offset:-1px}
+body .specdec .ctx-cont{background:var(--sd-acc-bg);border-bottom:3px solid var(--sd-acc)}
+body .specdec .ctx-out{font-style:italic}
+body .specdec table.sd-grid,body .specdec table.sd-probs,body .specdec table.sd-table{border-collapse:collapse;line-height:1.4}
+body .specdec .sd-grid td,body .specdec .sd-grid th{border:1px solid var(--sd-line);padding:.1em .35em;text-align:center;white-space:pre}
+body .specdec .sd-grid th{font-weight:400;font-size:.75em;opacity:.7}
+body .specdec .sd-probs td,body .specdec .sd-target-table td,body .specdec .sd-target-table th{padding:.1em .5em;text-align:left;vertical-align:top}
+body .specdec .sd-target-table{border-collapse:collapse;line-height:1.6}
+body .specdec .sd-target-table tr+tr td{border-top:1px solid var(--sd-line)}
+body .specdec .weighed{white-space:nowrap;margin-right:.8em}
+body .specdec .bar{display:inline-block;height:.8em;background:var(--sd-acc);opacity:.75;vertical-align:middle}
+body .specdec .cand{margin:.1em 0}
+body .specdec .cand-accepted{font-weight:700}
+body .specdec .sd-tree{overflow:auto;max-height:80vh}
+body .specdec .sd-table th,body .specdec .sd-table td{padding:.25em .7em;border-bottom:1px solid var(--sd-line);text-align:right}
+body .specdec .sd-table th:first-child,body .specdec .sd-table td:first-child{text-align:left}
+body .specdec .sd-table tr.best td{font-weight:700}
+"""
 
 LEGEND = (
     '<div class="legend" role="note" aria-label="legend">'
@@ -185,16 +188,11 @@ def _ms(seconds: Any) -> str:
 
 
 def _num(value: Any, fmt: str = "{:.2f}") -> str:
-    return fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "–"
+    return fmt.format(value) if is_number(value) else "–"
 
 
 def _wrap(body: str, cls: str = "") -> str:
-    return f'<div class="specdec{" " + cls if cls else ""}">{STYLE}{body}</div>'
-
-
-def _step_events(events: Iterable[Any] | None) -> list[dict]:
-    """Step events only: the service's stream also carries "start" and "end" messages."""
-    return [e for e in (events or []) if isinstance(e, dict) and e.get("type", "step") == "step"]
+    return f'<div class="specdec{" " + cls if cls else ""}">{body}</div>'
 
 
 # ----------------------------------------------------------------------------- tree helpers
@@ -332,7 +330,7 @@ def narrate(event: Mapping | None, texts: Mapping[Any, str], mode: str | None = 
     why = {"correction": f"and wrote {own} where the draft went wrong",
            "bonus": f"and, as every drafted token on the path held, added {own} for free",
            "next": f"and added {own}"}.get(kind, "") if added else "and the output ended there"
-    cost = "cost almost nothing" if mode in ("prompt_lookup", "suffix", "lookahead") else "cost its drafting time"
+    cost = "cost almost nothing" if mode in MODES and MODES[mode].drafts_free else "cost its drafting time"
     gain = (f" One pass, {committed} tokens." if committed > 1 else
             f" One pass, one token: this step's draft {cost} and earned nothing.")
     return f"{first} {took}, {why}.{gain}"
@@ -364,7 +362,7 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
     """The output with every target pass marked: accepted drafts, the first rejected branch struck
     through, the target's own token (next / correction / bonus), one `step` element per pass."""
     texts = norm_texts(texts)
-    events = _step_events(events)
+    events = steps(events)
     if not events:
         return _wrap(LEGEND + '<div class="sd-empty">No tokens yet. Run a prompt: every target pass '
                      "appears here as a numbered step.</div>", "sd-view")
@@ -400,7 +398,7 @@ def infer_mode(events: Iterable[Any] | Mapping | None) -> str | None:
     if isinstance(events, Mapping):
         events = [events]
     saw_decode = False
-    for event in _step_events(events):
+    for event in steps(events):
         source = event.get("source") or {}
         if "draft_probs" in source:
             return "draft_target"
@@ -420,10 +418,11 @@ def infer_mode(events: Iterable[Any] | Mapping | None) -> str | None:
 
 
 def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: list[int] | None,
-                history_ids: list[int] | None) -> str:
+                history_ids: list[int] | None, mode: str | None = None) -> str:
     """One target pass in detail: the draft (chain or tree) with the accepted path and the rejected
     nodes, what was committed, and where the draft came from (per mode). `history_ids` = the output
-    before this step, so the context the drafter saw is prompt_ids + history_ids."""
+    before this step, so the context the drafter saw is prompt_ids + history_ids. `mode`: the trace's
+    (a merged tree's name counts as its tree's); a step without one is read off its provenance."""
     texts = norm_texts(texts)
     if not event or not isinstance(event, Mapping):
         return _wrap('<div class="sd-empty">Pick a step to see its draft, what the target accepted, '
@@ -434,7 +433,7 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     accepted_nodes = [a for a in (event.get("accepted") or []) if isinstance(a, int) and 0 <= a < len(tokens)]
     accepted, added, kind = _split(event)
     source = event.get("source") or {}
-    mode = infer_mode([event])
+    mode = mode.partition("+")[0] if mode else infer_mode([event])
 
     out = [f"<h4>Step {esc(number)} · {esc(event.get('kind') or 'decode')}</h4>",
            f'<p class="sd-narration">{esc(narrate(event, texts, mode))}</p>']
@@ -841,7 +840,7 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
         tip = f"node {i} · depth {depth[i]} · {_quote(tokens[i], texts)}"
         tip += (f" · score {score[i]}" if i in score else "") + (" · from prompt lookup" if i in copied else "")
         weighed = target_p[i] if target_p and i < len(target_p) else None
-        if isinstance(weighed, (int, float)) and not isinstance(weighed, bool):
+        if is_number(weighed):
             tip += f" · target p {weighed:.3f}"
         elif target_p:
             tip += " · not weighed (below a rejected node)"
@@ -910,13 +909,13 @@ def summary_table(rows: list[dict] | None) -> str:
     body = []
     for r in rows:
         mode = str(r.get("mode", ""))
-        mode = {v: k for k, v in MODE_LABELS.items()}.get(mode, mode)  # a label works as well as a key
-        label = MODE_LABELS.get(mode, mode)
+        mode = {MODES.label(k): k for k in MODES.names}.get(mode, mode)  # a label works as well as a key
+        label = MODES.label(mode) if mode in MODES else mode
         identical = r.get("identical")
         mark = {True: '<span class="identical-yes" title="identical">✓</span>',
                 False: '<span class="identical-no" title="differs">✗</span>'}.get(identical, "–")
         rate = r.get("acceptance_rate")
-        rate_text = f"{rate * 100:.0f}%" if isinstance(rate, (int, float)) and not isinstance(rate, bool) else "–"
+        rate_text = f"{rate * 100:.0f}%" if is_number(rate) else "–"
         speed = r.get("speedup")
         is_best = best is not None and speed == best and len(rows) > 1
         best_attr = ' class="best"' if is_best else ""

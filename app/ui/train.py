@@ -13,16 +13,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
 from app.config import ConfigError
-from app.models import ModelError
-from app.service.api import TRAINING_OFF, Service, TrainingTimeout
+from app.service.api import TRAINING_OFF, ModelError, Service, TrainingTimeout
 from app.service.training import PREFIX, STAGES, TrainConfig
 from app.ui import charts
-from app.ui.controls import Number, Slider
+from app.ui.controls import Number, Slider, finite
+from app.ui.sessions import Sessions
 
 SHIPPED = "shipped"
 # The tab's controls, by TrainConfig field; the handlers receive their values in this order.
@@ -71,11 +72,8 @@ def config_from(values: dict[str, Any]) -> dict[str, Any]:
         value = values.get(k)
         if value in (None, ""):
             return TrainConfig.model_fields[k].default
-        try:
-            x = float(value)
-            return cast(x) if cast is float else int(x) if x == int(x) else x  # 2.5 conversations: the rules say so
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{k} must be a finite number, got '{str(value)[:40]}'") from None
+        x = finite(value, k)
+        return cast(x) if cast is float else int(x) if x == int(x) else x  # 2.5 conversations: the rules say so
 
     lr = number("lr", float) if values.get("lr") not in (None, "") else None
     return {"kind": values["kind"], "init_from": values.get("init_from") or SHIPPED, "data_source": values["data_source"],
@@ -168,8 +166,7 @@ class TrainTab:
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self._lock = threading.Lock()
-        self._cancels: dict[str, threading.Event] = {}  # session -> its run's Stop
+        self.sessions = Sessions()  # each page's training run, for its Stop
 
     def layout(self, run_heads: dict[str, gr.Dropdown]) -> None:
         """Build the tab inside the current Blocks context; `run_heads` are the Run tab's heads pickers per kind,
@@ -278,8 +275,6 @@ class TrainTab:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
         session = request.session_hash if request is not None else "local"
         cancel = threading.Event()
-        with self._lock:
-            self._cancels[session] = cancel
         events: list[dict] = []
         result: dict[str, Any] = {}
 
@@ -293,18 +288,16 @@ class TrainTab:
         started = time.monotonic()
         worker.start()
         keep = [gr.skip()] * (3 + len(KIND_LABELS))
-        try:
-            while worker.is_alive():
-                worker.join(0.75)
-                losses = [e["loss"] for e in events if e["stage"] == "train"]
-                yield [progress_line(events[-1] if events else None, time.monotonic() - started),
-                       charts.training_loss(losses), *keep]
-        finally:
-            if worker.is_alive():  # the page went away mid-run: stop it, free the CPU
-                cancel.set()
-            with self._lock:
-                if self._cancels.get(session) is cancel:
-                    del self._cancels[session]
+        with self.sessions.running(session, SimpleNamespace(cancel=cancel.set)):
+            try:
+                while worker.is_alive():
+                    worker.join(0.75)
+                    losses = [e["loss"] for e in events if e["stage"] == "train"]
+                    yield [progress_line(events[-1] if events else None, time.monotonic() - started),
+                           charts.training_loss(losses), *keep]
+            finally:
+                if worker.is_alive():  # the page went away mid-run: stop it, free the CPU
+                    cancel.set()
         if "error" in result:
             err = result["error"]
             if isinstance(err, TrainingTimeout):
@@ -322,19 +315,13 @@ class TrainTab:
                *(gr.update(choices=artifact_choices(self.service, k, visitor)) for k in KIND_LABELS)]
 
     def stop(self, request: gr.Request) -> Any:
-        with self._lock:
-            cancel = self._cancels.get(request.session_hash)
-        if cancel is None:
+        if self.sessions.cancel(request.session_hash) is None:
             return "No training run of yours is under way."
-        cancel.set()
         return gr.skip()  # the run says itself that it stopped
 
     def visitor_left(self, request: gr.Request) -> None:
         """The page closed (Gradio's unload): its run, if any, stops and frees the CPU."""
-        with self._lock:
-            cancel = self._cancels.get(request.session_hash)
-        if cancel is not None:
-            cancel.set()
+        self.sessions.cancel(request.session_hash)
 
 
 def visitor_of(request: gr.Request | None) -> str | None:

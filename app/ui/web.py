@@ -24,19 +24,19 @@ from typing import Any
 
 import gradio as gr
 
-from app import bench
-from app.config import CHOICES_DIR, MERGED_MODES, MERGED_SUFFIX, MODES, ConfigError, split_mode
-from app.models import DTYPES, ModelError
+from app.config import CHOICES_DIR, ConfigError
+from app.modes import MERGED_SUFFIX, MODES, Modes
 from app.service import configs, traces
-from app.service.api import Service
-from app.service.configs import (MIN_PATH_PROB, MODE_TYPES, DraftTargetDecodingConfig, EagleDecodingConfig,
+from app.service.api import DTYPES, ModelError, Service
+from app.service.configs import (MIN_PATH_PROB, DraftTargetDecodingConfig, EagleDecodingConfig,
                                  LookaheadDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig,
                                  SuffixDecodingConfig)
 from app.service.jobs import QueueFull
 from app.service.traces import Recording, TraceError
 from app.service.training import PREFIX
 from app.ui import charts, learn, links, presenter, render
-from app.ui.controls import Number, Slider
+from app.ui.controls import Number, Slider, finite
+from app.ui.sessions import Sessions
 from app.ui.train import SHIPPED, TrainTab, visitor_of, artifact_choices
 
 REDRAW_S = 0.75
@@ -46,7 +46,6 @@ RECORDINGS = tuple(sorted(p.stem for p in RECORDINGS_DIR.glob("*.json")))
 TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda name: (name != "default", name)))
 DYNAMIC = "dynamic (EAGLE-2)"
 PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
-COMPARED = MODES + MERGED_MODES  # what the Compare tab offers
 DEFAULT_MODE = "prompt_lookup"  # the Run tab's mode on a fresh page
 OUTPUTS = 13  # what a run or a replay updates (Studio._run_outputs)
 # A fresh page's prompt: its answer copies the prompt, so the first Run shows prompt lookup earning (measured on a
@@ -68,7 +67,7 @@ COPY_LINK_JS = """(q) => {
   return url;
 }"""
 # ... and, where vLLM is installed, the same jobs on its engines (their speedup is over our autoregressive run)
-VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m for m in ("autoregressive", "prompt_lookup", "draft_target", "medusa", "suffix"))
+VLLM_COMPARED = tuple(learn.ENGINE_PREFIX + m.name for m in MODES if m.vllm_compare)
 MERGE_BOX = {"medusa": "md_pl", "eagle": "eg_pl"}  # the control that merges prompt lookup into that mode's tree
 MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the Prompt lookup group)"
 
@@ -90,6 +89,7 @@ CONTROLS = (
 PRESET_KEYS = tuple(k for k in CONTROLS if k not in ("max_new_tokens", "temperature", "top_p", "top_k", "seed",
                                                       "dt_model", "md_model", "eg_model", "backend"))
 FASTEST = {"pl_ngram": 3, "pl_oldest": False, "pl_candidates": 2, "dt_len": 2, "eg_total": 24, "eg_depth": 5, "eg_topk": 4}
+# (EAGLE's are its config's defaults: the Run tab starts smaller, RUN_TAB_CHOICES)
 PRESETS = ("defaults", "fastest here")
 
 
@@ -104,11 +104,12 @@ def preset(name: str, fast_dtype: str) -> dict[str, Any]:
     return {k: values[k] for k in PRESET_KEYS}
 
 
-def request_from(mode: str, v: dict[str, Any]) -> dict[str, Any]:
-    """The service's DecodeRequest data for the Run tab's control values (TensorRT-LLM names)."""
-    if mode not in MODES:
+def request_from(mode: str, v: dict[str, Any], modes: Modes = MODES) -> dict[str, Any]:
+    """The service's DecodeRequest data for the Run tab's control values (TensorRT-LLM names); a mode without
+    controls here runs with its config's defaults."""
+    if mode not in modes:
         raise ConfigError(f"unknown mode '{mode}'")
-    spec: dict[str, Any] = {"decoding_type": MODE_TYPES[mode]}
+    spec: dict[str, Any] = {"decoding_type": modes[mode].decoding_type}
     if mode == "prompt_lookup":
         spec.update(_ngram(v))
     elif mode == "lookahead":
@@ -155,15 +156,7 @@ NAMES = {"la_W": "max_window_size W", "la_N": "max_ngram_size N", "la_G": "max_v
 
 
 def _float(v: dict[str, Any], key: str) -> float:
-    """A control's value as a finite number, or ConfigError naming the control (an API client may send anything)."""
-    value = v.get(key)
-    try:
-        x = float(value)
-    except (TypeError, ValueError, OverflowError):
-        x = math.nan
-    if not math.isfinite(x):
-        raise ConfigError(f"{NAMES.get(key, key)} must be a finite number, got '{str(value)[:40]}'")
-    return x
+    return finite(v.get(key), NAMES.get(key, key))
 
 
 def _int(v: dict[str, Any], key: str) -> int:
@@ -225,7 +218,7 @@ def _nameable(speculative_model: str | None) -> bool:
 def mode_values(name: str, **overrides) -> tuple[str, dict[str, Any]]:
     """(mode, control values) for a mode name of the command line, where `eagle+prompt_lookup` is EAGLE
     with the merge box ticked; the other controls at their defaults."""
-    mode, merged = split_mode(name)
+    mode, merged = MODES.split(name)
     values = dict(DEFAULTS, **overrides)
     if merged:
         values[MERGE_BOX[mode]] = True
@@ -253,9 +246,9 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     Its marks (✓ ⚠ ✗) are text symbols, not emoji: a lecture-room Linux machine often has no emoji font."""
     info = {m["mode"]: m for m in service.modes(backend=v["backend"])}[mode]
     if not info["available"]:
-        return f"✗ **{learn.MODE_LABELS[mode]} is unavailable on {v['backend']}:** {info['reason']}"
+        return f"✗ **{service.registry.label(mode)} is unavailable on {v['backend']}:** {info['reason']}"
     try:
-        request = service.request(request_from(mode, v))
+        request = service.request(request_from(mode, v, service.registry))
         engine = service.vllm_note(request) if request.backend == "vllm" else None
     except ConfigError as err:
         return f"⚠ **Invalid:** {err}"
@@ -277,13 +270,13 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     return f"✓ Valid · {info['lossless']}{extra}"
 
 
-def summary_row(mode: str, run: Recording, baseline: Recording | None) -> dict[str, Any]:
+def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Modes = MODES) -> dict[str, Any]:
     t = run.events[-1]["totals"] if run.events else {}
     tps = t.get("new_tokens", 0) / t["elapsed_s"] if t.get("elapsed_s") else 0.0
     base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
     parts = traces.speedup_parts(run.events, baseline.events) if baseline is not None else None
-    return {"mode": learn.label(mode), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
+    return {"mode": learn.label(mode, modes), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
             "step_cost": parts["step_cost"] if parts else None, "decoding_tau": parts["tau"] if parts else None,
             "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
             "identical": None if baseline is None else run.token_ids == baseline.token_ids,
@@ -319,73 +312,53 @@ def _paced(parts, draw):
 
 
 class Studio:
-    """The app around one Service: per-session active jobs (for Stop), and the Blocks."""
+    """The app around one Service: per-session running jobs (for Stop), and the Blocks."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self._lock = threading.Lock()
-        self._active: dict[str, Any] = {}  # session -> running job, so Stop can cancel it
+        self.modes = service.registry  # the modes it offers (app/modes.py)
+        self.sessions = Sessions()  # what each page runs, for its Stop
         self.trainer = TrainTab(service)
-        self.example_ids = _example_ids()  # read once: links and the counter-example look prompts up by id
+        self.example_ids = _example_ids(service)  # read once: links and the counter-example look prompts up by id
         # The Run tab's downloads: a folder per session, a file per mode, rewritten by the next run (Gradio serves a copy).
         self._traces = Path(tempfile.mkdtemp(prefix="specdec-traces-"))
         weakref.finalize(self, shutil.rmtree, self._traces, ignore_errors=True)
 
     # ------------------------------------------------------------------ jobs
-    def _start(self, session: str, data: dict[str, Any], prompt: str):
-        try:
-            job = self.service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
-        except (ConfigError, ModelError, QueueFull) as err:
-            raise gr.Error(self.service.relative(str(err)), duration=None) from None
-        with self._lock:
-            self._active[session] = job
-        return job
-
     @contextlib.contextmanager
     def _skippable(self, request: gr.Request | None):
-        """A replay's skip flag, registered as the session's active job so Stop sets it."""
-        session = request.session_hash if request is not None else "local"
+        """A replay's skip flag, registered as the session's running job so Stop sets it."""
         skip = threading.Event()
-        handle = SimpleNamespace(cancel=skip.set, replay=True)
-        with self._lock:
-            self._active[session] = handle
-        try:
+        with self.sessions.running(request.session_hash if request is not None else "local",
+                                   SimpleNamespace(cancel=skip.set, replay=True)):
             yield skip
-        finally:
-            with self._lock:
-                if self._active.get(session) is handle:
-                    del self._active[session]
 
     def visitor_left(self, request: gr.Request) -> None:
         """The page closed (Gradio's unload): what it runs stops, so nobody's work outlives their visit."""
-        with self._lock:
-            job = self._active.get(request.session_hash)
-        if job is not None:
-            job.cancel()
+        self.sessions.cancel(request.session_hash)
         self.trainer.visitor_left(request)
 
     def stop(self, request: gr.Request) -> str:
-        with self._lock:
-            job = self._active.get(request.session_hash)
+        job = self.sessions.cancel(request.session_hash)
         if job is None:
             return "Nothing is running."
-        job.cancel()
         # A replay skips to its end at once and says so itself: this answer could land after that line.
         return gr.skip() if getattr(job, "replay", False) else "⏹ Stopping after the current step…"
 
     def _stream(self, session: str, data: dict[str, Any], prompt: str, run: Recording):
-        """DecodeRequest `data` run as the session's active job (Stop cancels it); each batch of messages added to `run`."""
-        job = self._start(session, data, prompt)
+        """DecodeRequest `data` run as the session's job (Stop cancels it); each batch of messages added to `run`."""
         try:
-            for batch in job.batches(REDRAW_S):
-                for message in batch:
-                    run.add(message)
-                yield run
-        finally:
-            job.cancel()
-            with self._lock:
-                if self._active.get(session) is job:
-                    del self._active[session]
+            job = self.service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
+        except (ConfigError, ModelError, QueueFull) as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        with self.sessions.running(session, job):
+            try:
+                for batch in job.batches(REDRAW_S):
+                    for message in batch:
+                        run.add(message)
+                    yield run
+            finally:
+                job.cancel()
         if run.end and run.end.get("error"):
             raise gr.Error(f"generation failed: {run.end['error']}")
 
@@ -396,7 +369,7 @@ class Studio:
         baseline: Recording | None = None
         try:  # every setting checked before anything runs: a bad one is one sentence, not a bare "Error"
             base_request = request_from("autoregressive", v)
-            self.service.request(request_from(mode, v), session)
+            self.service.request(request_from(mode, v, self.modes), session)
         except ConfigError as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
         baselines = baselines if isinstance(baselines, dict) else {}
@@ -412,16 +385,16 @@ class Studio:
                     yield self._run_outputs(Recording(run_name(mode, v)), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
                     return
                 baselines = {**baselines, key: baseline.record()}
-        run = Recording(run_name(mode, v), request_from(mode, v), prompt)
+        run = Recording(run_name(mode, v), request_from(mode, v, self.modes), prompt)
         yield from _paced(self._stream(session, run.request, prompt, run),
-                          lambda part: self._run_outputs(part, baseline, _status(part), baselines, final=False))
+                          lambda part: self._run_outputs(part, baseline, _status(part, self.modes), baselines, final=False))
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
             baselines = {**baselines, key: run.record()}
         folder = self._traces / (re.sub(r"[^A-Za-z0-9_-]", "", session)[:40] or "local")
         folder.mkdir(exist_ok=True)
         trace = folder / f"specdec-{run.mode}-trace.json"
         trace.write_text(json.dumps(run.trace(baseline)))
-        yield self._run_outputs(run, baseline, _status(run), baselines, final=True, trace=str(trace))
+        yield self._run_outputs(run, baseline, _status(run, self.modes), baselines, final=True, trace=str(trace))
 
     def run_request(self, request: dict[str, Any], session: gr.Request) -> Iterator[dict[str, Any]]:
         """Run one request object: the DecodeRequest JSON (as `generate --json` records it and `serve` takes in
@@ -436,7 +409,7 @@ class Studio:
             raise gr.Error("request.prompt must be text: the user turn (the chat template is applied)", duration=None)
         if "mode" in data:  # the name the Run tab and the command line use; a request says it as a config's type
             raise gr.Error("a request names its mode in speculative_config.decoding_type (" + ", ".join(
-                f"{t} = {m}" for m, t in MODE_TYPES.items()) + "), not in 'mode'", duration=None)
+                f"{m.decoding_type} = {m.name}" for m in self.modes) + "), not in 'mode'", duration=None)
         session_hash = session.session_hash if session is not None else "local"
         try:
             config = self.service.request(data, session_hash).speculative_config
@@ -457,13 +430,13 @@ class Studio:
         if final and baseline is not None and run.mode != "autoregressive":
             versus = render.speedup_line(events, baseline.events)
             status = f"{status}\n\n{versus}" if versus else status
-        detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history) if events else ""
+        detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history, run.mode) if events else ""
         return (
             render.step_view(events, run.texts),
             status,
             gr.update(maximum=max(last, 1), value=max(last, 0), interactive=final and last > 0),
             detail,
-            charts.race(events, baseline.events if baseline else None, label=learn.label(run.mode)),
+            charts.race(events, baseline.events if baseline else None, label=learn.label(run.mode, self.modes)),
             charts.tokens_per_step(events),
             # The browser redraws every chart it is sent, on the cores the model runs on: while generating,
             # only the race and the per-step bars are live; the rest are drawn once at the end.
@@ -484,11 +457,11 @@ class Studio:
         i = min(max(int(step), 0), len(events) - 1) if isinstance(step, (int, float)) and math.isfinite(step) else 0
         history = [t for e in events[:i] for t in e["tokens"]]
         try:  # a record is this session's own run or a checked trace; a shape that still slipped through gets words
-            detail = render.step_detail(events[i], record["texts"], record["prompt_ids"], history)
+            detail = render.step_detail(events[i], record["texts"], record["prompt_ids"], history, record.get("mode"))
         except Exception as err:
             raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
         number = events[i].get("step", i)
-        return (detail, charts.race(events, record.get("baseline"), label=learn.label(record["mode"]) if record.get("mode") else None,
+        return (detail, charts.race(events, record.get("baseline"), label=learn.label(record["mode"], self.modes) if record.get("mode") else None,
                                     cursor=number),
                 charts.tokens_per_step(events, cursor=number))
 
@@ -508,17 +481,17 @@ class Studio:
         try:  # parse checked every field the display reads; should a shape still slip through, say so in words
             for r in (run, baseline or run):
                 render.step_view(r.events, r.texts)
-                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None])
+                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None], r.mode)
         except Exception as err:
             raise gr.Error(f"cannot replay this file: it could not be drawn ({type(err).__name__})", duration=None) from None
         with self._skippable(request) as skip:
             if paced:
                 runs = [run] if baseline is None else [run, baseline]
                 for parts in _replayed(runs, skip):
-                    yield self._run_outputs(parts[0], parts[1] if baseline else None, "▶ Replaying a recording · " + _status(parts[0]),
+                    yield self._run_outputs(parts[0], parts[1] if baseline else None, "▶ Replaying a recording · " + _status(parts[0], self.modes),
                                             baselines, final=False)
         where = "⏭ Skipped to the end of the recording" if skip.is_set() else "Replayed a recording"
-        yield self._run_outputs(run, baseline, f"{where} · {_status(run)}", baselines, final=True)
+        yield self._run_outputs(run, baseline, f"{where} · {_status(run, self.modes)}", baselines, final=True)
 
     def replay_settings(self, path: str | None) -> list:
         """The prompt, mode and controls a trace ran with, so Run runs it again here; each left as it is
@@ -532,7 +505,7 @@ class Studio:
         if settings is None:
             return [run.prompt if run and run.prompt else gr.skip(), *keep[1:]]
         mode, v = settings
-        if v.get("dt_model") not in (None, *_draft_choices(self.service)):
+        if v.get("dt_model") not in (None, *self.service.drafts()):
             del v["dt_model"]
         for key, kind in (("md_model", "medusa"), ("eg_model", "eagle")):  # a run this server has not made
             if key in v and v[key] not in {value for _, value in artifact_choices(self.service, kind)}:
@@ -559,12 +532,12 @@ class Studio:
         stops = tour_stops()
         for i, name in enumerate(stops, 1):
             mode = name.split("-")[0]
-            line = (f"**Tour {i}/{len(stops)}: {learn.label(mode)}** · {_recording_label(name).split(' · ', 1)[1]} · "
+            line = (f"**Tour {i}/{len(stops)}: {learn.label(mode, self.modes)}** · {_recording_label(name).split(' · ', 1)[1]} · "
                     f"{RECORDING_WHY.get(mode, '')}")
             settings = self.replay_settings(_recording_path(name))
             fresh = True
             for out in self.replay(request, _recording_path(name), paced, baselines):
-                extra = [*settings, learn.LEARN[split_mode(mode)[0]], line] if fresh else [gr.skip()] * (len(settings) + 2)
+                extra = [*settings, learn.explain(MODES.split(mode)[0]), line] if fresh else [gr.skip()] * (len(settings) + 2)
                 fresh = False
                 yield (*out, *extra)
 
@@ -575,7 +548,7 @@ class Studio:
         query = dict(request.query_params) if request is not None else {}
         if not query:
             return [*keep, "", gr.skip(), None]
-        link = links.parse(query, self.page_defaults(), MODES, self.example_ids, RECORDINGS,
+        link = links.parse(query, self.page_defaults(), self.modes.names, self.example_ids, RECORDINGS,
                            lambda m, v: _link_check(self.service, m, v))
         values = [link.values.get(k, gr.skip()) for k in CONTROLS]
         return [gr.update(selected=link.tab) if link.tab else gr.skip(), link.prompt or gr.skip(), link.mode or gr.skip(),
@@ -583,7 +556,7 @@ class Studio:
 
     def page_defaults(self) -> dict[str, Any]:
         """The controls' values on a fresh page (DEFAULTS, with the choices only the server knows)."""
-        drafts = _draft_choices(self.service)
+        drafts = self.service.drafts()
         return dict(DEFAULTS, dt_model=drafts[0] if drafts else None, backend=self.service.default_backend("lookahead"))
 
     def link(self, mode: str, prompt: str, present: bool, *values) -> Any:
@@ -602,7 +575,8 @@ class Studio:
             request_from("autoregressive", overrides | {k: DEFAULTS[k] for k in CONTROLS if k not in overrides})
         except ConfigError as err:
             raise gr.Error(str(err), duration=None) from None
-        chosen = ["autoregressive"] + [m for m in COMPARED + VLLM_COMPARED if m in (modes or []) and m != "autoregressive"]
+        compared = self.modes.names + self.modes.merged + VLLM_COMPARED
+        chosen = ["autoregressive"] + [m for m in compared if m in (modes or []) and m != "autoregressive"]
         available = {m["mode"]: m for m in self.service.modes(backend=backend)}
         engine = {m["mode"]: m for m in self.service.modes(backend="vllm")}
         runs: dict[str, Recording] = {}
@@ -612,7 +586,7 @@ class Studio:
         deadline = time.monotonic() + self.service.limits.time_limit_s
         for name in chosen:
             if time.monotonic() > deadline:
-                notes.append(f"⏱ {learn.label(name)} and the rest were skipped: a comparison starts no new mode after "
+                notes.append(f"⏱ {learn.label(name, self.modes)} and the rest were skipped: a comparison starts no new mode after "
                              f"the server's time limit ({self.service.limits.time_limit_s:g} s).")
                 break
             on_vllm = name.startswith(learn.ENGINE_PREFIX)
@@ -621,25 +595,25 @@ class Studio:
                 values["backend"] = "vllm"
             state = (engine if on_vllm else available)[mode]
             if not state["available"]:
-                notes.append(f"{learn.label(name)} skipped: {state['reason']}")
+                notes.append(f"{learn.label(name, self.modes)} skipped: {state['reason']}")
                 continue
             run = runs[name] = Recording(name)
 
             def draw(part: Recording, name=name) -> tuple:
-                current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None)]
-                return (render.summary_table(current), charts.race_runs(_curves(runs)), charts.compare(current),
-                        charts.tau_vs_cost(current), f"Running {learn.label(name)}…", gr.skip())
+                current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None, self.modes)]
+                return (render.summary_table(current), charts.race_runs(_curves(runs, self.modes)), charts.compare(current),
+                        charts.tau_vs_cost(current), f"Running {learn.label(name, self.modes)}…", gr.skip())
 
-            yield from _paced(self._stream(session, request_from(mode, values), prompt, run), draw)
+            yield from _paced(self._stream(session, request_from(mode, values, self.modes), prompt, run), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
                 notes.append("⏹ Stopped.")
                 break
-            rows.append(summary_row(name, run, runs.get("autoregressive") if name != "autoregressive" else None))
+            rows.append(summary_row(name, run, runs.get("autoregressive") if name != "autoregressive" else None, self.modes))
         ran_in = next((f" in {r.dtype}" for r in runs.values() if r.dtype), "")
         done = ("Done. " + " ".join(notes) if notes
                 else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another.")
         records = {name: run.record() for name, run in runs.items() if run.events}
-        yield (render.summary_table(rows), charts.race_runs(_curves(runs)), charts.compare(rows), charts.tau_vs_cost(rows),
+        yield (render.summary_table(rows), charts.race_runs(_curves(runs, self.modes)), charts.compare(rows), charts.tau_vs_cost(rows),
                done, records)
 
     def replay_race(self, records: dict, request: gr.Request):
@@ -648,7 +622,7 @@ class Studio:
         runs = {name: Recording.from_record(r) for name, r in (records or {}).items()}
         if not runs:
             raise gr.Error("Nothing to replay yet: compare first.")
-        curves = _curves(runs)
+        curves = _curves(runs, self.modes)
         total = max(_clock(r.events)[-1] for r in runs.values())
         with self._skippable(request) as skip:
             for now in _ticks(total, skip):
@@ -681,7 +655,7 @@ class Studio:
     def engine_build(self, request: gr.Request, progress=gr.Progress(), mode: str = "autoregressive", *values):
         v, visitor = dict(zip(CONTROLS, values)), visitor_of(request)
         try:
-            manifest = self.service.engine_build(request_from(mode, v), progress=lambda f, msg: progress(f, desc=msg),
+            manifest = self.service.engine_build(request_from(mode, v, self.modes), progress=lambda f, msg: progress(f, desc=msg),
                                                  visitor=visitor)
         except (ConfigError, ModelError, ValueError) as err:
             return (f"⚠ {self.service.relative(str(err))}", gr.update(value=self.engines_table(visitor)),
@@ -692,7 +666,7 @@ class Studio:
     def engine_plan(self, request: gr.Request, mode: str, *values) -> str:
         v = dict(zip(CONTROLS, values))
         try:
-            return json.dumps(self.service.engine_plan(request_from(mode, v), visitor=visitor_of(request)), indent=1)
+            return json.dumps(self.service.engine_plan(request_from(mode, v, self.modes), visitor=visitor_of(request)), indent=1)
         except (ConfigError, ModelError, ValueError) as err:
             return f"# {self.service.relative(str(err))}"
 
@@ -713,7 +687,7 @@ class Studio:
     def blocks(self) -> gr.Blocks:
         service = self.service
         availability = service.availability()
-        examples = _examples()
+        examples = _examples(service)
         # delete_cache: Gradio keeps a copy of every trace it served; an hour is enough to download one.
         with gr.Blocks(title="SpecDec Studio", delete_cache=(3600, 3600)) as demo:
             gr.Markdown(
@@ -735,7 +709,7 @@ class Studio:
                                 counter_btn = gr.Button("Counter-example: nothing to copy", size="sm", elem_id="counter-example",
                                                         scale=0, min_width=200)
                             example = _examples_dropdown(examples, "examples")
-                            mode = gr.Radio([(learn.MODE_LABELS[m], m) for m in MODES], value=DEFAULT_MODE, label="Decoding mode",
+                            mode = gr.Radio([(m.label, m.name) for m in self.modes], value=DEFAULT_MODE, label="Decoding mode",
                                             elem_id="mode")
                             modes_note = gr.Markdown(_modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
                             with gr.Row():
@@ -768,7 +742,7 @@ class Studio:
                                 tour_btn = gr.Button("Tour: every mode, recorded", size="sm", elem_id="tour",
                                                      visible=bool(tour_stops()))
                                 tour_note = gr.Markdown("", elem_id="tour-note")
-                            explain = gr.Markdown(learn.LEARN[DEFAULT_MODE], elem_id="learn-mode")
+                            explain = gr.Markdown(learn.explain(DEFAULT_MODE, self.modes), elem_id="learn-mode")
                         with gr.Column(scale=2):
                             present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
                                                   "space plays it)", elem_id="present")
@@ -805,10 +779,10 @@ class Studio:
                             cmp_prompt = gr.Textbox(label="Prompt", lines=3, value=examples[0][1], elem_id="cmp-prompt")
                             cmp_example = _examples_dropdown(examples, "cmp-examples")
                         with gr.Column(scale=2):
-                            offered = [m for m in COMPARED if m != "autoregressive"]
+                            offered = [m for m in self.modes.names + self.modes.merged if m != "autoregressive"]
                             if service.backends["vllm"].availability().available:
                                 offered += VLLM_COMPARED
-                            cmp_modes = gr.CheckboxGroup([(learn.label(m), m) for m in offered],
+                            cmp_modes = gr.CheckboxGroup([(learn.label(m, self.modes), m) for m in offered],
                                                          value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                                          elem_id="cmp-modes")
                             cmp_tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
@@ -840,9 +814,9 @@ class Studio:
                                            elem_id="draft-cost")
                     earn_note = gr.Markdown("", elem_id="earn-note")
                     earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
-                    for m in MODES:
-                        with gr.Accordion(learn.MODE_LABELS[m], open=False):
-                            gr.Markdown(learn.LEARN[m])
+                    for m in self.modes:
+                        with gr.Accordion(m.label, open=False):
+                            gr.Markdown(learn.explain(m.name, self.modes))
                 with gr.Tab("Engines", id="engines"):
                     gr.Markdown("Builds are content-addressed directories under `engines/builds/`: built once, reused, "
                                 "built atomically. **Build** prepares what the Run tab's current mode and settings need on "
@@ -871,7 +845,7 @@ class Studio:
                 return check_message(service, m, dict(zip(CONTROLS, vals)))
 
             shown = [(verdict, [mode, *inputs], check), (_visible, [mode, c["md_pl"], c["eg_pl"]], c["groups"]),
-                     (lambda m: learn.LEARN[m], [mode], explain)]
+                     (lambda m: learn.explain(m, self.modes), [mode], explain)]
             quiet = dict(queue=False, show_progress="hidden", api_visibility="private")
             for fn, ins, outs in shown:
                 gr.on([comp.input for comp in ins], fn, ins, outs, **quiet)
@@ -974,7 +948,7 @@ class Studio:
                 c["la_g"] = Slider(0, 8, value=d["la_g"], step=1, label="g")
         with gr.Group(visible=False) as g_dt:
             gr.Markdown("**Draft-target** (`DraftTargetDecodingConfig`)")
-            drafts = _draft_choices(service)
+            drafts = service.drafts()
             c["dt_model"] = gr.Dropdown(drafts, value=drafts[0] if drafts else None, allow_custom_value=False,
                                         label="speculative_model (registry names only)")
             c["dt_len"] = Slider(1, 16, value=d["dt_len"], step=1, label="max_draft_len")
@@ -1017,18 +991,13 @@ class Studio:
         return c
 
 
-DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0,
-    "pl_num_tokens": 10, "pl_ngram": 2, "pl_draft_lens": "2,5", "pl_candidates": 1, "pl_oldest": True,
-    "la_W": 4, "la_N": 3, "la_G": 4, "la_w": 4, "la_n": 3, "la_g": 4,
-    "dt_model": None, "dt_len": 4,
-    "md_tree": "default", "md_typical": False, "md_threshold": 0.09, "md_alpha": 0.3, "md_prune": MIN_PATH_PROB,
-    "md_pl": False, "md_model": SHIPPED,
-    "eg_total": 12, "eg_depth": 4, "eg_topk": 3, "eg_tree": DYNAMIC, "eg_prune": MIN_PATH_PROB, "eg_pl": False,
-    "eg_model": SHIPPED,
-    "sx_len": 24, "sx_depth": 24, "sx_factor": 1.0, "sx_min_prob": 0.1, "sx_tree": False,
-    "backend": "transformers", "dtype": "auto",
-}
+# Every control's value on a fresh page: its config's default (values_from each mode's default config), except
+# the Run tab's own choices: a short answer, a fixed seed, and a smaller EAGLE tree than EagleDecodingConfig's
+# (24 tokens, depth 5, top-k 4, which the "fastest here" preset sets): a cheaper step and a tree that reads at a glance.
+CONFIG_DEFAULTS: dict[str, Any] = {"dt_model": None} | {
+    k: v for m in MODES for k, v in values_from({"speculative_config": {"decoding_type": m.decoding_type}})[1].items()}
+RUN_TAB_CHOICES = {"max_new_tokens": 64, "seed": 0, "eg_total": 12, "eg_depth": 4, "eg_topk": 3}
+DEFAULTS: dict[str, Any] = CONFIG_DEFAULTS | RUN_TAB_CHOICES
 
 
 def _dtype_radio(service: Service, elem_id: str) -> gr.Radio:
@@ -1051,8 +1020,8 @@ def _visible(mode: str, md_pl: bool = False, eg_pl: bool = False):
             for m in ("prompt_lookup", "lookahead", "draft_target", "medusa", "eagle", "suffix")]
 
 
-def _status(run: Recording) -> str:
-    label = f"**{learn.label(run.mode)}**" + (f" ({run.dtype})" if run.dtype else "")
+def _status(run: Recording, modes: Modes = MODES) -> str:
+    label = f"**{learn.label(run.mode, modes)}**" + (f" ({run.dtype})" if run.dtype else "")
     if run.engine:
         method = (run.engine.get("speculative_config") or {}).get("method")
         label += f" on vLLM {run.engine.get('version') or ''}".rstrip() + (f" (`{method}`)" if method else "")
@@ -1132,8 +1101,8 @@ def _clock(events: list[dict]) -> list[float]:
     return out
 
 
-def _curves(runs: dict[str, Recording]) -> dict[str, list[dict]]:
-    return {learn.label(m): r.events for m, r in runs.items()}
+def _curves(runs: dict[str, Recording], modes: Modes = MODES) -> dict[str, list[dict]]:
+    return {learn.label(m, modes): r.events for m, r in runs.items()}
 
 
 def _modes_note(service: Service, backend: str) -> str:
@@ -1141,32 +1110,26 @@ def _modes_note(service: Service, backend: str) -> str:
     for m in service.modes(backend=backend):
         mark = "✓" if m["available"] else "✗"
         why = f" — {m['reason']}" if m["reason"] else ""
-        lines.append(f"{mark} {learn.MODE_LABELS[m['mode']]}{why}")
+        lines.append(f"{mark} {service.registry.label(m['mode'])}{why}")
     return "<small>" + " · ".join(lines) + "</small>"
 
 
-def _draft_choices(service: Service) -> list[str]:
-    from app import models
-
-    return [name for name, (base, _) in models.DRAFT_ALIASES.items() if base == service.model]
-
-
-def _example_ids() -> dict[int, str]:
+def _example_ids(service: Service) -> dict[int, str]:
     """Every Spec-Bench first turn shipped, by question id (what a link's `example=` names)."""
-    return {int(r["id"]): r["text"] for r in bench.load_prompts(None, None, None)}
+    return {int(r["id"]): r["text"] for r in service.examples()}
 
 
 def _link_check(service: Service, mode: str, values: dict[str, Any]) -> str | None:
     try:
-        service.request(request_from(mode, values))
+        service.request(request_from(mode, values, service.registry))
     except (ConfigError, ValueError, TypeError) as err:
         return str(err)
     return None
 
 
-def _examples() -> list[tuple[str, str]]:
+def _examples(service: Service) -> list[tuple[str, str]]:
     """One Spec-Bench prompt per category (first turns)."""
-    return [(r["category"], r["text"]) for r in bench.load_prompts(None, None, 1)]
+    return [(r["category"], r["text"]) for r in service.examples(1)]
 
 
 def _examples_dropdown(examples: list[tuple[str, str]], elem_id: str) -> gr.Dropdown:
@@ -1185,10 +1148,14 @@ def _example_tree() -> str:
     return render.tree_svg(list(range(len(paths))), parents, path, texts)
 
 
+# The page's own styles, given once at launch: the token view's and presenter mode's.
+CSS = render.CSS + presenter.CSS
+
+
 def launch(service: Service, host: str | None = None, port: int | None = None, **kwargs):
     """Serve the app; host/port None = Gradio's own defaults (GRADIO_SERVER_NAME/PORT, else 127.0.0.1:7860)."""
     studio = Studio(service)
     demo = studio.blocks()
     demo.queue(max_size=service.limits.max_queue, default_concurrency_limit=service.limits.max_concurrency)
-    return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], css=presenter.CSS,
+    return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], css=CSS,
                        head=presenter.HEAD, **kwargs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.modes import Mode
 from app.service.configs import DecodeRequest
 from app.service.jobs import Limits, Work
 
@@ -36,8 +37,8 @@ class Backend(Protocol):
 
     def availability(self) -> Availability: ...
 
-    def supports(self, mode: str) -> str | None:
-        """None when this backend can run `mode`, else the reason it cannot."""
+    def supports(self, mode: Mode, model: str | None = None) -> str | None:
+        """None when this backend can run `mode` (its entry in app/modes.py) for `model`, else the reason it cannot."""
 
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         """Everything that can fail before generation starts (load, encode, check the prompt against the

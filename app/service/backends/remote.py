@@ -24,6 +24,7 @@ from typing import Any
 from app.config import ConfigError
 from app.models import ModelError
 from app.service.backends.base import Availability, Prompt
+from app.modes import Mode
 from app.service.configs import DecodeRequest
 from app.service.jobs import Limits, Work
 
@@ -63,7 +64,7 @@ class RemoteBackend:
         self._checked = (time.monotonic(), state)
         return state
 
-    def supports(self, mode: str, model: str | None = None) -> str | None:
+    def supports(self, mode: Mode, model: str | None = None) -> str | None:
         state = self.availability()
         return None if state.available else state.reason
 

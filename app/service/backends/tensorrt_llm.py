@@ -25,6 +25,7 @@ from typing import Any
 from app.config import ConfigError
 from app.service import configs
 from app.service.backends.base import Availability, Prompt
+from app.modes import Mode
 from app.service.configs import DecodeRequest
 from app.service.jobs import Limits, Work
 
@@ -149,10 +150,10 @@ class TensorRTLLMBackend:
             self._availability = probe()
         return self._availability
 
-    def supports(self, mode: str, model: str | None = None) -> str | None:
-        # Which of its own backends runs which mode is a config rule (configs.TRTLLM_BACKENDS).
-        if not configs.TRTLLM_BACKENDS.get(mode, ("?",)):
-            return f"TensorRT-LLM has no {mode} decoding: {configs.TRTLLM_MISSING[mode]}"
+    def supports(self, mode: Mode, model: str | None = None) -> str | None:
+        # Which of its own backends runs which mode is the mode's entry's (app/modes.py `trtllm`).
+        if not mode.trtllm:
+            return f"TensorRT-LLM has no {mode.name} decoding: {mode.trtllm_missing or 'the mode is this app’s own'}"
         return None if self.availability().available else self.availability().reason
 
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:

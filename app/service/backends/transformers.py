@@ -16,6 +16,7 @@ from app.config import ConfigError
 from app.models import LoadedModel
 from app.service import configs
 from app.service.backends.base import Availability, Prompt
+from app.modes import Mode
 from app.service.configs import DecodeRequest
 from app.service.jobs import Limits, Work
 
@@ -35,13 +36,12 @@ class TransformersBackend:
     def availability(self) -> Availability:
         return Availability(True)
 
-    def supports(self, mode: str, model: str | None = None) -> str | None:
-        if model is None or mode not in ("draft_target", "medusa", "eagle"):
+    def supports(self, mode: Mode, model: str | None = None) -> str | None:
+        if model is None or not mode.artifact:
             return None
-        kind = "draft" if mode == "draft_target" else mode
-        if models.default_artifact(model, kind) is None:
-            what = {"draft_target": "draft model", "medusa": "Medusa heads", "eagle": "EAGLE module"}[mode]
-            return f"no {what} ships for '{model}': name one in the mode's settings, or train one (python -m app train --mode {kind})"
+        if models.default_artifact(model, mode.artifact) is None:
+            return (f"no {mode.artifact_label} ships for '{model}': name one in the mode's settings, or train one "
+                    f"(python -m app train --mode {mode.artifact})")
         return None
 
     def model(self, name: str, dtype: str = "auto") -> LoadedModel:
@@ -49,7 +49,7 @@ class TransformersBackend:
         return self._once(("model", name, dtype), lambda: models.load(name, dtype=dtype, engines=self.engines))
 
     def companion(self, target: LoadedModel, cfg) -> Any:
-        key = ("companion", target.name, target.dtype, cfg.mode, cfg.draft_model, cfg.medusa_model, cfg.eagle_model)
+        key = ("companion", target.name, target.dtype, cfg.mode, getattr(cfg.speculative_config, "speculative_model", None))
         return self._once(key, lambda: runner.load_companion(cfg, target, self.engines))
 
     def _once(self, key: tuple, load):

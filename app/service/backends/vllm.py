@@ -15,6 +15,7 @@ from app.config import ConfigError
 from app.service import configs, vllm
 from app.service.backends import remote
 from app.service.backends.base import Availability, Prompt
+from app.modes import MODES, Mode
 from app.service.configs import DecodeRequest
 from app.service.engines import EngineError, EngineStore, Progress, spec_for
 from app.service.jobs import Limits, Work
@@ -46,17 +47,18 @@ class VLLMBackend:
         reason = vllm.unavailable(self.settings)
         return Availability(reason is None, reason or "")
 
-    def supports(self, mode: str, model: str | None = None) -> str | None:
-        reason = vllm.unavailable(self.settings)
+    def supports(self, mode: Mode, model: str | None = None) -> str | None:
+        reason = vllm.unavailable(self.settings) or vllm.missing(mode)
         if reason:
             return reason
-        request = DecodeRequest(speculative_config={"decoding_type": configs.MODE_TYPES[mode]}
-                                if mode != "eagle" else {"decoding_type": "Eagle", "eagle_choices": "[[0],[0,0],[0,0,0]]",
-                                                         "use_dynamic_tree": False})
-        artifact = models.default_artifact(model or models.BUNDLED, "eagle") if mode == "eagle" else None
-        if mode == "eagle" and artifact is None:
+        spec = {"decoding_type": mode.decoding_type}
+        if mode.name == "eagle":  # vLLM's eagle3 drafts a chain: the request names a static one
+            spec.update(eagle_choices="[[0],[0,0],[0,0,0]]", use_dynamic_tree=False)
+        request = MODES.request(speculative_config=spec)
+        artifact = models.default_artifact(model or models.BUNDLED, "eagle") if mode.name == "eagle" else None
+        if mode.name == "eagle" and artifact is None:
             return f"no EAGLE-3 module for {model}: set speculative_model"
-        if mode == "suffix" and not vllm.has_arctic(self.settings.python):
+        if mode.name == "suffix" and not vllm.has_arctic(self.settings.python):
             return f"vLLM's suffix method needs Arctic Inference beside it: {vllm.SETUP} builds it"
         return vllm.method_reason(request, artifact)
 
