@@ -702,14 +702,7 @@ def test_save_load_round_trip_with_a_draft_vocabulary(tmp_path, tiny_model):
     mh.check_compatible(loaded, tiny_model)
     out = mh.export_trtllm(loaded, lm.weight, tmp_path / "x", base_model="tiny")
     tensors = load_file(str(out / mh.TRTLLM_WEIGHTS))
-    # Medusa's layout has no d2t: vLLM reads the draft vocabulary as token_map (the target id of each draft id)
-    # with truncated_vocab_size; TensorRT-LLM reads the heads by name and ranks the whole vocabulary.
-    assert "d2t" not in tensors and torch.equal(tensors["token_map"], heads.target_ids)
-    assert json.loads((out / "config.json").read_text())["truncated_vocab_size"] == 20
-    back = mh.read_export(out, lm_head_weight=lm.weight)
-    assert torch.equal(back.target_ids, heads.target_ids)
-    with torch.no_grad():
-        assert torch.allclose(back.logits(x, lm), heads.logits(x, lm), atol=1e-2)
+    assert "d2t" not in tensors and "token_map" not in tensors  # the engines rank the whole vocabulary (export_trtllm)
 
 
 def test_load_errors(tmp_path, tiny_model):

@@ -272,10 +272,11 @@ def export_trtllm(
     conversion reads (`examples/medusa/convert_checkpoint.py --medusa_model_dir <directory>`):
     config.json (medusa_num_heads, medusa_num_layers, ...) and medusa_lm_head.safetensors with the
     state dict of Medusa's `medusa_head` ModuleList: "{k}.{layer}.linear.weight/bias" and
-    "{k}.{num_layers}.weight" (each head's LM head, here a copy of the shared one). With a draft
-    vocabulary it also holds vLLM's `token_map` (target id of each draft id) and the config its
-    `truncated_vocab_size`, so vLLM ranks the same tokens as this app; TensorRT-LLM's conversion
-    reads the heads by name and ranks the whole vocabulary.
+    "{k}.{num_layers}.weight" (each head's LM head, here a copy of the shared one). A draft
+    vocabulary has no place in that layout: TensorRT-LLM and vLLM rank the whole vocabulary with these
+    heads. (vLLM 0.32 has `token_map` + `truncated_vocab_size` for one, but its loader cannot load it:
+    per-head LM heads keep the whole vocabulary's rows, and with `original_lm_head` the loaded token_map is
+    reported as "not initialized from checkpoint".)
     """
     cfg = heads.config
     if tuple(lm_head_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
@@ -291,9 +292,6 @@ def export_trtllm(
     lm = lm_head_weight.detach().to("cpu", dtype)
     for k in range(cfg.medusa_num_heads):
         tensors[f"{k}.{cfg.medusa_num_layers}.weight"] = lm.clone()  # safetensors refuses shared storage
-    target_ids = heads.target_ids
-    if target_ids is not None:
-        tensors["token_map"] = target_ids.to("cpu", torch.long).contiguous()
     save_file(tensors, str(directory / TRTLLM_WEIGHTS))
     config = {
         "medusa_num_heads": cfg.medusa_num_heads,
@@ -303,7 +301,6 @@ def export_trtllm(
         "base_model_name_or_path": base_model,
         # vLLM's Medusa loader builds its ResBlocks without biases (and drops ours) unless this says they have them.
         "medusa_fc_bias": True,
-        **({"truncated_vocab_size": len(target_ids)} if target_ids is not None else {}),
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
@@ -320,7 +317,6 @@ def read_export(directory: str | Path, lm_head_weight: torch.Tensor | None = Non
         raise MedusaError(f"no Medusa heads checkpoint at {directory}: needs config.json and {TRTLLM_WEIGHTS}")
     config = json.loads((directory / "config.json").read_text())
     tensors = {k.removeprefix("medusa_head."): v for k, v in load_file(str(directory / TRTLLM_WEIGHTS)).items()}
-    token_map = tensors.pop("token_map", None)
     num_heads, num_layers = int(config["medusa_num_heads"]), int(config["medusa_num_layers"])
     lm_heads = [tensors.pop(f"{k}.{num_layers}.weight", None) for k in range(num_heads)]
     if any(w is None for w in lm_heads):
@@ -330,10 +326,7 @@ def read_export(directory: str | Path, lm_head_weight: torch.Tensor | None = Non
         raise MedusaError(
             f"{directory}: the heads' LM heads differ from the shared one; only shared-LM-head checkpoints can be read"
         )
-    vocab_size, hidden = lm_heads[0].shape
-    d2t = None if token_map is None else vocab.offsets(token_map)
-    heads = MedusaHeads(MedusaConfig(hidden, vocab_size, medusa_num_heads=num_heads, medusa_num_layers=num_layers,
-                                     draft_vocab_size=None if d2t is None else len(d2t)), d2t)
-    _load_state(heads, {**{f"medusa_head.{k}": v for k, v in tensors.items()}, **({"d2t": d2t} if d2t is not None else {})},
-                directory)
+    vocab, hidden = lm_heads[0].shape
+    heads = MedusaHeads(MedusaConfig(hidden, vocab, medusa_num_heads=num_heads, medusa_num_layers=num_layers))
+    _load_state(heads, {f"medusa_head.{k}": v for k, v in tensors.items()}, directory)
     return heads.eval()

@@ -32,11 +32,6 @@ def target_ids(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(len(d2t), device=d2t.device) + d2t
 
 
-def offsets(target: torch.Tensor) -> torch.Tensor:
-    """d2t of the draft vocabulary whose draft id d is target id target[d] (vLLM's `token_map`)."""
-    return torch.as_tensor(target, dtype=torch.long) - torch.arange(len(target))
-
-
 def problem(d2t: torch.Tensor, size: int, vocab_size: int) -> str | None:
     """Why `d2t` is not a draft vocabulary of `size` tokens of a `vocab_size` vocabulary, or None."""
     if d2t.shape != (size,):
