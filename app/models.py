@@ -257,3 +257,16 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
         )
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
         raise ModelError(f"draft model '{draft.name}' and target '{target.name}' use different tokenizers")
+
+
+def lm_head_weight(model_dir: str | Path) -> torch.Tensor:
+    """Just the LM head tensor of a model directory (a tied model has only the embedding), read from its
+    safetensors without loading the model: what exporting trained heads needs of their target."""
+    from safetensors import safe_open
+
+    for name in ("lm_head.weight", "model.embed_tokens.weight"):
+        for file in sorted(Path(model_dir).glob("*.safetensors")):
+            with safe_open(str(file), "pt") as f:
+                if name in f.keys():
+                    return f.get_tensor(name)
+    raise ModelError(f"no LM head weight in {model_dir}")

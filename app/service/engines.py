@@ -667,15 +667,10 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
 
 
 def _lm_head_weight(model_dir: Path, what: str):
-    """Just the target's LM head tensor (a tied model has only the embedding), without loading the model."""
-    from safetensors import safe_open
-
-    for name in ("lm_head.weight", "model.embed_tokens.weight"):
-        for file in sorted(model_dir.glob("*.safetensors")):
-            with safe_open(str(file), "pt") as f:
-                if name in f.keys():
-                    return f.get_tensor(name)
-    raise BuildError(f"no LM head weight in {model_dir}: {what} cannot be exported for TensorRT-LLM")
+    try:
+        return models.lm_head_weight(model_dir)
+    except models.ModelError as err:
+        raise BuildError(f"{err}: {what} cannot be exported for TensorRT-LLM") from err
 
 
 def _export_medusa(src: Path, model_dir: Path, out: Path, base_model: str) -> None:

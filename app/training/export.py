@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 # artifact architecture (its config.json) -> its formats, the default first
 FORMATS = {"eagle": ("eagle3", "modelopt"), "medusa": ("medusa",), "layer_draft": ("hf",)}
 KIND_OF = {"eagle": "EAGLE module", "medusa": "Medusa heads", "layer_draft": "distilled draft"}
@@ -57,7 +59,10 @@ def export(source: Path, out: Path, base_model: str | None = None, format: str |
 
         try:
             eagle.check_exportable(eagle.read_config(source))  # before loading the base model
-            module = eagle.load(source, target_lm_head=_base(base_model).model.get_output_embeddings())
+            weight = _lm_head(base_model)
+            lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            lm_head.weight.data = weight.float()
+            module = eagle.load(source, target_lm_head=lm_head)
             eagle.export_checkpoint(module, out, base_model, layout=fmt)
         except eagle.EagleError as err:
             raise ExportError(str(err)) from err
@@ -65,14 +70,20 @@ def export(source: Path, out: Path, base_model: str | None = None, format: str |
         from app.heads import medusa
 
         heads = medusa.load(source)
-        lm_head = _base(base_model).model.get_output_embeddings().weight
-        medusa.export_trtllm(heads, lm_head, out, base_model)
+        medusa.export_trtllm(heads, _lm_head(base_model), out, base_model)
     else:
         from app.training.draft import write_model
 
         base = _base(base_model)
         write_model(base.model, base.tokenizer, source, out, draft_vocab=False)
     return out
+
+
+def _lm_head(name: str):
+    """The base model's LM head tensor, read without loading the model."""
+    from app import models
+
+    return models.lm_head_weight(models.locate(name)).float()
 
 
 def _base(name: str):
