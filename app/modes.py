@@ -4,8 +4,9 @@ service, the web app's controls and charts, and the bench.
 A mode is its drafter (app/decoding/drafters/) and its config class (app/service/configs.py: TensorRT-LLM's or
 vLLM's field names, the defaults and bounds, and `drafter()`, which builds the drafter from a checked config);
 its entry here says everything else about it: its display name and colour, whether it is lossless, which
-backends and engines run it and under which names, and the command-line flags whose names are not simply
-`--<mode>-<field>`. Plain data: nothing here imports gradio, plotly or torch.
+backends and engines run it and under which names, the command-line flags whose names are not simply
+`--<mode>-<field>`, and its Run-tab controls (app/ui/settings.py reads them). Plain data: nothing here imports
+gradio, plotly or torch.
 """
 
 from __future__ import annotations
@@ -36,6 +37,34 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Control:
+    """A Run-tab control of a mode. Its value is config field `field` (through `to_field` / `from_field` where the
+    two differ, e.g. EAGLE's total tokens = max_draft_len + 1); a control without a field is its mode's
+    `to_fields` / `from_fields`' (lookahead's per-request w, n, g), or a merge box."""
+
+    key: str  # its name in the Run tab's values and in links: "pl_ngram"
+    field: str | None
+    label: str
+    kind: str = "slider"  # slider, number, checkbox, text, choice, merge (the box that merges prompt lookup's tree in)
+    minimum: float = 0
+    maximum: float = 1
+    step: float = 1  # a whole step: the value is an int
+    choices: str = ""  # a choice's menu: "trees", "eagle_trees", "drafts", or an artifact (train --mode's "medusa", "eagle")
+    name: str = ""  # what a refusal calls it (default: its label)
+    row: int = 0  # controls with the same row > 0 sit side by side
+    value: Any = None  # the Run tab's start value where it is not the config's default (a smaller EAGLE tree)
+    fastest: Any = None  # its value in the "fastest here" preset, where it differs from `value`
+    to_field: Callable[[Any], Any] | None = None
+    from_field: Callable[[Any], Any] | None = None
+    elem_id: str | None = None
+
+    @property
+    def preset(self) -> bool:
+        """Whether settings presets set it: not the pickers of draft models and trained artifacts (the user's)."""
+        return self.kind != "choice" or self.choices in ("trees", "eagle_trees")
+
+
+@dataclass(frozen=True)
 class Mode:
     name: str
     label: str
@@ -53,6 +82,14 @@ class Mode:
     mergeable: bool = False  # its tree can verify prompt lookup's candidates too (<name>+prompt_lookup)
     merged_colour: str = ""
     drafts_free: bool = False  # drafting costs almost nothing (no model runs): render's explanation says so
+    # The Run tab: its controls (None: one per config field, app/ui/settings.py), the line above them, and the fields
+    # the controls without a field make (to_fields: typed control values -> fields; from_fields: config -> control
+    # values, None when the Run tab cannot express it).
+    controls: tuple[Control, ...] | None = None
+    heading: str = ""
+    to_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    from_fields: Callable[[Any], dict[str, Any] | None] | None = None
+    fields_made: tuple[str, ...] = ()  # the config fields to_fields makes
 
     @property
     def decoding_type(self) -> str:
@@ -136,6 +173,42 @@ def _default(cls: type, field: str) -> Any:
     return cls.model_fields[field].default
 
 
+# The Run tab's irregular controls: a draft-caps list as text, lookahead's per-request (w, n, g) triple, EAGLE's
+# total tokens and its dynamic-or-static tree.
+DYNAMIC = "dynamic (EAGLE-2)"  # the EAGLE tree menu's first choice: no eagle_choices
+PRUNE_LABEL = "min path probability (prune unlikely nodes; 0 = off)"
+MERGE_LABEL = "merge prompt lookup's candidates into the tree (its settings: the Prompt lookup group)"
+
+
+def _draft_lens(text: Any) -> list[int]:
+    lens = str(text or "").replace(" ", "")
+    try:
+        return [int(x) for x in lens.split(",") if x]
+    except ValueError:
+        raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{text}'") from None
+
+
+def _unset_prune(value: float | None) -> float:
+    return configs.MIN_PATH_PROB if value is None else value  # what the transformers backend prunes at when unset
+
+
+def _lookahead_values(c: configs.LookaheadDecodingConfig) -> dict[str, Any]:
+    w, n, g = c.request or (c.max_window_size, c.max_ngram_size, c.max_verification_set_size)
+    return {"la_w": w, "la_n": n, "la_g": g}
+
+
+def _eagle_tree_fields(v: dict[str, Any]) -> dict[str, Any]:
+    static = v["eg_tree"] not in (None, "", DYNAMIC)
+    return {"use_dynamic_tree": not static, "eagle_choices": v["eg_tree"] if static else None,
+            "min_path_prob": 0.0 if static else v["eg_prune"]}  # a static tree is never pruned
+
+
+def _eagle_tree_values(c: configs.EagleDecodingConfig) -> dict[str, Any]:
+    if not c.use_dynamic_tree:
+        return {"eg_tree": c.eagle_choices}
+    return {"eg_tree": DYNAMIC, "eg_prune": _unset_prune(c.min_path_prob)}
+
+
 _NGRAM = configs.NGramDecodingConfig
 _EAGLE = configs.EagleDecodingConfig
 PRUNE_HELP = ("Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower "
@@ -158,14 +231,35 @@ MODES = Modes(
     Mode("draft_target", "Draft-target", configs.DraftTargetDecodingConfig, "#0072B2",
          "lossless: greedy and exact speculative sampling", trtllm=("pytorch",), vllm="draft_model", vllm_compare=True,
          artifact="draft", artifact_label="draft model",
+         controls=(Control("dt_model", "speculative_model", "speculative_model (registry names only)", "choice", choices="drafts"),
+                   Control("dt_len", "max_draft_len", "max_draft_len", maximum=16, minimum=1, fastest=2)),
          flags=(Flag("draft_model", "speculative_model", "draft model for draft_target (same tokenizer as --model; "
                      "default: the shipped distilled draft)"),
                 Flag("max_draft_len", "max_draft_len"))),
     Mode("prompt_lookup", "Prompt lookup", configs.NGramDecodingConfig, "#E69F00", "lossless: greedy and exact sampling",
-         trtllm=("pytorch",), vllm="ngram", vllm_compare=True, drafts_free=True, flags=NGRAM_FLAGS),
+         trtllm=("pytorch",), vllm="ngram", vllm_compare=True, drafts_free=True,
+         controls=(Control("pl_num_tokens", "max_draft_len", "max_draft_len (prompt_lookup_num_tokens)", minimum=1, maximum=32),
+                   Control("pl_ngram", "max_matching_ngram_size", "max_matching_ngram_size", minimum=1, maximum=6, fastest=3),
+                   Control("pl_draft_lens", "ngram_draft_lens", "draft caps after a 1-gram, 2-gram… match (empty = none)", "text",
+                           name="draft caps", to_field=_draft_lens, from_field=lambda lens: ",".join(map(str, lens))),
+                   Control("pl_candidates", "max_candidates", "matches verified together (tree)", minimum=1, maximum=4,
+                           name="matches verified together", fastest=2),
+                   Control("pl_oldest", "is_use_oldest", "is_use_oldest (copy after the earliest match; off = the latest)",
+                           "checkbox", fastest=False)),
+         heading="**Prompt lookup** (TensorRT-LLM `NGramDecodingConfig`)",
+         flags=NGRAM_FLAGS),
     Mode("lookahead", "Lookahead", configs.LookaheadDecodingConfig, "#009E73", "lossless: greedy and exact sampling",
          trtllm=("tensorrt",), drafts_free=True,
          vllm_missing="vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend",
+         controls=(Control("la_W", "max_window_size", "max_window_size W", minimum=1, maximum=8, row=1),
+                   Control("la_N", "max_ngram_size", "max_ngram_size N", minimum=1, maximum=6, row=1),
+                   Control("la_G", "max_verification_set_size", "max_verification_set_size G", maximum=8, row=1),
+                   Control("la_w", None, "w", minimum=1, maximum=8, row=2),
+                   Control("la_n", None, "n", minimum=1, maximum=6, row=2),
+                   Control("la_g", None, "g", maximum=8, row=2)),
+         heading="**Lookahead** (`LookaheadDecodingConfig`): engine maxima (W, N, G) and this request's (w, n, g) ≤ them",
+         to_fields=lambda v: {"request": [v["la_w"], v["la_n"], v["la_g"]]}, from_fields=_lookahead_values,
+         fields_made=("request",),
          flags=(Flag("lookahead_config", help="W,N,G: window, n-gram size, verification set", to_fields=_triple,
                      default=",".join(str(_default(configs.LookaheadDecodingConfig, f))
                                       for f in ("max_window_size", "max_ngram_size", "max_verification_set_size"))),
@@ -177,6 +271,15 @@ MODES = Modes(
          "lossless with greedy or exact sampling; typical acceptance is NOT lossless", trtllm=("tensorrt",),
          vllm="medusa", vllm_compare=True, artifact="medusa", artifact_label="Medusa heads", mergeable=True,
          merged_colour="#56B4E9",  # Okabe-Ito's sky blue
+         controls=(Control("md_tree", "medusa_choices", "medusa_choices (tree)", "choice", choices="trees"),
+                   Control("md_typical", "typical_acceptance", "typical acceptance (sampling only — NOT lossless)", "checkbox"),
+                   Control("md_threshold", "posterior_threshold", "posterior_threshold", minimum=0.01, step=0.01),
+                   Control("md_alpha", "posterior_alpha", "posterior_alpha", step=0.05),
+                   Control("md_prune", "min_path_prob", PRUNE_LABEL, maximum=0.5, step=0.01, name="min path probability",
+                           from_field=_unset_prune),
+                   Control("md_pl", None, MERGE_LABEL, "merge", elem_id="md-pl"),
+                   Control("md_model", "speculative_model", "heads (speculative_model; train your own in the Train tab)",
+                           "choice", choices="medusa", elem_id="md-model")),
          flags=(Flag("medusa_model", "speculative_model", "Medusa heads directory (default: the shipped heads of --model)"),
                 Flag("medusa_choices", "medusa_choices", "Medusa tree: a name in assets/medusa_choices/ or a JSON list of rank paths"),
                 Flag("typical_acceptance", "typical_acceptance", "Medusa under sampling: typical acceptance (faster, NOT lossless)"),
@@ -187,6 +290,21 @@ MODES = Modes(
          # Not in the Compare tab on vLLM: its eagle3 loads EAGLE-3 modules only, and the shipped module is not one.
          trtllm=("pytorch", "tensorrt"), vllm="eagle3", artifact="eagle", artifact_label="EAGLE module", mergeable=True,
          merged_colour="#882255",  # Tol's wine
+         controls=(Control("eg_total", "max_draft_len", "total tokens (max_draft_len + 1)", minimum=2, maximum=64, value=12,
+                           fastest=24, name="total tokens", to_field=lambda total: total - 1, from_field=lambda n: n + 1),
+                   Control("eg_depth", "num_eagle_layers", "depth (num_eagle_layers)", minimum=1, maximum=8, value=4, fastest=5,
+                           name="depth"),
+                   Control("eg_topk", "dynamic_tree_max_topK", "top-k (dynamic_tree_max_topK)", minimum=1, maximum=10, value=3,
+                           fastest=4, name="top-k"),
+                   Control("eg_tree", None, "tree (eagle_choices)", "choice", choices="eagle_trees"),
+                   Control("eg_prune", None, PRUNE_LABEL + ", dynamic tree", maximum=0.5, step=0.01,
+                           name="min path probability"),
+                   Control("eg_pl", None, MERGE_LABEL, "merge", elem_id="eg-pl"),
+                   Control("eg_model", "speculative_model", "module (speculative_model; train your own in the Train tab)",
+                           "choice", choices="eagle", elem_id="eg-model")),
+         heading="**EAGLE** (`EagleDecodingConfig`): EAGLE-2 dynamic tree or a static tree",
+         to_fields=_eagle_tree_fields, from_fields=_eagle_tree_values,
+         fields_made=("use_dynamic_tree", "eagle_choices", "min_path_prob"),
          flags=(Flag("eagle_model", "speculative_model", "EAGLE module directory (default: the shipped module of --model)"),
                 Flag("eagle_total_tokens", help="EAGLE-2 dynamic tree: nodes verified per step", kind=int,
                      default=_default(_EAGLE, "max_draft_len") + 1, to_fields=lambda v: {"max_draft_len": v - 1}),
@@ -198,6 +316,15 @@ MODES = Modes(
          "lossless: greedy and exact sampling", vllm="suffix", vllm_compare=True, drafts_free=True,
          trtllm_missing="its SADecodingConfig (suffix automaton) drafts what followed the context's longest earlier "
                         "match, prompt lookup's idea without counts; run suffix decoding on the transformers or vllm backend",
+         controls=(Control("sx_len", "max_draft_len", "max_draft_len (num_speculative_tokens)", minimum=1, maximum=64),
+                   Control("sx_depth", "suffix_decoding_max_tree_depth", "suffix_decoding_max_tree_depth", minimum=1, maximum=64),
+                   Control("sx_factor", "suffix_decoding_max_spec_factor",
+                           "suffix_decoding_max_spec_factor (draft ≤ factor × match length)", maximum=4, step=0.25,
+                           name="suffix_decoding_max_spec_factor"),
+                   Control("sx_min_prob", "suffix_decoding_min_token_prob", "suffix_decoding_min_token_prob", step=0.05),
+                   Control("sx_tree", "use_tree_spec",
+                           "use_tree_spec (verify the likeliest continuations as a tree; this app's loop only)", "checkbox")),
+         heading="**Suffix decoding** (vLLM's `suffix` method, `suffix_decoding_*`)",
          flags=(Flag("suffix_max_draft_len", "max_draft_len", "suffix: draft at most this many tokens (vLLM's num_speculative_tokens)"),
                 Flag("suffix_decoding_max_tree_depth", "suffix_decoding_max_tree_depth", "suffix: the suffix tree's depth (match + draft)"),
                 Flag("suffix_decoding_max_spec_factor", "suffix_decoding_max_spec_factor", "suffix: draft at most this times the match length"),

@@ -1,4 +1,4 @@
-"""Numeric controls that say in words what an API client sent wrong.
+"""Controls shared by the tabs. Numeric controls that say in words what an API client sent wrong.
 
 Gradio's Slider and Number compare and round whatever a client posts; a string or a list there fails inside
 Gradio, and the client reads a bare "Error". These check the type first and answer one sentence naming the
@@ -12,6 +12,7 @@ from typing import Any
 import gradio as gr
 
 from app.config import ConfigError
+from app.service.api import DTYPES
 
 
 def finite(value: Any, name: str) -> float:
@@ -46,3 +47,20 @@ class Number(gr.Number):
     def preprocess(self, payload: Any) -> Any:
         _check(payload, self.label, empty_ok=True)
         return super().preprocess(payload)
+
+
+def dtype_radio(service, elem_id: str) -> gr.Radio:
+    """The dtype choice (Run and Compare tabs)."""
+    return gr.Radio(["auto", *DTYPES], value="auto", label="dtype", elem_id=elem_id,
+                    info=f"auto = the server's ({service.dtype}). float32: every mode's greedy output equals "
+                         "autoregressive. bfloat16: half the bytes per pass, faster where the CPU has native bfloat16; "
+                         "the first run in a dtype loads the model in it (transformers backend only).")
+
+
+def examples(service) -> list[tuple[str, str]]:
+    """One Spec-Bench prompt per category (first turns)."""
+    return [(r["category"], r["text"]) for r in service.examples(1)]
+
+
+def examples_dropdown(shown: list[tuple[str, str]], elem_id: str) -> gr.Dropdown:
+    return gr.Dropdown([(f"{c}: {t[:60]}…", t) for c, t in shown], label="Spec-Bench examples", value=None, elem_id=elem_id)

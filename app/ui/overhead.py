@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from app.service.api import Service
-from app.ui import web
+from app.ui import settings, web
 
 
 def _free_port() -> int:
@@ -35,9 +35,9 @@ def measure(service: Service, prompts: list[dict], modes: list[str], max_new_tok
         client = Client(f"http://127.0.0.1:{port}", verbose=False, download_files=False)
         rows = []
         for name in modes:
-            mode, values = web.mode_values(name, max_new_tokens=max_new_tokens)
-            data = web.request_from(mode, values)
-            args = [None, mode, False] + [values[k] for k in web.CONTROLS]
+            mode, values = settings.mode_values(name, max_new_tokens=max_new_tokens)
+            data = settings.to_request(mode, values)
+            args = [None, mode, False] + [values[k] for k in settings.CONTROLS]  # /run_controls: prompt, mode, race, settings
             direct, ui = [], []
             for prompt in prompts:
                 args[0] = prompt["text"]

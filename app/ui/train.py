@@ -24,8 +24,8 @@ from app.service.training import PREFIX, STAGES, TrainConfig
 from app.ui import charts
 from app.ui.controls import Number, Slider, finite
 from app.ui.sessions import Sessions
+from app.ui.settings import SHIPPED
 
-SHIPPED = "shipped"
 # The tab's controls, by TrainConfig field; the handlers receive their values in this order.
 FIELDS = ("kind", "init_from", "data_source", "data_offset", "data_limit", "epochs", "lr", "eval_prompts",
           "medusa_num_heads", "medusa_num_layers", "eagle_steps", "eagle3", "max_len", "answer_tokens", "dtype")

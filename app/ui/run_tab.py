@@ -1,0 +1,601 @@
+"""The Run tab: one prompt through one mode, drawn step by step, raced against autoregressive decoding; replays of
+recorded traces, the tour of every mode, the step inspector, presenter mode, and links to a setup.
+
+Its settings are generated from the mode registry (app/ui/settings.py reads each entry's `controls`): a mode added
+to the registry gets its group of controls here with no edit. Handlers take and return {component: value}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app.config import ConfigError
+from app.modes import MERGED_SUFFIX, Control, Modes
+from app.service import configs, traces
+from app.service.api import ModelError, Service
+from app.service.configs import LookaheadDecodingConfig
+from app.service.traces import Recording, TraceError
+from app.ui import charts, learn, links, presenter, render, settings
+from app.ui.controls import Number, Slider, dtype_radio, examples_dropdown
+from app.ui.sessions import Sessions
+from app.ui.streams import paced, replayed, session_of, skippable, stop, stream
+from app.ui.train import artifact_choices
+
+RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
+RECORDINGS = tuple(sorted(p.stem for p in RECORDINGS_DIR.glob("*.json")))
+DEFAULT_MODE = "prompt_lookup"  # the Run tab's mode on a fresh page
+# A fresh page's prompt: its answer copies the prompt, so the first Run shows prompt lookup earning (measured on a
+# 2-core CPU, float32, five fresh pages: τ 3.50 tokens/pass, 2.2-3.0× the autoregressive run's tokens/s). The counter-example
+# is Spec-Bench's writing prompt: a new text, nothing to copy, nothing gained.
+FIRST_PROMPT = ("Correct the spelling mistakes in this paragraph and return the whole corrected paragraph: The quick "
+                "brown fox jumpd over the lazy dog. The dog was not amused, and it barkd loudly at the fox, who ran "
+                "away into the forrest. Later that day the fox came back and apologised to the dog.")
+COUNTER_EXAMPLE = 81  # Spec-Bench question id: a travel blog post
+WHY_FIRST = ("<small><b>Why this prompt:</b> the answer copies the paragraph it was given, so prompt lookup finds the "
+             "text that comes next in the prompt and the target accepts several tokens per pass. The counter-example "
+             "asks for new text: nothing to copy, so prompt lookup drafts little, the target rejects most of it, and "
+             "the run goes no faster than plain decoding.</small>")
+# Copy link: the server gives the query string; the browser adds its own address (a proxy's or a Space's, which
+# the server cannot know) and copies it where the page may use the clipboard.
+COPY_LINK_JS = """(q) => {
+  const url = location.origin + location.pathname + (q ? '?' + q : '');
+  if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(url).catch(() => {});
+  return url;
+}"""
+# The tour's order, one recording per mode and merged tree; what each recording shows, in one line.
+TOUR_MODES = ("autoregressive", "prompt_lookup", "suffix", "lookahead", "draft_target", "medusa", "eagle",
+              "medusa+prompt_lookup", "eagle+prompt_lookup")
+RECORDING_WHY = {
+    "autoregressive": "the baseline: one target pass per token, nothing drafted.",
+    "prompt_lookup": "the answer copies its input, so matches in the prompt are accepted many tokens at a time.",
+    "suffix": "the answer repeats what it has written, and the counts pick the continuation that recurs most.",
+    "lookahead": "no draft model: the window's n-grams hit on text that repeats a pattern.",
+    "draft_target": "a one-layer draft, distilled from the target, drafts one token per small pass.",
+    "medusa": "heads on the target's last hidden state guess several positions ahead, as a tree.",
+    "eagle": "a draft layer on the target's features grows a tree per step; the target keeps the best branch.",
+    "medusa+prompt_lookup": "Medusa's tree and prompt lookup's copy verified in one pass: each wins where the other misses.",
+    "eagle+prompt_lookup": "EAGLE's tree with prompt lookup's copy merged in: the best of both in one pass.",
+}
+QUIET = dict(queue=False, show_progress="hidden", api_visibility="private")
+
+
+def tour_stops() -> list[str]:
+    """The shipped recording of each TOUR_MODES mode that has one (the first by name), in tour order."""
+    return [next(n for n in RECORDINGS if n.split("-")[0] == mode) for mode in TOUR_MODES
+            if any(n.split("-")[0] == mode for n in RECORDINGS)]
+
+
+def recording_path(name: str | None) -> str | None:
+    """A shipped recording's file, by its menu name: the menu's names are the only paths this opens."""
+    return str(RECORDINGS_DIR / f"{name}.json") if name in RECORDINGS else None
+
+
+def recording_label(name: str, modes: Modes) -> str:
+    """A shipped recording's menu entry, from its file name (mode-category-dtype)."""
+    mode, category, dtype = (name.split("-") + ["", ""])[:3]
+    return f"{learn.label(mode, modes) if mode in modes else mode} · {category.replace('_', ' ')} ({dtype})"
+
+
+def presets_note(service: Service) -> str:
+    return ("defaults: small trees, the server's dtype. fastest here: what the README's bench ran — prompt lookup "
+            "max_matching_ngram_size 3, the latest match, 2 matches verified together; EAGLE 24 tokens, depth 5, top-k 4; "
+            f"draft-target max_draft_len 2; {service.fast_dtype()} (this CPU's fastest dtype).")
+
+
+def status_line(run: Recording, modes: Modes) -> str:
+    label = f"**{learn.label(run.mode, modes)}**" + (f" ({run.dtype})" if run.dtype else "")
+    if run.engine:
+        method = (run.engine.get("speculative_config") or {}).get("method")
+        label += f" on vLLM {run.engine.get('version') or ''}".rstrip() + (f" (`{method}`)" if method else "")
+    if not run.events:
+        return f"{label}: loading and prefilling…"
+    line = render.totals_line(run.events[-1])
+    if run.end is None:
+        return f"{label} · {line}"
+    reason = run.end.get("finish_reason")
+    word = {"eos": "finished (end of sequence)", "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
+            "timeout": "⏱ stopped by the time limit"}.get(reason, "finished")
+    counters = render.spec_decode_line(run.spec_decode)
+    return f"{label} {word} · {line}" + (f" · {counters}" if counters else "")
+
+
+def modes_note(service: Service, backend: str) -> str:
+    lines = []
+    for m in service.modes(backend=backend):
+        mark = "✓" if m["available"] else "✗"
+        why = f" — {m['reason']}" if m["reason"] else ""
+        lines.append(f"{mark} {service.registry.label(m['mode'])}{why}")
+    return "<small>" + " · ".join(lines) + "</small>"
+
+
+def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
+    """The line shown under the controls: the service's verdict on these settings, before anything runs.
+    Its marks (✓ ⚠ ✗) are text symbols, not emoji: a lecture-room Linux machine often has no emoji font."""
+    info = {m["mode"]: m for m in service.modes(backend=v["backend"])}[mode]
+    if not info["available"]:
+        return f"✗ **{service.registry.label(mode)} is unavailable on {v['backend']}:** {info['reason']}"
+    try:
+        request = service.request(settings.to_request(mode, v, service.registry))
+        engine = service.vllm_note(request) if request.backend == "vllm" else None
+    except ConfigError as err:
+        return f"⚠ **Invalid:** {err}"
+    if engine is not None:
+        return f"✓ Valid · {info['lossless']} · {engine}"
+    c = request.speculative_config
+    extra = ""
+    if isinstance(c, LookaheadDecodingConfig):
+        extra = f" · engine max_draft_len = (N−2) + (W−1+G)(N−1) = **{c.max_draft_len}**"
+    elif mode != "autoregressive":
+        extra = f" · verifies up to **{c.max_draft_len}** draft tokens per step"
+        if getattr(c, "prompt_lookup", None) is not None:
+            pl = c.prompt_lookup
+            extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
+    if note := service.dtype_note(request.dtype):
+        extra += f" · {note}"
+    if request.backend == "tensorrt_llm":  # said, not dropped silently: settings TensorRT-LLM has no field for
+        extra += "".join(f" · ⚠ {n}" for n in configs.trtllm_notes(request))
+    return f"✓ Valid · {info['lossless']}{extra}"
+
+
+class RunTab:
+    """The Run tab of one Service: `layout()` builds it inside the page's Blocks, the methods are its handlers."""
+
+    def __init__(self, service: Service, sessions: Sessions, example_ids: dict[int, str]) -> None:
+        self.service = service
+        self.modes = service.registry  # the modes it offers (app/modes.py)
+        self.sessions = sessions
+        self.example_ids = example_ids
+        self.keys = settings.keys(self.modes)
+        self.defaults = settings.defaults(self.modes)
+        # Downloads: a folder per session, a file per mode, rewritten by the next run (Gradio serves a copy).
+        self._traces = Path(tempfile.mkdtemp(prefix="specdec-traces-"))
+        weakref.finalize(self, shutil.rmtree, self._traces, ignore_errors=True)
+
+    # ------------------------------------------------------------------ values
+    def values(self, data: dict) -> dict[str, Any]:
+        """The control values, by name, of a handler's {component: value}."""
+        return {k: data[c] for k, c in self.controls.items() if c in data}
+
+    def page_defaults(self) -> dict[str, Any]:
+        """The controls' values on a fresh page (the registry's defaults, with the choices only the server knows)."""
+        drafts = self.service.drafts()
+        return dict(self.defaults, **{c.key: drafts[0] if drafts else None for c in self._pickers("drafts")},
+                    backend=self.service.default_backend("lookahead"))
+
+    def _pickers(self, *kinds: str) -> list[Control]:
+        return [c for cs in settings.groups(self.modes).values() for c in cs
+                if c.kind == "choice" and c.choices not in settings.STATIC_CHOICES and (not kinds or c.choices in kinds)]
+
+    def artifact_pickers(self) -> dict[str, gr.Dropdown]:
+        """The pickers of trained artifacts, by `train --mode` kind (the Train tab offers its runs in them)."""
+        return {c.choices: self.controls[c.key] for c in self._pickers() if c.choices != "drafts"}
+
+    # ------------------------------------------------------------------ layout
+    def _widget(self, c: Control, value: Any):
+        if c.kind == "slider":
+            return Slider(c.minimum, c.maximum, value=value, step=c.step, label=c.label, elem_id=c.elem_id)
+        if c.kind == "number":  # no precision: Gradio's rounding fails on NaN without a word; to_request says it
+            return Number(value=value, label=c.label, step=c.step, elem_id=c.elem_id)
+        if c.kind in ("checkbox", "merge"):
+            return gr.Checkbox(value=bool(value), label=c.label, elem_id=c.elem_id)
+        if c.kind == "text":
+            return gr.Textbox(value=value, label=c.label, elem_id=c.elem_id)
+        if c.choices in settings.STATIC_CHOICES:
+            choices = list(settings.STATIC_CHOICES[c.choices])
+        elif c.choices == "drafts":
+            choices = self.service.drafts()
+        else:
+            choices = artifact_choices(self.service, c.choices)
+        return gr.Dropdown(choices, value=value, allow_custom_value=False, label=c.label, elem_id=c.elem_id)
+
+    def _settings_layout(self) -> None:
+        d, service = self.page_defaults(), self.service
+        c: dict[str, Any] = {}
+        with gr.Accordion("Sampling and length", open=False):
+            c["max_new_tokens"] = Slider(1, service.limits.max_new_tokens, value=d["max_new_tokens"], step=1, label="max_new_tokens")
+            c["temperature"] = Slider(0, 2, value=d["temperature"], step=0.05, label="temperature (0 = greedy)")
+            c["top_p"] = Slider(0.05, 1, value=d["top_p"], step=0.05, label="top_p")
+            c["top_k"] = Slider(0, 100, value=d["top_k"], step=1, label="top_k (0 = off)")
+            # No precision: Gradio's rounding fails on NaN without a word; to_request says what is wrong instead.
+            c["seed"] = Number(value=d["seed"], label="seed (-1 = random)")
+        self.groups: dict[str, gr.Group] = {}
+        for name, controls in settings.groups(self.modes).items():
+            entry = self.modes[name]
+            with gr.Group(visible=name == DEFAULT_MODE) as self.groups[name]:
+                gr.Markdown(entry.heading or f"**{entry.label}** (`{entry.config.__name__}`)")
+                rows: dict[int, list[Control]] = {}
+                for ctl in controls:
+                    rows.setdefault(ctl.row or -len(rows) - 1, []).append(ctl)  # row 0: a row of its own
+                for row in rows.values():
+                    with gr.Row() if len(row) > 1 else contextlib.nullcontext():
+                        for ctl in row:
+                            c[ctl.key] = self._widget(ctl, d[ctl.key])
+        availability = service.availability()
+        c["backend"] = gr.Dropdown(
+            [(name if state.available else f"{name} (unavailable)", name) for name, state in availability.items()],
+            value=d["backend"], label="Backend", elem_id="backend",
+            info="; ".join(f"{n}: {s.reason}" for n, s in availability.items() if not s.available) or None,
+        )
+        c["dtype"] = dtype_radio(service, "dtype")
+        assert tuple(c) == self.keys  # the /run_controls endpoint takes them in this order (creation order)
+        self.controls = c
+
+    def layout(self, shown_examples: list[tuple[str, str]]) -> None:
+        """Build the tab inside the current gr.Tab, and its events."""
+        service, modes = self.service, self.modes
+        self.baselines = gr.State({})
+        self.record = gr.State({})
+        self.linked = gr.State(None)  # the recording a link asked to replay
+        with gr.Row():
+            with gr.Column(scale=1, min_width=340):
+                self.prompt = gr.Textbox(label="Prompt", lines=5, value=FIRST_PROMPT, elem_id="prompt")
+                with gr.Row():
+                    gr.Markdown(WHY_FIRST, elem_id="prompt-why")
+                    counter_btn = gr.Button("Counter-example: nothing to copy", size="sm", elem_id="counter-example",
+                                            scale=0, min_width=200)
+                example = examples_dropdown(shown_examples, "examples")
+                self.mode = gr.Radio([(m.label, m.name) for m in modes], value=DEFAULT_MODE, label="Decoding mode", elem_id="mode")
+                note = gr.Markdown(modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
+                with gr.Row():
+                    presets = {name: gr.Button(f"Settings: {name}", size="sm", elem_id=f"preset-{name.split()[0]}")
+                               for name in settings.PRESETS}
+                gr.Markdown(f"<small>{presets_note(service)}</small>", elem_id="presets-note")
+                # Made before the settings, shown after them: /run_controls takes prompt, mode, race, then the settings.
+                self.race = gr.Checkbox(value=True, label="Race against autoregressive (runs the baseline once per prompt)",
+                                        render=False)
+                self._settings_layout()
+                self.race.render()
+                self.check = gr.Markdown(check_message(service, DEFAULT_MODE, self.page_defaults()), elem_id="check")
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                    link_btn = gr.Button("Copy link", size="sm", elem_id="copy-link")
+                link_box = gr.Textbox(label="Link to this setup (copied)", visible=False, elem_id="link", buttons=["copy"])
+                with gr.Accordion("Replay a recorded run", open=False, elem_id="replay"):
+                    gr.Markdown("<small>A trace from <b>Download the trace</b> or <code>python -m app generate "
+                                "--json</code>, drawn step by step as it ran, with the baseline it raced. No model "
+                                "runs: it looks the same on any machine, busy or not.</small>")
+                    self.recording = gr.Dropdown([(recording_label(n, modes), n) for n in RECORDINGS], value=None,
+                                                 label="Recordings shipped with the app (2-core CPU)", elem_id="recordings",
+                                                 visible=bool(RECORDINGS))
+                    with gr.Row():
+                        recording_btn = gr.Button("Replay the recording", size="sm", elem_id="replay-recording",
+                                                  visible=bool(RECORDINGS))
+                        upload = gr.UploadButton("Replay a trace file (JSON)…", file_types=[".json"], type="filepath",
+                                                 size="sm", elem_id="replay-upload")
+                    self.paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
+                    tour_btn = gr.Button("Tour: every mode, recorded", size="sm", elem_id="tour", visible=bool(tour_stops()))
+                    self.tour_note = gr.Markdown("", elem_id="tour-note")
+                self.explain = gr.Markdown(learn.explain(DEFAULT_MODE, modes), elem_id="learn-mode")
+            with gr.Column(scale=2):
+                self.present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
+                                           "space plays it)", elem_id="present")
+                with gr.Row(elem_id="presenter-row"):
+                    back_btn = gr.Button("◀ step", size="sm", elem_id="step-back")
+                    play_btn = gr.Button("play / pause", size="sm", elem_id="step-play")
+                    next_btn = gr.Button("step ▶", size="sm", elem_id="step-next")
+                    Number(value=1.5, label="seconds per step", minimum=0.2, maximum=30, step=0.1, interactive=True, elem_id="pace")
+                self.status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
+                self.view = gr.HTML(render.step_view([], {}), elem_id="step-view")
+                self.step = Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
+                self.detail = gr.HTML("", elem_id="step-detail")
+                self.download = gr.DownloadButton("Download the trace (JSON)", value=None, interactive=False, size="sm",
+                                                  elem_id="download-trace")
+                # Rows: live while generating (race, tokens per pass); acceptance; speed. Empty charts at first, so the
+                # browser loads Plotly before the first run instead of during it (on a 2-core machine that load slowed
+                # the first run's own numbers about twofold).
+                with gr.Row():
+                    self.race_plot = gr.Plot(charts.race([], None, label=""), label="Race: tokens vs time", elem_id="race")
+                    self.tps_plot = gr.Plot(charts.tokens_per_step([]), label="Tokens per target step", elem_id="tokens-per-step")
+                with gr.Row():
+                    self.hist_plot = gr.Plot(charts.tokens_per_step_hist([]), label="Tokens per step: histogram", elem_id="histogram")
+                    self.depth_plot = gr.Plot(charts.acceptance_by_depth([]), label="Acceptance by draft depth", elem_id="acceptance-depth")
+                with gr.Row():
+                    self.speed_plot = gr.Plot(charts.throughput([]), label="Tokens/s", elem_id="throughput")
+                    self.time_plot = gr.Plot(charts.timing([]), label="Draft vs verify time", elem_id="timing")
+        # What a run or a replay updates, in the order the API returns them.
+        self.outputs = [self.view, self.status, self.step, self.detail, self.race_plot, self.tps_plot, self.depth_plot,
+                        self.hist_plot, self.speed_plot, self.time_plot, self.record, self.baselines, self.download]
+        self.settings = [self.prompt, self.mode, *self.controls.values()]  # what a replay's settings set
+        self._events(presets, example, note, run_btn, stop_btn, link_btn, link_box, recording_btn, upload, tour_btn,
+                     counter_btn, (back_btn, play_btn, next_btn))
+
+    def _events(self, presets, example, note, run_btn, stop_btn, link_btn, link_box, recording_btn, upload, tour_btn,
+                counter_btn, step_buttons) -> None:
+        service, c = self.service, self.controls
+        inputs = set(c.values())
+        # What the settings decide is shown: the service's verdict on them (before anything runs), which groups of
+        # controls show, and the mode's explanation. A user's move (.input) redraws them; code that sets many controls
+        # at once (a preset, a replay's settings) redraws them once after. Not on .change: the browser then sends one
+        # request per changed control, some with the values half set, and answered out of order those left a
+        # verdict on settings no longer shown.
+        boxes = {c[k] for k in settings.merge_boxes(self.modes).values()}
+        self.shown = [(self.verdict, {self.mode, *inputs}, self.check),
+                      (self.visible, {self.mode, *boxes}, set(self.groups.values())),
+                      (lambda m: learn.explain(m, self.modes), [self.mode], self.explain)]
+        for fn, ins, outs in self.shown:
+            gr.on([comp.input for comp in ins], fn, ins, outs, **QUIET)
+        for name, button in presets.items():
+            self.redraw(button.click(lambda name=name: self.preset(name), None,
+                                     {c[k] for k in settings.preset_keys(self.modes)}, **QUIET))
+        c["backend"].change(lambda b: modes_note(service, b), c["backend"], note, **QUIET)
+        example.change(lambda t: t or gr.update(), example, self.prompt, **QUIET)
+        run_evt = run_btn.click(self.run, {self.prompt, self.mode, self.race, self.baselines, *inputs}, self.outputs,
+                                api_name="run_controls", show_progress="hidden", concurrency_id="generate")
+        # gr.api, not an invisible event: an API-only endpoint typed by run_request's signature (one object),
+        # with no hidden components in the page; it queues with the Run button (one concurrency group).
+        gr.api(self.run_request, api_name="run", concurrency_id="generate")
+        stop_btn.click(self.stop, None, self.status, queue=False, api_name="stop")
+        # Replays use no model: their own queue, so one never waits behind a generation.
+        # First the controls the trace ran with (so Run runs it again here), then the replay.
+        replays = dict(show_progress="hidden", concurrency_id="replay", concurrency_limit=4)
+        self.redraw(upload.upload(self.replay_settings, upload, self.settings, **QUIET)).then(
+            self.replay, [upload, self.paced, self.baselines], self.outputs, api_name="replay", **replays)
+        self.redraw(recording_btn.click(lambda name: self.replay_settings(recording_path(name)), self.recording,
+                                        self.settings, **QUIET)).then(
+            self.replay_recording, [self.recording, self.paced, self.baselines], self.outputs,
+            api_name="replay_recording", **replays)
+        # Only the user's moves: the run's own updates of the slider would each call inspect with the
+        # record of the run before, and one answering late would blank the step the run just drew.
+        self.step.input(self.inspect, [self.step, self.record], [self.detail, self.race_plot, self.tps_plot], queue=False,
+                        show_progress="hidden", api_name="inspect")
+        counter_btn.click(lambda: self.example_ids[COUNTER_EXAMPLE], None, self.prompt, **QUIET)
+        self.redraw(tour_btn.click(self.tour, [self.paced, self.baselines],
+                                   [*self.outputs, *self.settings, self.explain, self.tour_note], api_name="tour", **replays))
+        self.present.change(None, self.present, None, js=presenter.TOGGLE_JS, **QUIET)
+        for button, js in zip(step_buttons, ("() => { window.sdStep(-1); }", "() => { window.sdPlay(); }",
+                                             "() => { window.sdStep(1); }")):
+            button.click(None, None, None, js=js, **QUIET)
+        link_btn.click(self.link, {self.mode, self.prompt, self.present, *inputs}, link_box, **QUIET).then(
+            None, link_box, link_box, js=COPY_LINK_JS, **QUIET)
+        del run_evt
+
+    def redraw(self, event):
+        """After `event` set the controls: the verdict, the groups shown and the explanation, once."""
+        for fn, ins, outs in self.shown:
+            event.then(fn, ins, outs, **QUIET)
+        return event
+
+    def open_on_load(self, demo: gr.Blocks, tabs: gr.Tabs, link_note: gr.Markdown) -> None:
+        """A link opens the page set up as it says (then replays the recording it names)."""
+        self.tabs, self.link_note = tabs, link_note
+        self.redraw(demo.load(self.open_link, None, [tabs, *self.settings, self.present, link_note, self.recording,
+                                                     self.linked], **QUIET)).then(
+            self.replay_linked, [self.linked, self.paced, self.baselines], self.outputs, show_progress="hidden",
+            concurrency_id="replay", concurrency_limit=4, api_visibility="private")
+
+    # ------------------------------------------------------------------ the settings shown
+    def verdict(self, data: dict) -> str:
+        return check_message(self.service, data[self.mode], self.values(data))
+
+    def visible(self, data: dict) -> dict:
+        shown = settings.visible(data[self.mode], self.values(data), self.modes)
+        return {group: gr.update(visible=shown[name]) for name, group in self.groups.items()}
+
+    def preset(self, name: str) -> dict:
+        return {self.controls[k]: v for k, v in settings.preset(name, self.service.fast_dtype(), self.modes).items()}
+
+    # ------------------------------------------------------------------ run
+    def stop(self, request: gr.Request) -> str:
+        return stop(self.sessions, request)
+
+    def run(self, data: dict, request: gr.Request):
+        prompt, mode, race, baselines = data[self.prompt], data[self.mode], data[self.race], data[self.baselines]
+        v = self.values(data)
+        session = session_of(request)
+        baseline: Recording | None = None
+        try:  # every setting checked before anything runs: a bad one is one sentence, not a bare "Error"
+            base_request = settings.to_request("autoregressive", v, self.modes)
+            self.service.request(settings.to_request(mode, v, self.modes), session)
+        except ConfigError as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        baselines = baselines if isinstance(baselines, dict) else {}
+        key = json.dumps([prompt, base_request], sort_keys=True)
+        name = settings.run_name(mode, v, self.modes)
+        if race and mode != "autoregressive":
+            if key in baselines:
+                baseline = Recording.from_record(baselines[key])
+            else:
+                baseline = Recording("autoregressive", base_request, prompt)
+                yield from paced(self._stream(session, base_request, prompt, baseline), lambda part: self.outputs_of(
+                    Recording(name), part, "Racing… first the autoregressive baseline", baselines, final=False))
+                if baseline.end and baseline.end.get("finish_reason") == "cancelled":
+                    yield self.outputs_of(Recording(name), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
+                    return
+                baselines = {**baselines, key: baseline.record()}
+        run = Recording(name, settings.to_request(mode, v, self.modes), prompt)
+        yield from paced(self._stream(session, run.request, prompt, run),
+                         lambda part: self.outputs_of(part, baseline, status_line(part, self.modes), baselines, final=False))
+        if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
+            baselines = {**baselines, key: run.record()}
+        folder = self._traces / (re.sub(r"[^A-Za-z0-9_-]", "", session)[:40] or "local")
+        folder.mkdir(exist_ok=True)
+        trace = folder / f"specdec-{run.mode}-trace.json"
+        trace.write_text(json.dumps(run.trace(baseline)))
+        yield self.outputs_of(run, baseline, status_line(run, self.modes), baselines, final=True, trace=str(trace))
+
+    def _stream(self, session: str, data: dict[str, Any], prompt: str, run: Recording):
+        return stream(self.service, self.sessions, session, data, prompt, run)
+
+    def run_request(self, request: dict[str, Any], session: gr.Request) -> Iterator[dict[str, Any]]:
+        """Run one request object: the DecodeRequest JSON (as `generate --json` records it and `serve` takes in
+        `specdec`: speculative_config, sampling, max_new_tokens, backend, dtype, trtllm_backend) plus `prompt`.
+        Yields the trace as it grows; the last value is the whole trace, as `generate --json` prints it."""
+        if not isinstance(request, dict):
+            raise gr.Error("request must be an object: prompt plus the DecodeRequest fields (speculative_config, "
+                           "sampling, max_new_tokens, backend, dtype)", duration=None)
+        data = dict(request)
+        prompt = data.pop("prompt", None)
+        if not isinstance(prompt, str):
+            raise gr.Error("request.prompt must be text: the user turn (the chat template is applied)", duration=None)
+        if "mode" in data:  # the name the Run tab and the command line use; a request says it as a config's type
+            raise gr.Error("a request names its mode in speculative_config.decoding_type (" + ", ".join(
+                f"{m.decoding_type} = {m.name}" for m in self.modes) + "), not in 'mode'", duration=None)
+        session_hash = session_of(session)
+        try:
+            config = self.service.request(data, session_hash).speculative_config
+        except (ConfigError, ModelError) as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        name = config.mode + MERGED_SUFFIX if getattr(config, "prompt_lookup", None) is not None else config.mode
+        run = Recording(name, data, prompt)
+        for part in self._stream(session_hash, data, prompt, run):
+            # Through JSON, as `generate --json` prints it: Gradio sends a gr.api value as it is, and refuses the
+            # token texts' int keys.
+            yield json.loads(json.dumps(part.trace()))
+
+    def outputs_of(self, run: Recording, baseline: Recording | None, status: str, baselines: dict, final: bool,
+                   trace: str | None = None) -> dict:
+        """What a run or a replay shows, as it stands."""
+        events = run.events
+        last = len(events) - 1
+        history = [t for e in events[:-1] for t in e["tokens"]]
+        if final and baseline is not None and run.mode != "autoregressive":
+            versus = render.speedup_line(events, baseline.events)
+            status = f"{status}\n\n{versus}" if versus else status
+        detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history, run.mode) if events else ""
+        out = {
+            self.view: render.step_view(events, run.texts),
+            self.status: status,
+            self.step: gr.update(maximum=max(last, 1), value=max(last, 0), interactive=final and last > 0),
+            self.detail: detail,
+            self.race_plot: charts.race(events, baseline.events if baseline else None, label=learn.label(run.mode, self.modes)),
+            self.tps_plot: charts.tokens_per_step(events),
+            self.baselines: baselines,
+            self.download: gr.update(value=trace, interactive=trace is not None),
+        }
+        if final:  # The browser redraws every chart it is sent, on the cores the model runs on: while generating,
+            # only the race and the per-step bars are live; the rest are drawn once at the end.
+            out.update({self.depth_plot: charts.acceptance_by_depth(events, run.spec_decode),
+                        self.hist_plot: charts.tokens_per_step_hist(events), self.speed_plot: charts.throughput(events),
+                        self.time_plot: charts.timing(events),
+                        self.record: dict(run.record(), baseline=baseline.events if baseline else None)})
+        return out
+
+    def inspect(self, step: float, record: dict) -> tuple:
+        """One step's detail, and the race and per-step charts with a cursor on it (they follow the step)."""
+        if not record or not record.get("events"):
+            return "", gr.skip(), gr.skip()
+        events = record["events"]
+        i = min(max(int(step), 0), len(events) - 1) if isinstance(step, (int, float)) and math.isfinite(step) else 0
+        history = [t for e in events[:i] for t in e["tokens"]]
+        try:  # a record is this session's own run or a checked trace; a shape that still slipped through gets words
+            detail = render.step_detail(events[i], record["texts"], record["prompt_ids"], history, record.get("mode"))
+        except Exception as err:
+            raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
+        number = events[i].get("step", i)
+        label = learn.label(record["mode"], self.modes) if record.get("mode") else None
+        return (detail, charts.race(events, record.get("baseline"), label=label, cursor=number),
+                charts.tokens_per_step(events, cursor=number))
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, request: gr.Request, path: str | None, paced_: bool, baselines: dict):
+        """Draw a recorded trace as if it ran now: at its recorded pace, the run and the baseline it raced
+        side by side from one start (Stop skips to the end), or all at once."""
+        if not path:
+            return
+        try:
+            run, baseline = traces.read(path)
+        except (TraceError, OSError) as err:
+            raise gr.Error(f"cannot replay this file: {self.service.relative(str(err))}", duration=None) from None
+        run.mode = run.mode or render.infer_mode(run.events)
+        if run.mode is None:
+            raise gr.Error("cannot replay this file: it does not say which mode made it", duration=None)
+        try:  # parse checked every field the display reads; should a shape still slip through, say so in words
+            for r in (run, baseline or run):
+                render.step_view(r.events, r.texts)
+                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None], r.mode)
+        except Exception as err:
+            raise gr.Error(f"cannot replay this file: it could not be drawn ({type(err).__name__})", duration=None) from None
+        with skippable(self.sessions, request) as skip:
+            if paced_:
+                runs = [run] if baseline is None else [run, baseline]
+                for parts in replayed(runs, skip):
+                    yield self.outputs_of(parts[0], parts[1] if baseline else None,
+                                          "▶ Replaying a recording · " + status_line(parts[0], self.modes), baselines, final=False)
+        where = "⏭ Skipped to the end of the recording" if skip.is_set() else "Replayed a recording"
+        yield self.outputs_of(run, baseline, f"{where} · {status_line(run, self.modes)}", baselines, final=True)
+
+    def replay_settings(self, path: str | None) -> dict:
+        """The prompt, mode and controls a trace ran with, so Run runs it again here; each left as it is
+        where the trace does not say or the Run tab cannot express it (its replay says what is wrong)."""
+        try:
+            run, _ = traces.read(path) if path else (None, None)
+        except (TraceError, OSError):
+            return {self.prompt: gr.skip()}
+        found = settings.from_request(run.request, self.modes) if run and run.request else None
+        prompt = {self.prompt: run.prompt} if run and run.prompt else {}
+        if found is None:
+            return prompt or {self.prompt: gr.skip()}
+        mode, v = found
+        for c in self._pickers():  # a draft model or a run this server does not have
+            if c.key in v and v[c.key] not in (self.service.drafts() if c.choices == "drafts" else
+                                               {value for _, value in artifact_choices(self.service, c.choices)}):
+                del v[c.key]
+        if v["backend"] not in self.service.availability():
+            del v["backend"]
+        return {**prompt, self.mode: mode, **{self.controls[k]: x for k, x in v.items() if k in self.controls}}
+
+    def replay_recording(self, request: gr.Request, name: str | None, paced_: bool, baselines: dict):
+        """A recording shipped in assets/traces/, by its name in the menu."""
+        yield from self.replay(request, recording_path(name), paced_, baselines)
+
+    def replay_linked(self, request: gr.Request, name: str | None, paced_: bool, baselines: dict):
+        """The recording a link named, after the page loaded; without one, every output stays as it is (an event
+        that yields nothing would blank them)."""
+        if name is None:
+            yield {self.status: gr.skip()}
+            return
+        yield from self.replay_recording(request, name, paced_, baselines)
+
+    def tour(self, request: gr.Request, paced_: bool, baselines: dict):
+        """Every mode's recording in turn (TOUR_MODES): its settings in the controls, its Learn paragraph, its replay
+        with the step narration; Stop skips the current one."""
+        stops = tour_stops()
+        for i, name in enumerate(stops, 1):
+            mode = name.split("-")[0]
+            line = (f"**Tour {i}/{len(stops)}: {learn.label(mode, self.modes)}** · "
+                    f"{recording_label(name, self.modes).split(' · ', 1)[1]} · {RECORDING_WHY.get(mode, '')}")
+            extra = {**self.replay_settings(recording_path(name)),
+                     self.explain: learn.explain(self.modes.split(mode)[0], self.modes), self.tour_note: line}
+            for out in self.replay(request, recording_path(name), paced_, baselines):
+                yield {**out, **extra}
+                extra = {}
+
+    # ------------------------------------------------------------------ links
+    def open_link(self, request: gr.Request) -> dict:
+        """The page's setup from its URL's query string (links.parse); what the link gets wrong, in a note."""
+        query = dict(request.query_params) if request is not None else {}
+        if not query:
+            return {self.link_note: "", self.linked: None}
+        link = links.parse(query, self.page_defaults(), self.modes.names, self.example_ids, RECORDINGS, self._link_check)
+        out = {self.controls[k]: x for k, x in link.values.items()}
+        out.update({self.link_note: link.note(), self.linked: link.replay})
+        for component, value in ((self.tabs, link.tab and gr.update(selected=link.tab)), (self.prompt, link.prompt),
+                                 (self.mode, link.mode), (self.recording, link.replay), (self.present, link.present)):
+            if value is not None and value != "":
+                out[component] = value
+        return out
+
+    def _link_check(self, mode: str, values: dict[str, Any]) -> str | None:
+        try:
+            self.service.request(settings.to_request(mode, values, self.modes))
+        except (ConfigError, ValueError, TypeError) as err:
+            return str(err)
+        return None
+
+    def link(self, data: dict) -> Any:
+        """The query string of the Run tab's setup (the browser adds its own address and copies it)."""
+        return gr.update(value=links.build("run", data[self.mode], self.values(data), data[self.prompt] or "",
+                                           self.page_defaults(), self.example_ids, DEFAULT_MODE, FIRST_PROMPT,
+                                           present=bool(data[self.present])), visible=True)

@@ -1,0 +1,120 @@
+"""Running something as a page session's job (Stop and closing the page end it) and pacing its redraws: shared by
+the Run and Compare tabs. Drawing happens once per batch of messages (Job.batches), and only when due (Pace), so a
+fast generation is never slowed by its own display."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import gradio as gr
+
+from app.config import ConfigError
+from app.service.api import ModelError, Service
+from app.service.jobs import QueueFull
+from app.service.traces import Recording
+from app.ui.sessions import Sessions
+
+REDRAW_S = 0.75
+REPLAY_MAX_S = 120  # a replay at the recorded pace lasts at most this long
+
+
+def session_of(request: gr.Request | None) -> str:
+    return request.session_hash if request is not None else "local"
+
+
+def stream(service: Service, sessions: Sessions, session: str, data: dict[str, Any], prompt: str, run: Recording):
+    """DecodeRequest `data` run as the session's job (Stop cancels it); each batch of messages added to `run`."""
+    try:
+        job = service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
+    except (ConfigError, ModelError, QueueFull) as err:
+        raise gr.Error(service.relative(str(err)), duration=None) from None
+    with sessions.running(session, job):
+        try:
+            for batch in job.batches(REDRAW_S):
+                for message in batch:
+                    run.add(message)
+                yield run
+        finally:
+            job.cancel()
+    if run.end and run.end.get("error"):
+        raise gr.Error(f"generation failed: {run.end['error']}")
+
+
+@contextlib.contextmanager
+def skippable(sessions: Sessions, request: gr.Request | None):
+    """A replay's skip flag, registered as the session's running job so Stop sets it."""
+    skip = threading.Event()
+    with sessions.running(session_of(request), SimpleNamespace(cancel=skip.set, replay=True)):
+        yield skip
+
+
+def stop(sessions: Sessions, request: gr.Request) -> str:
+    job = sessions.cancel(session_of(request))
+    if job is None:
+        return "Nothing is running."
+    # A replay skips to its end at once and says so itself: this answer could land after that line.
+    return gr.skip() if getattr(job, "replay", False) else "⏹ Stopping after the current step…"
+
+
+class Pace:
+    """Redraw only when due: at most every REDRAW_S, and rarely enough that drawing takes at most
+    about 5% of the wall time (the generation thread shares the interpreter and the cores with it)."""
+
+    def __init__(self) -> None:
+        self.last_at = -1e9
+        self.cost = 0.0
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.last_at >= max(REDRAW_S, 19 * self.cost)
+
+    def __enter__(self) -> None:
+        self.last_at = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.cost = time.perf_counter() - self.last_at
+
+
+def paced(parts, draw):
+    """draw(part) for the parts that come when a redraw is due (see Pace)."""
+    pace = Pace()
+    for part in parts:
+        if pace.due():
+            with pace:
+                outputs = draw(part)
+            yield outputs
+
+
+def ticks(total: float, skip: threading.Event):
+    """When to redraw a replay of a recording `total` seconds long at its recorded pace: seconds into
+    the recording, one per REDRAW_S, the last one `total`; a recording over REPLAY_MAX_S is sped up to
+    fit. Stops early once `skip` is set."""
+    speed = max(1.0, total / REPLAY_MAX_S)
+    start = time.perf_counter()
+    while not skip.is_set():
+        now = min(total, (time.perf_counter() - start) * speed)
+        yield now
+        if now >= total:
+            return
+        skip.wait(REDRAW_S)
+
+
+def replayed(runs: list[Recording], skip: threading.Event):
+    """The runs as they stood at each redraw, replayed at the recorded pace from one start, so they race
+    as they would have side by side."""
+    clocks = [clock(r.events) for r in runs]
+    for now in ticks(max(c[-1] for c in clocks), skip):
+        yield [r.prefix(bisect.bisect_right(c, now)) for r, c in zip(runs, clocks)]
+
+
+def clock(events: list[dict]) -> list[float]:
+    """When each step ended, in seconds from the run's start (never earlier than the step before)."""
+    out, last = [], 0.0
+    for e in events:
+        last = max(last, e["totals"].get("elapsed_s", last))
+        out.append(last)
+    return out
