@@ -99,7 +99,7 @@ def test_browser_first_run_on_a_fresh_page_shows_speculation_earning(page):
 
 
 def test_browser_tour_plays_every_modes_recording(page):
-    from app.ui.web import TOUR_MODES, tour_stops
+    from app.ui.run_tab import TOUR_MODES, tour_stops
 
     stops = tour_stops()
     assert [s.split("-")[0] for s in stops] == list(TOUR_MODES)  # a recording ships for every mode and merged tree

@@ -6,7 +6,7 @@ import pytest
 
 from app.modes import MODES
 from app.ui import links
-from app.ui.web import CONTROLS, DEFAULTS
+from app.ui.settings import CONTROLS, DEFAULTS
 
 EXAMPLES = {81: "Compose an engaging travel blog post.", 241: "Summarize this article."}
 RECORDINGS = ("eagle-roleplay-bfloat16", "lookahead-math_reasoning-bfloat16")

@@ -26,7 +26,8 @@ from app.decoding.drafters.prompt_lookup import PromptLookup
 from app.decoding.sampling import SamplingParams
 from app.decoding.tree import children, depths, graft, path_to
 from app.service import configs
-from app.ui import render, web
+from app.ui import render
+from app.ui import settings as run_settings
 from helpers import Recording, run
 from test_eagle import PROMPTS, ar_reference, make_module, trained  # noqa: F401 (fixture)
 from test_medusa import drafter as medusa_drafter
@@ -213,21 +214,21 @@ def test_cli_rejects_an_unmergeable_mode_with_status_2(capsys):
     assert "unknown mode 'draft_target+prompt_lookup'" in err and len(err.strip().splitlines()) == 1
 
 
-def test_web_request_and_mode_values():
-    mode, values = web.mode_values("eagle+prompt_lookup", max_new_tokens=16)
+def test_run_tab_request_and_mode_values():
+    mode, values = run_settings.mode_values("eagle+prompt_lookup", max_new_tokens=16)
     assert mode == "eagle" and values["eg_pl"] and not values["md_pl"]
-    spec = web.request_from(mode, values)["speculative_config"]
+    spec = run_settings.to_request(mode, values)["speculative_config"]
     assert spec["prompt_lookup"] == {"max_draft_len": 10, "max_matching_ngram_size": 2, "ngram_draft_lens": [2, 5],
                                      "max_candidates": 1, "is_use_oldest": True}
-    newest = web.request_from("prompt_lookup", dict(web.DEFAULTS, pl_oldest=False))["speculative_config"]
+    newest = run_settings.to_request("prompt_lookup", dict(run_settings.DEFAULTS, pl_oldest=False))["speculative_config"]
     assert newest["is_use_oldest"] is False
-    assert "prompt_lookup" not in web.request_from("eagle", dict(web.DEFAULTS))["speculative_config"]
-    assert "prompt_lookup" in web.request_from("medusa", dict(web.DEFAULTS, md_pl=True))["speculative_config"]
+    assert "prompt_lookup" not in run_settings.to_request("eagle", dict(run_settings.DEFAULTS))["speculative_config"]
+    assert "prompt_lookup" in run_settings.to_request("medusa", dict(run_settings.DEFAULTS, md_pl=True))["speculative_config"]
     with pytest.raises(ConfigError):
-        web.mode_values("lookahead+prompt_lookup")
-    shown = [u["visible"] for u in web._visible("eagle", False, True)]
-    assert shown == [True, False, False, False, True, False]  # groups: prompt lookup, lookahead, draft, Medusa, EAGLE, suffix
-    assert [u["visible"] for u in web._visible("eagle", True, False)] == [False, False, False, False, True, False]
+        run_settings.mode_values("lookahead+prompt_lookup")
+    shown = run_settings.visible("eagle", {"md_pl": False, "eg_pl": True})
+    assert [m for m, on in shown.items() if on] == ["prompt_lookup", "eagle"]  # its group and the merged branch's
+    assert [m for m, on in run_settings.visible("eagle", {"md_pl": True, "eg_pl": False}).items() if on] == ["eagle"]
 
 
 def test_labels_and_chart_colours_of_merged_trees():
@@ -240,8 +241,8 @@ def test_labels_and_chart_colours_of_merged_trees():
     fig = charts.compare([{"mode": "EAGLE + prompt lookup", "speedup": 1.7}, {"mode": "EAGLE", "speedup": 1.4}])
     assert list(fig.data[0].x) == ["EAGLE + prompt lookup", "EAGLE"]
     assert fig.data[0].marker.color[0] != fig.data[0].marker.color[1]
-    assert web.run_name("eagle", dict(web.DEFAULTS, eg_pl=True)) == "eagle+prompt_lookup"
-    assert web.run_name("medusa", dict(web.DEFAULTS, eg_pl=True)) == "medusa"  # the EAGLE box is EAGLE's only
+    assert run_settings.run_name("eagle", dict(run_settings.DEFAULTS, eg_pl=True)) == "eagle+prompt_lookup"
+    assert run_settings.run_name("medusa", dict(run_settings.DEFAULTS, eg_pl=True)) == "medusa"  # the EAGLE box is EAGLE's only
 
 
 # ----------------------------------------------------------------------------- the step view

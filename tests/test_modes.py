@@ -118,6 +118,32 @@ def test_the_run_tab_offers_it(tmp_path):
     radio = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "mode")
     assert ("Repeat", "repeat") in [tuple(c) for c in radio.choices]
     assert [m["mode"] for m in studio.service.modes(backend="transformers")][-1] == "repeat"
+    # Its config's field is a control of its own group (settings generated from the registry, no web.py edit).
+    control = studio.run.controls["repeat_max_draft_len"]
+    assert control.label == "max_draft_len" and control.value == 3
+    parents, block = [], control
+    while block is not None:
+        parents.append(block := block.parent)
+    assert studio.run.groups["repeat"] in parents
+
+
+def test_its_field_round_trips_through_the_run_tabs_settings():
+    from app.ui import settings
+
+    assert [c.key for c in settings.controls(TOY["repeat"])] == ["repeat_max_draft_len"]
+    assert "repeat_max_draft_len" in settings.keys(TOY) and "repeat_max_draft_len" not in settings.keys()
+    values = dict(settings.defaults(TOY), repeat_max_draft_len=5)
+    assert values["repeat_max_draft_len"] == 5 and settings.defaults(TOY)["repeat_max_draft_len"] == 3
+    request = settings.to_request("repeat", values, TOY)
+    assert request["speculative_config"] == {"decoding_type": "Repeat", "max_draft_len": 5}
+    assert TOY.parse(request).speculative_config.max_draft_len == 5
+    mode, back = settings.from_request(request, TOY)
+    assert mode == "repeat" and back["repeat_max_draft_len"] == 5
+    assert settings.to_request(mode, {**settings.defaults(TOY), **back}, TOY) == request
+    assert settings.visible("repeat", values, TOY)["repeat"] and not settings.visible("eagle", values, TOY)["repeat"]
+    with pytest.raises(ConfigError, match="max_draft_len must be a finite number"):
+        settings.to_request("repeat", dict(values, repeat_max_draft_len="many"), TOY)
+    assert settings.from_request(request) is None  # the app's own registry does not know it
 
 
 def test_a_greedy_run_with_it_equals_autoregressive(tiny_model):

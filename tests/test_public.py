@@ -146,7 +146,7 @@ def client(app_url):
 
 
 def run_args(mode="prompt_lookup", prompt="Repeat: apples, pears, apples, pears.", race=False, **overrides):
-    from app.ui.web import CONTROLS, DEFAULTS
+    from app.ui.settings import CONTROLS, DEFAULTS
 
     values = {**DEFAULTS, "max_new_tokens": 8, **overrides}
     return [prompt, mode, race] + [values[k] for k in CONTROLS]

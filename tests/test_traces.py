@@ -85,7 +85,7 @@ def test_the_generate_json_fixtures_of_every_mode_read_back(mode):
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=[p.stem for p in RECORDINGS])
 def test_the_shipped_recordings_read_back_with_their_baseline_and_settings(path):
-    from app.ui.web import values_from
+    from app.ui.settings import from_request
 
     from app.modes import MODES as registry
 
@@ -93,7 +93,7 @@ def test_the_shipped_recordings_read_back_with_their_baseline_and_settings(path)
     run, base = traces.read(path)
     assert (run.mode, run.dtype) == (mode, dtype)
     assert run.prompt and len(run.token_ids) == run.request["max_new_tokens"] == 128
-    assert values_from(run.request)[0] == registry.split(mode)[0]
+    assert from_request(run.request)[0] == registry.split(mode)[0]
     assert run.events[-1]["totals"]["elapsed_s"] > 0
     if mode == "autoregressive":  # the baseline itself races nothing
         assert base is None
