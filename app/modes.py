@@ -96,6 +96,16 @@ class Mode:
         return self.config.model_fields["decoding_type"].default
 
     @property
+    def draft_model(self) -> bool:
+        """It drafts with a model of its own (a draft model, by registry name or directory)."""
+        return self.artifact == "draft"
+
+    @property
+    def heads(self) -> bool:
+        """It drafts with a trained directory loaded beside the target (Medusa heads, an EAGLE module)."""
+        return bool(self.artifact) and not self.draft_model
+
+    @property
     def vllm_row(self) -> str | None:
         """The bench's row for vLLM doing this mode's job (None: vLLM has no method for it)."""
         return None if self.vllm is None else f"vllm_{self.vllm or 'generate'}"
@@ -136,6 +146,9 @@ class Modes:
             return self._by_name[name]
         except KeyError:
             raise ConfigError(f"unknown mode '{name}': choose one of {', '.join(self.names)}") from None
+
+    def get(self, name: str) -> Mode | None:
+        return self._by_name.get(name)
 
     def by_type(self, decoding_type: str) -> Mode:
         return self._by_type[decoding_type]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from app import models
 from app.config import ConfigError
+from app.modes import MODES, Modes
 from app.service.configs import DecodingConfig
 from app.decoding import linear
 from app.decoding.loop import generate
@@ -21,22 +22,26 @@ from app.decoding.types import StepEvent
 from app.models import LoadedModel, ModelError
 
 
-def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES):
-    """What cfg.mode drafts with, or None. Explicit paths/names win; otherwise the model's shipped default."""
-    if cfg.mode == "draft_target":
+def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES,
+                   modes: Modes | None = None):
+    """What cfg.mode drafts with (its entry's `artifact` in `modes`, default the app's registry), or None. Explicit
+    paths/names win; otherwise the model's shipped default."""
+    entry = (modes or MODES).get(cfg.mode)
+    if entry is None or not entry.artifact:
+        return None
+    if entry.draft_model:
         name = cfg.speculative_config.speculative_model or default_draft(target.name)
         draft = models.load(name, dtype=target.dtype, engines=engines)
         models.check_compatible(target, draft)
         return draft
-    if cfg.mode in ("medusa", "eagle"):
-        path = cfg.speculative_config.speculative_model or models.default_artifact(target.name, cfg.mode)
-        if path is None:
-            raise ConfigError(
-                f"no {cfg.mode} artifact for model '{target.name}': train one (python -m app train --mode {cfg.mode}) "
-                f"and pass --{cfg.mode}-model DIR"
-            )
-        return _load_heads(cfg.mode, Path(path), target)
-    return None
+    kind = entry.artifact
+    path = cfg.speculative_config.speculative_model or models.default_artifact(target.name, kind)
+    if path is None:
+        raise ConfigError(
+            f"no {kind} artifact for model '{target.name}': train one (python -m app train --mode {kind}) "
+            f"and pass --{kind}-model DIR"
+        )
+    return _load_heads(kind, Path(path), target)
 
 
 def default_draft(target_name: str) -> str:

@@ -80,7 +80,18 @@ TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len"
 RUNTIME_FIELDS = {"Lookahead": {"request", "pool_from_prompt"}, "NGram": {"max_candidates", "ngram_draft_lens"},
                   "Medusa": {"typical_acceptance", "posterior_threshold", "posterior_alpha", "min_path_prob"},
                   "Eagle": {"min_path_prob"}}
-ARTIFACT_MODES = ("medusa", "eagle")
+
+
+def _heads(mode: str) -> bool:
+    """Whether the mode drafts with trained heads or a module beside the target (its registry entry says)."""
+    entry = MODES.get(mode)
+    return entry is not None and entry.heads
+
+
+def _draft_model(mode: str) -> bool:
+    """Whether the mode drafts with a draft model of its own (its registry entry says)."""
+    entry = MODES.get(mode)
+    return entry is not None and entry.draft_model
 
 
 class EngineError(ValueError):
@@ -174,7 +185,7 @@ def resolve(spec: BuildSpec) -> BuildSpec:
         return spec
     cfg = dict(spec.config)
     given = cfg.get("speculative_model")
-    if spec.mode in ARTIFACT_MODES:
+    if _heads(spec.mode):
         path = Path(given).expanduser() if given else models.default_artifact(spec.model, spec.mode)
         if path is None:
             raise EngineError(
@@ -187,7 +198,7 @@ def resolve(spec: BuildSpec) -> BuildSpec:
                 cfg["speculative_model"] = str(path.resolve())
         elif spec.backend == "transformers":
             raise EngineError(f"the {spec.mode} artifact '{given}' is not a directory")
-    elif spec.mode == "draft_target" and spec.backend in ("transformers", "vllm") and not given:
+    elif _draft_model(spec.mode) and spec.backend in ("transformers", "vllm") and not given:
         from app import runner
 
         try:
@@ -432,7 +443,7 @@ def builder_for(spec: BuildSpec, engines: Path) -> Builder:
 
 
 def _transformers_kind(mode: str) -> str:
-    return "transformers-heads" if mode in ARTIFACT_MODES else "transformers-draft" if mode == "draft_target" else "transformers-model"
+    return "transformers-heads" if _heads(mode) else "transformers-draft" if _draft_model(mode) else "transformers-model"
 
 
 def transformers_builder(spec: BuildSpec, engines: Path) -> Builder:
@@ -440,11 +451,11 @@ def transformers_builder(spec: BuildSpec, engines: Path) -> Builder:
     spec = resolve(spec)
 
     def build(out: Path, progress: Progress) -> dict:
-        steps = 2 if spec.mode in (*ARTIFACT_MODES, "draft_target") else 1
+        steps = 2 if _heads(spec.mode) or _draft_model(spec.mode) else 1
         progress(0.0, f"preparing the model {spec.model}")
         where = models.locate(spec.model, engines)
         source: dict[str, Any] = {"model": spec.model, "model_path": where, "model_bytes": _dir_bytes(where)}
-        if spec.mode in ARTIFACT_MODES:
+        if _heads(spec.mode):
             src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, spec.mode))
             progress(1 / steps, f"copying the {spec.mode} artifact from {src}")
             _check_artifact_fits(src, where, spec.mode)
@@ -453,7 +464,7 @@ def transformers_builder(spec: BuildSpec, engines: Path) -> Builder:
             if digest != spec.config["speculative_model_sha256"]:
                 raise BuildError(f"the {spec.mode} artifact at {src} changed while it was being built from: build again")
             source.update(speculative_model=str(src), speculative_model_sha256=digest)
-        elif spec.mode == "draft_target":
+        elif _draft_model(spec.mode):
             draft = spec.config["speculative_model"]
             progress(1 / steps, f"preparing the draft model {draft}")
             draft_where = models.locate(draft, engines)
@@ -504,7 +515,7 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
     if speculative is not None:
         given = spec.config.get("speculative_model")
         # resolve() made sure an artifact mode has one
-        src = given or (str(models.default_artifact(spec.model, spec.mode)) if spec.mode in ARTIFACT_MODES else None)
+        src = given or (str(models.default_artifact(spec.model, spec.mode)) if _heads(spec.mode) else None)
         artifact = _artifact_config(src)
         if spec.mode == "medusa":
             heads = request.speculative_config.num_medusa_heads or _medusa_heads(artifact)
@@ -704,7 +715,7 @@ def _vllm_spec(request: DecodeRequest, model: str, dtype: str) -> BuildSpec:
         config["speculative_model"] = c.speculative_model
     spec = resolve(BuildSpec(model, c.mode, "vllm", {**config, "speculative_config": None}))
     heads = None
-    if c.mode in ARTIFACT_MODES:
+    if _heads(c.mode):
         artifact = Path(spec.config.get("speculative_model") or models.default_artifact(model, c.mode))
         reason = vllm.method_reason(request, artifact)
         if reason:

@@ -158,7 +158,7 @@ def speculative_config(request: DecodeRequest, model_dir: str | None = None, hea
     `model` (the draft, the Medusa heads or the EAGLE-3 module) is filled in by the build, which knows where it
     put them; `heads` is the Medusa artifact's head count (vLLM's medusa drafts one token per head)."""
     c, method = request.speculative_config, request.entry.vllm  # vLLM's name for the mode's method
-    if isinstance(c, configs.AutoregressiveConfig):
+    if method == "":  # the mode needs no speculative method (autoregressive)
         return None
     if isinstance(c, configs.NGramDecodingConfig):
         return {"method": method, "num_speculative_tokens": c.max_draft_len,

@@ -48,9 +48,10 @@ class TransformersBackend:
         dtype = self.dtype if dtype == "auto" else dtype
         return self._once(("model", name, dtype), lambda: models.load(name, dtype=dtype, engines=self.engines))
 
-    def companion(self, target: LoadedModel, cfg) -> Any:
+    def companion(self, target: LoadedModel, cfg, modes) -> Any:
+        """What the mode drafts with (`modes`: the request's registry, whose entry names its artifact)."""
         key = ("companion", target.name, target.dtype, cfg.mode, getattr(cfg.speculative_config, "speculative_model", None))
-        return self._once(key, lambda: runner.load_companion(cfg, target, self.engines))
+        return self._once(key, lambda: runner.load_companion(cfg, target, self.engines, modes))
 
     def _once(self, key: tuple, load):
         """Load what `key` names once, even when several jobs ask at the same time."""
@@ -76,7 +77,7 @@ class TransformersBackend:
             prompt_ids = target.encode(prompt.text, chat=not prompt.raw)
         configs.check_prompt_limit(len(prompt_ids), limits.max_prompt_tokens)
         configs.check_context(len(prompt_ids), request.max_new_tokens, _context(target))
-        companion = self.companion(target, cfg)
+        companion = self.companion(target, cfg, request.modes)
         try:
             # What only the loaded artifact can tell (a Medusa tree deeper than its heads) fails here, not in the job.
             # Building a drafter only validates, so this runs on the caller's thread without waiting for the workers.
