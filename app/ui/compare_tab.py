@@ -15,8 +15,7 @@ from app.service import traces
 from app.service.api import Service
 from app.service.traces import Recording
 from app.ui import charts, learn, render, settings
-from app.ui.controls import Slider, dtype_radio, examples_dropdown
-from app.ui.run_tab import QUIET, presets_note
+from app.ui.controls import QUIET, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions
 from app.ui.streams import clock, paced, session_of, skippable, stop, stream, ticks
 
@@ -70,7 +69,7 @@ class CompareTab:
                                          elem_id="cmp-modes")
                 tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
                 preset = gr.Radio(list(settings.PRESETS), value=settings.PRESETS[0], label="settings", elem_id="cmp-preset",
-                                  info=presets_note(service))
+                                  info=settings.presets_note(service.fast_dtype()))
                 dtype = dtype_radio(service, "cmp-dtype")
         with gr.Row():
             run_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")

@@ -14,6 +14,9 @@ import gradio as gr
 from app.config import ConfigError
 from app.service.api import DTYPES
 
+# The options of an event that only redraws part of the page: answered at once, no spinner, not in the API.
+QUIET = dict(queue=False, show_progress="hidden", api_visibility="private")
+
 
 def finite(value: Any, name: str) -> float:
     """A control's value as a finite number, or ConfigError naming the control (an API client may send anything)."""

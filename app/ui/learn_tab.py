@@ -9,8 +9,7 @@ from app.config import ConfigError
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
 from app.ui import charts, learn, render
-from app.ui.controls import Slider
-from app.ui.run_tab import QUIET
+from app.ui.controls import QUIET, Slider
 
 
 def example_tree() -> str:

@@ -8,6 +8,7 @@ to the registry gets its group of controls here with no edit. Handlers take and 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import re
@@ -27,7 +28,7 @@ from app.service.api import ModelError, Service
 from app.service.configs import LookaheadDecodingConfig
 from app.service.traces import Recording, TraceError
 from app.ui import charts, learn, links, presenter, render, settings
-from app.ui.controls import Number, Slider, dtype_radio, examples_dropdown
+from app.ui.controls import QUIET, Number, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions
 from app.ui.streams import paced, replayed, session_of, skippable, stop, stream
 from app.ui.train import artifact_choices
@@ -67,7 +68,6 @@ RECORDING_WHY = {
     "medusa+prompt_lookup": "Medusa's tree and prompt lookup's copy verified in one pass: each wins where the other misses.",
     "eagle+prompt_lookup": "EAGLE's tree with prompt lookup's copy merged in: the best of both in one pass.",
 }
-QUIET = dict(queue=False, show_progress="hidden", api_visibility="private")
 
 
 def tour_stops() -> list[str]:
@@ -85,12 +85,6 @@ def recording_label(name: str, modes: Modes) -> str:
     """A shipped recording's menu entry, from its file name (mode-category-dtype)."""
     mode, category, dtype = (name.split("-") + ["", ""])[:3]
     return f"{learn.label(mode, modes) if mode in modes else mode} · {category.replace('_', ' ')} ({dtype})"
-
-
-def presets_note(service: Service) -> str:
-    return ("defaults: small trees, the server's dtype. fastest here: what the README's bench ran — prompt lookup "
-            "max_matching_ngram_size 3, the latest match, 2 matches verified together; EAGLE 24 tokens, depth 5, top-k 4; "
-            f"draft-target max_draft_len 2; {service.fast_dtype()} (this CPU's fastest dtype).")
 
 
 def status_line(run: Recording, modes: Modes) -> str:
@@ -214,10 +208,9 @@ class RunTab:
             entry = self.modes[name]
             with gr.Group(visible=name == DEFAULT_MODE) as self.groups[name]:
                 gr.Markdown(entry.heading or f"**{entry.label}** (`{entry.config.__name__}`)")
-                rows: dict[int, list[Control]] = {}
-                for ctl in controls:
-                    rows.setdefault(ctl.row or -len(rows) - 1, []).append(ctl)  # row 0: a row of its own
-                for row in rows.values():
+                # Controls of one `row` (> 0) side by side, the others one under another, in their entry's order.
+                for _, row in itertools.groupby(controls, key=lambda ctl: ctl.row or object()):
+                    row = list(row)
                     with gr.Row() if len(row) > 1 else contextlib.nullcontext():
                         for ctl in row:
                             c[ctl.key] = self._widget(ctl, d[ctl.key])
@@ -250,7 +243,7 @@ class RunTab:
                 with gr.Row():
                     presets = {name: gr.Button(f"Settings: {name}", size="sm", elem_id=f"preset-{name.split()[0]}")
                                for name in settings.PRESETS}
-                gr.Markdown(f"<small>{presets_note(service)}</small>", elem_id="presets-note")
+                gr.Markdown(f"<small>{settings.presets_note(service.fast_dtype())}</small>", elem_id="presets-note")
                 # Made before the settings, shown after them: /run_controls takes prompt, mode, race, then the settings.
                 self.race = gr.Checkbox(value=True, label="Race against autoregressive (runs the baseline once per prompt)",
                                         render=False)

@@ -93,6 +93,12 @@ def preset(name: str, fast_dtype: str, modes: Modes = MODES) -> dict[str, Any]:
     return {k: values[k] for k in preset_keys(modes)}
 
 
+def presets_note(fast_dtype: str) -> str:
+    return ("defaults: small trees, the server's dtype. fastest here: what the README's bench ran — prompt lookup "
+            "max_matching_ngram_size 3, the latest match, 2 matches verified together; EAGLE 24 tokens, depth 5, top-k 4; "
+            f"draft-target max_draft_len 2; {fast_dtype} (this CPU's fastest dtype).")
+
+
 def run_name(mode: str, values: dict[str, Any], modes: Modes = MODES) -> str:
     """What a run is called: its mode, or its merged tree's name when the mode's merge box is ticked."""
     box = merge_boxes(modes).get(mode)
