@@ -492,8 +492,8 @@ class DecodeRequest(_Config):
                 raise ConfigError(
                     f"TensorRT-LLM runs {self.mode} only on its {' or '.join(allowed)} backend, not on {flavour}"
                 )
-            if self.mode == "draft_target" and self.speculative_config.speculative_model is None:
-                raise ConfigError("TensorRT-LLM needs a draft model for draft_target: set speculative_model")
+            if self.entry.draft_model and self.speculative_config.speculative_model is None:
+                raise ConfigError(f"TensorRT-LLM needs a draft model for {self.mode}: set speculative_model")
             if isinstance(self.speculative_config, LookaheadDecodingConfig):
                 self.speculative_config.check_trtllm()
             if getattr(self.speculative_config, "min_path_prob", 0):
