@@ -22,11 +22,11 @@ from app.config import ConfigError
 from app.service.api import TRAINING_OFF, ModelError, Service, TrainingTimeout
 from app.service.training import PREFIX, STAGES, TrainConfig
 from app.ui import charts
-from app.ui.controls import Number, Slider, finite
+from app.ui.controls import QUIET, Number, Slider, finite
 from app.ui.sessions import Sessions
 from app.ui.settings import SHIPPED
 
-# The tab's controls, by TrainConfig field; the handlers receive their values in this order.
+# The tab's controls, by TrainConfig field, in the order they are made (the one the /train endpoint takes).
 FIELDS = ("kind", "init_from", "data_source", "data_offset", "data_limit", "epochs", "lr", "eval_prompts",
           "medusa_num_heads", "medusa_num_layers", "eagle_steps", "eagle3", "max_len", "answer_tokens", "dtype")
 KIND_LABELS = {"medusa": "Medusa heads", "eagle": "EAGLE module"}
@@ -219,26 +219,33 @@ class TrainTab:
             export = gr.Button("Export the picked run for engines", elem_id="tr-export", size="sm")
             download = gr.File(label="for vLLM, TensorRT-LLM, SGLang (zip)", elem_id="tr-download", interactive=False)
 
-        inputs = [c[k] for k in FIELDS]
-        quiet = dict(queue=False, show_progress="hidden", api_visibility="private")
-        gr.on([comp.input for comp in inputs if comp is not c["kind"]], self.verdict, inputs, check, **quiet)
+        assert tuple(c) == FIELDS
+        self.controls, self.check, self.status, self.plot, self.table = c, check, status, plot, table
+        self.run_heads = run_heads
+        # A set: the handlers receive {component: value}; the /train endpoint takes them in FIELDS order (their
+        # creation order).
+        inputs = set(c.values())
+        gr.on([comp.input for comp in inputs if comp is not c["kind"]], self.verdict, inputs, check, **QUIET)
         # Another kind starts from its own shipped heads: the choices and the verdict in one answer, so the
         # verdict never speaks of a start the other kind had.
-        c["kind"].input(self.kind_changed, inputs, [c["init_from"], check], **quiet)
-        table.select(self.show_run, None, [status, plot, picked], **quiet)
+        c["kind"].input(self.kind_changed, inputs, [c["init_from"], check], **QUIET)
+        table.select(self.show_run, None, [status, plot, picked], **QUIET)
         export.click(self.export, picked, download, api_name="train_export", show_progress="minimal", concurrency_id="train",
                      concurrency_limit=None)
-        pickers = [run_heads[k] for k in KIND_LABELS]
         # A run waits only for another run (one at a time on the server), never for a generation's queue.
-        start.click(self.train, inputs, [status, plot, table, check, c["init_from"], *pickers], api_name="train",
+        start.click(self.train, inputs, [status, plot, table, check, c["init_from"], *run_heads.values()], api_name="train",
                     show_progress="hidden", concurrency_id="train", concurrency_limit=None)
         stop.click(self.stop, None, status, queue=False, api_name="train_stop")
 
-    def verdict(self, request: gr.Request, *values) -> str:
-        return check_message(self.service, dict(zip(FIELDS, values)), visitor_of(request))
+    def values(self, data: dict) -> dict[str, Any]:
+        """The control values, by TrainConfig field, of a handler's {component: value}."""
+        return {k: data[c] for k, c in self.controls.items()}
 
-    def kind_changed(self, request: gr.Request, *values):
-        v, visitor = {**dict(zip(FIELDS, values)), "init_from": SHIPPED}, visitor_of(request)
+    def verdict(self, data: dict, request: gr.Request) -> str:
+        return check_message(self.service, self.values(data), visitor_of(request))
+
+    def kind_changed(self, data: dict, request: gr.Request):
+        v, visitor = {**self.values(data), "init_from": SHIPPED}, visitor_of(request)
         return (gr.update(choices=start_choices(self.service, v["kind"], visitor), value=SHIPPED),
                 check_message(self.service, v, visitor))
 
@@ -264,9 +271,9 @@ class TrainTab:
         shutil.copyfile(made, copy)
         return str(copy)
 
-    def train(self, request: gr.Request, *values):
+    def train(self, data: dict, request: gr.Request):
         """Run the training (in a thread; this generator only draws), drawing the loss as it falls."""
-        v = dict(zip(FIELDS, values))
+        v = self.values(data)
         visitor = visitor_of(request)
         try:
             config = config_from(v)
@@ -287,14 +294,13 @@ class TrainTab:
         worker = threading.Thread(target=work, daemon=True)
         started = time.monotonic()
         worker.start()
-        keep = [gr.skip()] * (3 + len(KIND_LABELS))
         with self.sessions.running(session, SimpleNamespace(cancel=cancel.set)):
             try:
                 while worker.is_alive():
                     worker.join(0.75)
                     losses = [e["loss"] for e in events if e["stage"] == "train"]
-                    yield [progress_line(events[-1] if events else None, time.monotonic() - started),
-                           charts.training_loss(losses), *keep]
+                    yield {self.status: progress_line(events[-1] if events else None, time.monotonic() - started),
+                           self.plot: charts.training_loss(losses)}
             finally:
                 if worker.is_alive():  # the page went away mid-run: stop it, free the CPU
                     cancel.set()
@@ -306,13 +312,14 @@ class TrainTab:
                 line = "⏹ Stopped: the run was ended before it finished (cached data stays: a new run resumes from it)."
             else:
                 line = f"⚠ {self.service.relative(str(err))}"
-            yield [line, gr.skip(), *keep]
+            yield {self.status: line}
             return
         manifest = result["manifest"]
         losses = (manifest.get("source") or {}).get("losses") or [e["loss"] for e in events if e["stage"] == "train"]
-        yield [finished_line(manifest), charts.training_loss(losses), trained_rows(self.service.trained(visitor=visitor)),
-               check_message(self.service, v, visitor), gr.update(choices=start_choices(self.service, v["kind"], visitor)),
-               *(gr.update(choices=artifact_choices(self.service, k, visitor)) for k in KIND_LABELS)]
+        yield {self.status: finished_line(manifest), self.plot: charts.training_loss(losses),
+               self.table: trained_rows(self.service.trained(visitor=visitor)), self.check: check_message(self.service, v, visitor),
+               self.controls["init_from"]: gr.update(choices=start_choices(self.service, v["kind"], visitor)),
+               **{picker: gr.update(choices=artifact_choices(self.service, k, visitor)) for k, picker in self.run_heads.items()}}
 
     def stop(self, request: gr.Request) -> Any:
         if self.sessions.cancel(request.session_hash) is None:
