@@ -44,9 +44,14 @@ def _scalar(annotation: Any) -> type:
     return next((k for k in kinds if k in (bool, int, float)), str)
 
 
+COMPILE_HELP = ("transformers backend: compile the target's forward (torch.compile) for faster passes; the model's "
+                "first load compiles for minutes, later starts read the compile caches kept in the engines directory")
+
+
 def _add_decoding_flags(p: argparse.ArgumentParser, modes: Modes = MODES) -> None:
     p.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -128,7 +133,7 @@ def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
 def _load(args, name):
     from app import models
 
-    return models.load(name, dtype=args.dtype, engines=_engines(args))
+    return models.load(name, dtype=args.dtype, engines=_engines(args), compile=getattr(args, "compile", False))
 
 
 def _engines(args):
@@ -151,7 +156,7 @@ def _service(args: argparse.Namespace, policy=None, **limits):
     return Service(_engines(args), model=args.model, dtype=args.dtype, backend=getattr(args, "backend", "auto") or "auto",
                    remote_url=getattr(args, "remote_url", None), limits=Limits(**limits),
                    tensor_parallel_size=getattr(args, "tensor_parallel_size", 1), policy=policy or Policy(),
-                   vllm_settings=vllm_settings(args))
+                   vllm_settings=vllm_settings(args), compile=getattr(args, "compile", False))
 
 
 def is_public(args: argparse.Namespace, environ) -> bool:
@@ -534,6 +539,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     u.add_argument("--port", type=int, default=None, help="port (default: GRADIO_SERVER_PORT, else 7860)")
     u.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
     u.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    u.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     u.add_argument("--max-concurrency", type=int, default=1, help=CONCURRENCY_HELP)
     u.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones are refused")
     u.add_argument("--time-limit", type=float, default=None, help="seconds a generation may run (default 300; 60 in public mode)")

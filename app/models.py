@@ -50,6 +50,9 @@ class LoadedModel:
     # A draft model's own draft vocabulary (d2t), when its directory ships one: draft_target then
     # scores only those tokens (training/draft.py).
     draft_vocab: torch.Tensor | None = None
+    # The target's compiled forward (decoding/compiled.py) when loaded with compile=True, and what warming it up took.
+    forward: object | None = None
+    compiled: dict | None = None
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -204,7 +207,10 @@ def _hub(name: str) -> str:
     return name
 
 
-def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engines: Path = DEFAULT_ENGINES) -> LoadedModel:
+def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engines: Path = DEFAULT_ENGINES,
+         compile: bool = False) -> LoadedModel:
+    """`name` in `dtype`, ready for decoding. compile: also compile its forward for the verify passes and warm it
+    up now (minutes on a first start; the compile caches are kept in `engines`/compiled/ for the next)."""
     if dtype not in DTYPES:
         raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -230,7 +236,13 @@ def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engi
     from app.training.draft import read_draft_vocab
 
     draft_vocab = read_draft_vocab(Path(where)) if Path(where).is_dir() else None
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, draft_vocab=draft_vocab)
+    loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, draft_vocab=draft_vocab)
+    if compile:
+        from app.decoding import compiled
+
+        loaded.forward = compiled.compile_forward(model)
+        loaded.compiled = compiled.warm_up(model, loaded.forward, compiled.cache_file(engines, name, dtype))
+    return loaded
 
 
 def load_tokenizer(name: str = BUNDLED, engines: Path = DEFAULT_ENGINES):

@@ -89,7 +89,7 @@ def run(
     except ValueError as err:
         raise ConfigError(str(err)) from err
     return generate(
-        TransformersTarget(target.model, hidden_states=drafter.needs_hidden),
+        TransformersTarget(target.model, hidden_states=drafter.needs_hidden, forward=target.forward),
         drafter,
         prompt_ids,
         sampling=cfg.sampling,
@@ -115,7 +115,7 @@ def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, 
     only when it yields more than relative[k] tokens. It differs a lot between CPUs (bfloat16
     without native instructions grows about linearly in k), so the bench records it with its results.
     """
-    session = TransformersTarget(target.model, hidden_states=False)
+    session = TransformersTarget(target.model, hidden_states=False, forward=target.forward)
     session.prefill(prompt_ids)
     times: dict[int, list[float]] = {k: [] for k in sizes}
     for r in range(repeats + 1):  # round-robin over sizes, so drift of the machine hits all alike; round 0 warms up

@@ -1,4 +1,11 @@
-"""A KV cache that grows in place: amortised O(1) appends instead of one full copy per step.
+"""KV caches that do not copy themselves every step.
+
+`SlotLayer` (the target's): a fixed buffer per layer that a pass writes at a position the target
+sets, attended whole under a mask that hides what is not committed yet. Nothing is cropped or
+re-allocated between passes, so every pass has the same shapes apart from its own width: what a
+compiled forward needs to run without recompiling (target.py).
+
+`GrowingLayer` (the drafters'): a cache that grows in place: amortised O(1) appends instead of one full copy per step.
 
 transformers' DynamicLayer appends with torch.cat, which copies the whole cache of every layer at
 every forward pass; at a few hundred tokens of context that copy costs more than the attention.
@@ -9,7 +16,7 @@ sees exactly the cached tokens (same shapes, same numerics as DynamicCache).
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticLayer
 
 
 class GrowingLayer(DynamicLayer):
@@ -50,11 +57,60 @@ class GrowingLayer(DynamicLayer):
         return new
 
 
+class SlotLayer(StaticLayer):
+    """`capacity` slots of keys and values. A pass writes its n tokens at slots `cumulative_length`..+n
+    (the target sets it to its committed length first) and attends to all slots: the target's mask
+    hides the ones past what the pass may see, so stale drafts there are never read."""
+
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None) -> None:
+        super().__init__(max_cache_len=capacity)
+        self.storage_dtype = dtype  # None: the dtype of the incoming keys and values
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        # StaticLayer's, minus mark_static_address (for CUDA graphs; it would pin the capacity a compiled
+        # forward sees, which `grow` changes).
+        self.dtype, self.device = self.storage_dtype or key_states.dtype, key_states.device
+        shape = (*key_states.shape[:2], self.max_cache_len)
+        self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=self.dtype, device=self.device)
+        self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=self.dtype, device=self.device)
+        self.cumulative_length = self.cumulative_length.to(self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        slots = torch.arange(key_states.shape[-2], device=self.device) + self.cumulative_length
+        self.cumulative_length.add_(key_states.shape[-2])
+        self.keys.index_copy_(2, slots, key_states.to(self.dtype))
+        self.values.index_copy_(2, slots, value_states.to(self.dtype))
+        return self.keys, self.values
+
+    def grow(self, capacity: int) -> None:
+        """More slots, the filled ones kept (a compiled forward takes the new size without recompiling)."""
+        if self.is_initialized:
+            for name in ("keys", "values"):
+                old = getattr(self, name)
+                new = old.new_zeros((*old.shape[:2], capacity, old.shape[-1]))
+                new[..., : old.shape[-2], :] = old
+                setattr(self, name, new)
+        self.max_cache_len = capacity
+
+
+def full_attention(config) -> bool:
+    """Whether every layer of this model attends to the whole context (no sliding windows)."""
+    text = config.get_text_config(decoder=True)
+    types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    return set(types) == {"full_attention"} and not getattr(text, "sliding_window", None)
+
+
+def slot_cache(config, capacity: int, dtype: torch.dtype | None = None) -> Cache:
+    """A SlotLayer cache (storing `dtype`, default the model's); only for `full_attention` models."""
+    return Cache(layers=[SlotLayer(capacity, dtype) for _ in range(config.get_text_config(decoder=True).num_hidden_layers)])
+
+
 def new_cache(config, dtype: torch.dtype | None = None) -> Cache:
     """A growing cache (storing `dtype`, default the model's) for models whose every layer is full
     attention; DynamicCache otherwise."""
-    text = config.get_text_config(decoder=True)
-    types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-    if set(types) != {"full_attention"} or getattr(text, "sliding_window", None):
+    if not full_attention(config):
         return DynamicCache(config=config)
-    return Cache(layers=[GrowingLayer(dtype) for _ in types])
+    return Cache(layers=[GrowingLayer(dtype) for _ in range(config.get_text_config(decoder=True).num_hidden_layers)])

@@ -84,7 +84,8 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (x.dtype != w.dtype or w.dtype not in PACKED_DTYPES or w.device.type != "cpu"
+        # Under torch.compile the plain product: inductor's freezing packs the weight itself (compiled.py).
+        if (torch.compiler.is_compiling() or x.dtype != w.dtype or w.dtype not in PACKED_DTYPES or w.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return F.linear(x, w, self.bias)
         if self._weight_key() != self._packed_key:

@@ -7,7 +7,7 @@ from typing import Protocol
 import torch
 
 from app.decoding.attention import additive, kv_dtype
-from app.decoding.kv_cache import new_cache
+from app.decoding.kv_cache import full_attention, new_cache, slot_cache
 from app.decoding.tree import ancestor_mask, depths, is_chain
 from app.decoding.types import Forward
 
@@ -26,21 +26,42 @@ class Target(Protocol):
         """Keep the root and the accepted nodes (a root-to-node path) in the cache; drop the rest."""
 
 
-class TransformersTarget:
-    """One generation's session on a transformers causal LM (the model itself is shared and read-only)."""
+RESERVE = 256  # slots a session has beyond its prompt; they double whenever a pass needs more
 
-    def __init__(self, model: torch.nn.Module, hidden_states: bool = True) -> None:
+
+class TransformersTarget:
+    """One generation's session on a transformers causal LM (the model itself is shared and read-only).
+
+    Eagerly, the cache grows in place and is cropped after each pass (kv_cache.GrowingLayer). With
+    `forward`, the model's compiled forward (compiled.py), a model whose every layer is full attention
+    keeps its cache in fixed slots instead (kv_cache.SlotLayer): each pass writes at the committed
+    length and attends to every slot under a mask of what it may see, so passes differ only in their
+    width and the slot count, which the compiled graph takes as symbols. Eagerly the slots cost about
+    5 % (attention over the spare slots, a wider mask), so they are only for the compiled forward.
+    """
+
+    def __init__(self, model: torch.nn.Module, hidden_states: bool = True, forward=None) -> None:
         self.model = model
+        self.slotted = forward is not None and full_attention(model.config)
+        self.run = forward if self.slotted else model
         # Feature-level drafters read the hidden states; the others spare transformers collecting them.
-        self.hidden_states = hidden_states
+        # A compiled forward always returns them: one graph for every mode, not two.
+        self.hidden_states = hidden_states or self.run is not model
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
-        self.cache = new_cache(model.config, kv_dtype(model.config))
+        self.cache = None
+        self.capacity = 0
         self.length = 0  # tokens in the cache
         self.fed = 0  # tokens fed by the last forward
 
     @torch.inference_mode()
     def prefill(self, ids: list[int]) -> Forward:
+        config = self.model.config
+        if self.slotted:
+            self.capacity = len(ids) + RESERVE
+            self.cache = slot_cache(config, self.capacity, kv_dtype(config))
+        else:
+            self.cache = new_cache(config, kv_dtype(config))
         x = torch.tensor([ids], device=self.model.device)
         out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
                          output_hidden_states=self.hidden_states)
@@ -51,21 +72,28 @@ class TransformersTarget:
     def forward(self, root: int, tokens: list[int], parents: list[int]) -> Forward:
         device = self.model.device
         x = torch.tensor([[root, *tokens]], device=device)
-        self.fed = x.shape[1]
-        if is_chain(parents):
+        self.fed = n = x.shape[1]
+        if self.slotted:
+            if self.length + n > self.capacity:
+                self.capacity = max(2 * self.capacity, self.length + n)
+                for layer in self.cache.layers:
+                    layer.grow(self.capacity)
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(self.length)  # this pass writes right after what is committed
+            width = self.capacity
+        elif is_chain(parents):
             # A chain is ordinary causal attention: let the model build its own (faster) mask.
-            out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
-            return _forward(out)
-        positions = torch.tensor([[0, *depths(parents)]], device=device) + self.length
-        allowed = torch.cat(
-            [torch.ones(self.fed, self.length, dtype=torch.bool), ancestor_mask(parents)], dim=1
-        )
-        dtype = self.model.dtype
-        mask = additive(allowed, dtype)
-        out = self.model(
+            return _forward(self.run(input_ids=x, past_key_values=self.cache, use_cache=True,
+                                     output_hidden_states=self.hidden_states))
+        else:
+            width = self.length + n
+        allowed = torch.zeros(n, width, dtype=torch.bool)
+        allowed[:, : self.length] = True
+        allowed[:, self.length : self.length + n] = ancestor_mask(parents)
+        out = self.run(
             input_ids=x,
-            attention_mask=mask[None, None].to(device),
-            position_ids=positions,
+            attention_mask=additive(allowed, self.model.dtype)[None, None].to(device),
+            position_ids=torch.tensor([[0, *depths(parents)]], device=device) + self.length,
             past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=self.hidden_states,
@@ -82,7 +110,7 @@ class TransformersTarget:
             for layer in self.cache.layers:
                 layer.keys[..., start : start + len(accepted), :] = layer.keys.index_select(-2, idx)
                 layer.values[..., start : start + len(accepted), :] = layer.values.index_select(-2, idx)
-        if self.fed > keep:
+        if not self.slotted and self.fed > keep:
             self.cache.crop(keep - self.fed)
         self.length += keep
         self.fed = 0

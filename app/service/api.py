@@ -43,6 +43,7 @@ class Service:
         vllm_settings: vllm.Settings = vllm.Settings(),
         policy: Policy = Policy(),
         modes: Modes = MODES,
+        compile: bool = False,
     ) -> None:
         if backend not in ("auto", *configs.BACKENDS):
             raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(configs.BACKENDS)}")
@@ -66,7 +67,7 @@ class Service:
         # Where this server keeps files, as a response may show it (relative; see policy.relative).
         self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
         self.backends = {
-            "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call),
+            "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call, compile=compile),
             "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
             "vllm": VLLMBackend(self.store, dtype, vllm_settings, max_started=policy.visitor_engines if policy.public else None,

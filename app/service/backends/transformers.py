@@ -25,8 +25,9 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, engines: Path = models.DEFAULT_ENGINES, dtype: str = "float32",
-                 compute: Callable[[Callable[[], Any]], Any] = lambda load: load()) -> None:
+                 compute: Callable[[Callable[[], Any]], Any] = lambda load: load(), compile: bool = False) -> None:
         self.engines = engines
+        self.compile = compile  # compile each target model's forward when it loads (models.load)
         self.dtype = dtype
         self._compute = compute  # runs a load where the generations run (JobManager.call says why)
         self._lock = threading.Lock()
@@ -46,7 +47,8 @@ class TransformersBackend:
 
     def model(self, name: str, dtype: str = "auto") -> LoadedModel:
         dtype = self.dtype if dtype == "auto" else dtype
-        return self._once(("model", name, dtype), lambda: models.load(name, dtype=dtype, engines=self.engines))
+        return self._once(("model", name, dtype), lambda: models.load(name, dtype=dtype, engines=self.engines,
+                                                                         compile=self.compile))
 
     def companion(self, target: LoadedModel, cfg, modes) -> Any:
         """What the mode drafts with (`modes`: the request's registry, whose entry names its artifact)."""

@@ -1,0 +1,107 @@
+"""The compiled target pass (app/decoding/compiled.py): every mode's greedy output equals eager autoregressive,
+and after warm-up nothing recompiles: not for another mode, a wider tree, a longer context, or more slots."""
+
+import pytest
+import torch
+import torch._dynamo
+
+from app.decoding import compiled
+from app.decoding.drafters.autoregressive import Autoregressive
+from app.decoding.drafters.draft_model import DraftModel
+from app.decoding.drafters.eagle import Eagle
+from app.decoding.drafters.lookahead import Lookahead
+from app.decoding.drafters.medusa import Medusa
+from app.decoding.drafters.merged import Merged
+from app.decoding.drafters.prompt_lookup import PromptLookup
+from app.decoding.drafters.suffix import Suffix
+from app.decoding.kv_cache import SlotLayer
+from app.decoding.loop import generate
+from app.decoding.target import RESERVE, TransformersTarget
+from app.config import medusa_choices
+from helpers import output_of, tiny_llama
+from test_eagle import make_module
+from test_medusa import random_heads
+
+PROMPT = [5, 6, 7, 8] * 3 + [9, 10, 11, 5, 6, 7]  # repeats, so the copying modes accept drafts
+NEW = RESERVE + 40  # past the first slots: the cache grows during the run
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=0)
+
+
+@pytest.fixture(scope="module")
+def forward(model):
+    fn = compiled.compile_forward(model)
+    compiled.warm_up(model, fn)
+    return fn
+
+
+def drafters(model):
+    embed = model.get_input_embeddings()
+    return {
+        "prompt_lookup": PromptLookup(10, 2),
+        "lookahead": Lookahead(4, 3, 4),
+        "draft_target": DraftModel(tiny_llama(vocab=96, hidden=16, layers=1, max_pos=1024, seed=1), 3),
+        "medusa": Medusa(random_heads(), model.get_output_embeddings(), medusa_choices("default")),
+        "eagle": Eagle(make_module(model), embed, total_tokens=24, depth=5, top_k=4),
+        "eagle+prompt_lookup": Merged(Eagle(make_module(model), embed, total_tokens=12, depth=4, top_k=3), PromptLookup(10, 2, max_candidates=2)),
+        "suffix": Suffix(),
+    }
+
+
+def _run(model, drafter, forward=None):
+    target = TransformersTarget(model, hidden_states=drafter.needs_hidden, forward=forward)
+    return output_of(generate(target, drafter, PROMPT, max_new_tokens=NEW)), target
+
+
+def test_every_mode_on_the_compiled_pass_equals_eager_autoregressive_and_nothing_recompiles(model, forward):
+    reference, eager = _run(model, Autoregressive())
+    assert len(reference) == NEW and not eager.slotted
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        out, target = _run(model, Autoregressive(), forward)
+        assert out == reference and target.run is forward and target.slotted
+        assert target.capacity > len(PROMPT) + RESERVE  # the slots grew during the run
+        for name, drafter in drafters(model).items():
+            out, _ = _run(model, drafter, forward)
+            assert out == reference, name
+
+
+def test_a_recompile_would_be_caught(model, forward):
+    """The check above can fail: a graph it has not seen (another dtype of input) raises under the same patch."""
+    with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(Exception, match="[Rr]ecompil"):
+        forward(input_ids=torch.tensor([[1, 2]], dtype=torch.int32), use_cache=False)
+
+
+def test_warm_up_saves_the_compile_caches_and_a_later_start_reads_them(tmp_path):
+    fresh = tiny_llama(vocab=64, hidden=16, layers=1, max_pos=128, seed=3)
+    cache = compiled.cache_file(tmp_path, "org/tiny model", "float32")
+    assert cache.parent == tmp_path / "compiled" and " " not in cache.name and "/" not in cache.name
+    first = compiled.warm_up(fresh, compiled.compile_forward(fresh), cache)
+    assert first["cache"] == "built" and cache.stat().st_size > 0
+    torch._dynamo.reset()
+    again = compiled.warm_up(fresh, compiled.compile_forward(fresh), cache)
+    assert again["cache"] == "loaded"
+
+
+def test_a_foreign_cache_file_is_only_a_slower_start(tmp_path):
+    fresh = tiny_llama(vocab=64, hidden=16, layers=1, max_pos=128, seed=4)
+    cache = compiled.cache_file(tmp_path, "m", "float32")
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(b"not a cache")
+    assert compiled.warm_up(fresh, compiled.compile_forward(fresh), cache)["cache"] == "built"
+
+
+def test_slot_layer_writes_at_its_pointer_and_keeps_its_slots_when_it_grows():
+    layer = SlotLayer(4, torch.float32)
+    k = torch.arange(1 * 2 * 3 * 2, dtype=torch.bfloat16).reshape(1, 2, 3, 2)
+    keys, _ = layer.update(k, k)
+    assert keys.dtype == torch.float32 and keys.shape[-2] == 4 and torch.equal(keys[..., :3, :], k.float())
+    layer.cumulative_length.fill_(1)  # a rejected draft at slots 1-2 is overwritten by the next pass
+    layer.update(k[..., :1, :] + 100, k[..., :1, :])
+    assert torch.equal(layer.keys[..., 1, :], (k[..., 0, :] + 100).float())
+    before = layer.keys.clone()
+    layer.grow(9)
+    assert layer.keys.shape[-2] == 9 and torch.equal(layer.keys[..., :4, :], before)
+    assert not layer.keys[..., 4:, :].any()
