@@ -78,19 +78,13 @@ def test_warm_up_saves_the_compile_caches_and_a_later_start_reads_them(tmp_path)
     fresh = tiny_llama(vocab=64, hidden=16, layers=1, max_pos=128, seed=3)
     cache = compiled.cache_file(tmp_path, "org/tiny model", "float32")
     assert cache.parent == tmp_path / "compiled" and " " not in cache.name and "/" not in cache.name
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(b"not a cache")  # another build's or a torn file: only a slower start
     first = compiled.warm_up(fresh, compiled.compile_forward(fresh), cache)
-    assert first["cache"] == "built" and cache.stat().st_size > 0
+    assert first["cache"] == "built" and cache.read_bytes() != b"not a cache"
     torch._dynamo.reset()
     again = compiled.warm_up(fresh, compiled.compile_forward(fresh), cache)
     assert again["cache"] == "loaded"
-
-
-def test_a_foreign_cache_file_is_only_a_slower_start(tmp_path):
-    fresh = tiny_llama(vocab=64, hidden=16, layers=1, max_pos=128, seed=4)
-    cache = compiled.cache_file(tmp_path, "m", "float32")
-    cache.parent.mkdir(parents=True)
-    cache.write_bytes(b"not a cache")
-    assert compiled.warm_up(fresh, compiled.compile_forward(fresh), cache)["cache"] == "built"
 
 
 def test_slot_layer_writes_at_its_pointer_and_keeps_its_slots_when_it_grows():
