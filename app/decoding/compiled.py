@@ -1,16 +1,18 @@
-"""The target's forward compiled with torch.compile (inductor), for the verify passes of every mode.
+"""The target's forward compiled with torch.compile (inductor), for the one-token passes of every mode.
 
 Eager transformers spends a quarter to a third of a one-token pass of a small model on CPU outside
 its matrix products: a few hundred small element-wise kernels (RMSNorm, RoPE, SiLU, residuals) and
 the Python that dispatches them. Inductor fuses those, and its freezing pass packs the linear
 weights for oneDNN as linear.pack does. The cache (kv_cache.SlotLayer) gives every pass the same
-shapes apart from its width and the session's slot count, which the graph takes as symbols, so two
-graphs serve every mode and every context: a one-token pass, and a pass over 2+ tokens with a
-tree mask. `warm_up` compiles both before the first request; after it nothing recompiles
-(tests/test_compiled.py).
+shapes apart from its width and the session's slot count, which the graph takes as symbols. Only the
+one-token pass runs compiled: for 2+ tokens the dynamic-width graph multiplies unpacked weights, and
+the eager packed layers over the same slots are faster (a 2-8 token pass 1.6-1.7 one-token passes
+compiled, against 1.1-1.3 eagerly). `warm_up` compiles that graph before the first request; after
+it nothing recompiles (tests/test_compiled.py).
 
-Compiling costs minutes on a 2-core machine. Inductor's caches, saved under the artifact store
-after the first warm-up and loaded before the next, make later starts much shorter.
+Compiling costs minutes on a 2-core machine. Inductor's caches are saved under the artifact store
+after the first warm-up and loaded before the next; on a shared machine here that did not measurably
+shorten a later start (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def cache_file(store: Path, model_name: str, dtype: str) -> Path:
 
 
 def warm_up(model: torch.nn.Module, forward, cache: Path | None = None) -> dict:
-    """Build both graphs now, through a real session (prefill, a one-token pass, a tree pass, a commit of a
+    """Build the graph now, through a real session (prefill, a one-token pass, a tree pass, a commit of a
     path that is not the first nodes). With `cache`: inductor's caches are read from it first when it
     exists, and written to it after a warm-up that had to compile. Returns what it took."""
     loaded = False

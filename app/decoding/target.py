@@ -36,8 +36,9 @@ class TransformersTarget:
     `forward`, the model's compiled forward (compiled.py), a model whose every layer is full attention
     keeps its cache in fixed slots instead (kv_cache.SlotLayer): each pass writes at the committed
     length and attends to every slot under a mask of what it may see, so passes differ only in their
-    width and the slot count, which the compiled graph takes as symbols. Eagerly the slots cost about
-    5 % (attention over the spare slots, a wider mask), so they are only for the compiled forward.
+    width and the slot count, which the compiled graph takes as symbols; passes over 2+ tokens run the
+    eager model over the same slots (compiled.py says why). Eagerly the slots cost about 5 % (attention
+    over the spare slots, a wider mask), so without a compiled forward the cache grows instead.
     """
 
     def __init__(self, model: torch.nn.Module, hidden_states: bool = True, forward=None) -> None:
@@ -45,7 +46,7 @@ class TransformersTarget:
         self.slotted = forward is not None and full_attention(model.config)
         self.run = forward if self.slotted else model
         # Feature-level drafters read the hidden states; the others spare transformers collecting them.
-        # A compiled forward always returns them: one graph for every mode, not two.
+        # A compiled forward always returns them: one graph for every mode.
         self.hidden_states = hidden_states or self.run is not model
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
@@ -90,7 +91,9 @@ class TransformersTarget:
         allowed = torch.zeros(n, width, dtype=torch.bool)
         allowed[:, : self.length] = True
         allowed[:, self.length : self.length + n] = ancestor_mask(parents)
-        out = self.run(
+        # Compiled, only the one-token pass: for 2+ tokens inductor's dynamic-width graph multiplies unpacked
+        # weights, and the eager packed layers are ~20 % faster there (docs/benchmarks.md).
+        out = (self.run if n == 1 else self.model)(
             input_ids=x,
             attention_mask=additive(allowed, self.model.dtype)[None, None].to(device),
             position_ids=torch.tensor([[0, *depths(parents)]], device=device) + self.length,
