@@ -209,8 +209,8 @@ def _hub(name: str) -> str:
 
 def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engines: Path = DEFAULT_ENGINES,
          compile: bool = False) -> LoadedModel:
-    """`name` in `dtype`, ready for decoding. compile: also compile its forward for the verify passes and warm it
-    up now (minutes on a first start; the compile caches are kept in `engines`/compiled/ for the next)."""
+    """`name` in `dtype`, ready for decoding. compile: also compile its forward for the one-token passes and warm it
+    up now (minutes on a first start; the compile caches are kept under `engines` for the next)."""
     if dtype not in DTYPES:
         raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     from transformers import AutoConfig, AutoModelForCausalLM

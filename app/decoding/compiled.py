@@ -39,8 +39,7 @@ def cache_file(store: Path, model_name: str, dtype: str) -> Path:
 
 
 def warm_up(model: torch.nn.Module, forward, cache: Path | None = None) -> dict:
-    """Build the graph now, through a real session (prefill, a one-token pass, a tree pass, a commit of a
-    path that is not the first nodes). With `cache`: inductor's caches are read from it first when it
+    """Build the graph now, through a real session (prefill, a one-token pass). With `cache`: inductor's caches are read from it first when it
     exists, and written to it after a warm-up that had to compile. Returns what it took."""
     loaded = False
     if cache is not None and cache.is_file():
@@ -54,9 +53,6 @@ def warm_up(model: torch.nn.Module, forward, cache: Path | None = None) -> dict:
     session = TransformersTarget(model, forward=forward)
     session.prefill(ids)
     session.forward(ids[0], [], [])
-    session.commit([])
-    session.forward(ids[1], ids[2:5], [-1, -1, 1])
-    session.commit([1, 2])
     seconds = time.perf_counter() - start
     if cache is not None and not loaded:
         artifacts = torch.compiler.save_cache_artifacts()

@@ -105,7 +105,7 @@ def full_attention(config) -> bool:
 
 def slot_cache(config, capacity: int, dtype: torch.dtype | None = None) -> Cache:
     """A SlotLayer cache (storing `dtype`, default the model's); only for `full_attention` models."""
-    return Cache(layers=[SlotLayer(capacity, dtype) for _ in range(config.get_text_config(decoder=True).num_hidden_layers)])
+    return Cache(layers=[SlotLayer(capacity, dtype) for _ in range(_layers(config))])
 
 
 def new_cache(config, dtype: torch.dtype | None = None) -> Cache:
@@ -113,4 +113,8 @@ def new_cache(config, dtype: torch.dtype | None = None) -> Cache:
     attention; DynamicCache otherwise."""
     if not full_attention(config):
         return DynamicCache(config=config)
-    return Cache(layers=[GrowingLayer(dtype) for _ in range(config.get_text_config(decoder=True).num_hidden_layers)])
+    return Cache(layers=[GrowingLayer(dtype) for _ in range(_layers(config))])
+
+
+def _layers(config) -> int:
+    return config.get_text_config(decoder=True).num_hidden_layers

@@ -44,10 +44,9 @@ class TransformersTarget:
     def __init__(self, model: torch.nn.Module, hidden_states: bool = True, forward=None) -> None:
         self.model = model
         self.slotted = forward is not None and full_attention(model.config)
-        self.run = forward if self.slotted else model
+        self.run = forward if self.slotted else None  # the compiled forward of one-token passes (None: all eager)
         # Feature-level drafters read the hidden states; the others spare transformers collecting them.
-        # A compiled forward always returns them: one graph for every mode.
-        self.hidden_states = hidden_states or self.run is not model
+        self.hidden_states = hidden_states
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
         self.cache = None
@@ -84,22 +83,24 @@ class TransformersTarget:
             width = self.capacity
         elif is_chain(parents):
             # A chain is ordinary causal attention: let the model build its own (faster) mask.
-            return _forward(self.run(input_ids=x, past_key_values=self.cache, use_cache=True,
-                                     output_hidden_states=self.hidden_states))
+            return _forward(self.model(input_ids=x, past_key_values=self.cache, use_cache=True,
+                                       output_hidden_states=self.hidden_states))
         else:
             width = self.length + n
         allowed = torch.zeros(n, width, dtype=torch.bool)
         allowed[:, : self.length] = True
         allowed[:, self.length : self.length + n] = ancestor_mask(parents)
         # Compiled, only the one-token pass: for 2+ tokens inductor's dynamic-width graph multiplies unpacked
-        # weights, and the eager packed layers are ~20 % faster there (docs/benchmarks.md).
-        out = (self.run if n == 1 else self.model)(
+        # weights, and the eager packed layers are ~20 % faster there (docs/benchmarks.md). The compiled graph
+        # always returns the hidden states: one graph for every mode.
+        compiled = self.run is not None and n == 1
+        out = (self.run if compiled else self.model)(
             input_ids=x,
             attention_mask=additive(allowed, self.model.dtype)[None, None].to(device),
             position_ids=torch.tensor([[0, *depths(parents)]], device=device) + self.length,
             past_key_values=self.cache,
             use_cache=True,
-            output_hidden_states=self.hidden_states,
+            output_hidden_states=self.hidden_states or compiled,
         )
         return _forward(out)
 
