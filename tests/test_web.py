@@ -242,7 +242,7 @@ def test_api_run_is_the_sessions_run_and_stop_cancels_it(client):
     for update in job:
         if len(update["steps"]) >= 3:
             break
-    assert client.predict(api_name="/stop").startswith("⏹ Stopping")
+    client.predict(api_name="/stop")  # it answers nothing: the run's own last line says it stopped
     trace = job.result()
     assert trace["finish_reason"] == "cancelled" and 3 <= len(trace["steps"]) < 400
 

@@ -49,7 +49,7 @@ def stream(service: Service, sessions: Sessions, session: str, data: dict[str, A
 def skippable(sessions: Sessions, request: gr.Request | None):
     """A replay's skip flag, registered as the session's running job so Stop sets it."""
     skip = threading.Event()
-    with sessions.running(session_of(request), SimpleNamespace(cancel=skip.set, replay=True)):
+    with sessions.running(session_of(request), SimpleNamespace(cancel=skip.set)):
         yield skip
 
 
@@ -57,8 +57,8 @@ def stop(sessions: Sessions, request: gr.Request) -> str:
     job = sessions.cancel(session_of(request))
     if job is None:
         return "Nothing is running."
-    # A replay skips to its end at once and says so itself: this answer could land after that line.
-    return gr.skip() if getattr(job, "replay", False) else "⏹ Stopping after the current step…"
+    # The run ends after its current step and says "stopped" itself; an answer here could land after that line.
+    return gr.skip()
 
 
 class Pace:
