@@ -413,9 +413,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft = _companions(args, target, {"draft_target": _config(args, "draft_target")})["draft_target"]
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     if target.dtype == "bfloat16" and not fast_bf16():
-        print("note: this CPU has no native bfloat16 matrix multiply (AVX-512 BF16 or AMX), so a bfloat16 pass over "
-              "k tokens costs several one-token passes and speculative modes earn little; see the verify cost below, "
-              "or use --dtype float32",
+        print("note: this CPU has no native bfloat16 matrix multiply (AVX-512 BF16 or AMX): a one-token pass reads "
+              "half the bytes in bfloat16, but passes over 3+ tokens multiply in float32, so a pass over k tokens "
+              "costs more one-token passes than in float32 and speculative modes earn less; see the verify cost below",
               file=sys.stderr)
     service = _service(args)
     try:
@@ -607,7 +607,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     t.add_argument("--mode", required=True, choices=["medusa", "eagle", "draft"])
     t.add_argument("--model", default=BUNDLED, help="the frozen base (target) model")
     t.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                   help="dtype of the frozen base model while it writes its answers (--data-source self) and its features are extracted; pick the dtype you deploy in (bfloat16 is slow on CPUs without native bfloat16)")
+                   help="dtype of the frozen base model while it writes its answers (--data-source self) and its features are extracted; pick the dtype you deploy in")
     t.add_argument("--output-dir", default=None, help="default: engines/trained/<model>-<mode>")
     t.add_argument("--data-offset", type=int, default=0, help="first ShareGPT conversation used")
     t.add_argument("--data-limit", type=int, default=800, help="ShareGPT conversations used")

@@ -1,6 +1,6 @@
-"""Packed linear layers (app/decoding/linear.py): the results of F.linear (bit for bit in bfloat16, within
-float32 rounding in float32), tied weights kept, autograd and in-place updates handled, applied by
-models.load to float32 and bfloat16 CPU models."""
+"""Packed linear layers (app/decoding/linear.py): the results of F.linear (bit for bit in bfloat16 on a CPU with
+native bfloat16, within float32 rounding otherwise), tied weights kept, autograd and in-place updates handled,
+applied by models.load to float32 and bfloat16 CPU models."""
 
 import copy
 
@@ -13,10 +13,8 @@ from torch import nn
 from app.decoding import linear
 from app.decoding.linear import PackedLinear, fast_bf16
 
-needs_bf16 = pytest.mark.skipif(not (fast_bf16() and torch.backends.mkldnn.is_available()),
-                                reason="packing applies only where oneDNN multiplies bfloat16 natively (AVX-512 BF16 or AMX)")
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
-DTYPES = [pytest.param(torch.bfloat16, marks=needs_bf16), pytest.param(torch.float32, marks=needs_onednn)]
+DTYPES = [pytest.param(torch.bfloat16, marks=needs_onednn), pytest.param(torch.float32, marks=needs_onednn)]
 
 
 def _tiny(dtype=torch.bfloat16, tie: bool = True):
@@ -28,16 +26,19 @@ def _tiny(dtype=torch.bfloat16, tie: bool = True):
 
 
 def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
-    """bfloat16: bit for bit (oneDNN on both sides). float32: F.linear is MKL's GEMM, which sums in
-    another order than oneDNN, so equal within float32 rounding."""
-    if a.dtype == torch.bfloat16:
+    """bfloat16 with native instructions: bit for bit (oneDNN on both sides). Without them, and in float32, the
+    sums run in float32 in another order than F.linear's kernel: equal within float32 rounding (in bfloat16, a
+    sum that lands near a rounding boundary may round to the neighbouring bfloat16 value)."""
+    if a.dtype == torch.bfloat16 and fast_bf16():
         assert torch.equal(a, b)
+    elif a.dtype == torch.bfloat16:
+        torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
     else:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 3, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 17])  # bfloat16 without native support: 1-2 rows in bfloat16, 3+ in float32
 def test_packed_linear_matches_f_linear(rows, dtype):
     torch.manual_seed(rows)
     plain = nn.Linear(64, 96, bias=rows != 3).to(dtype)
@@ -89,7 +90,7 @@ def test_pack_swaps_every_linear_keeps_ties_and_logits(dtype):
     assert linear.pack(model) == 0  # nothing plain is left to pack
 
 
-@needs_bf16
+@needs_onednn
 def test_autograd_falls_back_to_f_linear():
     plain = nn.Linear(16, 8).to(torch.bfloat16)
     packed = PackedLinear.wrap(plain)
@@ -99,7 +100,7 @@ def test_autograd_falls_back_to_f_linear():
     assert torch.allclose(x.grad.float(), expected.float(), atol=1e-2)
 
 
-@needs_bf16
+@needs_onednn
 def test_an_in_place_weight_update_is_repacked():
     packed = PackedLinear.wrap(nn.Linear(16, 8, bias=False).to(torch.bfloat16))
     x = torch.randn(2, 16, dtype=torch.bfloat16)
@@ -110,7 +111,7 @@ def test_an_in_place_weight_update_is_repacked():
     assert torch.equal(after, F.linear(x, packed.weight)) and not torch.equal(after, before)
 
 
-@needs_bf16
+@needs_onednn
 def test_a_dtype_conversion_or_swapped_weight_data_is_followed():
     packed = PackedLinear.wrap(nn.Linear(16, 8).to(torch.bfloat16))
     x = torch.randn(2, 16)
@@ -138,9 +139,12 @@ def test_a_packed_layer_converted_to_float64_goes_through_f_linear():
         assert torch.equal(packed(x), F.linear(x, packed.weight, packed.bias))
 
 
-@needs_bf16
+@needs_onednn
 @pytest.mark.bundled
-def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_greedy_output(tmp_path):
+def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_results(tmp_path):
+    """Natively: the same greedy output. Without native bfloat16 the wide products sum in float32 in another
+    order, so a near-tie may break the other way some tokens in; the prompt's logits agree within bfloat16
+    rounding and its greedy token is the same."""
     from app import models
     from app.service.configs import DecodingConfig, NGramDecodingConfig
     from app.runner import output_ids, run
@@ -158,5 +162,11 @@ def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_greedy_output(
     assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
     prompt = packed.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
                                                   add_generation_prompt=True, tokenize=True, return_dict=False)
-    cfg = DecodingConfig(NGramDecodingConfig(), max_new_tokens=24)
-    assert output_ids(list(run(packed, cfg, prompt))) == output_ids(list(run(plain, cfg, prompt)))
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        fast, slow = packed.model(ids).logits[0].float(), plain.model(ids).logits[0].float()
+    assert (fast - slow).abs().max() < 0.05 * slow.abs().max()  # bfloat16 keeps 8 bits of mantissa
+    assert (fast.argmax(-1) == slow.argmax(-1)).float().mean() > 0.9 and fast[-1].argmax() == slow[-1].argmax()
+    if linear.fast_bf16():
+        cfg = DecodingConfig(NGramDecodingConfig(), max_new_tokens=24)
+        assert output_ids(list(run(packed, cfg, prompt))) == output_ids(list(run(plain, cfg, prompt)))

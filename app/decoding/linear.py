@@ -7,6 +7,13 @@ bundled-model pass about 1.3x faster in bfloat16 on a 2-core AVX-512 BF16 machin
 identical results; in float32 a one-token pass about 1.5x faster and a pass over 2-8 tokens
 about 3x, within float32 rounding of F.linear (oneDNN sums in another order than MKL).
 
+On a CPU without native bfloat16 (AVX2, plain AVX-512) a bfloat16 layer keeps a packed float32
+copy of its weight for products over 3+ rows: the bfloat16 kernels there cost 3-12x the float32 ones
+over 4-64 rows (a verify pass, a prefill). The products are the same ones a bfloat16 GEMM computes
+(bfloat16 inputs are exact in float32, the sums are float32), rounded to bfloat16 the same way; only
+the order of the sums differs. One- and two-row products stay in bfloat16: they read the weights from
+memory once, and half the bytes is what counts. The copy costs twice the layer's bfloat16 memory.
+
 `pack(model)` swaps each plain nn.Linear of a loaded model for a PackedLinear that shares its
 weight and bias (tied weights stay tied; code that reads `.weight` sees the same tensor). Under
 autograd, or for an input of another dtype, it falls back to F.linear, so a packed model still
@@ -40,14 +47,18 @@ def fast_bf16() -> bool:
 
 
 def available(model: nn.Module) -> bool:
-    """Packing applies on CPU to a float32 model, and to a bfloat16 one where oneDNN multiplies bfloat16 natively."""
+    """Packing applies on CPU to a float32 or bfloat16 model."""
     weight = next(model.parameters(), None)
     return weight is not None and _packable(weight)
 
 
 def _packable(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and (
-        weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and fast_bf16()))
+    return weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and weight.dtype in PACKED_DTYPES
+
+
+# From this many rows a float32 product of bfloat16 weights beats the bfloat16 one without native
+# bfloat16 (30 layers of the bundled model, 2 cores AVX2: 2 rows 29 vs 36 ms, 3 rows 41 vs 39, 16 rows 218 vs 65).
+WIDE_ROWS = 3
 
 
 class PackedLinear(nn.Linear):
@@ -70,7 +81,10 @@ class PackedLinear(nn.Linear):
     def _repack(self) -> None:
         # A plain attribute, not a buffer: derived, never trained or saved, and an opaque oneDNN
         # tensor that state_dict(), deepcopy and .to() could not handle.
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        weight = self.weight.detach()
+        # bfloat16 without native instructions: the packed copy is float32, for wide products (module docstring).
+        self._upcast = weight.dtype == torch.bfloat16 and not fast_bf16()
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.float() if self._upcast else weight, None)
         self._packed_key = self._weight_key()
 
     def _weight_key(self) -> tuple[int, int]:
@@ -90,13 +104,20 @@ class PackedLinear(nn.Linear):
             return F.linear(x, w, self.bias)
         if self._weight_key() != self._packed_key:
             self._repack()
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, self.bias, "none", [], "")
+        x2 = x.reshape(-1, self.in_features)
+        if not self._upcast:
+            y = torch.ops.mkldnn._linear_pointwise(x2, self._packed, self.bias, "none", [], "")
+        elif x2.shape[0] < WIDE_ROWS:
+            return F.linear(x, w, self.bias)
+        else:
+            bias = None if self.bias is None else self.bias.float()
+            y = torch.ops.mkldnn._linear_pointwise(x2.float(), self._packed, bias, "none", [], "").to(w.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
 
 def rows(weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """y = x @ weight.T + bias as a function: packed once where packing applies (a CPU float32 weight, or
-    bfloat16 with native support), else F.linear. For weights gathered per generation (a draft vocabulary's
+    """y = x @ weight.T + bias as a function: packed once where packing applies (a CPU float32 or bfloat16
+    weight), else F.linear. For weights gathered per generation (a draft vocabulary's
     rows of an LM head), which `pack` never sees: unpacked, every call re-lays them out (0.34 vs 0.12 ms for
     one row against 8192 rows of 576 in bfloat16 here)."""
     if _packable(weight):

@@ -110,7 +110,8 @@ class Service:
             return ""
         note = "bfloat16: greedy outputs can part from autoregressive after a while (a pass over several tokens rounds differently)"
         if not fast_bf16():
-            note += "; this CPU has no native bfloat16, so many-token passes are slow here and speculation earns little"
+            note += ("; this CPU has no native bfloat16: a one-token pass reads half the bytes, but passes over 3+ "
+                     "tokens multiply in float32, so speculation earns less than in float32")
         return note
 
     def vllm_note(self, request: DecodeRequest) -> str:
@@ -146,10 +147,11 @@ class Service:
         request.check(max_new_tokens_limit=self.limits.max_new_tokens)
         if (self.policy.public and request.backend == "transformers" and request.dtype == "bfloat16"
                 and self.dtype != "bfloat16" and not fast_bf16()):
-            # Emulated bfloat16 makes a many-token pass several times slower (a 32-token pass ~1 s here): the step
-            # bounds hold in float32 only. The operator may still serve in bfloat16 (--dtype).
-            raise ConfigError("this public server's CPU has no native bfloat16, where a step of speculative decoding "
-                              "takes seconds: choose auto or float32")
+            # Without native bfloat16 a one-token pass is cheap and a wide one is not (linear.py), so speculation
+            # loses to autoregressive there: a public demo of speculation runs float32. The operator may still
+            # serve in bfloat16 (--dtype).
+            raise ConfigError("this public server's CPU has no native bfloat16, where speculative decoding earns less "
+                              "than autoregressive: choose auto or float32")
         return request
 
     def _trained(self, request: DecodeRequest, visitor: str | None = None) -> DecodeRequest:

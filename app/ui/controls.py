@@ -56,7 +56,7 @@ def dtype_radio(service, elem_id: str) -> gr.Radio:
     """The dtype choice (Run and Compare tabs)."""
     return gr.Radio(["auto", *DTYPES], value="auto", label="dtype", elem_id=elem_id,
                     info=f"auto = the server's ({service.dtype}). float32: every mode's greedy output equals "
-                         "autoregressive. bfloat16: half the bytes per pass, faster where the CPU has native bfloat16; "
+                         "autoregressive. bfloat16: half the bytes per pass; speculation pays most where the CPU has native bfloat16; "
                          "the first run in a dtype loads the model in it (transformers backend only).")
 
 

@@ -208,7 +208,7 @@ backend runs EAGLE-3 checkpoints only; the engine backend runs static or dynamic
 **Lossless:** yes: greedy match, or recursive rejection sampling with deterministic drafts.
 
 **On a 2-core CPU:** the draft layer is cheap, but it runs `depth` small passes in sequence, and 23
-verified nodes add 40–90 % to a pass with native bfloat16, far more without. `min path probability`
+verified nodes add 40–90 % to a pass with native bfloat16, more without. `min path probability`
 (this app's own setting) prunes nodes whose draft path probability is lower and stops drafting
 deeper when a level has none, so unsure steps stay cheap.
 Published GPU results: EAGLE-2 3.05–4.26×, EAGLE-3 up to 6.5×.
