@@ -68,6 +68,16 @@ def test_every_mode_on_the_compiled_pass_equals_eager_autoregressive_and_nothing
             assert out == reference, name
 
 
+def test_two_sessions_at_once_share_the_compiled_pass(model, forward):
+    """The service runs sessions in threads (--max-concurrency): each keeps its own slots, the graph is shared."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reference, _ = _run(model, Autoregressive())
+    with torch._dynamo.config.patch(error_on_recompile=True), ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(_run, model, drafter, forward) for drafter in (Autoregressive(), PromptLookup(10, 2), Suffix())]
+        assert [run.result()[0] for run in runs] == [reference] * 3
+
+
 def test_a_recompile_would_be_caught(model, forward):
     """The check above can fail: a graph it has not seen (another dtype of input) raises under the same patch."""
     with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(Exception, match="[Rr]ecompil"):
