@@ -2,8 +2,8 @@
 
 Eager transformers spends a quarter to a third of a one-token pass of a small model on CPU outside
 its matrix products: a few hundred small element-wise kernels (RMSNorm, RoPE, SiLU, residuals) and
-the Python that dispatches them. Inductor fuses those, and its freezing pass packs the linear
-weights for oneDNN as linear.pack does. The cache (kv_cache.SlotLayer) gives every pass the same
+the Python that dispatches them. Inductor fuses those; its freezing makes the weights constants, but
+with torch 2.13 here it leaves the products unpacked (plain `aten::mm`, docs/benchmarks.md). The cache (kv_cache.SlotLayer) gives every pass the same
 shapes apart from its width and the session's slot count, which the graph takes as symbols. Only the
 one-token pass runs compiled: for 2+ tokens the dynamic-width graph multiplies unpacked weights, and
 the eager packed layers over the same slots are faster (a 2-8 token pass 1.6-1.7 one-token passes
@@ -39,8 +39,9 @@ def cache_file(store: Path, model_name: str, dtype: str) -> Path:
 
 
 def warm_up(model: torch.nn.Module, forward, cache: Path | None = None) -> dict:
-    """Build the graph now, through a real session (prefill, a one-token pass). With `cache`: inductor's caches are read from it first when it
-    exists, and written to it after a warm-up that had to compile. Returns what it took."""
+    """Build the graph now, through a real session (prefill, a one-token pass). With `cache`: inductor's caches
+    are read from it first when it exists, and written to it after a warm-up that had to compile. Returns what
+    it took."""
     loaded = False
     if cache is not None and cache.is_file():
         try:

@@ -2,7 +2,7 @@
 
 `F.linear` on a CPU re-lays the weight out on every call (oneDNN for bfloat16, MKL's GEMM for a
 float32 product of more than one row): for the few rows of a decoding step that costs as much as
-the product itself. Packing once at load time (what torch.compile's CPU freezing does) makes a
+the product itself. Packing once at load time (what inductor's freezing is meant to do) makes a
 bundled-model pass about 1.3x faster in bfloat16 on a 2-core AVX-512 BF16 machine, with bit-
 identical results; in float32 a one-token pass about 1.5x faster and a pass over 2-8 tokens
 about 3x, within float32 rounding of F.linear (oneDNN sums in another order than MKL).
@@ -98,7 +98,7 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        # Under torch.compile the plain product: inductor's freezing packs the weight itself (compiled.py).
+        # Under torch.compile the plain product: the packed oneDNN call does not lower in inductor (compiled.py).
         if (torch.compiler.is_compiling() or x.dtype != w.dtype or w.dtype not in PACKED_DTYPES or w.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return F.linear(x, w, self.bias)
