@@ -209,8 +209,8 @@ def _hub(name: str) -> str:
 
 def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engines: Path = DEFAULT_ENGINES,
          compile: bool = False) -> LoadedModel:
-    """`name` in `dtype`, ready for decoding. compile: also compile its forward for the one-token passes and warm it
-    up now (minutes on a first start; the compile caches are kept under `engines` for the next)."""
+    """`name` in `dtype`, ready for decoding. compile: also compile its forward and warm it up now (minutes, on every
+    start: decoding/compiled.py)."""
     if dtype not in DTYPES:
         raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -241,7 +241,7 @@ def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engi
         from app.decoding import compiled
 
         loaded.forward = compiled.compile_forward(model)
-        loaded.compiled = compiled.warm_up(model, loaded.forward, compiled.cache_file(engines, name, dtype))
+        loaded.compiled = compiled.warm_up(model, loaded.forward)
     return loaded
 
 

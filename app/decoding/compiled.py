@@ -1,65 +1,54 @@
-"""The target's forward compiled with torch.compile (inductor), for the one-token passes of every mode.
+"""The target's forward compiled with torch.compile (inductor), for the passes of every mode.
 
-Eager transformers spends a quarter to a third of a one-token pass of a small model on CPU outside
-its matrix products: a few hundred small element-wise kernels (RMSNorm, RoPE, SiLU, residuals) and
-the Python that dispatches them. Inductor fuses those; its freezing makes the weights constants, but
-with torch 2.13 here it leaves the products unpacked (plain `aten::mm`, docs/benchmarks.md). The cache (kv_cache.SlotLayer) gives every pass the same
-shapes apart from its width and the session's slot count, which the graph takes as symbols. Only the
-one-token pass runs compiled: for 2+ tokens the dynamic-width graph multiplies unpacked weights, and
-the eager packed layers over the same slots are faster (a 2-8 token pass 1.6-1.7 one-token passes
-compiled, against 1.1-1.3 eagerly). `warm_up` compiles that graph before the first request; after
-it nothing recompiles (tests/test_compiled.py).
+Two things make it fast on a CPU. Inductor fuses the few hundred small element-wise kernels (RMSNorm,
+RoPE, SiLU, residuals) that eager transformers dispatches one by one. And with freezing and its C++
+GEMM template (max-autotune), the weights become constants of the graph that inductor lays out for
+its own micro-kernels once, at compile time: a float32 one-token pass of the bundled model takes
+27 ms instead of 43 with plain products, a bfloat16 one 23 ms instead of 37 (docs/benchmarks.md).
 
-Compiling costs about a minute on a 2-core machine. Inductor's caches are saved under the artifact
-store after the first warm-up and loaded before the next: that spares code generation (77 -> 55 s
-here), not Dynamo's tracing nor AOTAutograd with freezing, which make up the rest (docs/benchmarks.md).
+Dynamo decides whether parameters become constants from inductor's global `freezing` flag while it
+traces, not from the options handed to torch.compile (those reach inductor only, too late): traced
+without it, freezing finds nothing to freeze. So `warm_up` traces under those options, and builds every
+graph a run needs (a one-token pass, and a dynamic-width one where wide passes run compiled); after it
+nothing recompiles (tests/test_compiled.py). The cache (kv_cache.SlotLayer) gives every pass the same
+shapes apart from its width and the session's slot count, which the graph takes as symbols.
+
+Compiling takes minutes on a 2-core machine (autotuning every product shape, then C++ builds of the
+kernels), and on every start: inductor's caches cannot store graphs that hold oneDNN-packed weights
+("mkldnn tensors unpickleable"), so nothing is kept on disk (docs/benchmarks.md gives the times).
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 
 from app.decoding.target import TransformersTarget
 
 
+# freezing: the weights are constants of the graph (inference only). max_autotune with the CPP backend:
+# inductor's own GEMM kernels over weights it packs at compile time (ATEN stays a choice it may time).
+OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+
 def compile_forward(model: torch.nn.Module):
-    """The model's forward, compiled for passes over its slot cache (no graph is built until called)."""
-    # dynamic: the pass width and the slot count are symbols from the first call on, not recompiled per value.
-    # freezing: the weights are constants of the graph, so inductor may pack them (inference only).
-    return torch.compile(model, dynamic=True, options={"freezing": True})
+    """The model's forward, compiled for passes over its slot cache (no graph is built until `warm_up`)."""
+    # dynamic: the pass width and the slot count are symbols, not recompiled per value.
+    return torch.compile(model, dynamic=True, options=OPTIONS)
 
 
-def cache_file(store: Path, model_name: str, dtype: str) -> Path:
-    """Where the compile caches of this model, dtype and torch build live in the artifact store."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
-    return Path(store) / "compiled" / f"{safe}-{dtype}-torch{torch.__version__}.bin"
-
-
-def warm_up(model: torch.nn.Module, forward, cache: Path | None = None) -> dict:
-    """Build the graph now, through a real session (prefill, a one-token pass). With `cache`: inductor's caches
-    are read from it first when it exists, and written to it after a warm-up that had to compile. Returns what
-    it took."""
-    loaded = False
-    if cache is not None and cache.is_file():
-        try:
-            loaded = torch.compiler.load_cache_artifacts(cache.read_bytes()) is not None
-        except Exception:  # a cache from another build is only a slower start
-            loaded = False
+def warm_up(model: torch.nn.Module, forward) -> dict:
+    """Build the graphs now, through a real session (prefill, a one-token pass, a wide tree pass). Returns what it
+    took."""
     start = time.perf_counter()
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = [i % vocab for i in range(1, 17)]
     session = TransformersTarget(model, forward=forward)
-    session.prefill(ids)
-    session.forward(ids[0], [], [])
-    seconds = time.perf_counter() - start
-    if cache is not None and not loaded:
-        artifacts = torch.compiler.save_cache_artifacts()
-        if artifacts is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp")
-            tmp.write_bytes(artifacts[0])
-            tmp.replace(cache)
-    return {"seconds": round(seconds, 1), "cache": "loaded" if loaded else "built" if cache is not None else "none"}
+    with torch._inductor.config.patch(OPTIONS):  # what Dynamo reads while tracing (module docstring)
+        session.prefill(ids)
+        session.forward(ids[0], [], [])
+        session.commit([])
+        # Width 1 is a graph of its own (Dynamo specializes sizes of 1); the wide one is a tree, as in a run.
+        session.forward(ids[1], ids[2:6], [-1, 0, 0, 1])
+    return {"seconds": round(time.perf_counter() - start, 1)}

@@ -46,6 +46,11 @@ def fast_bf16() -> bool:
         return False
 
 
+def upcasts(dtype: torch.dtype) -> bool:
+    """Whether wide products of `dtype` weights run in float32 here (bfloat16 without native instructions)."""
+    return dtype == torch.bfloat16 and not fast_bf16()
+
+
 def available(model: nn.Module) -> bool:
     """Packing applies on CPU to a float32 or bfloat16 model."""
     weight = next(model.parameters(), None)
@@ -83,7 +88,7 @@ class PackedLinear(nn.Linear):
         # tensor that state_dict(), deepcopy and .to() could not handle.
         weight = self.weight.detach()
         # bfloat16 without native instructions: the packed copy is float32, for wide products (module docstring).
-        self._upcast = weight.dtype == torch.bfloat16 and not fast_bf16()
+        self._upcast = upcasts(weight.dtype)
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.float() if self._upcast else weight, None)
         self._packed_key = self._weight_key()
 

@@ -6,6 +6,7 @@ from typing import Protocol
 
 import torch
 
+from app.decoding import linear
 from app.decoding.attention import additive, kv_dtype
 from app.decoding.kv_cache import full_attention, new_cache, slot_cache
 from app.decoding.tree import ancestor_mask, depths, is_chain
@@ -36,15 +37,18 @@ class TransformersTarget:
     `forward`, the model's compiled forward (compiled.py), a model whose every layer is full attention
     keeps its cache in fixed slots instead (kv_cache.SlotLayer): each pass writes at the committed
     length and attends to every slot under a mask of what it may see, so passes differ only in their
-    width and the slot count, which the compiled graph takes as symbols; passes over 2+ tokens run the
-    eager model over the same slots (compiled.py says why). Eagerly the slots cost about 5 % (attention
-    over the spare slots, a wider mask), so without a compiled forward the cache grows instead.
+    width and the slot count, which the compiled graph takes as symbols. Eagerly the slots cost about
+    5 % (attention over the spare slots, a wider mask), so without a compiled forward the cache grows
+    instead.
     """
 
     def __init__(self, model: torch.nn.Module, hidden_states: bool = True, forward=None) -> None:
         self.model = model
         self.slotted = forward is not None and full_attention(model.config)
-        self.run = forward if self.slotted else None  # the compiled forward of one-token passes (None: all eager)
+        self.run = forward if self.slotted else None  # the compiled forward (None: all eager)
+        # bfloat16 without native instructions: passes over 2+ tokens run eagerly, where their products are
+        # float32 (linear.py); inductor's bfloat16 ones cost 1.9x a one-token pass over 4 tokens, 5.7x over 16.
+        self.wide_compiled = not linear.upcasts(model.dtype)
         # Feature-level drafters read the hidden states; the others spare transformers collecting them.
         self.hidden_states = hidden_states
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -90,10 +94,8 @@ class TransformersTarget:
         allowed = torch.zeros(n, width, dtype=torch.bool)
         allowed[:, : self.length] = True
         allowed[:, self.length : self.length + n] = ancestor_mask(parents)
-        # Compiled, only the one-token pass: for 2+ tokens inductor's dynamic-width graph multiplies unpacked
-        # weights, and the eager packed layers are ~20 % faster there (docs/benchmarks.md). The compiled graph
-        # always returns the hidden states: one graph for every mode.
-        compiled = self.run is not None and n == 1
+        # The compiled graph always returns the hidden states: one graph for every mode.
+        compiled = self.run is not None and (n == 1 or self.wide_compiled)
         out = (self.run if compiled else self.model)(
             input_ids=x,
             attention_mask=additive(allowed, self.model.dtype)[None, None].to(device),
