@@ -44,8 +44,8 @@ def _scalar(annotation: Any) -> type:
     return next((k for k in kinds if k in (bool, int, float)), str)
 
 
-COMPILE_HELP = ("transformers backend: compile the target's forward (torch.compile) for faster passes; the model's "
-                "first load compiles for minutes, later starts read the compile caches kept in the engines directory")
+COMPILE_HELP = ("transformers backend: compile the target's forward (torch.compile, inductor's packed products) for "
+                "faster passes; every load compiles first, for minutes on a small CPU (nothing is cached on disk)")
 
 
 def _add_decoding_flags(p: argparse.ArgumentParser, modes: Modes = MODES) -> None:

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from app.decoding import compiled
+from app.decoding import compiled, linear
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.eagle import Eagle
@@ -82,6 +82,28 @@ def test_a_recompile_would_be_caught(model, forward):
     """The check above can fail: a graph it has not seen (another dtype of input) raises under the same patch."""
     with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(Exception, match="[Rr]ecompil"):
         forward(input_ids=torch.tensor([[1, 2]], dtype=torch.int32), use_cache=False)
+
+
+def test_bfloat16_passes_of_every_width_run_compiled_near_eager_without_recompiling():
+    """bfloat16: without native instructions the graph multiplies 3+ rows against float32 copies of the weights, as
+    the eager layers do (linear.py); with them, in bfloat16. Either way one warm-up covers every width."""
+    model = tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=0).to(torch.bfloat16)
+    linear.pack(model)
+    fn = compiled.compile_forward(model)
+    wide = [m for m in model.modules() if getattr(m, "_wide", None) is not None]
+    assert bool(wide) == linear.upcasts(torch.bfloat16) and all(m._wide.dtype == torch.float32 for m in wide)
+    compiled.warm_up(model, fn)
+    eager, fast = TransformersTarget(model, hidden_states=False), TransformersTarget(model, hidden_states=False, forward=fn)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for target in (eager, fast):
+            target.prefill(PROMPT)
+        for width in (1, 2, 3, 5, 17, 2, 1):
+            tokens, parents = list(range(10, 9 + width)), [i // 2 - 1 for i in range(width - 1)]
+            a, b = (t.forward(7, tokens, parents).logits.float() for t in (eager, fast))
+            for t in (eager, fast):
+                t.commit([])
+            assert a.shape == b.shape == (width, 96)
+            assert (a - b).abs().max() <= 0.05 * a.abs().max(), width
 
 
 def test_warm_up_freezes_the_weights_into_inductors_own_products():

@@ -3,14 +3,16 @@
 Two things make it fast on a CPU. Inductor fuses the few hundred small element-wise kernels (RMSNorm,
 RoPE, SiLU, residuals) that eager transformers dispatches one by one. And with freezing and its C++
 GEMM template (max-autotune), the weights become constants of the graph that inductor lays out for
-its own micro-kernels once, at compile time: a float32 one-token pass of the bundled model takes
-27 ms instead of 43 with plain products, a bfloat16 one 23 ms instead of 37 (docs/benchmarks.md).
+its own micro-kernels once, at compile time. Bundled model, 2 cores AVX2: a float32 one-token pass
+30 ms instead of 43 with plain products, 16 tokens 68 ms instead of 86 eagerly. In bfloat16 without
+native instructions the graph multiplies 3+ rows against float32 copies of the weights (linear.widen),
+as the eager layers do: 16 tokens 81 ms against 119 eagerly, one token 25 ms (docs/benchmarks.md).
 
 Dynamo decides whether parameters become constants from inductor's global `freezing` flag while it
 traces, not from the options handed to torch.compile (those reach inductor only, too late): traced
 without it, freezing finds nothing to freeze. So `warm_up` traces under those options, and builds every
-graph a run needs (a one-token pass, and a dynamic-width one where wide passes run compiled); after it
-nothing recompiles (tests/test_compiled.py). The cache (kv_cache.SlotLayer) gives every pass the same
+graph a run needs (one token, two tokens where wide products upcast, and any wider); after it nothing
+recompiles (tests/test_compiled.py). The cache (kv_cache.SlotLayer) gives every pass the same
 shapes apart from its width and the session's slot count, which the graph takes as symbols.
 
 Compiling takes minutes on a 2-core machine (autotuning every product shape, then C++ builds of the
@@ -24,6 +26,7 @@ import time
 
 import torch
 
+from app.decoding import linear
 from app.decoding.target import TransformersTarget
 
 
@@ -34,12 +37,13 @@ OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends":
 
 def compile_forward(model: torch.nn.Module):
     """The model's forward, compiled for passes over its slot cache (no graph is built until `warm_up`)."""
+    linear.widen(model)  # bfloat16 without native instructions: wide products in float32, as eagerly (linear.py)
     # dynamic: the pass width and the slot count are symbols, not recompiled per value.
     return torch.compile(model, dynamic=True, options=OPTIONS)
 
 
 def warm_up(model: torch.nn.Module, forward) -> dict:
-    """Build the graphs now, through a real session (prefill, a one-token pass, a wide tree pass). Returns what it
+    """Build the graphs now, through a real session (prefill, passes of 1, 2 and 5 tokens). Returns what it
     took."""
     start = time.perf_counter()
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -49,6 +53,9 @@ def warm_up(model: torch.nn.Module, forward) -> dict:
         session.prefill(ids)
         session.forward(ids[0], [], [])
         session.commit([])
-        # Width 1 is a graph of its own (Dynamo specializes sizes of 1); the wide one is a tree, as in a run.
-        session.forward(ids[1], ids[2:6], [-1, 0, 0, 1])
+        # Width 1 is a graph of its own (Dynamo specializes sizes of 1); so is width 2 where wide products
+        # upcast (linear.WIDE_ROWS). The wide one is a tree, as in a run.
+        session.forward(ids[1], ids[2:3], [-1])
+        session.commit([])
+        session.forward(ids[3], ids[4:8], [-1, 0, 0, 1])
     return {"seconds": round(time.perf_counter() - start, 1)}

@@ -103,8 +103,13 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        # Under torch.compile the plain product: the packed oneDNN call does not lower in inductor (compiled.py).
-        if (torch.compiler.is_compiling() or x.dtype != w.dtype or w.dtype not in PACKED_DTYPES or w.device.type != "cpu"
+        if torch.compiler.is_compiling():  # the packed oneDNN call does not lower in inductor: it packs its own
+            wide = getattr(self, "_wide", None)
+            if wide is not None and x.dtype == w.dtype and x.numel() >= WIDE_ROWS * self.in_features:
+                bias = None if self.bias is None else self.bias.float()
+                return F.linear(x.float(), wide, bias).to(w.dtype)
+            return F.linear(x, w, self.bias)
+        if (x.dtype != w.dtype or w.dtype not in PACKED_DTYPES or w.device.type != "cpu"
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return F.linear(x, w, self.bias)
         if self._weight_key() != self._packed_key:
@@ -118,6 +123,15 @@ class PackedLinear(nn.Linear):
             bias = None if self.bias is None else self.bias.float()
             y = torch.ops.mkldnn._linear_pointwise(x2.float(), self._packed, bias, "none", [], "").to(w.dtype)
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def widen(model: nn.Module) -> int:
+    """Give each upcasting layer a float32 copy of its weight for a compiled graph's wide products (inductor makes
+    it a constant and packs it; the oneDNN-packed copy is opaque to it). Returns how many; costs their float32 size."""
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear) and m._upcast]
+    for m in layers:
+        m._wide = m.weight.detach().float()
+    return len(layers)
 
 
 def rows(weight: torch.Tensor, bias: torch.Tensor | None = None):

@@ -6,7 +6,6 @@ from typing import Protocol
 
 import torch
 
-from app.decoding import linear
 from app.decoding.attention import additive, kv_dtype
 from app.decoding.kv_cache import full_attention, new_cache, slot_cache
 from app.decoding.tree import ancestor_mask, depths, is_chain
@@ -46,9 +45,6 @@ class TransformersTarget:
         self.model = model
         self.slotted = forward is not None and full_attention(model.config)
         self.run = forward if self.slotted else None  # the compiled forward (None: all eager)
-        # bfloat16 without native instructions: passes over 2+ tokens run eagerly, where their products are
-        # float32 (linear.py); inductor's bfloat16 ones cost 1.9x a one-token pass over 4 tokens, 5.7x over 16.
-        self.wide_compiled = not linear.upcasts(model.dtype)
         # Feature-level drafters read the hidden states; the others spare transformers collecting them.
         self.hidden_states = hidden_states
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -95,7 +91,7 @@ class TransformersTarget:
         allowed[:, : self.length] = True
         allowed[:, self.length : self.length + n] = ancestor_mask(parents)
         # The compiled graph always returns the hidden states: one graph for every mode.
-        compiled = self.run is not None and (n == 1 or self.wide_compiled)
+        compiled = self.run is not None
         out = (self.run if compiled else self.model)(
             input_ids=x,
             attention_mask=additive(allowed, self.model.dtype)[None, None].to(device),
