@@ -90,15 +90,14 @@ class TransformersTarget:
         allowed = torch.zeros(n, width, dtype=torch.bool)
         allowed[:, : self.length] = True
         allowed[:, self.length : self.length + n] = ancestor_mask(parents)
-        # The compiled graph always returns the hidden states: one graph for every mode.
-        compiled = self.run is not None
-        out = (self.run if compiled else self.model)(
+        # Slotted passes run compiled; the graph always returns the hidden states: one graph for every mode.
+        out = (self.run if self.slotted else self.model)(
             input_ids=x,
             attention_mask=additive(allowed, self.model.dtype)[None, None].to(device),
             position_ids=torch.tensor([[0, *depths(parents)]], device=device) + self.length,
             past_key_values=self.cache,
             use_cache=True,
-            output_hidden_states=self.hidden_states or compiled,
+            output_hidden_states=self.hidden_states or self.slotted,
         )
         return _forward(out)
 
