@@ -46,15 +46,25 @@ def forward(warmed):
     return warmed[0]
 
 
-def drafters(model):
+@pytest.fixture(scope="module")
+def eagle(model):
+    """An EAGLE module that fuses target layers (so its catch-ups and tree levels are different graphs), compiled and
+    warmed up, as runner.load_companion makes it beside a compiled target."""
+    module = make_module(model, aux=[1, 2]).eval().requires_grad_(False)
+    module.run = compiled.compile_eagle(module)
+    compiled.warm_up_eagle(module, module.run)
+    return module
+
+
+def drafters(model, eagle):
     embed = model.get_input_embeddings()
     return {
         "prompt_lookup": PromptLookup(10, 2),
         "lookahead": Lookahead(4, 3, 4),
         "draft_target": DraftModel(tiny_llama(vocab=96, hidden=16, layers=1, max_pos=1024, seed=1), 3),
         "medusa": Medusa(random_heads(), model.get_output_embeddings(), medusa_choices("default")),
-        "eagle": Eagle(make_module(model), embed, total_tokens=24, depth=5, top_k=4),
-        "eagle+prompt_lookup": Merged(Eagle(make_module(model), embed, total_tokens=12, depth=4, top_k=3), PromptLookup(10, 2, max_candidates=2)),
+        "eagle": Eagle(eagle, embed, total_tokens=24, depth=5, top_k=4),
+        "eagle+prompt_lookup": Merged(Eagle(eagle, embed, total_tokens=12, depth=4, top_k=3), PromptLookup(10, 2, max_candidates=2)),
         "suffix": Suffix(),
     }
 
@@ -64,16 +74,32 @@ def _run(model, drafter, forward=None):
     return output_of(generate(target, drafter, PROMPT, max_new_tokens=NEW)), target
 
 
-def test_every_mode_on_the_compiled_pass_equals_eager_autoregressive_and_nothing_recompiles(model, forward):
+def test_every_mode_on_the_compiled_pass_equals_eager_autoregressive_and_nothing_recompiles(model, forward, eagle):
     reference, eager = _run(model, Autoregressive())
     assert len(reference) == NEW and not eager.slotted
     with torch._dynamo.config.patch(error_on_recompile=True):
         out, target = _run(model, Autoregressive(), forward)
         assert out == reference and target.run is forward and target.slotted
         assert target.capacity > len(PROMPT) + RESERVE  # the slots grew during the run
-        for name, drafter in drafters(model).items():
+        for name, drafter in drafters(model, eagle).items():
             out, _ = _run(model, drafter, forward)
             assert out == reference, name
+
+
+def test_the_compiled_eagle_drafter_drafts_the_trees_the_eager_one_does(model, forward, eagle):
+    """Its passes write into slots and attend under a mask over all of them; eagerly the cache grows and is cropped.
+    Same trees, step by step, over a run whose slots grow; and no recompile after warm_up_eagle."""
+    def trees(module):
+        drafter = Eagle(module, model.get_input_embeddings(), total_tokens=24, depth=5, top_k=4)
+        target = TransformersTarget(model, hidden_states=True, forward=forward)
+        return [(e.proposed, e.tokens) for e in generate(target, drafter, PROMPT, max_new_tokens=NEW)]
+
+    eager = make_module(model, aux=[1, 2]).eval().requires_grad_(False)
+    assert eager.run is None and eagle.run is not None
+    reference = trees(eager)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert trees(eagle) == reference
+    assert sum(len(p["tokens"]) for p, _ in reference) > 100
 
 
 def test_two_sessions_at_once_share_the_compiled_pass(model, forward):
