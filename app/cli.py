@@ -45,7 +45,8 @@ def _scalar(annotation: Any) -> type:
 
 
 COMPILE_HELP = ("transformers backend: compile the target's forward (torch.compile, inductor's packed products) for "
-                "faster passes; every load compiles first, for minutes on a small CPU (nothing is cached on disk)")
+                "faster passes, and an EAGLE module's; every load compiles first, for minutes on a small CPU (nothing "
+                "is cached on disk)")
 
 
 def _add_decoding_flags(p: argparse.ArgumentParser, modes: Modes = MODES) -> None:
