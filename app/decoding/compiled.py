@@ -33,7 +33,7 @@ import torch
 
 from app.decoding import linear
 from app.decoding.attention import additive, kv_dtype
-from app.decoding.kv_cache import slot_cache
+from app.decoding.kv_cache import slot_cache, write_at
 from app.decoding.target import TransformersTarget
 
 
@@ -90,8 +90,7 @@ def warm_up_eagle(module: torch.nn.Module, forward) -> dict:
         for at, n, fused in ((0, 4, True), (4, 5, True), (9, 1, True), (10, 2, True), (12, 3, False), (15, 1, False),
                              (16, 2, False)):
             run = forward if at else module.hidden_states
-            for layer in cache.layers:
-                layer.cumulative_length.fill_(at)
+            write_at(cache, at, n, slots)
             allowed = torch.zeros(n, slots, dtype=torch.bool)
             allowed[:, : at + n] = torch.ones(n, at + n, dtype=torch.bool).tril(at)
             embeds, features = (torch.zeros(1, n, config.hidden_size, dtype=dtype) for _ in range(2))

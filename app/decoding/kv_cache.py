@@ -96,6 +96,18 @@ class SlotLayer(StaticLayer):
         self.max_cache_len = capacity
 
 
+def write_at(cache: Cache, at: int, n: int, capacity: int) -> int:
+    """Point a SlotLayer cache's layers at slot `at` for a pass of n entries, doubling the slots first when they do
+    not hold at + n. Returns the slot count."""
+    if at + n > capacity:
+        capacity = max(2 * capacity, at + n)
+        for layer in cache.layers:
+            layer.grow(capacity)
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(at)
+    return capacity
+
+
 def full_attention(config) -> bool:
     """Whether every layer of this model attends to the whole context (no sliding windows)."""
     text = config.get_text_config(decoder=True)

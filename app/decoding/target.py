@@ -7,7 +7,7 @@ from typing import Protocol
 import torch
 
 from app.decoding.attention import additive, kv_dtype
-from app.decoding.kv_cache import full_attention, new_cache, slot_cache
+from app.decoding.kv_cache import full_attention, new_cache, slot_cache, write_at
 from app.decoding.tree import ancestor_mask, depths, is_chain
 from app.decoding.types import Forward
 
@@ -74,13 +74,8 @@ class TransformersTarget:
         x = torch.tensor([[root, *tokens]], device=device)
         self.fed = n = x.shape[1]
         if self.slotted:
-            if self.length + n > self.capacity:
-                self.capacity = max(2 * self.capacity, self.length + n)
-                for layer in self.cache.layers:
-                    layer.grow(self.capacity)
-            for layer in self.cache.layers:
-                layer.cumulative_length.fill_(self.length)  # this pass writes right after what is committed
-            width = self.capacity
+            # This pass writes right after what is committed.
+            self.capacity = width = write_at(self.cache, self.length, n, self.capacity)
         elif is_chain(parents):
             # A chain is ordinary causal attention: let the model build its own (faster) mask.
             return _forward(self.model(input_ids=x, past_key_values=self.cache, use_cache=True,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from app.decoding.attention import SMALL_QUERY, additive, kv_dtype
-from app.decoding.kv_cache import new_cache, slot_cache
+from app.decoding.kv_cache import new_cache, slot_cache, write_at
 from app.decoding.tree import depths, from_paths
 from app.decoding.types import Proposal
 
@@ -197,12 +197,7 @@ class Eagle:
             return module.hidden_states(embeds, features, self.cache, positions, mask, aux)[0]
         if allowed is None:
             allowed = torch.ones(n, at + n, dtype=torch.bool).tril(at)
-        if at + n > self.capacity:
-            self.capacity = max(2 * self.capacity, at + n)
-            for layer in self.cache.layers:
-                layer.grow(self.capacity)
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(at)
+        self.capacity = write_at(self.cache, at, n, self.capacity)
         full = torch.zeros(n, self.capacity, dtype=torch.bool)
         full[:, : at + n] = allowed
         mask = additive(full, dtype).to(device)[None, None]
