@@ -44,15 +44,15 @@ def _scalar(annotation: Any) -> type:
     return next((k for k in kinds if k in (bool, int, float)), str)
 
 
-COMPILE_HELP = ("transformers backend: compile the target's forward (torch.compile, inductor's packed products) for "
-                "faster passes, and an EAGLE module's; every load compiles first, for minutes on a small CPU (nothing "
-                "is cached on disk)")
+EAGER_HELP = ("transformers backend: run every pass eagerly. Without it the target runs its fast pass (compiled ahead "
+              "of time once per machine under engines/compiled/, loaded in seconds after that; `python -m app compile` "
+              "builds it)")
 
 
 def _add_decoding_flags(p: argparse.ArgumentParser, modes: Modes = MODES) -> None:
     p.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    p.add_argument("--eager", action="store_true", help=EAGER_HELP)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -134,7 +134,12 @@ def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
 def _load(args, name):
     from app import models
 
-    return models.load(name, dtype=args.dtype, engines=_engines(args), compile=getattr(args, "compile", False))
+    return models.load(name, dtype=args.dtype, engines=_engines(args), fast=_fast(args, "build"))
+
+
+def _fast(args, default: str) -> str:
+    """How the transformers backend gets its fast pass (models.load): `default` unless --eager."""
+    return "eager" if getattr(args, "eager", False) else default
 
 
 def _engines(args):
@@ -149,7 +154,7 @@ def _companions(args, target, configs: dict[str, DecodingConfig]) -> dict:
     return {mode: load_companion(cfg, target, _engines(args)) for mode, cfg in configs.items()}
 
 
-def _service(args: argparse.Namespace, policy=None, **limits):
+def _service(args: argparse.Namespace, policy=None, fast: str = "build", **limits):
     from app.service.api import Service
     from app.service.jobs import Limits
     from app.service.policy import Policy
@@ -157,7 +162,7 @@ def _service(args: argparse.Namespace, policy=None, **limits):
     return Service(_engines(args), model=args.model, dtype=args.dtype, backend=getattr(args, "backend", "auto") or "auto",
                    remote_url=getattr(args, "remote_url", None), limits=Limits(**limits),
                    tensor_parallel_size=getattr(args, "tensor_parallel_size", 1), policy=policy or Policy(),
-                   vllm_settings=vllm_settings(args), compile=getattr(args, "compile", False))
+                   vllm_settings=vllm_settings(args), fast=_fast(args, fast))
 
 
 def is_public(args: argparse.Namespace, environ) -> bool:
@@ -297,7 +302,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         from app.service.policy import PUBLIC_MAX_NEW_TOKENS
 
         limits["max_new_tokens"] = PUBLIC_MAX_NEW_TOKENS
-    service = _service(args, _policy(args, public), **limits)
+    service = _service(args, _policy(args, public), fast="background", **limits)
     if public:
         print("public mode: visitors' builds and runs are their own, work is bounded (see docs/ui.md, Hosting publicly)",
               file=sys.stderr, flush=True)
@@ -319,7 +324,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configs.parse(data)
     limits = _limits(args, args.public)
     limits["max_new_tokens"] = PUBLIC_MAX_NEW_TOKENS if args.public else max(args.max_new_tokens, 4096)
-    service = _service(args, _policy(args, args.public), **limits)
+    service = _service(args, _policy(args, args.public), fast="background", **limits)
     service.backends["transformers"].model(args.model)  # load before the first request, and fail here if it cannot
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1 (default mode {args.mode})", file=sys.stderr, flush=True)
     try:
@@ -528,6 +533,15 @@ def cmd_ship_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from app import models
+
+    info = models.build_fast_pass(args.model, args.dtype, _engines(args))
+    print(f"fast pass of {args.model} ({args.dtype}) for this machine ({info['isa']}, {info['threads']} threads): built in "
+          f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB")
+    return 0
+
+
 CONCURRENCY_HELP = ("generations running at once (keep 1 on a small CPU: each worker thread keeps its own OpenMP team, "
                     "which slows every pass)")
 
@@ -540,7 +554,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     u.add_argument("--port", type=int, default=None, help="port (default: GRADIO_SERVER_PORT, else 7860)")
     u.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
     u.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    u.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    u.add_argument("--eager", action="store_true", help=EAGER_HELP + "; the web app serves eager passes while it builds")
     u.add_argument("--max-concurrency", type=int, default=1, help=CONCURRENCY_HELP)
     u.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones are refused")
     u.add_argument("--time-limit", type=float, default=None, help="seconds a generation may run (default 300; 60 in public mode)")
@@ -654,6 +668,12 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
                         "(ModelOpt's and TensorRT-LLM's); Medusa heads: medusa; the draft: hf (a plain model directory)")
     e.add_argument("--model", default=None, help="the base model the artifact belongs to (default: the one it was trained for)")
     e.set_defaults(func=cmd_export)
+    c = sub.add_parser("compile", help="build the transformers backend's fast pass for this machine now (the app, "
+                       "generate, bench and serve otherwise build it on first use): once per model, dtype and CPU")
+    c.add_argument("--model", default=BUNDLED)
+    c.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    c.add_argument("--engines-dir", default=None)
+    c.set_defaults(func=cmd_compile)
     d = sub.add_parser("ship-data", help="copy the self-distilled training answers cached in engines/ into assets/ "
                        "(compressed), so later training runs, here or on a fresh clone, start from them")
     d.add_argument("--model", default=BUNDLED, help="the model whose answers to ship (its tokenizer rebuilds the prompts)")

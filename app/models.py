@@ -12,9 +12,12 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -50,9 +53,11 @@ class LoadedModel:
     # A draft model's own draft vocabulary (d2t), when its directory ships one: draft_target then
     # scores only those tokens (training/draft.py).
     draft_vocab: torch.Tensor | None = None
-    # The target's compiled forward (decoding/compiled.py) when loaded with compile=True, and what warming it up took.
+    # The fast pass (decoding/compiled.py) once it is loaded; None: every pass runs eagerly. A session takes what is
+    # here when it starts, so a pass that becomes ready mid-run serves the next run.
     forward: object | None = None
-    compiled: dict | None = None
+    # Which pass runs and why, for the status line: {"state": eager | building | ready | failed, "note": ...}.
+    fast: dict = field(default_factory=lambda: {"state": "eager", "note": "eager pass (--eager)"})
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -130,6 +135,8 @@ def _build_once(target: Path, is_fresh, build) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_fresh():  # built by whoever held the lock before us
             return target
+        for stale in target.parent.glob(f".{target.name}-*"):  # an interrupted build's leftovers (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
             build(tmp)
@@ -207,12 +214,26 @@ def _hub(name: str) -> str:
     return name
 
 
+FAST = ("build", "background", "eager")
+
+
 def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engines: Path = DEFAULT_ENGINES,
-         compile: bool = False) -> LoadedModel:
-    """`name` in `dtype`, ready for decoding. compile: also compile its forward and warm it up now (minutes, on every
-    start: decoding/compiled.py)."""
+         fast: str = "eager") -> LoadedModel:
+    """`name` in `dtype`, ready for decoding. fast: how to get its fast pass (decoding/compiled.py), which is built
+    once per machine under engines/compiled/ and loaded in seconds after that: "build" builds it now when it is not
+    built yet (minutes), "background" starts that build in another process and serves eager passes until it is
+    ready, "eager" runs without it."""
     if dtype not in DTYPES:
         raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
+    if fast not in FAST:
+        raise ModelError(f"fast must be one of {', '.join(FAST)}, got '{fast}'")
+    loaded, where = _load_eager(name, dtype, device, engines)
+    if fast != "eager":
+        attach_fast_pass(loaded, where, engines, wait=fast == "build")
+    return loaded
+
+
+def _load_eager(name: str, dtype: str, device: str, engines: Path) -> tuple[LoadedModel, str]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     where = locate(name, engines)
@@ -236,13 +257,102 @@ def load(name: str = BUNDLED, dtype: str = "float32", device: str = "auto", engi
     from app.training.draft import read_draft_vocab
 
     draft_vocab = read_draft_vocab(Path(where)) if Path(where).is_dir() else None
-    loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, draft_vocab=draft_vocab)
-    if compile:
-        from app.decoding import compiled
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, draft_vocab=draft_vocab), where
 
-        loaded.forward = compiled.compile_forward(model)
-        loaded.compiled = compiled.warm_up(model, loaded.forward)
-    return loaded
+
+def fast_pass_dir(loaded: LoadedModel, where: str, engines: Path) -> Path | None:
+    """Where this model's fast pass for this machine lives, or None where there is none to build: not on a CPU, or
+    a model with sliding-window layers (its cache cannot be slots)."""
+    from app.decoding import compiled
+    from app.decoding.kv_cache import full_attention
+
+    if loaded.model.device.type != "cpu" or not full_attention(loaded.model.config):
+        return None
+    return engines / "compiled" / compiled.key(_weights_id(where), loaded.dtype)
+
+
+def _weights_id(where: str) -> str:
+    """The identity of a model's weights: a digest of its weight files (a retrained or re-made model builds anew)."""
+    path = Path(where)
+    if not path.is_dir():
+        return where
+    digest = hashlib.sha256()
+    for file in sorted([*path.glob("*.safetensors"), *path.glob("*.bin")]):
+        digest.update(file.name.encode())
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def attach_fast_pass(loaded: LoadedModel, where: str, engines: Path, wait: bool) -> None:
+    """Load the model's fast pass into `loaded.forward`, building it first in a process of its own when it is not
+    built yet: now (wait) or in the background, while eager passes serve."""
+    from app.decoding import compiled
+
+    out = fast_pass_dir(loaded, where, engines)
+    if out is None:
+        loaded.fast = {"state": "eager", "note": "eager pass (no fast pass for this device or model)"}
+        return
+    if compiled.built(out):
+        _use(loaded, out)
+        return
+    command = [sys.executable, "-m", "app", "compile", "--model", loaded.name, "--dtype", loaded.dtype,
+               "--engines-dir", str(engines)]
+    log = out.parent / f"{out.name}.log"
+    started = time.monotonic()
+
+    def build() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as f:
+            done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if done.returncode or not compiled.built(out):
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            loaded.fast = {"state": "failed", "note": f"eager pass (building the fast pass failed: {tail[0][:200]}; "
+                                                      f"log: {log.name})"}
+            return
+        _use(loaded, out, built_in=time.monotonic() - started)
+
+    loaded.fast = {"state": "building", "started": started,
+                   "note": "eager pass while the fast pass builds (once per machine, minutes)"}
+    if wait:
+        print(f"[models] building the fast pass for {loaded.name} ({loaded.dtype}) on this machine once: "
+              f"minutes (log: {log}) ...", file=sys.stderr, flush=True)
+        build()
+        if loaded.fast["state"] == "failed":
+            print(f"[models] {loaded.fast['note']}", file=sys.stderr, flush=True)
+    else:
+        threading.Thread(target=build, name=f"fast-pass-{loaded.name}", daemon=True).start()
+
+
+def _use(loaded: LoadedModel, out: Path, built_in: float | None = None) -> None:
+    from app.decoding import compiled
+
+    forward = compiled.load(out)
+    note = f"compiled pass, loaded in {forward.load_seconds:.1f} s"
+    if built_in is not None:
+        note = f"compiled pass, built in {built_in:.0f} s and loaded in {forward.load_seconds:.1f} s"
+    loaded.fast = {"state": "ready", "note": note, "info": forward.info, "load_seconds": forward.load_seconds}
+    loaded.forward = forward
+
+
+def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
+    """Build `name`'s fast pass for this machine now, in this process, unless it is built (what `python -m app
+    compile` runs). Returns its info."""
+    from app.decoding import compiled
+    from app.decoding.attention import kv_dtype
+
+    loaded, where = _load_eager(name, dtype, "cpu", engines)
+    out = fast_pass_dir(loaded, where, engines)
+    if out is None:
+        raise ModelError(f"'{name}' has no fast pass: it has layers that do not attend to the whole context")
+    kv = kv_dtype(loaded.model.config) or loaded.model.dtype
+    _build_once(out, lambda: compiled.built(out), lambda tmp: compiled.build(loaded.model, tmp, kv, log=_say))
+    return json.loads((out / "info.json").read_text())
+
+
+def _say(text: str) -> None:
+    print(f"[compile] {text}", file=sys.stderr, flush=True)
 
 
 def load_tokenizer(name: str = BUNDLED, engines: Path = DEFAULT_ENGINES):

@@ -73,11 +73,6 @@ def _load_heads(kind: str, path: Path, target: LoadedModel):
         raise ModelError(str(err)) from err
     module = module.to(target.model.dtype).eval().requires_grad_(False)
     linear.pack(module)
-    if kind == "eagle" and target.forward is not None:  # a compiled target: its drafter runs compiled too
-        from app.decoding import compiled
-
-        module.run = compiled.compile_eagle(module)
-        compiled.warm_up_eagle(module, module.run)
     return module
 
 

@@ -142,20 +142,34 @@ def vllm_steps(dtype: str, contexts) -> dict[int, float]:
         service.close()
 
 
+def bandwidth() -> float:
+    """GB/s this machine reads memory at: the median of 7 sums over 512 MB (far past the caches)."""
+    x = torch.ones(128 << 20, dtype=torch.float32)
+    times = []
+    for _ in range(8):
+        t = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t)
+    return x.numel() * 4 / statistics.median(times[1:]) / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--vllm", action="store_true", help="also time vLLM's autoregressive step (starts an engine)")
-    ap.add_argument("--compile", action="store_true", help="the compiled forward (app/decoding/compiled.py)")
+    ap.add_argument("--eager", action="store_true", help="the eager pass (default: the fast pass, app/decoding/compiled.py, "
+                    "built first when it is not)")
     ap.add_argument("--no-breakdown", action="store_true", help="only the timings")
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.perf_counter()
-    target = models.load(models.BUNDLED, dtype=args.dtype, compile=args.compile)
-    print(f"## One pass of the bundled model, {args.dtype}{', compiled' if args.compile else ''}, "
-          f"torch threads {torch.get_num_threads()}\n")
-    if args.compile:
-        print(f"Loading took {time.perf_counter() - start:.0f} s, the warm-up {target.compiled}\n")
+    target = models.load(models.BUNDLED, dtype=args.dtype, fast="eager" if args.eager else "build")
+    print(f"## One pass of the bundled model, {args.dtype}, {target.fast['note']}, torch threads {torch.get_num_threads()}\n")
+    print(f"Loading took {time.perf_counter() - start:.0f} s\n")
+    gbps = bandwidth()
+    weights = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    print(f"Memory floor: the weights {weights / 1e6:.0f} MB read once at {gbps:.1f} GB/s (the median of 7 sums over a "
+          f"512 MB tensor on {torch.get_num_threads()} threads) = {weights / gbps / 1e6:.1f} ms a token\n")
     print("| context | " + " | ".join(f"k={k}" for k in SIZES) + " |")
     print("|---|" + "---|" * len(SIZES))
     for n in CONTEXTS:

@@ -235,6 +235,20 @@ def marginal(dist: dict, length: int) -> dict:
 # ----------------------------------------------------------------------------- servers and stand-in packages
 
 
+# The commands that run the transformers backend's fast pass by default (building it first, minutes, on a fresh
+# store); tests run them eagerly unless they test that pass (tests/test_compiled.py).
+FAST_COMMANDS = ("generate", "bench", "serve", "ui")
+
+
+def eager(args) -> list[str]:
+    """`python -m app` arguments with --eager added where the command takes it."""
+    args = [str(a) for a in args]
+    command = args[0] if args and not args[0].startswith("-") else "ui"
+    if command in FAST_COMMANDS and "--eager" not in args:
+        return [*args, "--eager"]
+    return args
+
+
 def free_port() -> int:
     import socket
 
@@ -249,7 +263,7 @@ def running_server(args: list[str], ready_path: str, port: int, log: Path, env: 
     (servers print their URL before they answer), and stops it afterwards."""
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+        proc = subprocess.Popen([sys.executable, "-m", "app", *eager(args)], cwd=ROOT, env={**os.environ, **(env or {})},
                                 stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + timeout

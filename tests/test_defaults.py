@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import eager
 from app import models
 from app.modes import MODES
 from app.service.configs import DecodingConfig
@@ -108,7 +109,7 @@ def test_the_shipped_draft_is_built_once_when_processes_ask_for_it_together(bund
 
 def run_cli(*args, timeout=900):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "app", *eager(args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.bundled

@@ -400,7 +400,7 @@ def sse_payloads(response):
 def cli_generate(mode, prompt, max_new, *extra):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "app", "generate", "--mode", mode, "--prompt", prompt, "--json",
-                           "--max-new-tokens", str(max_new), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           "--max-new-tokens", str(max_new), "--eager", *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
 

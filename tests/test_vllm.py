@@ -28,7 +28,7 @@ from app.service.backends import remote
 from app.service.backends.base import Prompt
 from app.service.jobs import Limits
 from app.service.traces import Recording
-from helpers import free_port, running_server
+from helpers import free_port, running_server, eager
 from test_web import ARTIFACTS, browser, set_number, wait_status  # noqa: F401  (browser is a fixture)
 
 pytestmark = [pytest.mark.bundled, pytest.mark.vllm]
@@ -78,7 +78,7 @@ def service(store):
 
 
 def cli(store: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app", *args, "--engines-dir", str(store)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "app", *eager(args), "--engines-dir", str(store)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,101 +1,149 @@
-"""The target's forward compiled with torch.compile (inductor), for the passes of every mode.
+"""The fast pass: a model's forward over a slot cache, compiled ahead of time (AOTInductor) and kept on disk.
 
-Two things make it fast on a CPU. Inductor fuses the few hundred small element-wise kernels (RMSNorm,
-RoPE, SiLU, residuals) that eager transformers dispatches one by one. And with freezing and its C++
-GEMM template (max-autotune), the weights become constants of the graph that inductor lays out for
-its own micro-kernels once, at compile time. Bundled model, 2 cores AVX2: a float32 one-token pass
-30 ms instead of 43 with plain products, 16 tokens 68 ms instead of 86 eagerly. In bfloat16 without
-native instructions the graph multiplies 3+ rows against float32 copies of the weights (linear.widen),
-as the eager layers do: 16 tokens 81 ms against 119 eagerly, one token 25 ms (docs/benchmarks.md).
+What makes a pass fast on a CPU is what inductor does to it: the few hundred small element-wise kernels of eager
+transformers (RMSNorm, RoPE, SiLU, residuals) fused, the weights frozen into the graph and packed once for its own C++
+GEMM micro-kernels (max-autotune). Compiled just in time (torch.compile) that cost every start 6-9 minutes on a 2-core
+CPU: inductor's caches refuse a graph that holds oneDNN-packed weights, so nothing could be reused (measured here: a
+second start with every kernel cache warm took as long). Compiled ahead of time, the graphs, their C++ kernels and the
+packed weights are one package per graph, written once per machine and loaded in a second or two by a later start.
+A call also skips Dynamo (its guards and bytecode cost ~3 ms a pass), since the package's runner takes tensors.
 
-Dynamo decides whether parameters become constants from inductor's global `freezing` flag while it
-traces, not from the options handed to torch.compile (those reach inductor only, too late): traced
-without it, freezing finds nothing to freeze. So `warm_up` traces under those options, and builds every
-graph a run needs (one token, two tokens where wide products upcast, and any wider); after it nothing
-recompiles (tests/test_compiled.py). The cache (kv_cache.SlotLayer) gives every pass the same
-shapes apart from its width and the session's slot count, which the graph takes as symbols.
+The exported function is the model's forward over a slot cache (kv_cache.SlotLayer): a pass writes its n entries at
+the committed length and attends to every slot under the caller's mask, so passes differ only in their width n and
+the slot count, both symbols of the graph: nothing is ever recompiled. Two graphs: n = 1 (the autoregressive step,
+whose products read each weight once) and n = 2..SMALL_QUERY (verify passes, whose products are compute). Wider
+passes and the prefill run eagerly over the same cache. In bfloat16 without native instructions the wide graph
+multiplies against float32 copies of the weights (linear.widen), as the eager layers do.
 
-An EAGLE module beside a compiled target runs compiled too (`compile_eagle`, over the drafter's own slot cache):
-bundled module, bfloat16, its draft passes take 7.4 ms a step instead of 10.2 eagerly, for 47 s more at start (float32:
-9.1 instead of 11.0 ms, 91 s). What is left is mostly Dynamo choosing among the graphs (about 0.5 ms a call) and
-reading the layer's weights. Medusa's heads and the draft model stay eager.
-
-Compiling takes minutes on a 2-core machine (autotuning every product shape, then C++ builds of the
-kernels), and on every start: inductor's caches cannot store graphs that hold oneDNN-packed weights
-("mkldnn tensors unpickleable"), so nothing is kept on disk (docs/benchmarks.md gives the times).
+What a package holds depends on the CPU it was built on (its vector instructions, the thread count the kernels were
+built for), the torch version, the model's weights and dtype: `key` names all of them, so a package is only ever
+loaded where it was built for.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import platform
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from torch import nn
+from transformers.cache_utils import Cache
 
 from app.decoding import linear
-from app.decoding.attention import additive, kv_dtype
-from app.decoding.kv_cache import slot_cache, write_at
-from app.decoding.target import TransformersTarget
+from app.decoding.attention import SMALL_QUERY
+from app.decoding.kv_cache import SlotLayer
+from app.decoding.types import Forward
 
-
-# freezing: the weights are constants of the graph (inference only). max_autotune with the CPP backend:
-# inductor's own GEMM kernels over weights it packs at compile time (ATEN stays a choice it may time).
+FORMAT = 1  # what the exported signature is; a change makes every package stale
+# freezing: the weights are constants of the graph, packed at build time. max_autotune with the CPP backend:
+# inductor's own GEMM micro-kernels, each timed against ATEN's product for its shape.
 OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+GRAPHS = ("one", "wide")  # n = 1, and n = 2..SMALL_QUERY
+# A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
+EXAMPLE_SLOTS = 257
 
 
-def compile_forward(model: torch.nn.Module):
-    """The model's forward, compiled for passes over its slot cache (no graph is built until `warm_up`)."""
-    linear.widen(model)  # bfloat16 without native instructions: wide products in float32, as eagerly (linear.py)
-    # dynamic: the pass width and the slot count are symbols, not recompiled per value.
-    return torch.compile(model, dynamic=True, options=OPTIONS)
+def machine() -> dict:
+    """What a package's kernels depend on: the vector instructions inductor builds for, native bfloat16, the number
+    of threads the kernels are built for, and the torch version."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return {"isa": str(pick_vec_isa()) or "none", "native_bf16": linear.fast_bf16(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
 
 
-def warm_up(model: torch.nn.Module, forward) -> dict:
-    """Build the graphs now, through a real session (prefill, passes of 1, 2 and 5 tokens). Returns what it
-    took."""
+def key(model_id: str, dtype: str) -> str:
+    """The name of the packages for this model (its weights' identity), dtype and machine."""
+    data = {"format": FORMAT, "model": model_id, "dtype": dtype, **machine()}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:20]
+
+
+class _SlotPass(nn.Module):
+    """The function exported: ids, positions, mask and the cache's tensors in; logits and every layer's hidden
+    states out; the pass's keys and values written into the cache tensors at slot `at` (an input mutation)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids, mask, at, kv: list[torch.Tensor]):
+        layers = [SlotLayer.over(kv[i], kv[i + 1], at) for i in range(0, len(kv), 2)]
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                         past_key_values=Cache(layers=layers), use_cache=True, output_hidden_states=True)
+        return out.logits, torch.cat(out.hidden_states)
+
+
+def _examples(model: nn.Module, n: int, kv_dtype: torch.dtype) -> tuple:
+    config = model.config.get_text_config(decoder=True)
+    heads = config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv = [torch.zeros(1, heads, EXAMPLE_SLOTS, dim, dtype=kv_dtype) for _ in range(2 * config.num_hidden_layers)]
+    ids = torch.zeros(1, n, dtype=torch.long)
+    positions = torch.arange(16, 16 + n)[None]
+    mask = torch.zeros(1, 1, n, EXAMPLE_SLOTS, dtype=model.dtype)
+    return ids, positions, mask, torch.tensor(16), kv
+
+
+def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
+    """Export and compile both graphs of `model` (packed, eval, on the CPU) into `out`; returns what it took."""
+    from torch.export import Dim
+
+    linear.widen(model)
     start = time.perf_counter()
-    vocab = model.get_output_embeddings().weight.shape[0]
-    ids = [i % vocab for i in range(1, 17)]
-    session = TransformersTarget(model, forward=forward)
-    with torch._inductor.config.patch(OPTIONS):  # what Dynamo reads while tracing (module docstring)
-        session.prefill(ids)
-        session.forward(ids[0], [], [])
-        session.commit([])
-        # Width 1 is a graph of its own (Dynamo specializes sizes of 1); so is width 2 where wide products
-        # upcast (linear.WIDE_ROWS). The wide one is a tree, as in a run.
-        session.forward(ids[1], ids[2:3], [-1])
-        session.commit([])
-        session.forward(ids[3], ids[4:8], [-1, 0, 0, 1])
-    return {"seconds": round(time.perf_counter() - start, 1)}
+    seconds = {}
+    layers = 2 * model.config.get_text_config(decoder=True).num_hidden_layers
+    slots = Dim("slots", min=16, max=1 << 24)
+    for graph in GRAPHS:
+        t = time.perf_counter()
+        n = 1 if graph == "one" else Dim("n", min=2, max=SMALL_QUERY)
+        dims = ({1: n}, {1: n}, {2: n, 3: slots}, None, [{2: slots}] * layers) if graph == "wide" else \
+            (None, None, {3: slots}, None, [{2: slots}] * layers)
+        example = _examples(model, 1 if graph == "one" else 5, kv_dtype)
+        log(f"exporting the {graph}-token graph")
+        with torch.no_grad():
+            program = torch.export.export(_SlotPass(model), example, dynamic_shapes=dims, strict=False)
+        log(f"compiling the {graph}-token graph (inductor, C++ kernels, autotuning each product)")
+        with torch._inductor.config.patch(OPTIONS):
+            torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}.pt2"))
+        seconds[graph] = round(time.perf_counter() - t, 1)
+    info = {"seconds": round(time.perf_counter() - start, 1), "graphs": seconds,
+            "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
+    (out / "info.json").write_text(json.dumps(info, indent=1))
+    return info
 
 
-def compile_eagle(module: torch.nn.Module):
-    """An EAGLE module's `hidden_states`, compiled for the drafter's passes over its slot cache (drafters/eagle.py);
-    no graph is built until `warm_up_eagle`."""
-    linear.widen(module)
-    return torch.compile(module.hidden_states, dynamic=True, options=OPTIONS)
+class FastPass:
+    """A model's compiled graphs, loaded: a pass over a slot cache, as a Forward. Shared by every session of the
+    model (the runners hold no state between calls; the cache is the caller's)."""
+
+    def __init__(self, where: Path, runners: dict, info: dict, load_seconds: float) -> None:
+        self.where, self.runners, self.info, self.load_seconds = where, runners, info, load_seconds
+
+    def fits(self, n: int) -> bool:
+        return n <= SMALL_QUERY
+
+    def __call__(self, input_ids, position_ids, mask, cache: Cache) -> Forward:
+        n = input_ids.shape[1]
+        at = cache.layers[0].cumulative_length
+        kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        logits, hidden = self.runners["one" if n == 1 else "wide"](input_ids, position_ids, mask, at.clone(), kv)
+        layers = tuple(hidden)
+        return Forward(logits[0], layers[-1], layers)
 
 
-@torch.inference_mode()
-def warm_up_eagle(module: torch.nn.Module, forward) -> dict:
-    """Build the draft's graphs now: passes of one entry and of several, with the target's fused layers (a catch-up
-    over committed positions) and without (a tree level), as the drafter makes them. Returns what it took."""
+def load(where: Path, runners: int = 2) -> FastPass:
+    """The packages in `where`, ready to run (`runners`: calls that may run at once, one per concurrent session)."""
+    from torch._inductor.package import load_package
+
     start = time.perf_counter()
-    config, dtype = module.config, module.fc.weight.dtype
-    # A slot count no size of the module has: Dynamo would tie the two (duck sizing) and pin the slot count.
-    slots = 257
-    cache = slot_cache(module.llama_config, slots, kv_dtype(module.llama_config))
-    with torch._inductor.config.patch(OPTIONS):  # what Dynamo reads while tracing (module docstring)
-        # The first pass fills the cache eagerly (as the drafter's does); then widths 1, 2 (where wide products
-        # upcast) and more, as the target's (warm_up).
-        for at, n, fused in ((0, 4, True), (4, 5, True), (9, 1, True), (10, 2, True), (12, 3, False), (15, 1, False),
-                             (16, 2, False)):
-            run = forward if at else module.hidden_states
-            write_at(cache, at, n, slots)
-            allowed = torch.zeros(n, slots, dtype=torch.bool)
-            allowed[:, : at + n] = torch.ones(n, at + n, dtype=torch.bool).tril(at)
-            embeds, features = (torch.zeros(1, n, config.hidden_size, dtype=dtype) for _ in range(2))
-            aux = None
-            if fused and config.aux_layers:
-                aux = torch.zeros(1, n, len(config.aux_layers) * config.hidden_size, dtype=dtype)
-            run(embeds, features, cache, torch.arange(at, at + n)[None], additive(allowed, dtype)[None, None], aux)
-    return {"seconds": round(time.perf_counter() - start, 1)}
+    loaded = {g: load_package(str(where / f"{g}.pt2"), num_runners=runners) for g in GRAPHS}
+    info = json.loads((where / "info.json").read_text())
+    return FastPass(where, loaded, info, round(time.perf_counter() - start, 2))
+
+
+def built(where: Path) -> bool:
+    return all((where / f"{g}.pt2").exists() for g in GRAPHS) and (where / "info.json").exists()

@@ -66,6 +66,16 @@ class SlotLayer(StaticLayer):
         super().__init__(max_cache_len=capacity)
         self.storage_dtype = dtype  # None: the dtype of the incoming keys and values
 
+    @classmethod
+    def over(cls, keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor) -> SlotLayer:
+        """A layer over these (1, heads, slots, dim) tensors that writes the next pass at slot `at` (a tensor of its
+        own, which update() advances): the compiled pass's view of a cache it is handed (compiled.py)."""
+        layer = cls(keys.shape[2], keys.dtype)
+        layer.keys, layer.values = keys, values
+        layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
+        layer.cumulative_length = at.clone()
+        return layer
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         # StaticLayer's, minus mark_static_address (for CUDA graphs; it would pin the capacity a compiled
         # forward sees, which `grow` changes).

@@ -32,19 +32,18 @@ RESERVE = 256  # slots a session has beyond its prompt; they double whenever a p
 class TransformersTarget:
     """One generation's session on a transformers causal LM (the model itself is shared and read-only).
 
-    Eagerly, the cache grows in place and is cropped after each pass (kv_cache.GrowingLayer). With
-    `forward`, the model's compiled forward (compiled.py), a model whose every layer is full attention
-    keeps its cache in fixed slots instead (kv_cache.SlotLayer): each pass writes at the committed
-    length and attends to every slot under a mask of what it may see, so passes differ only in their
-    width and the slot count, which the compiled graph takes as symbols. Eagerly the slots cost about
-    5 % (attention over the spare slots, a wider mask), so without a compiled forward the cache grows
-    instead.
+    Eagerly, the cache grows in place and is cropped after each pass (kv_cache.GrowingLayer). With `forward`, the
+    model's fast pass (compiled.FastPass), a model whose every layer is full attention keeps its cache in fixed slots
+    instead (kv_cache.SlotLayer): each pass writes at the committed length and attends to every slot under a mask of
+    what it may see, so passes differ only in their width and the slot count, which the compiled graphs take as
+    symbols. The prefill, and a pass wider than the graphs take, run eagerly over the same slots. Eagerly the slots
+    cost about 5 % (attention over the spare slots, a wider mask), so without a fast pass the cache grows instead.
     """
 
     def __init__(self, model: torch.nn.Module, hidden_states: bool = True, forward=None) -> None:
         self.model = model
         self.slotted = forward is not None and full_attention(model.config)
-        self.run = forward if self.slotted else None  # the compiled forward (None: all eager)
+        self.run = forward if self.slotted else None  # the fast pass (None: all eager)
         # Feature-level drafters read the hidden states; the others spare transformers collecting them.
         self.hidden_states = hidden_states
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -85,16 +84,12 @@ class TransformersTarget:
         allowed = torch.zeros(n, width, dtype=torch.bool)
         allowed[:, : self.length] = True
         allowed[:, self.length : self.length + n] = ancestor_mask(parents)
-        # Slotted passes run compiled; the graph always returns the hidden states: one graph for every mode.
-        out = (self.run if self.slotted else self.model)(
-            input_ids=x,
-            attention_mask=additive(allowed, self.model.dtype)[None, None].to(device),
-            position_ids=torch.tensor([[0, *depths(parents)]], device=device) + self.length,
-            past_key_values=self.cache,
-            use_cache=True,
-            output_hidden_states=self.hidden_states or self.slotted,
-        )
-        return _forward(out)
+        mask = additive(allowed, self.model.dtype)[None, None].to(device)
+        positions = torch.tensor([[0, *depths(parents)]], device=device) + self.length
+        if self.slotted and self.run.fits(n):
+            return self.run(x, positions, mask, self.cache)
+        return _forward(self.model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+                                   use_cache=True, output_hidden_states=self.hidden_states))
 
     @torch.inference_mode()
     def commit(self, accepted: list[int]) -> None:

@@ -43,7 +43,7 @@ class Service:
         vllm_settings: vllm.Settings = vllm.Settings(),
         policy: Policy = Policy(),
         modes: Modes = MODES,
-        compile: bool = False,
+        fast: str = "eager",
     ) -> None:
         if backend not in ("auto", *configs.BACKENDS):
             raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(configs.BACKENDS)}")
@@ -67,7 +67,7 @@ class Service:
         # Where this server keeps files, as a response may show it (relative; see policy.relative).
         self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
         self.backends = {
-            "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call, compile=compile),
+            "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call, fast=fast),
             "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
             "vllm": VLLMBackend(self.store, dtype, vllm_settings, max_started=policy.visitor_engines if policy.public else None,
@@ -113,6 +113,10 @@ class Service:
             note += ("; this CPU has no native bfloat16: a one-token pass reads half the bytes, but passes over 3+ "
                      "tokens multiply in float32, so speculation earns less than in float32")
         return note
+
+    def pass_note(self, dtype: str = "auto") -> str:
+        """Which pass the transformers backend runs this server's model in (empty until it is loaded)."""
+        return self.backends["transformers"].pass_note(self.model, dtype) or ""
 
     def vllm_note(self, request: DecodeRequest) -> str:
         """What a user should know before running `request` on a vLLM engine: its method, what it ignores, whether

@@ -57,6 +57,7 @@ class Recording:
         self.events: list[dict[str, Any]] = []
         self.end: dict[str, Any] | None = None
         self.engine: dict[str, Any] | None = None  # a vLLM run's engine (see the module's docstring)
+        self.pass_note: str | None = None  # the transformers backend's pass: "compiled pass, loaded in 1.9 s", ...
 
     def add(self, message: dict[str, Any]) -> None:
         self.texts.update(message.get("texts") or {})
@@ -64,6 +65,7 @@ class Recording:
             self.prompt_ids = message["prompt_ids"]
             self.dtype = message.get("dtype")
             self.model = message.get("model")
+            self.pass_note = message.get("pass")
             if message.get("engine"):
                 self.engine = {**message["engine"], "not_visible": message.get("not_visible") or []}
         elif message["type"] == "step":
@@ -83,13 +85,14 @@ class Recording:
         """The run as session state (gr.State): from_record gives it back."""
         return {"mode": self.mode, "request": self.request, "prompt": self.prompt, "model": self.model, "dtype": self.dtype,
                 "prompt_ids": self.prompt_ids, "texts": self.texts, "events": self.events, "end": self.end,
-                "engine": self.engine}
+                "engine": self.engine, "pass": self.pass_note}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Recording:
         run = cls(record["mode"], record.get("request"), record.get("prompt"))
         run.prompt_ids, run.texts, run.events, run.end = record["prompt_ids"], record["texts"], record["events"], record["end"]
         run.dtype, run.model, run.engine = record.get("dtype"), record.get("model"), record.get("engine")
+        run.pass_note = record.get("pass")
         return run
 
     @property
@@ -106,6 +109,8 @@ class Recording:
                "steps": self.events, "totals": end.get("totals")}
         if self.engine is not None:
             out.update(engine=self.engine, spec_decode=self.spec_decode)
+        if self.pass_note:
+            out["pass"] = self.pass_note
         if baseline is not None:
             out["baseline"] = baseline.trace()
         return out
@@ -225,6 +230,8 @@ def _parse(data: Any, what: str) -> Recording:
                "text": text if isinstance(text, str) and len(text) <= MAX_STRING else "", "token_ids": run.token_ids,
                "totals": last["totals"], "error": None, "spec_decode": _spec_decode(data.get("spec_decode"))}
     run.engine = _engine(data.get("engine"))
+    note = data.get("pass")
+    run.pass_note = note[:200] if isinstance(note, str) else None
     return run
 
 

@@ -101,7 +101,8 @@ def status_line(run: Recording, modes: Modes) -> str:
     word = {"eos": "finished (end of sequence)", "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
             "timeout": "⏱ stopped by the time limit"}.get(reason, "finished")
     counters = render.spec_decode_line(run.spec_decode)
-    return f"{label} {word} · {line}" + (f" · {counters}" if counters else "")
+    where = f" · {render.esc(run.pass_note)}" if run.pass_note else ""
+    return f"{label} {word} · {line}" + (f" · {counters}" if counters else "") + where
 
 
 def modes_note(service: Service, backend: str) -> str:
@@ -136,6 +137,8 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
             pl = c.prompt_lookup
             extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
     if note := service.dtype_note(request.dtype):
+        extra += f" · {note}"
+    if request.backend == "transformers" and (note := service.pass_note(request.dtype)):
         extra += f" · {note}"
     if request.backend == "tensorrt_llm":  # said, not dropped silently: settings TensorRT-LLM has no field for
         extra += "".join(f" · ⚠ {n}" for n in configs.trtllm_notes(request))

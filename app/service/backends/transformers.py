@@ -7,6 +7,7 @@ backend and shared read-only by every job; each generation gets its own KV cache
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,9 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, engines: Path = models.DEFAULT_ENGINES, dtype: str = "float32",
-                 compute: Callable[[Callable[[], Any]], Any] = lambda load: load(), compile: bool = False) -> None:
+                 compute: Callable[[Callable[[], Any]], Any] = lambda load: load(), fast: str = "eager") -> None:
         self.engines = engines
-        self.compile = compile  # compile each target model's forward when it loads (models.load)
+        self.fast = fast  # how each target model gets its fast pass when it loads (models.load)
         self.dtype = dtype
         self._compute = compute  # runs a load where the generations run (JobManager.call says why)
         self._lock = threading.Lock()
@@ -48,7 +49,18 @@ class TransformersBackend:
     def model(self, name: str, dtype: str = "auto") -> LoadedModel:
         dtype = self.dtype if dtype == "auto" else dtype
         return self._once(("model", name, dtype), lambda: models.load(name, dtype=dtype, engines=self.engines,
-                                                                         compile=self.compile))
+                                                                         fast=self.fast))
+
+    def pass_note(self, name: str, dtype: str = "auto") -> str | None:
+        """Which pass `name` runs in now, once it is loaded: the fast pass, or eager ones while it builds."""
+        dtype = self.dtype if dtype == "auto" else dtype
+        with self._lock:
+            loaded = self._loaded.get(("model", name, dtype))
+        if loaded is None:
+            return None
+        if loaded.fast["state"] == "building":
+            return f"{loaded.fast['note']}: {time.monotonic() - loaded.fast['started']:.0f} s so far"
+        return loaded.fast["note"]
 
     def companion(self, target: LoadedModel, cfg, modes) -> Any:
         """What the mode drafts with (`modes`: the request's registry, whose entry names its artifact)."""
@@ -88,8 +100,9 @@ class TransformersBackend:
             raise ConfigError(str(err)) from err
 
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
+            # Which pass serves this run (a fast pass that becomes ready during it serves the next one).
             yield {"type": "start", "backend": self.name, "model": model, "mode": cfg.mode, "dtype": target.dtype,
-                   "prompt_ids": prompt_ids, "texts": _texts(target, prompt_ids)}
+                   "pass": target.fast["note"], "prompt_ids": prompt_ids, "texts": _texts(target, prompt_ids)}
             ids: list[int] = []
             shown = ""
             last = None
