@@ -224,7 +224,8 @@ class Service:
         configs.check_prompt_limit(len(ids), self.limits.max_prompt_tokens)
 
         def work(cancel):
-            yield {"type": "cost", "dtype": target.dtype, **runner.verify_cost(target, ids, repeats=repeats)}
+            note = target.fast["note"]  # which pass is timed: the one runs use
+            yield {"type": "cost", "dtype": target.dtype, "pass": note, **runner.verify_cost(target, ids, repeats=repeats)}
             yield {"type": "end", "finish_reason": "length", "error": None}
 
         messages = list(self.jobs.submit(work).messages())

@@ -300,6 +300,7 @@ def pass_cost_note(costs: list[dict]) -> str:
     for c in costs:
         rel = dict(zip(c["tokens"], c["relative"]))
         more = ", ".join(f"{k} tokens {r:.2f}×" for k, r in rel.items() if k > 1)
-        lines.append(f"- **{c['dtype']}**: one-token pass {c['ms'][0]:.1f} ms after {c['context']} tokens of context; "
-                     f"a pass over {more} of that.")
+        where = f" ({c['pass']})" if c.get("pass") else ""
+        lines.append(f"- **{c['dtype']}**{where}: one-token pass {c['ms'][0]:.1f} ms after {c['context']} tokens of "
+                     f"context; a pass over {more} of that.")
     return "\n".join(lines)
