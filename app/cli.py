@@ -49,9 +49,13 @@ EAGER_HELP = ("transformers backend: run every pass eagerly. Without it the targ
               "builds it)")
 
 
+DTYPE_HELP = ("float32 (default: every mode's greedy output equals autoregressive token for token), bfloat16, or auto: "
+              "what runs fastest on this CPU (bfloat16 on AVX2, AVX-512 and AMX CPUs)")
+
+
 def _add_decoding_flags(p: argparse.ArgumentParser, modes: Modes = MODES) -> None:
     p.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--dtype", default="float32", choices=["auto", *DTYPES], help=DTYPE_HELP)
     p.add_argument("--eager", action="store_true", help=EAGER_HELP)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -420,7 +424,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
     if target.dtype == "bfloat16" and not fast_bf16():
         print("note: this CPU has no native bfloat16 matrix multiply (AVX-512 BF16 or AMX): a one-token pass reads "
-              "half the bytes in bfloat16, but passes over 3+ tokens multiply in float32, so a pass over k tokens "
+              "half the bytes in bfloat16, but passes over several tokens multiply in float32, so a pass over k tokens "
               "costs more one-token passes than in float32 and speculative modes earn less; see the verify cost below",
               file=sys.stderr)
     service = _service(args)
@@ -553,7 +557,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     u.add_argument("--host", default=None, help="address to bind (default: GRADIO_SERVER_NAME, else 127.0.0.1)")
     u.add_argument("--port", type=int, default=None, help="port (default: GRADIO_SERVER_PORT, else 7860)")
     u.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
-    u.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    u.add_argument("--dtype", default="float32", choices=["auto", *DTYPES], help=DTYPE_HELP)
     u.add_argument("--eager", action="store_true", help=EAGER_HELP + "; the web app serves eager passes while it builds")
     u.add_argument("--max-concurrency", type=int, default=1, help=CONCURRENCY_HELP)
     u.add_argument("--max-queue", type=int, default=8, help="generations waiting before new ones are refused")
@@ -671,7 +675,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="build the transformers backend's fast pass for this machine now (the app, "
                        "generate, bench and serve otherwise build it on first use): once per model, dtype and CPU")
     c.add_argument("--model", default=BUNDLED)
-    c.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    c.add_argument("--dtype", default="float32", choices=["auto", *DTYPES], help=DTYPE_HELP)
     c.add_argument("--engines-dir", default=None)
     c.set_defaults(func=cmd_compile)
     d = sub.add_parser("ship-data", help="copy the self-distilled training answers cached in engines/ into assets/ "
@@ -688,6 +692,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["ui", *argv]  # `python -m app [--host H] [--port P] ...` starts the web app
     args = build_parser().parse_args(argv)
+    if getattr(args, "dtype", None) == "auto":
+        from app.models import fast_dtype
+
+        args.dtype = fast_dtype()
     # A stop request (kill, a container's shutdown) unwinds like Ctrl-C: the finally blocks stop the vLLM engines
     # this process started instead of leaving them running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

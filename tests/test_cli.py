@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from app import cli, models
 from app.models import BUNDLED
@@ -324,3 +325,13 @@ def test_engines_tensorrt_llm_plan_and_a_clear_failure_here(bundled, engines_dir
     assert build.returncode == 2
     assert "TensorRT-LLM cannot build here" in error_line(build.stderr.splitlines()[-1] + "\n")
     assert json.loads(run_cli("engines", "list", "--json", "--engines-dir", str(engines_dir)).stdout) == []
+
+
+@pytest.mark.bundled
+def test_dtype_auto_runs_in_what_this_cpu_runs_fastest(capsys):
+    """bfloat16 on AVX2, AVX-512 and AMX CPUs (models.fast_dtype: measured, docs/benchmarks.md); the trace says which."""
+    status = cli.main(["generate", "--prompt", "hi", "--dtype", "auto", "--eager", "--max-new-tokens", "2", "--json"])
+    assert status == 0
+    trace = json.loads(capsys.readouterr().out)
+    assert trace["dtype"] == models.fast_dtype() and trace["pass"] == "eager pass (--eager)"
+    assert models.fast_dtype() == "bfloat16" or not torch.backends.cpu.get_cpu_capability().startswith("AVX")

@@ -231,7 +231,8 @@ def test_a_tree_deeper_than_the_shipped_heads_is_a_clean_config_error(bundled, c
 
     heads = json.loads((models.default_artifact(models.BUNDLED, "medusa") / "config.json").read_text())["medusa_num_heads"]
     chain = json.dumps([[0] * depth for depth in range(1, heads + 2)])  # one level deeper than the heads reach
-    status = cli.main(["generate", "--prompt", "hi", "--mode", "medusa", "--medusa-choices", chain, "--max-new-tokens", "4"])
+    status = cli.main(["generate", "--prompt", "hi", "--mode", "medusa", "--medusa-choices", chain, "--max-new-tokens", "4",
+                       "--eager"])
     err = capsys.readouterr().err
     # The model was loaded first (transformers' progress bar); then one error line, no traceback.
     errors = [line for line in err.splitlines() if line.startswith("error: ")]

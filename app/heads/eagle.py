@@ -188,8 +188,6 @@ class EagleModule(nn.Module):
         self.register_buffer("d2t", d2t.clone())
         _check_d2t(self.d2t, config)
         self.base_model: str | None = None  # the target it was trained for, when loaded from disk
-        # `hidden_states` compiled for draft passes over a slot cache (decoding/compiled.py), or None: eager.
-        self.run = None
 
     @property
     def target_ids(self) -> torch.Tensor:

@@ -100,8 +100,8 @@ class Service:
         return out
 
     def fast_dtype(self) -> str:
-        """The dtype the transformers backend runs fastest in on this machine (bfloat16 needs native support)."""
-        return "bfloat16" if fast_bf16() else "float32"
+        """The dtype the transformers backend runs fastest in on this machine (models.fast_dtype)."""
+        return models.fast_dtype()
 
     def dtype_note(self, dtype: str) -> str:
         """What a user should know about running this server's transformers backend in `dtype` ("auto" = the server's)."""
@@ -110,7 +110,7 @@ class Service:
             return ""
         note = "bfloat16: greedy outputs can part from autoregressive after a while (a pass over several tokens rounds differently)"
         if not fast_bf16():
-            note += ("; this CPU has no native bfloat16: a one-token pass reads half the bytes, but passes over 3+ "
+            note += ("; this CPU has no native bfloat16: a one-token pass reads half the bytes, but passes over several "
                      "tokens multiply in float32, so speculation earns less than in float32")
         return note
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.decoding.attention import SMALL_QUERY, additive, kv_dtype
-from app.decoding.kv_cache import new_cache, slot_cache, write_at
+from app.decoding.attention import additive, kv_dtype
+from app.decoding.kv_cache import new_cache
 from app.decoding.tree import depths, from_paths
 from app.decoding.types import Proposal
 
@@ -120,7 +120,6 @@ def static_tree(root_logq: torch.Tensor, expand: Expand, paths: list[list[int]],
     return tree
 
 
-SLOTS = 256  # draft cache slots beyond the prompt when compiled; they double whenever a pass needs more
 
 
 class Eagle:
@@ -129,10 +128,7 @@ class Eagle:
     `static_choices` (rank paths) the tree shape is fixed instead and total_tokens/top_k are unused.
     Drafts are deterministic top-k picks, so Proposal.q stays None (recursive rejection, lossless).
 
-    With the module's compiled forward (`module.run`, compiled.py) the draft's cache is in fixed slots,
-    as the compiled target's is (target.py): each pass writes at a slot the drafter sets and attends
-    under a mask over every slot, so its passes differ only in width and slot count and never recompile.
-    Eagerly the cache grows and the tree's entries are cropped after each proposal."""
+    The draft's cache grows in place, and the tree's entries are cropped after each proposal."""
 
     name = "eagle"
     needs_hidden = True
@@ -154,15 +150,10 @@ class Eagle:
         self.static = [list(p) for p in static_choices] if static_choices is not None else None
         self.min_path_prob = min_path_prob
 
-    @torch.inference_mode()  # as every pass is: the compiled graphs are traced on inference tensors
+    @torch.inference_mode()  # as every pass is
     def start(self, prompt, sampling, gen, prefill) -> None:
         config = self.module.llama_config
-        self.run = self.module.run  # compiled hidden_states, or None
-        if self.run is not None:
-            self.capacity = len(prompt) + SLOTS
-            self.cache = slot_cache(config, self.capacity, kv_dtype(config))
-        else:
-            self.cache = new_cache(config, kv_dtype(config))
+        self.cache = new_cache(config, kv_dtype(config))
         self.committed = 0  # draft entries in the cache (positions 0 .. committed-1)
         # Target features (final hidden, fused layers) of positions whose next token was not known yet.
         self.pending = [(prefill.hidden, self.module.aux_of(prefill.layers))]
@@ -190,22 +181,10 @@ class Eagle:
         """The draft's outputs (n, H) for n entries written at cache entry `at` onward. allowed: (n, at + n) the
         entries each one sees, or None: causal (all before it)."""
         module = self.module
-        n = features.shape[1]
         dtype, device = module.fc.weight.dtype, module.fc.weight.device
-        if self.run is None:  # the growing cache holds exactly `at` entries; no mask is the model's own causal one
-            mask = None if allowed is None else additive(allowed, dtype).to(device)[None, None]
-            return module.hidden_states(embeds, features, self.cache, positions, mask, aux)[0]
-        if allowed is None:
-            allowed = torch.ones(n, at + n, dtype=torch.bool).tril(at)
-        self.capacity = write_at(self.cache, at, n, self.capacity)
-        full = torch.zeros(n, self.capacity, dtype=torch.bool)
-        full[:, : at + n] = allowed
-        mask = additive(full, dtype).to(device)[None, None]
-        # The first pass (the prompt's features) runs eagerly, as the target's prefill does: it fills the cache,
-        # and many rows take attention's other branch. So the compiled graphs are the few-row ones over a full cache.
-        first = not self.cache.layers[0].is_initialized
-        forward = module.hidden_states if first or n > SMALL_QUERY else self.run
-        return forward(embeds, features, self.cache, positions, mask, aux)[0]
+        # The growing cache holds exactly `at` entries; no mask is the model's own causal one.
+        mask = None if allowed is None else additive(allowed, dtype).to(device)[None, None]
+        return module.hidden_states(embeds, features, self.cache, positions, mask, aux)[0]
 
     @torch.inference_mode()
     def propose(self, context: list[int], room: int) -> Proposal:
@@ -241,8 +220,8 @@ class Eagle:
         else:
             tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.total_tokens - 1, room),
                                 min_score=math.log(self.min_path_prob) if self.min_path_prob else float("-inf"))
-        if fed and self.run is None:
-            self.cache.crop(-len(fed))  # the tree's entries were drafts on drafted features: drop them (slots: overwritten)
+        if fed:
+            self.cache.crop(-len(fed))  # the tree's entries were drafts on drafted features: drop them
         tokens = target_ids[tree.tokens].tolist() if tree.tokens else []
         return Proposal(tokens, tree.parents, source=self._source(tree, tokens))
 
