@@ -61,6 +61,7 @@ def test_a_later_load_reads_the_built_pass_from_disk_in_seconds(store, loaded):
     [built] = [p for p in (engines / "compiled").iterdir() if p.is_dir()]
     assert json.loads((built / "info.json").read_text()) == info and info["isa"] == compiled.machine()["isa"]
     assert {p.name for p in built.glob("*.pt2")} == {"one.pt2", "wide.pt2"} and info["bytes"] > 0
+    assert info["widths"] == {"one": [1, 1], "wide": [2, SMALL_QUERY]}  # float32: no few-row graph
     # Built for this machine, dtype and these weights: another dtype, or changed weights, is another package.
     assert models.fast_pass_dir(loaded, str(model_dir), engines) == built
     other = models.load(str(model_dir), dtype="bfloat16", engines=engines)
@@ -156,13 +157,13 @@ def test_a_build_in_the_background_that_fails_leaves_the_eager_pass_serving_and_
     assert "not a model directory" in log.read_text()
 
 
-def test_wide_products_of_bfloat16_weights_upcast_in_the_wide_graph_only_without_native_bfloat16():
-    """The wide graph multiplies 2+ rows against float32 copies of bfloat16 weights where the CPU has no native
-    bfloat16 (linear.widen); a one-row product, and every product where it has, stays in bfloat16. Read off the
-    graphs export traces."""
+def test_bfloat16_products_upcast_in_the_widest_graph_only_without_native_bfloat16():
+    """Without native bfloat16 the graph of passes over FEW+1 rows or more multiplies against float32 copies of the
+    weights (linear.widen); the one-row and the few-row graphs keep bfloat16 products, as every graph does where the
+    CPU has native bfloat16. Read off the graphs export traces."""
     model = tiny_llama(vocab=96, hidden=32, layers=1, max_pos=1024, seed=0).to(torch.bfloat16)
     linear.pack(model)
-    linear.widen(model)
+    linear.widen(model, rows=compiled.FEW + 1)
     layer = model.model.layers[0].mlp.down_proj
     assert (getattr(layer, "_wide", None) is not None) == linear.upcasts(torch.bfloat16)
 
@@ -170,8 +171,17 @@ def test_wide_products_of_bfloat16_weights_upcast_in_the_wide_graph_only_without
         program = torch.export.export(layer, (torch.randn(1, rows, 64, dtype=torch.bfloat16),), strict=False)
         return "torch.float32" in str(program.graph)
 
-    assert not upcast(1)
-    assert upcast(2) == upcast(7) == linear.upcasts(torch.bfloat16)
+    assert not upcast(1) and not upcast(2) and not upcast(compiled.FEW)
+    assert upcast(compiled.FEW + 1) == upcast(17) == linear.upcasts(torch.bfloat16)
+    assert list(compiled.graphs(torch.bfloat16)) == (["one", "few", "wide"] if linear.upcasts(torch.bfloat16)
+                                                     else ["one", "wide"])
+    assert compiled.graphs(torch.float32) == {"one": (1, 1), "wide": (2, SMALL_QUERY)}
+
+
+def test_a_pass_goes_to_the_graph_of_its_width():
+    three = compiled.FastPass(None, {}, {"widths": {"one": [1, 1], "few": [2, 4], "wide": [5, 128]}}, 0.0)
+    assert [three.graph(n) for n in (1, 2, 4, 5, 128, 129)] == ["one", "few", "few", "wide", "wide", None]
+    assert not three.fits(129) and three.fits(1)
 
 
 def test_slot_layer_writes_at_its_pointer_and_keeps_its_slots_when_it_grows():
@@ -206,7 +216,9 @@ def test_generate_runs_the_built_pass_by_default_and_eagerly_with_eager(store):
     runs = {}
     for extra in ([], ["--eager"]):
         proc = subprocess.run([sys.executable, "-m", "app", *args, *extra], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                              timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                                # the kernels are built for a thread count: the fixture's
+                                                "OMP_NUM_THREADS": str(torch.get_num_threads())})
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[bool(extra)] = json.loads(proc.stdout)
     assert runs[False]["pass"].startswith("compiled pass, loaded in ") and "building" not in runs[False]["pass"]

@@ -12,8 +12,10 @@ The exported function is the model's forward over a slot cache (kv_cache.SlotLay
 the committed length and attends to every slot under the caller's mask, so passes differ only in their width n and
 the slot count, both symbols of the graph: nothing is ever recompiled. Two graphs: n = 1 (the autoregressive step,
 whose products read each weight once) and n = 2..SMALL_QUERY (verify passes, whose products are compute). Wider
-passes and the prefill run eagerly over the same cache. In bfloat16 without native instructions the wide graph
-multiplies against float32 copies of the weights (linear.widen), as the eager layers do.
+passes and the prefill run eagerly over the same cache. In bfloat16 without native instructions a third: inductor's
+bfloat16 products cost about one row's up to FEW rows and grow fast after (bundled model, AVX2: 1 row 29.3 ms, 2-3
+rows 30.7, 4 rows 42.9, 8 rows 76.3, 16 rows 134.6), where float32 copies of the weights (linear.widen) do better
+(8 rows 71.3, 16 rows 102.8); so passes of 2..FEW rows run a graph of bfloat16 products, wider ones the float32.
 
 What a package holds depends on the CPU it was built on (its vector instructions, the thread count the kernels were
 built for), the torch version, the model's weights and dtype: `key` names all of them, so a package is only ever
@@ -38,11 +40,11 @@ from app.decoding.attention import SMALL_QUERY
 from app.decoding.kv_cache import SlotLayer
 from app.decoding.types import Forward
 
-FORMAT = 1  # what the exported signature is; a change makes every package stale
+FORMAT = 2  # what the exported signature and the graphs are; a change makes every package stale
 # freezing: the weights are constants of the graph, packed at build time. max_autotune with the CPP backend:
 # inductor's own GEMM micro-kernels, each timed against ATEN's product for its shape.
 OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-GRAPHS = ("one", "wide")  # n = 1, and n = 2..SMALL_QUERY
+FEW = 4  # bfloat16 without native instructions: the widest pass whose products stay in bfloat16 (module docstring)
 # A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
 EXAMPLE_SLOTS = 257
 
@@ -88,30 +90,37 @@ def _examples(model: nn.Module, n: int, kv_dtype: torch.dtype) -> tuple:
     return ids, positions, mask, torch.tensor(16), kv
 
 
+def graphs(dtype: torch.dtype) -> dict[str, tuple[int, int]]:
+    """The graphs a model of `dtype` gets here, each with the pass widths it serves."""
+    if linear.upcasts(dtype):
+        return {"one": (1, 1), "few": (2, FEW), "wide": (FEW + 1, SMALL_QUERY)}
+    return {"one": (1, 1), "wide": (2, SMALL_QUERY)}
+
+
 def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
-    """Export and compile both graphs of `model` (packed, eval, on the CPU) into `out`; returns what it took."""
+    """Export and compile the graphs of `model` (packed, eval, on the CPU) into `out`; returns what it took."""
     from torch.export import Dim
 
-    linear.widen(model)
+    linear.widen(model, rows=FEW + 1)
     start = time.perf_counter()
     seconds = {}
     layers = 2 * model.config.get_text_config(decoder=True).num_hidden_layers
     slots = Dim("slots", min=16, max=1 << 24)
-    for graph in GRAPHS:
+    for graph, (low, high) in graphs(model.dtype).items():
         t = time.perf_counter()
-        n = 1 if graph == "one" else Dim("n", min=2, max=SMALL_QUERY)
-        dims = ({1: n}, {1: n}, {2: n, 3: slots}, None, [{2: slots}] * layers) if graph == "wide" else \
+        n = 1 if high == 1 else Dim(f"n_{graph}", min=low, max=high)
+        dims = ({1: n}, {1: n}, {2: n, 3: slots}, None, [{2: slots}] * layers) if high > 1 else \
             (None, None, {3: slots}, None, [{2: slots}] * layers)
-        example = _examples(model, 1 if graph == "one" else 5, kv_dtype)
-        log(f"exporting the {graph}-token graph")
+        example = _examples(model, low if high == 1 else min(low + 1, high), kv_dtype)
+        log(f"exporting the graph of {low}..{high}-token passes")
         with torch.no_grad():
             program = torch.export.export(_SlotPass(model), example, dynamic_shapes=dims, strict=False)
-        log(f"compiling the {graph}-token graph (inductor, C++ kernels, autotuning each product)")
+        log(f"compiling the graph of {low}..{high}-token passes (inductor, C++ kernels, autotuning each product)")
         with torch._inductor.config.patch(OPTIONS):
             torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}.pt2"))
         seconds[graph] = round(time.perf_counter() - t, 1)
     info = {"seconds": round(time.perf_counter() - start, 1), "graphs": seconds,
-            "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
+            "widths": graphs(model.dtype), "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
     (out / "info.json").write_text(json.dumps(info, indent=1))
     return info
 
@@ -122,15 +131,19 @@ class FastPass:
 
     def __init__(self, where: Path, runners: dict, info: dict, load_seconds: float) -> None:
         self.where, self.runners, self.info, self.load_seconds = where, runners, info, load_seconds
+        self.widths = {g: tuple(w) for g, w in info["widths"].items()}
+
+    def graph(self, n: int) -> str | None:
+        """The graph that serves a pass of n tokens; None: wider than any (it runs eagerly)."""
+        return next((g for g, (low, high) in self.widths.items() if low <= n <= high), None)
 
     def fits(self, n: int) -> bool:
-        return n <= SMALL_QUERY
+        return self.graph(n) is not None
 
     def __call__(self, input_ids, position_ids, mask, cache: Cache) -> Forward:
-        n = input_ids.shape[1]
         at = cache.layers[0].cumulative_length
         kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
-        logits, hidden = self.runners["one" if n == 1 else "wide"](input_ids, position_ids, mask, at.clone(), kv)
+        logits, hidden = self.runners[self.graph(input_ids.shape[1])](input_ids, position_ids, mask, at.clone(), kv)
         layers = tuple(hidden)
         return Forward(logits[0], layers[-1], layers)
 
@@ -140,10 +153,14 @@ def load(where: Path, runners: int = 2) -> FastPass:
     from torch._inductor.package import load_package
 
     start = time.perf_counter()
-    loaded = {g: load_package(str(where / f"{g}.pt2"), num_runners=runners) for g in GRAPHS}
     info = json.loads((where / "info.json").read_text())
+    loaded = {g: load_package(str(where / f"{g}.pt2"), num_runners=runners) for g in info["widths"]}
     return FastPass(where, loaded, info, round(time.perf_counter() - start, 2))
 
 
 def built(where: Path) -> bool:
-    return all((where / f"{g}.pt2").exists() for g in GRAPHS) and (where / "info.json").exists()
+    """Whether `where` holds a complete build (its info.json is written last)."""
+    if not (where / "info.json").exists():
+        return False
+    widths = json.loads((where / "info.json").read_text()).get("widths") or {}
+    return bool(widths) and all((where / f"{g}.pt2").exists() for g in widths)

@@ -105,8 +105,9 @@ class PackedLinear(nn.Linear):
         w = self.weight
         if torch.compiler.is_compiling():  # the packed oneDNN call does not lower in inductor: it packs its own
             wide = getattr(self, "_wide", None)
-            # From 2 rows: the compiled graphs are one row and 2+ rows (compiled.py), so the test is static in each.
-            if wide is not None and x.dtype == w.dtype and x.numel() >= 2 * self.in_features:
+            # From `_wide_rows` rows: each compiled graph serves a range of widths on one side of it (compiled.py), so
+            # the test is static in each graph.
+            if wide is not None and x.dtype == w.dtype and x.numel() >= self._wide_rows * self.in_features:
                 bias = None if self.bias is None else self.bias.float()
                 return F.linear(x.float(), wide, bias).to(w.dtype)
             return F.linear(x, w, self.bias)
@@ -126,12 +127,13 @@ class PackedLinear(nn.Linear):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def widen(model: nn.Module) -> int:
-    """Give each upcasting layer a float32 copy of its weight for a compiled graph's wide products (inductor makes
-    it a constant and packs it; the oneDNN-packed copy is opaque to it). Returns how many; costs their float32 size."""
+def widen(model: nn.Module, rows: int) -> int:
+    """Give each upcasting layer a float32 copy of its weight for a compiled graph's products over `rows` rows or more
+    (inductor makes it a constant and packs it; the oneDNN-packed copy is opaque to it). Returns how many; costs their
+    float32 size."""
     layers = [m for m in model.modules() if isinstance(m, PackedLinear) and m._upcast]
     for m in layers:
-        m._wide = m.weight.detach().float()
+        m._wide, m._wide_rows = m.weight.detach().float(), rows
     return len(layers)
 
 
