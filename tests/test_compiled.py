@@ -44,7 +44,9 @@ def store(tmp_path_factory):
     model_dir, engines = root / "tiny", root / "engines"
     tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=0).save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
-    info = models.build_fast_pass(str(model_dir), "float32", engines)
+    # One C++ compile worker: inductor's pool would take both cores from the test worker beside this one.
+    with torch._inductor.config.patch(compile_threads=1):
+        info = models.build_fast_pass(str(model_dir), "float32", engines)
     return model_dir, engines, info
 
 
