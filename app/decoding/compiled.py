@@ -143,7 +143,8 @@ class FastPass:
     def __call__(self, input_ids, position_ids, mask, cache: Cache) -> Forward:
         at = cache.layers[0].cumulative_length
         kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
-        logits, hidden = self.runners[self.graph(input_ids.shape[1])](input_ids, position_ids, mask, at.clone(), kv)
+        # `at` is read, not advanced: each layer of the graph advances a copy of its own (SlotLayer.over).
+        logits, hidden = self.runners[self.graph(input_ids.shape[1])](input_ids, position_ids, mask, at, kv)
         layers = tuple(hidden)
         return Forward(logits[0], layers[-1], layers)
 
