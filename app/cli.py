@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -468,10 +469,43 @@ def _vllm_peers(args: argparse.Namespace, service, modes: list[str]) -> dict:
     return engines
 
 
+# `train` flags that belong to one session, not to the run: --resume takes the others from the run it continues.
+SESSION_FLAGS = ("command", "func", "resume", "time_limit", "output_dir", "engines_dir", "progress_jsonl")
+
+
+def _resumed(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the settings of the run stopped in args.resume; a ConfigError when there is none, or when a flag
+    given now differs from the run's (a flag left at its default is the run's)."""
+    from app.training import recipes
+
+    out = Path(args.resume)
+    saved_file = out / recipes.RESUME / "args.json"
+    if not recipes.stopped(out) or not saved_file.is_file():
+        raise ConfigError(f"--resume: {out} holds no run stopped by --time-limit (no {recipes.RESUME}/state.pt and "
+                          f"{recipes.RESUME}/args.json there)")
+    saved = json.loads(saved_file.read_text())
+    defaults = vars(build_parser().parse_args(["train"]))
+    given = vars(args)
+    differ = [f"--{k.replace('_', '-')} {given[k]} (the run's: {v})" for k, v in saved.items()
+              if given.get(k) not in (defaults.get(k), v)]
+    if args.output_dir is not None and Path(args.output_dir).resolve() != out.resolve():
+        differ.append(f"--output-dir {args.output_dir} (the run's: {out})")
+    if differ:
+        raise ConfigError(f"--resume continues the run in {out} with its own settings; these differ: {', '.join(differ)}")
+    return argparse.Namespace(**{**given, **saved, "output_dir": str(out)})
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from app import models
     from app.training import recipes
 
+    started = time.monotonic()
+    if args.resume:
+        args = _resumed(args)
+    elif args.mode is None:
+        raise ConfigError("train needs --mode (or --resume DIR to continue a run stopped by --time-limit)")
+    if args.time_limit is not None and not args.time_limit >= 0:
+        raise ConfigError(f"--time-limit must be a number of seconds >= 0, got {args.time_limit}")
     if args.epochs <= 0:
         raise ConfigError(f"--epochs must be positive, got {args.epochs}")
     if args.answer_tokens <= 0:
@@ -497,10 +531,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         except (ValueError, OSError) as err:
             raise ConfigError(f"--init-from: {err}") from err
     engines = Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
-    target = models.load(args.model, dtype=args.dtype, engines=engines)
     out = Path(args.output_dir) if args.output_dir else engines / "trained" / f"{args.model.replace('/', '--')}-{args.mode}"
+    if not args.resume and recipes.stopped(out):
+        raise ConfigError(f"{out} holds a run stopped by --time-limit: continue it with --resume {out}, "
+                          f"or remove {out / recipes.RESUME} to start over")
+    target = models.load(args.model, dtype=args.dtype, engines=engines)
     report = recipes.jsonl_report() if args.progress_jsonl else recipes.stderr_report(args.mode)
-    summary = recipes.train(args.mode, target, out, settings, engines, report=report)
+    summary = recipes.train(args.mode, target, out, settings, engines, report=report,
+                            time_limit=None if args.time_limit is None else args.time_limit - (time.monotonic() - started),
+                            resume=bool(args.resume))
+    if summary["state"] == recipes.STOPPED:
+        run = {k: v for k, v in vars(args).items() if k not in SESSION_FLAGS}
+        (out / recipes.RESUME / "args.json").write_text(json.dumps(run, indent=2))
+        json.dump(summary, sys.stdout, indent=2)
+        print(f"\nstopped at the time limit after step {summary['step']} of {summary['total_steps']}: continue with "
+              f"`python -m app train --resume {out}`", file=sys.stderr)
+        return 0
     if args.eval_prompts:
         summary["eval"] = recipes.evaluate(args.mode, target, out, args.eval_prompts, engines, report=report)
         (out / "train.json").write_text(json.dumps(summary, indent=2))
@@ -623,7 +669,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     _add_vllm_flags(b)
     b.set_defaults(func=cmd_bench)
     t = sub.add_parser("train", help="train Medusa heads, an EAGLE module or a distilled draft on a frozen model")
-    t.add_argument("--mode", required=True, choices=["medusa", "eagle", "draft"])
+    t.add_argument("--mode", default=None, choices=["medusa", "eagle", "draft"], help="required unless --resume")
     t.add_argument("--model", default=BUNDLED, help="the frozen base (target) model")
     t.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="dtype of the frozen base model while it writes its answers (--data-source self) and its features are extracted; pick the dtype you deploy in")
@@ -663,6 +709,12 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     t.add_argument("--engines-dir", default=None)
     t.add_argument("--progress-jsonl", action="store_true",
                    help="progress as one JSON object per line on stderr ({stage, done, total, loss}) instead of bars")
+    t.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="stop training at the first step after this many seconds of this session, keeping what "
+                        "the run needs to continue in OUT/resume/ and its progress in OUT/train.json")
+    t.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the run --time-limit stopped in output dir DIR, with that run's settings; it ends "
+                        "exactly as one uninterrupted run (--time-limit may stop it again)")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("export", help="write a trained artifact in the layout engines (vLLM, TensorRT-LLM, SGLang) load")
     e.add_argument("source", help="a directory written by `train` (an EAGLE-3 module, Medusa heads or a distilled draft)")

@@ -1,5 +1,6 @@
 """Training pipeline: ShareGPT data, cached target features, the shared fit() loop, the distilled draft."""
 
+import itertools
 import json
 import lzma
 
@@ -10,7 +11,7 @@ from app.decoding import attention
 from app.training import data as data_mod
 from app.training.data import FeatureSet, compute_features, sharegpt_conversations
 from app.training.draft import distill_loss, make_draft, pick_layers, read_layers, rebuild, save_layers
-from app.training.trainer import fit
+from app.training.trainer import Stopped, fit
 from helpers import tiny_llama, tiny_tokenizer
 
 
@@ -222,6 +223,135 @@ def test_fit_lowers_the_loss_and_saves_checkpoints(tiny_model):
     assert saved == [40, 80, 120]
     with pytest.raises(ValueError, match="no trainable"):
         fit(target, loss_fn, fs)
+
+
+def noisy_probe(init_seed=1):
+    """(module, loss_fn): a small MLP fitted to a fixed map, on inputs with noise from torch's global RNG."""
+    torch.manual_seed(0)
+    target = torch.nn.Linear(32, 32).requires_grad_(False)
+    torch.manual_seed(init_seed)
+    probe = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32))
+
+    def loss_fn(b):
+        x = b.hidden + 0.1 * torch.randn_like(b.hidden)
+        return ((probe(x) - target(b.hidden))[b.mask] ** 2).mean()
+
+    return probe, loss_fn
+
+
+# 10 sequences in batches of 3: 4 steps an epoch, 10 steps, the last epoch cut short
+FIT = dict(epochs=2.5, lr=1e-2, batch_size=3, warmup=3)
+
+
+def fit_in_sessions(fs, state, steps_per_session=3, tamper=None, **kw):
+    """A run of fit() stopped by its time limit every `steps_per_session` steps (a clock that ticks once per
+    step) and resumed in a freshly made module each time, until it ends; `tamper(state dict)` edits the state
+    saved by the first session. Returns (module, losses, the steps at which the sessions stopped)."""
+    stops = []
+    for session in itertools.count():
+        module, loss_fn = noisy_probe(init_seed=1 if session == 0 else 10 + session)  # resuming restores the weights
+        tick = itertools.count()
+        try:
+            return module, fit(module, loss_fn, fs, time_limit=steps_per_session, state=state, clock=lambda: next(tick),
+                               **{**FIT, **kw}), stops
+        except Stopped as stop:
+            stops.append((stop.step, stop.total, len(stop.losses)))
+        if tamper is not None and session == 0:
+            saved = torch.load(state, weights_only=True)
+            tamper(saved)
+            torch.save(saved, state)
+
+
+@pytest.fixture(scope="module")
+def probe_features(tiny_model):
+    return compute_features(tiny_model, random_sequences(10, 96, seed=2))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(probe_features):
+    module, loss_fn = noisy_probe()
+    return module, fit(module, loss_fn, probe_features, **FIT)
+
+
+def test_fit_stopped_by_its_time_limit_and_resumed_ends_as_one_uninterrupted_run(probe_features, uninterrupted, tmp_path):
+    module, losses, stops = fit_in_sessions(probe_features, tmp_path / "resume" / "state.pt")
+    assert stops == [(3, 10, 3), (6, 10, 6), (9, 10, 9)]  # the last across an epoch's end
+    assert losses == uninterrupted[1]
+    for (name, a), b in zip(uninterrupted[0].named_parameters(), module.parameters()):
+        assert torch.equal(a, b), name
+    assert not list((tmp_path / "resume").glob("*.tmp"))
+
+
+def _scramble_rng(saved):
+    torch.manual_seed(123)
+    saved["rng"] = torch.get_rng_state()
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda s: s["optimizer"].update(state={}),  # Adam's moments
+    lambda s: s["scheduler"].update(last_epoch=0),  # the learning-rate schedule
+    _scramble_rng,  # the noise the loss draws
+    lambda s: s.update(position=0),  # where the epoch's batch order was
+    lambda s: s["params"].update({k: v + 1e-6 for k, v in s["params"].items()}),
+], ids=["optimizer", "scheduler", "rng", "position", "params"])
+def test_every_part_of_the_saved_state_matters(probe_features, uninterrupted, tmp_path, tamper):
+    """Losing any part of the state changes the result: the equality above is a test that can fail."""
+    module, _, _ = fit_in_sessions(probe_features, tmp_path / "state.pt", tamper=tamper)
+    assert not all(torch.equal(a, b) for a, b in zip(uninterrupted[0].parameters(), module.parameters()))
+
+
+def test_a_state_continues_only_the_run_that_saved_it(probe_features, tmp_path):
+    state = tmp_path / "state.pt"
+    module, loss_fn = noisy_probe()
+    tick = itertools.count()
+    with pytest.raises(Stopped):
+        fit(module, loss_fn, probe_features, time_limit=2, state=state, clock=lambda: next(tick), **FIT)
+    with pytest.raises(ValueError, match=r"holds another run \(its total, lr, batch_size differ\)"):
+        fit(module, loss_fn, probe_features, state=state, **{**FIT, "lr": 1e-3, "batch_size": 4})
+    with pytest.raises(ValueError, match="a time limit needs a state file"):
+        fit(module, loss_fn, probe_features, time_limit=5, **FIT)
+
+
+def test_train_cli_stopped_by_time_limit_and_resumed_writes_the_uninterrupted_artifact(tmp_path, capsys):
+    """`train --time-limit 0` stops after each step (the limit is checked after a step); `--resume` with only the
+    session's flags continues until the run ends, and the artifact is the one a single run writes."""
+    from app import cli
+    from helpers import tiny_tokenizer
+
+    tiny_llama().save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    engines = ["--engines-dir", str(tmp_path / "engines")]
+    run = ["train", "--mode", "eagle", "--model", str(tmp_path / "model"), "--data-source", "sharegpt", "--data-limit", "12",
+           "--max-len", "32", "--epochs", "2", "--eval-prompts", "0", *engines]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert cli.main([*run, "--output-dir", str(one)]) == 0
+    assert cli.main([*run, "--output-dir", str(two), "--time-limit", "0"]) == 0
+    progress = json.loads((two / "train.json").read_text())
+    assert (progress["state"], progress["step"], progress["total_steps"], len(progress["sessions"])) == ("stopped at time limit", 1, 4, 1)
+    assert not (two / "model.safetensors").exists()
+    capsys.readouterr()
+    assert cli.main([*run, "--output-dir", str(two)]) == 2  # a new run would throw the stopped one away
+    assert f"holds a run stopped by --time-limit: continue it with --resume {two}" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(two), "--epochs", "3", *engines]) == 2
+    assert "these differ: --epochs 3.0 (the run's: 2.0)" in capsys.readouterr().err
+    sessions = 1
+    while (two / "resume").exists():
+        assert cli.main(["train", "--resume", str(two), "--time-limit", "0", "--mode", "eagle", *engines]) == 0
+        sessions += 1
+    assert sessions == 4
+    assert (two / "model.safetensors").read_bytes() == (one / "model.safetensors").read_bytes()
+    a, b = json.loads((one / "train.json").read_text()), json.loads((two / "train.json").read_text())
+    assert a["losses"] == b["losses"] and b["state"] == "done" and [s["steps"] for s in b["sessions"]] == [1, 1, 1, 1]
+    assert a["settings"] == b["settings"]
+
+
+def test_resume_refuses_a_directory_without_a_stopped_run(tmp_path, capsys):
+    from app import cli
+
+    assert cli.main(["train", "--resume", str(tmp_path)]) == 2
+    assert f"--resume: {tmp_path} holds no run stopped by --time-limit" in capsys.readouterr().err
+    assert cli.main(["train"]) == 2
+    assert "train needs --mode (or --resume DIR" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- distilled draft

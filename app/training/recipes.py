@@ -8,6 +8,7 @@ target is frozen, its final hidden states over a fixed ShareGPT slice are comput
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from app.heads import vocab
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
 from app.training.data import FeatureSet, cached_features, print_progress, self_distilled_sequences
-from app.training.trainer import fit
+from app.training.trainer import Stopped, fit
 
 KINDS = ("medusa", "eagle", "draft")
 DATA_SOURCES = ("self", "sharegpt")
@@ -72,6 +73,16 @@ EAGLE3_LR = 2e-3
 Report = Callable[..., None]
 STAGES = ("self-distil", "features", "train", "eval")
 
+# A run stopped by its time limit keeps what it needs to continue in <out>/resume/ (trainer.fit's state.pt);
+# train.json's "state" says which it is.
+RESUME = "resume"
+STOPPED, DONE = "stopped at time limit", "done"
+
+
+def stopped(out_dir: Path) -> bool:
+    """Whether `out_dir` holds a run stopped by its time limit (one `train(..., resume=True)` continues)."""
+    return (out_dir / RESUME / "state.pt").is_file()
+
 
 def stderr_report(kind: str) -> Report:
     """Progress bars on stderr for a person (stdout stays for the result)."""
@@ -100,9 +111,24 @@ def jsonl_report(stream=None) -> Report:
 
 
 def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings, engines: Path,
-          report: Report | None = None) -> dict:
-    """Train one artifact into `out_dir`; returns a summary (losses, sizes, times) also written as train.json."""
+          report: Report | None = None, *, time_limit: float | None = None, resume: bool = False,
+          clock: Callable[[], float] = time.monotonic) -> dict:
+    """Train one artifact into `out_dir`; returns a summary (losses, sizes, times) also written as train.json.
+
+    `time_limit`: seconds (by `clock`) this session may run; training stops at the first step past it, with its
+    state saved in `out_dir`/resume/ and its progress in train.json (state "stopped at time limit"), and
+    `resume=True` with the same settings continues it. The run that ends writes what an uninterrupted one would.
+    """
+    session_start = clock()
     report = report or stderr_report(kind)
+    state = out_dir / RESUME / "state.pt"
+    if resume and not stopped(out_dir):
+        raise ValueError(f"{out_dir} holds no run stopped at its time limit (no {RESUME}/state.pt)")
+    if not resume and stopped(out_dir):
+        raise ValueError(f"{out_dir} holds a run stopped at its time limit: resume it, or remove {state.parent} to start over")
+    before = json.loads((out_dir / "train.json").read_text()) if resume and (out_dir / "train.json").is_file() else {}
+    if resume and before.get("state") != STOPPED:
+        raise ValueError(f"{out_dir}/train.json does not record a run stopped at its time limit")
     if kind not in KINDS:
         raise ValueError(f"unknown training mode '{kind}': choose one of {', '.join(KINDS)}")
     if settings.data_source not in DATA_SOURCES:
@@ -127,16 +153,32 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     model = target.model
     lm_head = model.get_output_embeddings()
     lr = settings.lr or (EAGLE3_LR if kind == "eagle" and settings.eagle3 else DEFAULT_LR[kind])
+    # New weights drawn from the seed: the same run in any process, and the run a resumed session continues.
+    torch.manual_seed(settings.seed)
     module, loss_fn, save = _recipe(kind, target, train_set, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if resume and (before.get("kind"), before.get("settings")) != (kind, json.loads(json.dumps(asdict(settings)))):
+        raise ValueError(f"{out_dir} holds a run of other settings: resume it with its own (train.json)")
     t1 = time.perf_counter()
-    losses = fit(
-        module, loss_fn, train_set, epochs=settings.epochs, lr=lr, batch_size=settings.batch_size,
-        seq_len=settings.max_len, seed=settings.seed, bf16=fast_bf16(), save_steps=settings.save_steps,
-        save_fn=lambda step: save(out_dir / f"checkpoint-{step}"),
-        progress=lambda step, total, loss: report("train", step, total, loss=loss),
-    )
-    t_train = time.perf_counter() - t1
+    try:
+        losses = fit(
+            module, loss_fn, train_set, epochs=settings.epochs, lr=lr, batch_size=settings.batch_size,
+            seq_len=settings.max_len, seed=settings.seed, bf16=fast_bf16(), save_steps=settings.save_steps,
+            save_fn=lambda step: save(out_dir / f"checkpoint-{step}"),
+            progress=lambda step, total, loss: report("train", step, total, loss=loss),
+            time_limit=None if time_limit is None else time_limit - (clock() - session_start), state=state, clock=clock,
+        )
+    except Stopped as stop:
+        sessions = _sessions(before, stop.losses, time.perf_counter() - t1)
+        progress = {
+            "state": STOPPED, "kind": kind, "base_model": target.name, "out_dir": str(out_dir), "settings": asdict(settings),
+            "lr": lr, "step": stop.step, "total_steps": stop.total, "last_loss": stop.losses[-1],
+            "losses": [round(x, 4) for x in stop.losses], "sessions": sessions,
+            "train_seconds": round(sum(s["train_seconds"] for s in sessions), 1),
+        }
+        (out_dir / "train.json").write_text(json.dumps(progress, indent=2))
+        return progress
+    sessions = _sessions(before, losses, time.perf_counter() - t1)
     save(out_dir)
     with torch.no_grad():
         eval_loss = _mean_loss(loss_fn, eval_set, settings)
@@ -146,11 +188,20 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
         "trainable_params": sum(p.numel() for p in module.parameters() if p.requires_grad),
         "first_loss": losses[0], "last_loss": losses[-1], "eval_loss": eval_loss, "steps": len(losses),
         "losses": [round(x, 4) for x in losses],
-        "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1), "bf16_autocast": fast_bf16(),
-        "lm_head_params": lm_head.weight.numel(),
+        "data_seconds": round(t_data, 1), "train_seconds": round(sum(s["train_seconds"] for s in sessions), 1),
+        "bf16_autocast": fast_bf16(), "lm_head_params": lm_head.weight.numel(), "state": DONE, "sessions": sessions,
     }
     (out_dir / "train.json").write_text(json.dumps(summary, indent=2))
+    shutil.rmtree(state.parent, ignore_errors=True)
     return summary
+
+
+def _sessions(before: dict, losses: list[float], seconds: float) -> list[dict]:
+    """The sessions of a run so far (train.json's progress record), this one last."""
+    done = before.get("step", 0)
+    mine = losses[done:]
+    return before.get("sessions", []) + [{"steps": len(mine), "train_seconds": round(seconds, 1),
+                                          "mean_loss": round(sum(mine) / max(1, len(mine)), 4)}]
 
 
 def artifact_config(kind: str, path: str | Path) -> dict:

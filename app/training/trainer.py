@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from app.training.data import Batch, FeatureSet
 
 LossFn = Callable[[Batch], torch.Tensor]
+
+
+class Stopped(Exception):
+    """fit() reached its time limit and saved its state; fit() with the same arguments and state continues the run."""
+
+    def __init__(self, step: int, total: int, losses: list[float]):
+        super().__init__(f"stopped at the time limit after step {step} of {total}")
+        self.step, self.total, self.losses = step, total, losses
 
 
 def fit(
@@ -30,15 +43,26 @@ def fit(
     save_steps: int | None = None,
     save_fn: Callable[[int], None] | None = None,
     progress: Callable[[int, int, float], None] | None = None,
+    time_limit: float | None = None,
+    state: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[float]:
     """AdamW with linear warm-up and cosine decay over the module's trainable parameters.
 
     `loss_fn(batch)` is called on each Batch of `features.batches`; `epochs` may be
     fractional. `bf16` runs forward and backward under CPU autocast (about 2x faster here; the
-    master weights stay float32). Returns the loss of every step.
+    master weights stay float32). Returns the loss of every step of the run.
+
+    `time_limit`: seconds (by `clock`) this call may train. The step that reaches it is the last: everything
+    the rest of the run depends on is written to the file `state` and Stopped is raised. When `state` exists,
+    fit continues from it, and the module ends exactly as one uninterrupted run leaves it.
     """
+    start = clock()
+    if time_limit is not None and state is None:
+        raise ValueError("a time limit needs a state file to save the run in")
     torch.manual_seed(seed)
-    params = [p for p in module.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
     if not params:
         raise ValueError("the module has no trainable parameters")
     opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
@@ -47,11 +71,27 @@ def fit(
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
     )
+    # A state continues only the run that wrote it: the same steps over the same data with the same module.
+    run = {"total": total, "sequences": len(features), "lr": lr, "batch_size": batch_size, "seq_len": seq_len,
+           "warmup": warmup, "grad_clip": grad_clip, "weight_decay": weight_decay, "betas": list(betas), "seed": seed,
+           "bf16": bf16, "params": {n: list(p.shape) for n, p in named}}
+    step, epoch, position, losses = 0, 0, 0, []
+    if state is not None and state.exists():
+        saved = torch.load(state, weights_only=True)
+        differ = [k for k in run if saved["run"].get(k) != run[k]]
+        if differ:
+            raise ValueError(f"{state} holds another run (its {', '.join(differ)} differ)")
+        with torch.no_grad():
+            for n, p in named:
+                p.copy_(saved["params"][n])
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"])  # loss functions draw noise and positions from torch's global RNG
+        step, epoch, position, losses = saved["step"], saved["epoch"], saved["position"], list(saved["losses"])
     module.train()
-    losses: list[float] = []
-    step, epoch = 0, 0
     while step < total:
-        for batch in features.batches(batch_size, seq_len, seed=seed + epoch):
+        # An epoch's batch order depends on its seed alone, so skipping the batches done resumes it.
+        for batch in itertools.islice(features.batches(batch_size, seq_len, seed=seed + epoch), position, None):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss = loss_fn(batch)
             opt.zero_grad(set_to_none=True)
@@ -61,6 +101,7 @@ def fit(
             opt.step()
             sched.step()
             step += 1
+            position += 1
             losses.append(float(loss.detach()))
             if progress is not None:
                 progress(step, total, losses[-1])
@@ -68,6 +109,25 @@ def fit(
                 save_fn(step)
             if step >= total:
                 break
-        epoch += 1
+            if time_limit is not None and clock() - start >= time_limit:
+                _save(state, {"run": run, "params": {n: p.detach().clone() for n, p in named},
+                              "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
+                              "step": step, "epoch": epoch, "position": position, "losses": losses})
+                module.eval()
+                raise Stopped(step, total, losses)
+        epoch, position = epoch + 1, 0
     module.eval()
     return losses
+
+
+def _save(path: Path, state: dict) -> None:
+    """Written whole or not at all: a session killed while saving keeps the previous state."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
