@@ -586,6 +586,7 @@ def cmd_ship_data(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     from app import models
 
+    print(f"[compile] CPU priority: nice {os.nice(args.nice)}", file=sys.stderr, flush=True)
     info = models.build_fast_pass(args.model, args.dtype, _engines(args))
     print(f"fast pass of {args.model} ({args.dtype}) for this machine ({info['isa']}, {info['threads']} threads): built in "
           f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB")
@@ -729,6 +730,8 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     c.add_argument("--model", default=BUNDLED)
     c.add_argument("--dtype", default="float32", choices=["auto", *DTYPES], help=DTYPE_HELP)
     c.add_argument("--engines-dir", default=None)
+    c.add_argument("--nice", type=int, default=0, help="lower this build's CPU priority by N (the app's background build: "
+                   "19, so the runs it serves meanwhile keep the cores)")
     c.set_defaults(func=cmd_compile)
     d = sub.add_parser("ship-data", help="copy the self-distilled training answers cached in engines/ into assets/ "
                        "(compressed), so later training runs, here or on a fresh clone, start from them")

@@ -35,5 +35,8 @@ if ! [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] 
     echo "setup: $VENV ready" >&2
 fi
 
+# The bundled model, dequantized once into engines/models/ (~25 s), so the app's first start does not wait for it.
+"$VENV/bin/python" -c 'from app import models; models.locate(models.BUNDLED)'
+
 # The vLLM engine (the vllm backend, and the peer the tests and the bench check the project against).
 bash scripts/setup-vllm.sh

@@ -157,6 +157,7 @@ def test_a_build_in_the_background_that_fails_leaves_the_eager_pass_serving_and_
     assert "building the fast pass failed" in loaded.fast["note"] and "not a model directory" in loaded.fast["note"]
     [log] = (tmp_path / "engines" / "compiled").glob("*.log")
     assert "not a model directory" in log.read_text()
+    assert "CPU priority: nice 19" in log.read_text(), "the build yields the cores to the runs served meanwhile"
 
 
 def test_bfloat16_products_upcast_in_the_widest_graph_only_without_native_bfloat16():
