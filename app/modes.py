@@ -327,8 +327,9 @@ MODES = Modes(
                 Flag("min_path_prob", "min_path_prob", PRUNE_HELP))),
     Mode("suffix", "Suffix", configs.SuffixDecodingConfig, "#DDCC77",  # Tol's sand: the last hue apart from the others
          "lossless: greedy and exact sampling", vllm="suffix", vllm_compare=True, drafts_free=True,
-         trtllm_missing="its SADecodingConfig (suffix automaton) drafts what followed the context's longest earlier "
-                        "match, prompt lookup's idea without counts; run suffix decoding on the transformers or vllm backend",
+         trtllm_missing="its 1.2 line has none (SADecodingConfig, a suffix automaton drafting what followed the "
+                        "context's longest earlier match without counts, came later on its main branch); run suffix "
+                        "decoding on the transformers or vllm backend",
          controls=(Control("sx_len", "max_draft_len", "max_draft_len (num_speculative_tokens)", minimum=1, maximum=64),
                    Control("sx_depth", "suffix_decoding_max_tree_depth", "suffix_decoding_max_tree_depth", minimum=1, maximum=64),
                    Control("sx_factor", "suffix_decoding_max_spec_factor",

@@ -306,6 +306,45 @@ def test_engines_tensorrt_llm_plans_hold_the_issue_contract():
     assert "max_candidates (3) and ngram_draft_lens" in pl["notes"][0], "said, not dropped silently"
 
 
+def test_engines_plan_for_exported_eagle3_checkpoints(tmp_path):
+    """`engines build --plan --backend tensorrt_llm --mode eagle` on the checkpoint `export --format eagle3` writes (its
+    ids in vLLM's numbering, the real layers in its specdec block) and on one in ModelOpt 0.37's layout (ModelOpt's
+    numbering, no specdec block): both capture the decoder layers the module was trained on, both are `midlayer.*`
+    checkpoints TensorRT-LLM 1.2 loads, and no engine is built (upstream's PyTorch backend loads the checkpoint)."""
+    from app.heads import eagle
+    from helpers import tiny_llama
+
+    target, trained = tmp_path / "target", tmp_path / "trained"
+    model = tiny_llama(vocab=96, hidden=32, layers=3)
+    model.save_pretrained(target)
+    config = eagle.EagleConfig.from_target(model.config, aux_layers=[2, 3], eagle3=True)
+    eagle.save(eagle.EagleModule(config), trained, base_model=str(target))
+    plans = {}
+    for fmt in ("eagle3", "modelopt"):
+        out = tmp_path / fmt
+        proc = run_cli("export", str(trained), "--output-dir", str(out), "--format", fmt)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        if fmt == "modelopt":  # exactly what ModelOpt 0.37's hf_spec_export writes: no specdec block
+            data = json.loads((out / "config.json").read_text())
+            del data["specdec"]
+            (out / "config.json").write_text(json.dumps(data))
+        proc = run_cli("engines", "build", "--plan", "--backend", "tensorrt_llm", "--mode", "eagle", "--model", str(target),
+                       "--eagle-model", str(out), "--eagle-depth", "3", "--engines-dir", str(tmp_path / "engines"))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        plans[fmt] = json.loads(proc.stdout)
+    ids = {fmt: json.loads((tmp_path / fmt / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+           for fmt in plans}
+    assert ids == {"eagle3": [2, 3], "modelopt": [1, 2]}
+    for fmt, plan in plans.items():
+        sc = plan["llm"]["speculative_config"]
+        assert sc["eagle3_layers_to_capture"] == [1, 2], fmt  # hidden states 2 and 3: decoder layers 1 and 2's outputs
+        assert sc["max_draft_len"] == 3 and plan["cannot_run"] == [] and plan["prepare"] == []
+        assert plan["trtllm_backend"] == "pytorch" and plan["llm"]["model"] == str(target)
+        # TensorRT-LLM's PyTorch backend builds no engine: no build_config, no trtllm-build (the engine backend's
+        # build_config.max_draft_len, the depth as upstream sets it, is tested in test_engines.py).
+        assert "build_config" not in plan["llm"] and plan["trtllm_build"] is None and plan["save"] is None
+
+
 @pytest.mark.bundled
 def test_engines_tensorrt_llm_plan_and_a_clear_failure_here(bundled, engines_dir):
     plan = run_cli("engines", "build", "--backend", "tensorrt_llm", "--mode", "lookahead", "--lookahead-config", "4,3,4",

@@ -384,7 +384,10 @@ def test_medusa_plan_takes_heads_already_in_medusa_layout(tmp_path):
 
 def test_eagle_and_pytorch_backend_plans():
     eagle = trt_plan(request({"decoding_type": "Eagle", "speculative_model": "org/eagle"}, backend="tensorrt_llm", trtllm_backend="tensorrt"))
-    assert mode_and_len(eagle) == ("EAGLE", 23) and eagle["llm"]["speculative_config"]["speculative_model"] == "org/eagle"
+    # llm_args.py BaseLlmArgs.validate_speculative_config: build_config.max_draft_len = the speculative config's
+    # max_draft_len, which for EAGLE is the depth sent (5), not this app's 23 tree nodes.
+    assert mode_and_len(eagle) == ("EAGLE", 5) and eagle["llm"]["speculative_config"]["speculative_model"] == "org/eagle"
+    assert eagle["llm"]["speculative_config"]["max_draft_len"] == eagle["llm"]["build_config"]["max_draft_len"]
     ngram = trt_plan(request({"decoding_type": "NGram", "max_draft_len": 7}, backend="tensorrt_llm"))
     assert ngram["llm_class"] == "tensorrt_llm.LLM" and ngram["trtllm_backend"] == "pytorch"
     assert "build_config" not in ngram["llm"] and ngram["save"] is None and ngram["trtllm_build"] is None
@@ -494,25 +497,40 @@ def test_the_tensorrt_llm_builder_runs_its_plan(tmp_path, tiny_dir, fake_trtllm)
     assert kwargs["build_config"]["max_draft_len"] == 2
 
 
-def test_an_eagle3_module_is_exported_and_served_with_its_capture_layers(tmp_path, tiny_dir, fake_trtllm):
-    """The PyTorch backend's EAGLE from this app's EAGLE-3 module: exported into the build, then LLM(...) gets the depth as
-    max_draft_len and the module's layers as eagle3_layers_to_capture; the stand-in applies upstream's validators."""
+@pytest.fixture(scope="module")
+def tiny3_dir(tmp_path_factory):
+    """A three-layer target: an EAGLE-3 module fuses two of its decoder-layer outputs (TensorRT-LLM makes EAGLE-3's fc
+    only for more than one captured layer)."""
+    path = tmp_path_factory.mktemp("tiny3") / "tiny-llama-3"
+    tiny_llama(vocab=96, hidden=32, layers=3).save_pretrained(path)
+    return path
+
+
+def eagle3_module(target_dir):
     from app.heads import eagle
 
-    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
-    config = eagle.EagleConfig.from_target(target.config, aux_layers=[1], eagle3=True)
-    module = eagle.EagleModule(config, None)
-    eagle.save(module, tmp_path / "eagle3", base_model="tiny")
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir)
+    config = eagle.EagleConfig.from_target(target.config, draft_vocab_size=50, aux_layers=[2, 3], eagle3=True)
+    return eagle.EagleModule(config, None)  # d2t zeros: draft id d is target id d
+
+
+def test_an_eagle3_module_is_exported_and_served_with_its_capture_layers(tmp_path, tiny3_dir, fake_trtllm):
+    """The PyTorch backend's EAGLE from this app's EAGLE-3 module: exported into the build, then LLM(...) gets the depth as
+    max_draft_len and the module's layers as eagle3_layers_to_capture; the stand-in applies upstream's validators and
+    loads the export by TensorRT-LLM 1.2's parameter names (`midlayer.*`)."""
+    from app.heads import eagle
+
+    eagle.save(eagle3_module(tiny3_dir), tmp_path / "eagle3", base_model="tiny")
     store = EngineStore(tmp_path / "engines")
     req = request({"decoding_type": "Eagle", "speculative_model": str(tmp_path / "eagle3"), "num_eagle_layers": 3},
                   backend="tensorrt_llm", sampling={"temperature": 0.7})
-    spec = spec_for(req, str(tiny_dir))
-    assert trt_plan(req, str(tiny_dir))["cannot_run"] == []
+    spec = spec_for(req, str(tiny3_dir))
+    assert trt_plan(req, str(tiny3_dir))["cannot_run"] == []
     kwargs = trtllm_serve_kwargs(store, spec)
     build = tmp_path / "engines" / "builds" / spec.key()
     assert kwargs["speculative_config"]["speculative_model"] == str(build / "eagle")
     assert eagle.read_export(build / "eagle").config.eagle3, "the build holds an EAGLE-3 checkpoint"
-    from tensorrt_llm import _tensorrt_engine, llm, llmapi  # the stand-in
+    from tensorrt_llm import llm, llmapi  # the stand-in
 
     manifest = store.get(spec.key())
     assert manifest["kind"] == "tensorrt-pytorch" and "eagle/model.safetensors" in manifest["files"]
@@ -520,11 +538,82 @@ def test_an_eagle3_module_is_exported_and_served_with_its_capture_layers(tmp_pat
 
     made = trt.llm_objects(kwargs)
     sc = made["speculative_config"]
-    assert isinstance(sc, llmapi.EagleDecodingConfig) and sc.eagle3_layers_to_capture == {0}
+    # Hidden states 2 and 3 are the outputs of decoder layers 1 and 2.
+    assert isinstance(sc, llmapi.EagleDecodingConfig) and sc.eagle3_layers_to_capture == {1, 2}
     assert (sc.max_draft_len, sc.num_eagle_layers, sc.max_total_draft_tokens) == (3, 3, 3) and sc.allow_advanced_sampling
-    trt.import_object(trt.LLM_CLASSES["pytorch"])(**made)  # accepted as upstream's PyTorch LLM would
-    with pytest.raises(ValueError, match="has no argument \\['enable_iter_perf_stats'\\]"):
-        _tensorrt_engine.LLM(**made)  # PyTorch-only arguments are not the engine's
+    trt.import_object(trt.LLM_CLASSES["pytorch"])(**made).shutdown()  # loaded as upstream's PyTorch LLM would
+
+
+def test_eagle3_checkpoints_as_tensorrt_llm_1_2_loads_them(tmp_path, tiny3_dir, fake_trtllm):
+    """Plans for exported EAGLE-3 checkpoints, each loaded by the stand-in with the plan's own arguments: ours
+    (`export --format eagle3`, layers in vLLM's numbering, the real ones stated in its specdec block) and ModelOpt
+    0.37's layout (`midlayer.*`, ModelOpt's numbering, no specdec) capture the same decoder layers. TensorRT-LLM
+    1.2.0rc2 loads weights by name (modeling_speculative.py): `layers.0.*` (later ModelOpt) is a KeyError, and an fc
+    that does not take the capture list's width a size mismatch; the plan says both before anything loads."""
+    from safetensors.torch import load_file, save_file
+
+    from app.heads import eagle
+
+    module = eagle3_module(tiny3_dir)
+    ours, theirs = tmp_path / "ours", tmp_path / "modelopt"
+    eagle.export_checkpoint(module, ours, "tiny", layout="eagle3")
+    eagle.export_checkpoint(module, theirs, "tiny", layout="modelopt")
+    config = json.loads((theirs / "config.json").read_text())
+    del config["specdec"]  # exactly what ModelOpt 0.37's hf_spec_export writes
+    (theirs / "config.json").write_text(json.dumps(config))
+    assert json.loads((ours / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2]
+
+    def plan_of(checkpoint):
+        return trt_plan(request({"decoding_type": "Eagle", "speculative_model": str(checkpoint), "num_eagle_layers": 3},
+                                backend="tensorrt_llm"), str(tiny3_dir))
+
+    def load(plan):
+        from tensorrt_llm import LLM
+
+        LLM(**trt.llm_objects(plan["llm"])).shutdown()
+
+    for checkpoint in (ours, theirs):
+        plan = plan_of(checkpoint)
+        sc = plan["llm"]["speculative_config"]
+        assert sc["eagle3_layers_to_capture"] == [1, 2] and sc["speculative_model"] == str(checkpoint.resolve())
+        assert plan["cannot_run"] == [] and plan["prepare"] == [] and plan["trtllm_backend"] == "pytorch"
+        load(plan)
+        assert eagle.read_export(checkpoint).config.aux_layers == [2, 3], "the project's own drafter reads it alike"
+
+    later = tmp_path / "later-modelopt"
+    later.mkdir()
+    (later / "config.json").write_text(json.dumps(config))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in load_file(str(theirs / "model.safetensors")).items()},
+              str(later / "model.safetensors"))
+    plan = plan_of(later)
+    (why,) = plan["cannot_run"]
+    assert "`layers.0.*`" in why and "1.2.0rc2" in why
+    with pytest.raises(KeyError, match="midlayer.self_attn.q_proj.weight"):
+        load(plan)
+    assert eagle.read_export(later).config.aux_layers == [2, 3]
+
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]  # names three layers; its fc takes two
+    (theirs / "config.json").write_text(json.dumps(config))
+    plan = plan_of(theirs)
+    assert plan["llm"]["speculative_config"]["eagle3_layers_to_capture"] == [0, 1, 2]
+    (why,) = plan["cannot_run"]
+    assert "has an fc over 64 inputs" in why and "3 captured layers = 96 inputs" in why
+    with pytest.raises(RuntimeError, match="size of tensor a \\(96\\) must match the size of tensor b \\(64\\)"):
+        load(plan)
+
+
+def test_eagle_plans_on_modules_tensorrt_llm_cannot_capture_for(tmp_path, tiny_dir):
+    """TensorRT-LLM captures decoder-layer outputs, and makes EAGLE-3's fc only for more than one of them."""
+    from app.heads import eagle
+
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
+    for aux, why in (([1], "reads one target layer"), ([0, 1], "fuses the target's embeddings")):
+        config = eagle.EagleConfig.from_target(target.config, aux_layers=aux, eagle3=True)
+        eagle.save(eagle.EagleModule(config), tmp_path / str(aux), base_model="tiny")
+        plan = trt_plan(request({"decoding_type": "Eagle", "speculative_model": str(tmp_path / str(aux))},
+                                backend="tensorrt_llm"), str(tiny_dir))
+        assert any(why in reason for reason in plan["cannot_run"]), plan["cannot_run"]
 
 
 def test_serving_on_tensorrt_llm_uses_the_stores_build(tmp_path, tiny_dir, fake_trtllm):
@@ -543,7 +632,7 @@ def test_serving_on_tensorrt_llm_uses_the_stores_build(tmp_path, tiny_dir, fake_
     assert trtllm_serve_kwargs(store, spec) == kwargs and store.get(spec.key())["created"] == created
     ngram = spec_for(request({"decoding_type": "NGram", "max_draft_len": 5}, backend="tensorrt_llm"), str(tiny_dir))
     kwargs = trtllm_serve_kwargs(store, ngram)
-    assert kwargs["model"] == str(tiny_dir) and kwargs["enable_iter_perf_stats"] and kwargs["disable_overlap_scheduler"]
+    assert kwargs["model"] == str(tiny_dir) and kwargs["disable_overlap_scheduler"] and "enable_iter_perf_stats" not in kwargs
     assert [m["id"] for m in store.list()] == [spec.key()]
 
 

@@ -535,7 +535,8 @@ def test_trtllm_llm_class_and_arguments_follow_the_support_matrix(tmp_path):
     ng = configs.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4}, "backend": "tensorrt_llm"})
     kw = trtllm_serve_kwargs(store, spec_for(ng, "m", tensor_parallel_size=2))
     assert trt.trtllm_backend(ng) == "pytorch" and "build_config" not in kw and kw["model"] == "m"
-    assert kw["disable_overlap_scheduler"] and kw["enable_iter_perf_stats"] and kw["tensor_parallel_size"] == 2
+    assert kw["disable_overlap_scheduler"] and kw["tensor_parallel_size"] == 2
+    assert "enable_iter_perf_stats" not in kw, "iteration stats are engine-wide: a run's figures are its request's own"
     assert kw["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2,
                                         "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
     assert store.list() == [], "the PyTorch backend loads the checkpoint itself: nothing is built"
@@ -599,19 +600,6 @@ def test_trtllm_lookahead_generation_on_gpu():
     s.close()
 
 
-def test_trtllm_iteration_stats_are_summed_from_dicts_or_json_strings():
-    entries = [
-        {"iter": 0, "specDecodingStats": {"numDraftTokens": 0, "numAcceptedTokens": 0, "numRequestsWithDraftTokens": 0}},
-        json.dumps({"iter": 1, "specDecodingStats": {"numDraftTokens": 4, "numAcceptedTokens": 3,
-                                                     "numRequestsWithDraftTokens": 1, "acceptanceLength": 4.0}}),
-        {"iter": 2, "specDecodingStats": {"numDraftTokens": 4, "numAcceptedTokens": 1, "numRequestsWithDraftTokens": 1,
-                                          "acceptanceLength": 2.0}},
-        {"iter": 3},  # no speculation stats (an engine path that does not fill them)
-    ]
-    assert trt.iteration_stats(entries) == {"iterations": 4, "drafted": 8, "accepted": 4, "acceptance_length": 3.0}
-    assert trt.iteration_stats([]) == {"iterations": 0, "drafted": 0, "accepted": 0, "acceptance_length": None}
-
-
 @pytest.fixture
 def fake_trtllm(monkeypatch):
     """The stand-in `tensorrt_llm` (tests/stand_ins: TensorRT-LLM 1.2's rules, no GPU) and a 'visible' GPU, to run
@@ -619,6 +607,8 @@ def fake_trtllm(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with trtllm_stand_in():
         yield
+        if "tensorrt_llm.llm" in sys.modules:  # a test that failed mid-way leaves no generation held
+            sys.modules["tensorrt_llm.llm"].HOLD.set()
 
 
 def test_trtllm_backend_glue_against_a_stand_in_package(fake_trtllm, tmp_path):
@@ -634,14 +624,16 @@ def test_trtllm_backend_glue_against_a_stand_in_package(fake_trtllm, tmp_path):
     assert type(llm.kwargs["speculative_config"]).__name__ == "NGramDecodingConfig"
     assert llm.kwargs["speculative_config"].max_draft_len == 4
     assert llm.generations[-1].sampling_params.max_tokens == 7
-    assert start["prompt_ids"] == [ord(c) % 50 for c in "<user>hi<assistant>"]
+    assert start["prompt_ids"] == [ord(c) % 50 for c in "<user>hi<assistant>"], "a chat template writes its own BOS"
+    assert start["pass"] == "TensorRT-LLM engine opened for this configuration"
     assert [x["tokens"] for x in steps] == [[5], [6, 7], [8], [9, 10, 11]]
     assert [len(x["accepted_tokens"]) for x in steps] == [0, 1, 0, 2]
     assert steps[-1]["finish_reason"] == "length" and end["finish_reason"] == "length"
     assert end["token_ids"] == [5, 6, 7, 8, 9, 10, 11]
-    assert end["iteration_stats"] == {"iterations": 1, "drafted": 4, "accepted": 1, "acceptance_length": 2.0}
     assert [s["totals"]["decoding_iter"] for s in steps] == [1, 2, 3, 4] and end["totals"]["decoding_iter"] == 4
     assert steps[-1]["totals"]["tokens_per_step"] == pytest.approx(7 / 4)
+    # The request's own figures, from its own result: 7 tokens in 4 engine iterations.
+    assert end["totals"]["avg_decoded_tokens_per_iter"] == pytest.approx(7 / 4) and end["totals"]["new_tokens"] == 7
     # Iterated synchronously in the job's worker thread, as upstream's result allows there (no event loop).
     assert llm.generations[-1].aqueue is None and llm.generations[-1].sampling_params.return_perf_metrics
     # The same config reuses the LLM (engines and weights load once); cancel aborts the request.
@@ -656,7 +648,93 @@ def test_trtllm_backend_glue_against_a_stand_in_package(fake_trtllm, tmp_path):
             job.cancel()
             HOLD.set()
     assert len(CREATED) == 1 and llm.generations[-1].aborted()
+    assert got[0]["pass"] == trt.REUSED
     assert got[-1]["finish_reason"] == "cancelled" and len(got[-1]["token_ids"]) < 7
+    s.close()
+    from tensorrt_llm.llm import GPU
+
+    assert GPU["free"] == pytest.approx(1.0), "closing the service shuts its engine down"
+
+
+def test_trtllm_finish_reasons_and_raw_prompts_are_upstreams(fake_trtllm, tmp_path):
+    """executor/result.py: the end id and a stop word both finish as 'stop' (the app does not rename it 'eos'); a
+    raw prompt is encoded with the special tokens TensorRT-LLM adds by default (SamplingParams.add_special_tokens)."""
+    s = Service(engines=tmp_path, backend="tensorrt_llm")
+    data = {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4}, "max_new_tokens": 20}
+    start, steps, end = collect(s.stream(data, Prompt("hi", raw=True), model="some/model"))
+    from tensorrt_llm.llm import BOS
+
+    assert start["prompt_ids"] == [BOS] + [ord(c) % 50 for c in "hi"]
+    assert steps[-1]["finish_reason"] == "stop" and end["finish_reason"] == "stop"
+    s.close()
+
+
+def test_trtllm_keeps_one_engine_per_gpu_and_says_so(fake_trtllm, tmp_path):
+    """Each LLM takes KvCacheConfig.free_gpu_memory_fraction (0.9) of the free GPU memory: a second one beside the first
+    does not fit (the stand-in runs out of memory like a GPU would). Another configuration shuts the first down
+    once it is idle, and the run says so; while a generation uses it, a submit for another one is refused."""
+    from tensorrt_llm import LLM
+    from tensorrt_llm.llm import CREATED, GPU, HOLD
+
+    first = LLM(model="m")
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        LLM(model="m")
+    first.shutdown()
+    LLM(model="m").shutdown()
+    assert GPU["free"] == pytest.approx(1.0)
+
+    s = Service(engines=tmp_path, backend="tensorrt_llm")
+    ngram = {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4}, "max_new_tokens": 7}
+    other = {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 2}, "max_new_tokens": 7}
+    collect(s.stream(ngram, "hi", model="m"))
+    HOLD.clear()
+    job = s.submit(ngram, "hi", model="m")
+    messages = job.messages(timeout=30)
+    assert next(messages)["type"] == "start" and next(messages)["type"] == "step"  # now held mid-generation
+    with pytest.raises(ConfigError, match="the GPU is busy with TensorRT-LLM for prompt_lookup on m: it holds one engine"):
+        s.submit(other, "hi", model="m")
+    HOLD.set()
+    assert list(messages)[-1]["finish_reason"] == "length"
+    start, steps, end = collect(s.stream(other, "hi", model="m"))
+    assert start["pass"].startswith("TensorRT-LLM engine opened for this configuration; the one for prompt_lookup on m "
+                                    "was shut down first (one engine per GPU")
+    assert end["finish_reason"] == "length" and len(CREATED) == 4
+    assert CREATED[-2]._memory == 0.0 and CREATED[-1].kwargs["speculative_config"].max_draft_len == 2
+    s.close()
+
+
+def test_trtllm_run_figures_are_the_requests_own(fake_trtllm, tmp_path):
+    """LLM.get_stats is engine-wide: IterationResult.get_results drains one executor queue of iterations, each
+    counting every request in flight, and waits its timeout out (the stand-in does both). Two requests at once each
+    end with their own result's figures (decoding_iter, avg_decoded_tokens_per_iter), without that wait."""
+    from tensorrt_llm import LLM, SamplingParams
+
+    llm = LLM(model="m", enable_iter_perf_stats=True)
+    a = llm.generate_async([1], SamplingParams(max_tokens=7), streaming=True)
+    b = llm.generate_async([1], SamplingParams(max_tokens=3), streaming=True)
+    for _ in range(4):
+        for g in (a, b):
+            next(g, None)
+    began = time.monotonic()
+    entries = llm.get_stats(timeout=0.3)
+    assert time.monotonic() - began >= 0.3 and len(entries) == a.decoding_iter + b.decoding_iter == 6
+    assert {e["numActiveRequests"] for e in entries} == {1, 2}, "an entry counts every request of its iteration"
+    assert llm.get_stats(timeout=0.3) == []
+    llm.shutdown()
+
+    from tensorrt_llm.llm import HOLD
+
+    s = Service(engines=tmp_path, backend="tensorrt_llm", limits=Limits(max_concurrency=2))
+    data = {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4}}
+    HOLD.clear()
+    streams = [s.submit({**data, "max_new_tokens": n}, "hi", model="m").messages(timeout=30) for n in (7, 3)]
+    firsts = [[next(m), next(m)] for m in streams]  # each one's start and first step: both requests are in flight
+    began = time.monotonic()
+    HOLD.set()
+    ends = [collect(first + list(m))[2] for first, m in zip(firsts, streams)]
+    assert time.monotonic() - began < 1.5
+    assert [e["totals"]["avg_decoded_tokens_per_iter"] for e in ends] == [pytest.approx(7 / 4), pytest.approx(3 / 2)]
+    assert [e["totals"]["decoding_iter"] for e in ends] == [4, 2] and all("iteration_stats" not in e for e in ends)
     s.close()
 
 

@@ -121,7 +121,10 @@ def test_translations_carry_every_field():
     assert c.to_runtime(r).speculative_config.typical_acceptance
     r = c.parse({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 11, "num_eagle_layers": 3, "dynamic_tree_max_topK": 2}})
     plan = c.trtllm_build_plan(r, "a", "b")
-    assert plan[plan.index("--speculative_decoding_mode") + 1] == "eagle" and plan[plan.index("--max_draft_len") + 1] == "11"
+    # The engine TensorRT-LLM's LLM API would build: build_config.max_draft_len = the max_draft_len sent, the depth 3
+    # (llm_args.py validate_speculative_config), not this app's 11 tree nodes.
+    assert plan[plan.index("--speculative_decoding_mode") + 1] == "eagle" and plan[plan.index("--max_draft_len") + 1] == "3"
+    assert c.trtllm_engine_draft_len(r) == c.trtllm_speculative_config(r)["max_draft_len"] == 3
     r = c.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 7}})
     assert c.to_runtime(r).drafter().num_tokens == 7
     assert "--use_paged_context_fmha" in c.trtllm_build_plan(r, "a", "b")

@@ -439,11 +439,12 @@ def eagle_loss(
 
 EXPORT_WEIGHTS = "model.safetensors"
 # The engines' EAGLE-3 checkpoints differ in how `eagle_aux_hidden_state_layer_ids` numbers the captured layers.
-# vLLM and SGLang capture the residual stream *before* decoder layer i, i.e. after i layers: transformers'
-# hidden_states[i], our own numbering. ModelOpt hooks the *output* of decoder layer i, hidden_states[i + 1], and
-# TensorRT-LLM captures the same (its default {1, L//2-1, L-4} is vLLM's {2, L//2, L-3}); TensorRT-LLM reads
-# them from Eagle3DecodingConfig.eagle3_layers_to_capture, not from the checkpoint. ModelOpt also names the
-# layer `layers.0.*` where the EAGLE repository and vLLM say `midlayer.*` (TensorRT-LLM reads both).
+# vLLM captures the residual stream *before* decoder layer i, i.e. after i layers: transformers' hidden_states[i],
+# our own numbering. ModelOpt, which defines the field, hooks the *output* of decoder layer i, hidden_states[i + 1]
+# (modelopt/torch/speculative/plugins/transformers.py, 0.37), and TensorRT-LLM captures the same (its default
+# {1, L//2-1, L-4} is vLLM's {2, L//2, L-3}); TensorRT-LLM reads them from Eagle3DecodingConfig.eagle3_layers_to_capture,
+# not from the checkpoint. Both layouts name the layer `midlayer.*`: ModelOpt 0.37 exports that name, TensorRT-LLM
+# 1.2.0rc2 loads only that name, and vLLM maps it itself. (Later ModelOpt writes `layers.0.*`; `read_export` takes it.)
 LAYOUTS = {"eagle3": 0, "modelopt": 1}  # layout -> what to subtract from a hidden-state index
 
 
@@ -451,12 +452,33 @@ class OldFormatError(EagleError):
     """A module of this project's earlier EAGLE-1/2-style design, which no engine loads."""
 
 
-def _export_name(key: str, layout: str = "eagle3") -> str | None:
+def _export_name(key: str) -> str | None:
     if key.startswith("rotary_emb."):
         return None  # RoPE tables: the config's rope parameters
-    if layout == "modelopt" and key.startswith("midlayer."):
-        return "layers.0." + key.removeprefix("midlayer.")
     return key  # fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t
+
+
+def aux_layers_of(config: dict) -> list[int] | None:
+    """The target layers an EAGLE-3 checkpoint's config.json says its fc reads, as hidden-state indices (our
+    numbering), or None when it does not say. Ours state the layers themselves (`specdec.aux_layers`); another
+    trainer's `eagle_config.eagle_aux_hidden_state_layer_ids` are read as the field's definer, ModelOpt, numbers
+    them, whatever the checkpoint's key names (ModelOpt 0.37 exports `midlayer.*`, later versions `layers.0.*`)."""
+    ours = config.get("specdec") or {}
+    if ours.get("aux_layers"):
+        return [int(i) for i in ours["aux_layers"]]
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        return None
+    layout = ours.get("layout") if ours.get("layout") in LAYOUTS else "modelopt"
+    return [int(i) + LAYOUTS[layout] for i in ids]
+
+
+def tensor_shapes(directory: str | Path) -> dict[str, list[int]]:
+    """Name -> shape of an exported checkpoint's tensors, read from the file's header (no weights loaded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(directory) / EXPORT_WEIGHTS), "pt") as f:
+        return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
 
 
 def check_exportable(cfg: EagleConfig) -> None:
@@ -480,7 +502,7 @@ def export_checkpoint(module: EagleModule, directory: str | Path, base_model: st
     `norm`, `lm_head` (draft_vocab_size, H), `d2t` (target id = draft id + d2t[draft id]) and `t2d` (which
     target ids the draft vocabulary holds). config.json: a Llama config of one layer with `draft_vocab_size`,
     `target_hidden_size` and `eagle_config` naming the captured layers in `layout`'s numbering (LAYOUTS).
-    The "modelopt" layout is ModelOpt's export: `layers.0.*` for `midlayer.*`, no `t2d`."""
+    The "modelopt" layout is ModelOpt 0.37's export: the same names, ModelOpt's numbering, no `t2d`."""
     check_exportable(module.config)
     if layout not in LAYOUTS:
         raise EagleError(f"unknown EAGLE-3 layout '{layout}': choose one of {', '.join(LAYOUTS)}")
@@ -489,7 +511,7 @@ def export_checkpoint(module: EagleModule, directory: str | Path, base_model: st
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for key, value in module.state_dict().items():
-        name = _export_name(key, layout)
+        name = _export_name(key)
         if name is not None:
             value = value.detach().cpu()
             tensors[name] = (value.to(dtype) if value.is_floating_point() else value).contiguous()
@@ -563,16 +585,11 @@ def read_export(directory: str | Path, attn_implementation: str | None = None) -
     for unsupported in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
         if data.get(unsupported) or eagle_config.get(unsupported):
             raise EagleError(f"{directory}: the EAGLE-3 variant with {unsupported} is not one this app runs")
-    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids") or data.get("eagle_aux_hidden_state_layer_ids")
-    raw = load_file(str(directory / EXPORT_WEIGHTS))
-    modelopt = any(k.startswith("layers.0.") for k in raw)  # ModelOpt's names, and so its numbering
-    if ours.get("aux_layers"):
-        aux = [int(i) for i in ours["aux_layers"]]
-    elif ids:
-        aux = [int(i) + LAYOUTS["modelopt" if modelopt else "eagle3"] for i in ids]
-    else:
+    aux = aux_layers_of(data)
+    if aux is None:
         raise EagleError(f"{directory}: the checkpoint does not name the target layers it reads "
                          "(eagle_config.eagle_aux_hidden_state_layer_ids)")
+    raw = load_file(str(directory / EXPORT_WEIGHTS))
     tensors = {"midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k: v for k, v in raw.items()}
     h = int(data["hidden_size"])
     if "fc.weight" in tensors and tensors["fc.weight"].shape[-1] != len(aux) * h:

@@ -442,9 +442,10 @@ class Service:
         _check_text(texts, 16 * min(self.limits.max_prompt_tokens, 2**20))
 
     def close(self, stop_engines: bool = True) -> None:
-        """Stop the jobs and, unless told not to, the vLLM engines this service started (engines started
-        elsewhere keep running)."""
+        """Stop the jobs, shut down the TensorRT-LLM engine this process holds and, unless told not to, the vLLM
+        engines this service started (engines started elsewhere keep running)."""
         self.jobs.shutdown()
+        self.backends["tensorrt_llm"].close()
         if stop_engines:
             self.backends["vllm"].stop_started()
 

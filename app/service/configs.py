@@ -627,15 +627,26 @@ def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
     return out
 
 
+def trtllm_engine_draft_len(request: DecodeRequest) -> int:
+    """The engine's build_config.max_draft_len as TensorRT-LLM's LLM API sets it (llm_args.py
+    BaseLlmArgs.validate_speculative_config): the speculative config's max_draft_len, which for EAGLE is the
+    depth trtllm_speculative_config sends, not this app's node count; lookahead's is its formula."""
+    c = request.speculative_config
+    if isinstance(c, EagleDecodingConfig):
+        return trtllm_speculative_config(request)["max_draft_len"]
+    return c.max_draft_len
+
+
 def trtllm_build_plan(request: DecodeRequest, checkpoint_dir: str, output_dir: str, max_batch_size: int = 8) -> list[str]:
-    """The `trtllm-build` command for users who build TensorRT engines by hand (≤ 1.2, engine backend)."""
+    """The `trtllm-build` command for users who build TensorRT engines by hand (≤ 1.2, engine backend), with the
+    max_draft_len the LLM API would build the same engine with (trtllm_engine_draft_len)."""
     c = request.speculative_config
     mode = {"Lookahead": "lookahead_decoding", "Medusa": "medusa", "Eagle": "eagle",
             "Draft_Target": "draft_tokens_external", "NGram": "draft_tokens_external"}.get(c.decoding_type)
     cmd = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", output_dir,
            "--max_batch_size", str(max_batch_size), "--max_beam_width", "1"]
     if mode is not None:
-        cmd += ["--speculative_decoding_mode", mode, "--max_draft_len", str(c.max_draft_len)]
+        cmd += ["--speculative_decoding_mode", mode, "--max_draft_len", str(trtllm_engine_draft_len(request))]
     if c.decoding_type in ("Draft_Target", "NGram"):
         cmd += ["--use_paged_context_fmha", "enable"]
     return cmd

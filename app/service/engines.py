@@ -539,7 +539,7 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
         decoding_type = request.speculative_config.decoding_type
         build = {**TRT_BUILD_DEFAULTS, **spec.config.get("build_config", {}),
                  "speculative_decoding_mode": trt.ENGINE_MODES.get(decoding_type, "NONE"),
-                 "max_draft_len": request.speculative_config.max_draft_len}
+                 "max_draft_len": configs.trtllm_engine_draft_len(request)}
         llm["build_config"] = build
         plan["save"] = "{build_dir}/engine"
         command = configs.trtllm_build_plan(request, "{checkpoint_dir}", "{build_dir}/engine", build["max_batch_size"])
@@ -568,10 +568,10 @@ def trtllm_serve_kwargs(store: EngineStore, spec: BuildSpec) -> dict:
             # The engine bakes in the build settings; the tokenizer still comes from the model.
             llm.pop("build_config", None)
             llm.update(model=_fill(plan["save"], build_dir), tokenizer=plan["llm"]["model"])
-    if plan["trtllm_backend"] == "pytorch":
-        llm["enable_iter_perf_stats"] = True  # specDecodingStats per iteration (llm_args.py TorchLlmArgs)
-        if spec.mode in ("prompt_lookup", "draft_target"):
-            llm["disable_overlap_scheduler"] = True  # as the NGram / DraftTarget examples do
+    # No enable_iter_perf_stats: iteration statistics are engine-wide (every request of each iteration) and the backend
+    # takes a run's figures from its own result (backends/tensorrt_llm.py).
+    if plan["trtllm_backend"] == "pytorch" and spec.mode in ("prompt_lookup", "draft_target"):
+        llm["disable_overlap_scheduler"] = True  # as the NGram / DraftTarget examples do
     return llm
 
 
@@ -592,24 +592,26 @@ def _medusa_heads(config: dict) -> int | None:
 def _eagle_plan(src: str, artifact: dict, flavour: str, speculative: dict, prepare: list, notes: list, cannot_run: list) -> str:
     """EAGLE's part of a TensorRT-LLM plan; returns the speculative_model to pass.
 
-    PyTorch backend: an EAGLE-3 checkpoint, with the target layers it reads as eagle3_layers_to_capture
-    (upstream's default is {1, L//2-1, L-4}: a module trained on others would silently mismatch). Our
-    module is exported to that layout first (heads/eagle.export_checkpoint). The engine backend builds EAGLE-1/2
-    checkpoints in the EAGLE repository's layout (models/eagle/config.py), which this app does not write."""
-    ours = artifact.get("architecture") == "eagle"
-    if ours:
-        layers = [i - 1 for i in artifact.get("aux_layers") or []]  # our hidden-state index i = decoder layer i-1's output
-    else:
-        layers = (artifact.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []
+    PyTorch backend: an EAGLE-3 checkpoint under TensorRT-LLM 1.2's parameter names, with the target layers it reads
+    as eagle3_layers_to_capture in TensorRT-LLM's numbering (the output of decoder layer i; upstream's default is
+    {1, L//2-1, L-4}: a module trained on others would silently mismatch). A `train` output of ours is exported to
+    that layout first (heads/eagle.export_checkpoint); an exported checkpoint, ours or another trainer's, says its
+    layers in its config.json (eagle.aux_layers_of). The engine backend builds EAGLE-1/2 checkpoints in the EAGLE
+    repository's layout (models/eagle/config.py), which this app does not write."""
+    from app.heads import eagle
+
+    trained = artifact.get("architecture") == "eagle"  # a `train` output, not yet a checkpoint engines load
+    aux = (artifact.get("aux_layers") if trained else eagle.aux_layers_of(artifact)) or []
+    layers = [i - 1 for i in aux]  # hidden-state index i = decoder layer i-1's output
     if flavour == "tensorrt":
-        if ours or artifact.get("eagle_config"):
-            what = ("this app's module, which exports to the EAGLE-3 layout only" if ours else
+        if trained or artifact.get("eagle_config"):
+            what = ("this app's module, which exports to the EAGLE-3 layout only" if trained else
                     "in the EAGLE-3 / ModelOpt layout (its config.json has eagle_config)")
             cannot_run.append(f"TensorRT-LLM's engine backend builds EAGLE-1/2 checkpoints (the EAGLE repository's layout, "
                               f"converted by its examples/eagle/convert_checkpoint.py); {src} is {what}: use the PyTorch "
                               "backend with an EAGLE-3 checkpoint")
         return src
-    if ours:
+    if trained:
         prepare.append({"step": "export_eagle", "from": src, "to": "{build_dir}/eagle"})
         if not artifact.get("eagle3"):
             h = artifact.get("hidden_size")
@@ -619,12 +621,43 @@ def _eagle_plan(src: str, artifact: dict, flavour: str, speculative: dict, prepa
                 f"[{len(layers) * h} → {h}] and its attention reads 2H = {2 * h}; TensorRT-LLM's PyTorch backend runs "
                 "EAGLE-3 only. Train an EAGLE-3 module (python -m app train --mode eagle --eagle3) and pass it")
         src = "{build_dir}/eagle"
+    elif artifact.get("eagle_config"):
+        _check_eagle3_checkpoint(Path(src), artifact, len(layers) or 3, cannot_run)
     if layers:
         speculative["eagle3_layers_to_capture"] = sorted(layers)
+        if min(layers) < 0:
+            cannot_run.append(f"the EAGLE module at {src} fuses the target's embeddings (hidden state 0): TensorRT-LLM "
+                              "captures decoder-layer outputs only (eagle3_layers_to_capture)")
+        if len(layers) == 1:
+            cannot_run.append(f"the EAGLE module at {src} reads one target layer: TensorRT-LLM 1.2 makes EAGLE-3's fc only "
+                              "for more than one captured layer (_torch/models/modeling_speculative.py Eagle3DraftModel) and "
+                              "would leave this module's fc out")
     else:
         notes.append(f"the target layers {src} reads are not known here: TensorRT-LLM captures its default "
                      "{1, L//2-1, L-4}, which must be the ones the module was trained on")
     return src
+
+
+def _check_eagle3_checkpoint(directory: Path, config: dict, captured: int, cannot_run: list) -> None:
+    """What TensorRT-LLM 1.2 loading an EAGLE-3 checkpoint would stop on (_torch/models/modeling_speculative.py at
+    1.2.0rc2): Eagle3DraftModel's parameters are copied by name with no renaming, so the draft layer must be
+    `midlayer.*`, and its fc takes target_hidden_size x the captured layers (3 unless eagle3_layers_to_capture
+    says otherwise). A hub id is left to TensorRT-LLM."""
+    from app.heads import eagle
+
+    if not (directory / eagle.EXPORT_WEIGHTS).is_file():
+        return
+    shapes = eagle.tensor_shapes(directory)
+    if not any(k.startswith("midlayer.") for k in shapes) and any(k.startswith("layers.") for k in shapes):
+        cannot_run.append(f"{directory} names its draft layer `layers.0.*` (later ModelOpt exports): TensorRT-LLM 1.2.0rc2 "
+                          "loads EAGLE-3 weights by the names `midlayer.*` and renames nothing (a missing one is a "
+                          "KeyError); rename the `layers.0.` keys to `midlayer.`")
+    width = int(config.get("target_hidden_size") or config.get("hidden_size") or 0) * captured
+    fc = shapes.get("fc.weight")
+    if captured > 1 and (fc is None or fc[-1] != width):
+        got = "has no fc" if fc is None else f"has an fc over {fc[-1]} inputs"
+        cannot_run.append(f"{directory} {got}: TensorRT-LLM makes EAGLE-3's fc over target_hidden_size x {captured} "
+                          f"captured layers = {width} inputs and its load fails on anything else")
 
 
 def _fill(value: Any, build_dir: Path) -> Any:
@@ -657,6 +690,7 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
         for step in plan["prepare"]:
             progress(0.1, f"{step['step']}: from {step['from']}")
             export = {"export_medusa": _export_medusa,
+                      # ModelOpt 0.37's layout: `midlayer.*` names, TensorRT-LLM's numbering in its config
                       "export_eagle": lambda *a: _export_eagle(*a, layout="modelopt")}[step["step"]]
             export(Path(step["from"]), Path(where), Path(_fill(step["to"], out)), spec.model)
         try:

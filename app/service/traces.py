@@ -32,7 +32,7 @@ MAX_STRING = 65536  # characters of the prompt, the output text and other free t
 # What the step view of a whole trace may weigh: real 128-token traces draw 20-30 kB, a 1024-token one a few hundred.
 # A replay redraws it every REDRAW_S, so this bounds the work a trace can make for the server and the browser.
 MAX_HTML = 2 * 2**20
-FINISH_REASONS = ("eos", "length", "cancelled", "timeout", "error")
+FINISH_REASONS = ("eos", "stop", "length", "cancelled", "timeout", "error")  # stop: TensorRT-LLM's end id or stop word
 KINDS = ("prefill", "decode")
 ADDED_KINDS = ("next", "correction", "bonus", "engine")  # engine: correction or bonus, the engine does not say
 NOT_A_TRACE = ("not a SpecDec trace: expected the Run tab's download or the output of "
@@ -57,7 +57,9 @@ class Recording:
         self.events: list[dict[str, Any]] = []
         self.end: dict[str, Any] | None = None
         self.engine: dict[str, Any] | None = None  # a vLLM run's engine (see the module's docstring)
-        self.pass_note: str | None = None  # the transformers backend's pass: "compiled pass, loaded in 1.9 s", ...
+        # How the target ran: the transformers backend's pass ("compiled pass, loaded in 1.9 s", ...), the TensorRT-LLM
+        # engine it ran on (opened, reused, another shut down first).
+        self.pass_note: str | None = None
 
     def add(self, message: dict[str, Any]) -> None:
         self.texts.update(message.get("texts") or {})

@@ -176,8 +176,8 @@ whose probabilities sum highest is verified (SuffixDecoding, Oliaro et al., 2024
 `suffix_decoding_max_tree_depth` (24), `…_max_spec_factor` (1.0), `…_min_token_prob` (0.1),
 `…_max_cached_requests`: vLLM can also count earlier requests' responses, shared by all requests;
 this app sets 0 so each request drafts from its own text. specdec adds `use_tree_spec` (verify the
-likeliest continuations as a tree; vLLM verifies a chain). TensorRT-LLM's `SADecodingConfig` (a
-suffix automaton) copies the longest earlier match, without counts.
+likeliest continuations as a tree; vLLM verifies a chain). TensorRT-LLM 1.2 has no such method; the
+`SADecodingConfig` of its later main branch (a suffix automaton) copies the longest earlier match, without counts.
 
 **Lossless:** yes, under greedy and exact sampling (the draft is deterministic).
 

@@ -98,7 +98,8 @@ def status_line(run: Recording, modes: Modes) -> str:
     if run.end is None:
         return f"{label} · {line}"
     reason = run.end.get("finish_reason")
-    word = {"eos": "finished (end of sequence)", "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
+    word = {"eos": "finished (end of sequence)", "stop": "finished (end of sequence or a stop word)",
+            "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
             "timeout": "⏱ stopped by the time limit"}.get(reason, "finished")
     counters = render.spec_decode_line(run.spec_decode)
     where = f" · {render.esc(run.pass_note)}" if run.pass_note else ""

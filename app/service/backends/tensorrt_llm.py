@@ -10,13 +10,22 @@ What this backend cannot show: TensorRT-LLM streams the tokens each iteration co
 draft it verified, so a step's rejected draft tokens and the draft tree are unknown; a step's
 accepted count is read as (tokens streamed in that iteration) - 1, the iterations counted by the
 engine itself (RequestOutput.decoding_iter) where it gives them.
+
+A run's figures are its own request's: decoding_iter and avg_decoded_tokens_per_iter of its result
+(executor/result.py; the C++ request computes the latter as its generated tokens / its iterations).
+LLM.get_stats is engine-wide and is not read: IterationResult.get_results drains one executor-wide
+queue of iterations, each counting every request it scheduled, and waits out its timeout before it
+returns (executor/result.py, executor/executor.py).
+
+One engine at a time: each LLM reserves KvCacheConfig.free_gpu_memory_fraction (default 0.9) of the
+free GPU memory for its KV cache (llm_args.py), so a second one in this process would not fit. Another
+configuration shuts the current engine down first, once no generation is using it, and the run says so.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +40,7 @@ from app.service.jobs import Limits, Work
 
 INSTALL = "pip install --extra-index-url https://pypi.nvidia.com/ tensorrt-llm==1.2.1"
 NOT_VISIBLE = ["draft tree", "rejected draft tokens", "draft and verify time"]
+REUSED = "TensorRT-LLM engine of this configuration, reused"
 LLM_CLASSES = {"pytorch": "tensorrt_llm.LLM", "tensorrt": "tensorrt_llm._tensorrt_engine.LLM"}
 CONFIG_CLASSES = {  # decoding_type -> class in tensorrt_llm.llmapi
     "Lookahead": "LookaheadDecodingConfig",
@@ -116,33 +126,15 @@ def steps_from_diffs(diffs: Iterable[tuple[list[int], float, str | None, int | N
         step += 1
 
 
-def iteration_stats(raw: Iterable[Any]) -> dict[str, Any]:
-    """Totals of `llm.get_stats()` entries (dicts, or JSON strings in older versions): drafted and accepted
-    tokens from each iteration's specDecodingStats, and the mean acceptance length over iterations that drafted.
-    The PyTorch backend fills these when enable_iter_perf_stats is on (llm_args.py TorchLlmArgs)."""
-    drafted = accepted = iterations = 0
-    lengths: list[float] = []
-    for entry in raw or []:
-        if isinstance(entry, (str, bytes)):
-            entry = json.loads(entry)
-        iterations += 1
-        spec = entry.get("specDecodingStats") or {}
-        drafted += int(spec.get("numDraftTokens", 0) or 0)
-        accepted += int(spec.get("numAcceptedTokens", 0) or 0)
-        if spec.get("numRequestsWithDraftTokens"):
-            lengths.append(float(spec.get("acceptanceLength", 0.0)))
-    return {"iterations": iterations, "drafted": drafted, "accepted": accepted,
-            "acceptance_length": sum(lengths) / len(lengths) if lengths else None}
-
-
 class TensorRTLLMBackend:
     name = "tensorrt_llm"
 
     def __init__(self, llm_kwargs: Callable[[str, DecodeRequest], dict[str, Any]]) -> None:
         # (model, request) -> LLM(...) arguments as plain data; the service's engine store builds what they need.
         self.llm_kwargs = llm_kwargs
-        self._lock = threading.Lock()
-        self._llms: dict[tuple, Any] = {}
+        self._lock = threading.Condition()
+        self._engine: tuple[tuple, str, Any] | None = None  # (key, what it serves, LLM): one per GPU
+        self._running = 0  # generations streaming from it now
         self._availability: Availability | None = None
 
     def availability(self) -> Availability:
@@ -160,65 +152,106 @@ class TensorRTLLMBackend:
         state = self.availability()
         if not state.available:
             raise ConfigError(state.reason)
-        llm = self._llm(model, request)
+        # Opened here, so that a configuration TensorRT-LLM refuses fails before the job is queued.
+        llm, opened = self._acquire(model, request)
         text = prompt.text
-        if prompt.messages or not prompt.raw:
+        templated = bool(prompt.messages or not prompt.raw)
+        if templated:
             turns = prompt.messages or [{"role": "user", "content": prompt.text}]
             text = llm.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-        prompt_ids = llm.tokenizer.encode(text, add_special_tokens=False)
+        # A raw prompt gets the special tokens TensorRT-LLM would add to it (SamplingParams.add_special_tokens
+        # defaults to True); a chat template writes its own.
+        prompt_ids = llm.tokenizer.encode(text, add_special_tokens=not templated)
         if len(prompt_ids) > limits.max_prompt_tokens:
             raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this server takes at most {limits.max_prompt_tokens}")
 
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
             from tensorrt_llm import SamplingParams
 
-            yield {"type": "start", "backend": self.name, "model": model, "mode": request.mode,
-                   "prompt_ids": prompt_ids, "texts": _texts(llm, prompt_ids), "not_visible": NOT_VISIBLE}
-            kwargs = sampling_kwargs(request)
-            if "lookahead_config" in kwargs:
-                from tensorrt_llm.llmapi import LookaheadDecodingConfig
-
-                kwargs["lookahead_config"] = LookaheadDecodingConfig(**kwargs["lookahead_config"])
-            ids: list[int] = []
-            finish = decoding_iter = None
-            for step in steps_from_diffs(_stream(llm, prompt_ids, SamplingParams(**kwargs), cancel)):
-                ids += step["tokens"]
-                finish, decoding_iter = step["finish_reason"], step["totals"]["decoding_iter"]
-                yield {**step, "texts": _texts(llm, step["tokens"])}
+            # Again in the worker: another configuration may have had the GPU since prepare().
+            llm, reopened = self._acquire(model, request, cancel, running=True)
+            if llm is None:
+                yield {"type": "end", "finish_reason": "cancelled", "text": "", "token_ids": [], "totals": {}, "error": None}
+                return
             try:
-                stats = iteration_stats(llm.get_stats(timeout=2))
-            except Exception as err:  # stats are a bonus: a version without them must not fail the generation
-                stats = {"unavailable": f"{type(err).__name__}: {err}"}
-            yield {"type": "end", "finish_reason": finish or ("cancelled" if cancel.is_set() else None),
-                   "text": llm.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
-                   "totals": {"decoding_iter": decoding_iter}, "iteration_stats": stats, "error": None}
+                yield {"type": "start", "backend": self.name, "model": model, "mode": request.mode,
+                       "prompt_ids": prompt_ids, "texts": _texts(llm, prompt_ids), "not_visible": NOT_VISIBLE,
+                       "pass": reopened or opened or REUSED}
+                kwargs = sampling_kwargs(request)
+                if "lookahead_config" in kwargs:
+                    from tensorrt_llm.llmapi import LookaheadDecodingConfig
+
+                    kwargs["lookahead_config"] = LookaheadDecodingConfig(**kwargs["lookahead_config"])
+                generation = llm.generate_async(prompt_ids, sampling_params=SamplingParams(**kwargs), streaming=True)
+                ids: list[int] = []
+                finish, totals = None, {}
+                for step in steps_from_diffs(_stream(generation, cancel)):
+                    ids += step["tokens"]
+                    finish, totals = step["finish_reason"], step["totals"]
+                    yield {**step, "texts": _texts(llm, step["tokens"])}
+                yield {"type": "end", "finish_reason": finish or ("cancelled" if cancel.is_set() else None),
+                       "text": llm.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
+                       "totals": {**totals, "avg_decoded_tokens_per_iter": getattr(generation, "avg_decoded_tokens_per_iter", None)},
+                       "error": None}
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    self._lock.notify_all()
 
         return work
 
-    def _llm(self, model: str, request: DecodeRequest):
-        """One LLM per (model, mode config): building an engine or loading weights is the expensive part."""
+    def _acquire(self, model: str, request: DecodeRequest, cancel: threading.Event | None = None,
+                 running: bool = False) -> tuple[Any, str | None]:
+        """(the LLM for (model, mode config), how it was opened in words; None for that when it was open already).
+
+        One engine at a time (see the module's docstring): another configuration's engine is shut down first.
+        While a generation streams from it, prepare() refuses (a submit must not block) and a worker waits
+        (None, None when it is cancelled meanwhile). `running` counts the caller among the engine's users."""
         key = (model, request.speculative_config.model_dump_json(), request.trtllm_backend)
         with self._lock:
-            if key not in self._llms:
+            while self._engine is not None and self._engine[0] != key and self._running:
+                if cancel is None:
+                    raise ConfigError(f"the GPU is busy with TensorRT-LLM for {self._engine[1]}: it holds one engine at a "
+                                      "time (each reserves most of the free GPU memory), so another configuration starts only "
+                                      "when that generation ends; try again then")
+                if cancel.is_set():
+                    return None, None
+                self._lock.wait(timeout=0.5)
+            opened = None
+            if self._engine is None or self._engine[0] != key:
+                what = f"{request.mode} on {model}"
+                opened = "TensorRT-LLM engine opened for this configuration"
+                if self._engine is not None:
+                    opened += (f"; the one for {self._engine[1]} was shut down first (one engine per GPU: each reserves "
+                               "most of the free GPU memory for its KV cache)")
+                    self.close()
                 kwargs = llm_objects(self.llm_kwargs(model, request))
-                self._llms[key] = import_object(LLM_CLASSES[trtllm_backend(request)])(**kwargs)
-            return self._llms[key]
+                self._engine = (key, what, import_object(LLM_CLASSES[trtllm_backend(request)])(**kwargs))
+            self._running += running
+            return self._engine[2], opened
+
+    def close(self) -> None:
+        """Shut the engine down (TensorRT-LLM frees its GPU memory and workers on LLM.shutdown)."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+            if engine is not None:
+                engine[2].shutdown()
 
 
-def _stream(llm, prompt_ids: list[int], params, cancel: threading.Event) -> Iterator[tuple[list[int], float, str | None, int | None]]:
-    """generate_async(streaming=True) read from this worker thread: one (token_ids_diff, elapsed, finish,
-    decoding_iter) per streamed response, as it arrives; a set `cancel` aborts the request.
+def _stream(generation, cancel: threading.Event) -> Iterator[tuple[list[int], float, str | None, int | None]]:
+    """A streaming generate_async result read from this worker thread: one (token_ids_diff, elapsed, finish,
+    decoding_iter) per streamed response, as it arrives; a set `cancel` aborts the request. The finish reason is
+    upstream's own ('stop' for the end id and for stop words alike, 'length', 'timeout', 'cancelled').
 
     Iterated synchronously: upstream's result makes its asyncio queue only when an event loop is running
     where it is created, and its async iteration asserts that one was (executor/result.py
     GenerationResultBase.__init__, GenerationResult._aresult_step); a worker thread has none."""
     start = time.perf_counter()
-    generation = llm.generate_async(prompt_ids, sampling_params=params, streaming=True)
     try:
         for out in generation:
             completion = out.outputs[0]
-            finish = {"stop": "eos"}.get(completion.finish_reason, completion.finish_reason)
-            yield list(completion.token_ids_diff), time.perf_counter() - start, finish, getattr(out, "decoding_iter", None)
+            yield (list(completion.token_ids_diff), time.perf_counter() - start, completion.finish_reason,
+                   getattr(out, "decoding_iter", None))
             if cancel.is_set():
                 return
     finally:  # cancelled, or the reader went away: the engine stops working on it

@@ -82,6 +82,11 @@ class EagleDecodingConfig(DecodingBaseConfig):
     #  Defaults to {1, num_layers//2-1, num_layers-4}."
     eagle3_layers_to_capture: Optional[Set[int]] = None
 
+    @property
+    def num_capture_layers(self) -> int:
+        # llm_args.py EagleDecodingConfig.num_capture_layers: the set's size, else "the Eagle3 base set": 3.
+        return len(self.eagle3_layers_to_capture) if self.eagle3_layers_to_capture is not None else 3
+
     @model_validator(mode="after")
     def validate_eagle_config(self):
         # llm_args.py EagleDecodingConfig.validate_eagle_config: max_draft_len is the number of drafting
