@@ -251,7 +251,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     if baseline is not None:
         parts = traces.speedup_parts(run.events, baseline.events)
-        if parts:
+        if parts and parts["doubt"]:
+            print(f"[vs autoregressive] no speedup: {parts['doubt']}", file=sys.stderr)
+        elif parts:
             overall = f"{parts['overall']:.2f}x tokens/s; " if "overall" in parts else ""
             split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
                      if parts["verify"] is not None else "")

@@ -53,7 +53,7 @@ def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_
     page.goto(f"{app_url}/?present=1&mode=suffix")
     page.wait_for_function("document.body.classList.contains('sd-presenting')")
     page.fill("#prompt textarea", PROMPT)
-    page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(False)
+    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(False)
     page.click("#run")
     wait_status(page, "finished")
     last = int(page.get_by_label("number input for Inspect step", exact=True).input_value())

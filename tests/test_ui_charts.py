@@ -331,6 +331,20 @@ def test_earnings_note_names_break_even_rates_and_best_draft_lengths():
     assert earnings_note(BF16_COST, -5.0) == note  # a negative cost typed into the slider's box counts as free
 
 
+def test_a_curve_measured_under_changing_load_says_so_instead_of_break_even_rates():
+    """The walk's Learn → Measure: a 2-token pass at 0.67× the 1-token pass, and then break-even rates that contradict
+    each other (7 drafted tokens needing more than 15). A wider pass does all a narrower one does."""
+    from app.ui.learn import earnings_note, pass_cost_note, unsteady
+
+    broken = {**BF16_COST, "relative": [1.0, 0.67, 1.2, 2.9, 2.0, 3.5], "ms": [40.0, 26.8, 48.0, 116.0, 80.0, 140.0]}
+    assert "2 tokens measured 0.67×" in unsteady(broken)
+    assert "no break-even rates" in earnings_note(broken, 0.0) and "α ≥" not in earnings_note(broken, 0.0)
+    assert "Not a cost curve" in pass_cost_note([broken])
+    # Within its noise a curve may dip (a pass over 4 tokens a little cheaper than over 2): still a curve.
+    assert unsteady({**BF16_COST, "relative": [1.0, 1.1, 1.05, 1.18, 1.37, 1.78]}) is None
+    assert unsteady(BF16_COST) is None and "Not a cost curve" not in pass_cost_note([BF16_COST])
+
+
 # ----------------------------------------------------------------------------- acceptance by depth
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from app.modes import MODES as REGISTRY
 from app.service import traces
-from app.ui import learn, render
+from app.service.traces import Recording
+from app.ui import compare_tab, learn, render
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
@@ -586,8 +587,8 @@ def test_speedup_parts_split_the_decoding_speedup_into_tau_and_step_cost():
     # Same 9 tokens; 1.0 s against 1.3 s in all, prefill included.
     assert parts["overall"] == pytest.approx(1.3 / 1.0)
     line = render.speedup_line(run, base)
-    assert line == ("**1.30×** the autoregressive run's tokens/s · after the prefill 1.60× = τ 2.00 ÷ a step costing 1.25 "
-                    "autoregressive steps (verify 1.00 + draft 0.20 + loop 0.05)")
+    assert line == ("**1.30×** the autoregressive run's tokens/s · after the prefill 1.60× (95 % of the step times' spread: "
+                    "1.60–1.60×) = τ 2.00 ÷ a step costing 1.25 autoregressive steps (verify 1.00 + draft 0.20 + loop 0.05)")
 
 
 def test_speedup_parts_need_decoding_steps_and_usable_times():
@@ -605,11 +606,48 @@ def test_speedup_parts_need_decoding_steps_and_usable_times():
     assert traces.speedup_parts(None, None) is None
 
 
+def test_a_baseline_timed_under_other_load_gives_no_ratio_only_the_reason():
+    """The walk's case: the baseline ran while the machine was busy (an injected slow clock: 0.5 s a token where the
+    quiet machine takes 0.1), the run after it on a quiet machine. The ratio alone would read 8×, with each step
+    costing a quarter of the autoregressive step it contains; it is flagged instead, in the status and in Compare."""
+    busy = _run(0.5, [(1, 0.5, 0.0, 0.5)] * 8)
+    run = _run(0.5, [(2, 0.125, 0.02, 0.1)] * 4)
+    parts = traces.speedup_parts(run, busy)
+    assert parts["decoding"] == pytest.approx(8.0), "what the old status line printed as the speedup"
+    assert parts["doubt"] and "load changed" in parts["doubt"] and "0.20" in parts["doubt"]
+    line = render.speedup_line(run, busy)
+    assert "No speedup shown" in line and "8.00" not in line and "τ 2.00" in line
+    recorded = {name: Recording(name) for name in ("prompt_lookup", "autoregressive")}
+    recorded["prompt_lookup"].events, recorded["autoregressive"].events = run, busy
+    row = compare_tab.summary_row("prompt_lookup", recorded["prompt_lookup"], recorded["autoregressive"], REGISTRY)
+    assert row["speedup"] is None and "load changed" in row["doubt"]
+    assert "load changed" in render.summary_table([row])
+    # Under the same load the same run is a result, with its interval.
+    quiet = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)
+    assert traces.speedup_parts(run, quiet)["doubt"] is None
+    assert "1.60×" in render.speedup_line(run, quiet)
+
+
+def test_the_interval_comes_from_the_spread_of_step_times():
+    base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)
+    steady = traces.speedup_parts(_run(0.5, [(2, 0.125, 0.02, 0.1)] * 4), base)
+    assert steady["interval"] == pytest.approx((1.6, 1.6)), "no spread, no width"
+    # Two slow steps among fast ones: the figure rests on them, and the interval says so.
+    bumpy = traces.speedup_parts(_run(0.5, [(2, 0.1, 0.0, 0.1)] * 6 + [(2, 0.4, 0.0, 0.4)] * 2), base)
+    low, high = bumpy["interval"]
+    assert low < bumpy["decoding"] < high and high - low > 0.5
+    assert bumpy["interval"] == traces.speedup_parts(_run(0.5, [(2, 0.1, 0.0, 0.1)] * 6 + [(2, 0.4, 0.0, 0.4)] * 2),
+                                                     base)["interval"], "the same trace shows the same interval"
+    assert f"{low:.2f}–{high:.2f}×" in render.speedup_line(_run(0.5, [(2, 0.1, 0.0, 0.1)] * 6 + [(2, 0.4, 0.0, 0.4)] * 2), base)
+    assert traces.speedup_parts(_run(0.5, [(2, 0.1, 0.0, 0.1)]), base)["interval"] is None, "one step has no spread"
+
+
 @pytest.mark.parametrize("mode", MODES[1:])
 def test_speedup_parts_of_real_traces_add_up(mode):
     run, base = load(mode)["steps"], load("autoregressive")["steps"]
     parts = traces.speedup_parts(run, base)
     assert parts["step_cost"] == pytest.approx(parts["verify"] + parts["draft"] + parts["loop"], abs=1e-9)
+    assert parts["interval"][0] <= parts["decoding"] <= parts["interval"][1]
     assert parts["decoding"] == pytest.approx(parts["tau"] / parts["step_cost"])
     assert parts["tau"] >= 1.0
 
@@ -671,3 +709,16 @@ def test_summary_table_accepts_labels():
     dom = parse(render.summary_table([{"mode": "Prompt lookup", "speedup": 1.5, "identical": True}]))
     row = dom.find(tag="tr")[1]
     assert row.attrs["data-mode"] == "prompt_lookup" and "Prompt lookup" in row.text()
+
+
+def test_an_engine_step_says_its_draft_is_unknown_not_that_nothing_was_drafted():
+    """vLLM streams what a step committed, not what it drafted: the summary, the narration and the Draft section agree
+    (the walk found "6 of its draft accepted" above "Nothing drafted this step")."""
+    event = {"kind": "decode", "tokens": [5, 6, 7], "accepted_tokens": [5, 6], "added_kind": "engine",
+             "proposed": {"tokens": [], "parents": []}, "source": {"engine": "vllm"},
+             "totals": {"elapsed_s": 1.0, "new_tokens": 4}}
+    texts = {5: "a", 6: "b", 7: "c"}
+    detail = render.step_detail(event, texts, [1, 2], [3], "prompt_lookup")
+    assert "Nothing drafted" not in detail and "nothing was drafted" not in detail
+    assert "2 token(s) were accepted" in detail and "unknown" in detail and "does not say where" in detail
+    assert "2 of its draft accepted" in render.narrate(event, texts, "prompt_lookup")

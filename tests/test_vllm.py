@@ -286,7 +286,7 @@ def test_browser_runs_prompt_lookup_on_vllm_racing_vllm_autoregressive(service, 
     assert "no lookahead" in page.inner_text("#modes-note")
     page.get_by_label("Prompt lookup", exact=True).check()
     page.fill("#prompt textarea", COPY)
-    page.get_by_label("Race against autoregressive (runs the baseline once per prompt)").set_checked(True)
+    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(True)
     page.click("#run")
     # The race's last redraw ends the status with the speedup against the baseline (earlier ones already say finished).
     status = wait_status(page, "autoregressive run's tokens/s", timeout=300_000)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -143,11 +144,48 @@ def steps(events: Iterable[Any] | None) -> list[dict]:
     return [e for e in events or [] if isinstance(e, dict) and e.get("type", "step") == "step"]
 
 
+# Every step of a speculative run contains a target pass over at least the one token an autoregressive step computes,
+# so it cannot cost less than that step. A run whose steps did (beyond this much noise) was timed under other load than
+# its baseline: its ratio is not a result.
+IMPOSSIBLE_BELOW = 0.9
+
+
+def step_times(events: list[dict] | None) -> list[tuple[int, float]]:
+    """(tokens committed, seconds) of each decoding step, by the loop's clock (a step ends when the next starts)."""
+    out, last = [], None
+    for e in steps(events):
+        elapsed = (e.get("totals") or {}).get("elapsed_s")
+        if not is_number(elapsed):
+            return []
+        if e.get("kind") == "decode" and last is not None:
+            out.append((len(e.get("tokens") or []), elapsed - last))
+        last = elapsed
+    return out
+
+
+def spread(run: list[tuple[int, float]], base: list[tuple[int, float]], draws: int = 400,
+           seed: int = 0) -> tuple[float, float] | None:
+    """A 95 % interval of the decoding speedup (tokens/s after the prefill over the baseline's) from the spread of
+    step times: each run's steps resampled with replacement. It says how much the figure rests on a few slow or fast
+    steps; a machine whose load drifted during both runs alike is not seen by it (IMPOSSIBLE_BELOW catches the worst)."""
+    if len(run) < 2 or len(base) < 2:
+        return None
+    rng = random.Random(seed)  # the same trace always shows the same interval
+
+    def rate(sample):
+        seconds = sum(s for _, s in sample)
+        return sum(n for n, _ in sample) / seconds if seconds > 0 else math.inf
+
+    ratios = sorted(rate(rng.choices(run, k=len(run))) / rate(rng.choices(base, k=len(base))) for _ in range(draws))
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
 def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dict | None:
     """Why a run is as fast as it is against the autoregressive run it raced: its decoding speedup is τ
     (tokens per target pass) divided by what a step of it cost in autoregressive steps, and that cost
     splits into the verify pass, the drafting and the loop's own work. Prefill excluded: both runs pay
-    it alike (the race and `overall` include it)."""
+    it alike (the race and `overall` include it). `interval`: the decoding speedup's 95 % interval from the
+    step times' spread; `doubt`: why the ratio is not a result (a step cheaper than the pass it contains), else None."""
     run, base = decoding(events), decoding(baseline)
     if not run or not base or not base["tokens"]:
         return None
@@ -159,6 +197,11 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dic
         verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
         parts.update(verify=verify, draft=draft, loop=max(0.0, cost - verify - draft))
     parts["decoding"] = parts["tau"] / cost
+    parts["interval"] = spread(step_times(events), step_times(baseline))
+    cheapest = min(cost, parts["verify"] if parts["verify"] is not None else cost)
+    parts["doubt"] = (f"a step took {cheapest:.2f} of an autoregressive step, less than the one-token target pass it "
+                      "contains: the machine's load changed between this run and its baseline"
+                      if cheapest < IMPOSSIBLE_BELOW else None)
     totals = [(steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
     if all(is_number(t.get("elapsed_s")) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
         parts["overall"] = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])

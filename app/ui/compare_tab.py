@@ -31,7 +31,10 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Mo
     base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
     parts = traces.speedup_parts(run.events, baseline.events) if baseline is not None else None
-    return {"mode": learn.label(mode, modes), "tokens_per_s": tps, "speedup": tps / base_tps if base_tps else None,
+    # A ratio measured under other load than its baseline's is left out, and says why.
+    doubt = parts["doubt"] if parts else None
+    return {"mode": learn.label(mode, modes), "tokens_per_s": tps,
+            "speedup": tps / base_tps if base_tps and not doubt else None, "doubt": doubt,
             "step_cost": parts["step_cost"] if parts else None, "decoding_tau": parts["tau"] if parts else None,
             "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
             "identical": None if baseline is None else run.token_ids == baseline.token_ids,

@@ -279,6 +279,8 @@ def earnings_note(cost: dict | None, draft_cost: float) -> str:
     """Break-even acceptance rates and the best draft length at a few rates, for one measured curve."""
     if not cost:
         return ""
+    if doubt := unsteady(cost):  # break-even rates read off a broken curve would contradict each other
+        return f"**{cost['dtype']}**: no break-even rates: {doubt}."
     draft_cost = max(draft_cost, 0.0)
     sizes = earning_sizes(cost)
     needs = []
@@ -294,13 +296,30 @@ def earnings_note(cost: dict | None, draft_cost: float) -> str:
             f"decoding, drafting {', '.join(needs)}. The best number to draft: {'; '.join(best)}.")
 
 
+# A pass over more tokens does all a narrower one does: a curve that falls by more than this (relative to the one-token
+# pass) was measured while the machine's load changed.
+CURVE_NOISE = 0.1
+
+
+def unsteady(cost: dict) -> str | None:
+    """Why a measured cost curve is not one (a wider pass measured cheaper than a narrower one), or None."""
+    points = list(zip(cost["tokens"], cost["relative"]))
+    for (k0, r0), (k1, r1) in zip(points, points[1:]):
+        if r1 < r0 - CURVE_NOISE:
+            return (f"a pass over {k1} tokens measured {r1:.2f}× and over {k0} tokens {r0:.2f}×, but the wider pass "
+                    "does all the narrower one does: the machine's load changed while measuring; measure again")
+    return None
+
+
 def pass_cost_note(costs: list[dict]) -> str:
-    """One line per measured dtype: the one-token pass and what a pass over more tokens costs in those."""
+    """One line per measured dtype: the one-token pass and what a pass over more tokens costs in those (or why the
+    curve is not one)."""
     lines = []
     for c in costs:
         rel = dict(zip(c["tokens"], c["relative"]))
         more = ", ".join(f"{k} tokens {r:.2f}×" for k, r in rel.items() if k > 1)
         where = f" ({c['pass']})" if c.get("pass") else ""
+        doubt = unsteady(c)
         lines.append(f"- **{c['dtype']}**{where}: one-token pass {c['ms'][0]:.1f} ms after {c['context']} tokens of "
-                     f"context; a pass over {more} of that.")
+                     f"context; a pass over {more} of that." + (f" ⚠ Not a cost curve: {doubt}." if doubt else ""))
     return "\n".join(lines)

@@ -460,6 +460,10 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     if event.get("kind") == "prefill":
         out.append('<p class="sd-note">The prefill pass runs the whole prompt and gives the first token; '
                    "nothing is drafted.</p>")
+    elif _engine_step(event):  # the engine reports what it committed, not what it drafted
+        out.append(f'<p class="sd-note">Not visible: the engine does not report its draft. Of it, {len(accepted)} '
+                   "token(s) were accepted (the committed tokens but the last); how many were drafted and rejected is "
+                   "unknown.</p>")
     elif not tokens:
         out.append('<p class="sd-note">Nothing drafted this step: one target pass, one token.</p>')
     # Medusa and EAGLE keep the tree drawing (and its node scores) when pruning leaves a single path.
@@ -483,7 +487,11 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
         out.append("</section>")
 
     out.append('<section class="sd-source"><h5>Where the draft came from</h5>')
-    out.append(_source_html(mode, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
+    if _engine_step(event):
+        out.append(f'<p class="sd-note">Inside the {esc(str(source.get("engine")))} engine: it does not say where its '
+                   "draft came from.</p>")
+    else:
+        out.append(_source_html(mode, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
     out.append("</section>")
     return _wrap("".join(out), "sd-detail")
 
@@ -919,10 +927,13 @@ def summary_table(rows: list[dict] | None) -> str:
         speed = r.get("speedup")
         is_best = best is not None and speed == best and len(rows) > 1
         best_attr = ' class="best"' if is_best else ""
+        doubt = r.get("doubt")
+        speed_cell = (f'<span class="doubt" title="{esc(doubt)}">load changed</span>' if isinstance(doubt, str) and speed is None
+                      else _num(speed, '{:.2f}×'))
         body.append(
             f'<tr data-mode="{esc(mode)}"{best_attr}>'
             f"<td>{esc(label)}{' ★' if is_best else ''}</td><td>{_num(r.get('tokens_per_s'), '{:.1f}')}</td>"
-            f"<td>{_num(speed, '{:.2f}×')}</td><td>{_num(r.get('tau'))}</td><td>{_num(r.get('step_cost'))}</td><td>{rate_text}</td>"
+            f"<td>{speed_cell}</td><td>{_num(r.get('tau'))}</td><td>{_num(r.get('step_cost'))}</td><td>{rate_text}</td>"
             f"<td>{mark}</td><td>{_num(r.get('new_tokens'), '{:.0f}')}</td>"
             f"<td>{_num(r.get('elapsed_s'))}</td></tr>"
         )
@@ -930,14 +941,19 @@ def summary_table(rows: list[dict] | None) -> str:
 
 
 def speedup_line(events: list[dict] | None, baseline: list[dict] | None) -> str:
-    """traces.speedup_parts in one line of Markdown for the Run tab's status ("" when there is nothing to compare)."""
+    """traces.speedup_parts in one line of Markdown for the Run tab's status ("" when there is nothing to compare); a
+    ratio measured under changing load is said to be one, not printed as a result."""
     parts = traces.speedup_parts(events, baseline)
     if not parts:
         return ""
+    if parts["doubt"]:
+        return (f"⚠ No speedup shown: {parts['doubt']}. τ {parts['tau']:.2f} tokens/pass does not depend on the clock; "
+                "run both again on a quiet machine for the ratio.")
     overall = f"**{parts['overall']:.2f}×** the autoregressive run's tokens/s · " if "overall" in parts else ""
+    interval = f" (95 % of the step times' spread: {parts['interval'][0]:.2f}–{parts['interval'][1]:.2f}×)" if parts["interval"] else ""
     split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
              if parts["verify"] is not None else " (no draft and verify times to split it: an engine does not report them)")
-    return (f"{overall}after the prefill {parts['decoding']:.2f}× = τ {parts['tau']:.2f} ÷ a step costing "
+    return (f"{overall}after the prefill {parts['decoding']:.2f}×{interval} = τ {parts['tau']:.2f} ÷ a step costing "
             f"{parts['step_cost']:.2f} autoregressive steps{split}")
 
 
