@@ -715,10 +715,11 @@ def test_an_engine_step_says_its_draft_is_unknown_not_that_nothing_was_drafted()
     """vLLM streams what a step committed, not what it drafted: the summary, the narration and the Draft section agree
     (the walk found "6 of its draft accepted" above "Nothing drafted this step")."""
     event = {"kind": "decode", "tokens": [5, 6, 7], "accepted_tokens": [5, 6], "added_kind": "engine",
-             "proposed": {"tokens": [], "parents": []}, "source": {"engine": "vllm"},
+             "proposed": {"tokens": [], "parents": []},
+             "source": {"engine": "vllm", "not_visible": ["draft tree", "rejected draft tokens"]},
              "totals": {"elapsed_s": 1.0, "new_tokens": 4}}
     texts = {5: "a", 6: "b", 7: "c"}
     detail = render.step_detail(event, texts, [1, 2], [3], "prompt_lookup")
     assert "Nothing drafted" not in detail and "nothing was drafted" not in detail
-    assert "2 token(s) were accepted" in detail and "unknown" in detail and "does not say where" in detail
+    assert "2 token(s) were accepted" in detail and "unknown" in detail and "does not expose" in detail
     assert "2 of its draft accepted" in render.narrate(event, texts, "prompt_lookup")

@@ -289,9 +289,11 @@ def test_browser_runs_prompt_lookup_on_vllm_racing_vllm_autoregressive(service, 
     page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(True)
     page.click("#run")
     # The race's last redraw ends the status with the speedup against the baseline (earlier ones already say finished).
-    status = wait_status(page, "autoregressive run's tokens/s", timeout=300_000)
+    # Or, when the suite's other worker loaded the machine during one of the two runs only, why there is no ratio.
+    status = wait_status(page, "autoregressive run's tokens/s|No speedup shown", timeout=300_000)
     assert "on vLLM 0.32" in status and "engine counters:" in status and "accepted by draft position" in status
-    assert "finished" in status and "no draft and verify times" in status
+    assert "finished" in status
+    assert "no draft and verify times" in status or ("load changed" in status and "τ" in status), status
     view = page.locator("#step-view")
     assert view.locator(".tok-accepted").count() >= 1  # engine steps that committed accepted draft tokens
     assert view.locator(".tok-engine").count() + view.locator(".tok-bonus").count() >= 1

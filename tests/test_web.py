@@ -163,7 +163,8 @@ def test_api_runs_in_the_chosen_dtype_and_says_so(client):
     out = client.predict(*run_args("prompt_lookup", race=True, dtype="bfloat16"), api_name="/run_controls")
     assert "**Prompt lookup** (bfloat16) finished" in out[1], out[1]
     # It raced the baseline: the status says why it is as fast as it is.
-    assert re.search(r"the autoregressive run's tokens/s · after the prefill \d+\.\d\d× = τ \d+\.\d\d ÷ a step costing "
+    assert re.search(r"the autoregressive run's tokens/s · after the prefill \d+\.\d\d× \(95 % of the step times' spread: "
+                     r"\d+\.\d\d–\d+\.\d\d×\) = τ \d+\.\d\d ÷ a step costing "
                      r"\d+\.\d\d autoregressive steps \(verify", out[1]), out[1]
     plain = client.predict(*run_args("autoregressive"), api_name="/run_controls")
     assert "**Autoregressive** (float32) finished" in plain[1]
@@ -676,8 +677,9 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     page.click("#cost-run")
     page.wait_for_function("/bfloat16.*one-token pass/.test(document.querySelector('#cost-note').innerText)", timeout=120_000)
     assert page.locator("#cost-plot .scatterlayer .trace").count() == 2
-    # What speculation can earn on that curve: one line per drafted length, and the break-even rates.
-    page.wait_for_function("/needs α ≥/.test(document.querySelector('#earn-note').innerText)")
+    # What speculation can earn on that curve: one line per drafted length, and the break-even rates (or, when the
+    # test machine's load bent the curve, why there are none: tests/test_ui_charts.py checks both texts).
+    page.wait_for_function("/needs α ≥|no break-even rates/.test(document.querySelector('#earn-note').innerText)")
     assert page.locator("#earn-plot .scatterlayer .trace").count() == 4
     free = page.inner_text("#earn-note")
     assert free.startswith("bfloat16, a draft costing 0.00") or free.startswith("float32, a draft costing 0.00"), free

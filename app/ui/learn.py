@@ -298,7 +298,7 @@ def earnings_note(cost: dict | None, draft_cost: float) -> str:
 
 # A pass over more tokens does all a narrower one does: a curve that falls by more than this (relative to the one-token
 # pass) was measured while the machine's load changed.
-CURVE_NOISE = 0.1
+CURVE_NOISE = 0.2
 
 
 def unsteady(cost: dict) -> str | None:

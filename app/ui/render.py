@@ -487,11 +487,7 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
         out.append("</section>")
 
     out.append('<section class="sd-source"><h5>Where the draft came from</h5>')
-    if _engine_step(event):
-        out.append(f'<p class="sd-note">Inside the {esc(str(source.get("engine")))} engine: it does not say where its '
-                   "draft came from.</p>")
-    else:
-        out.append(_source_html(mode, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
+    out.append(_source_html(mode, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
     out.append("</section>")
     return _wrap("".join(out), "sd-detail")
 
