@@ -282,19 +282,21 @@ def _sharded(root: Path, items: list, shard: int, compute, progress=None, shippe
         path = root / f"shard-{k:04d}.json"
         part = shipped(k, items[start : start + shard]) if shipped is not None and not path.exists() else None
         if part is not None:
-            _atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(part)))
+            atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(part)))
         if not path.exists():
             def report(i, n, done=start):
                 if progress is not None:
                     progress(done + i, len(items))
 
             part = compute(items[start : start + shard], report)
-            _atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(part)))
+            atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(part)))
         results.extend(json.loads(path.read_text()))
     return results
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """`write(tmp)` a file beside `path`, then rename it into place: `path` is written whole or not at all (a run
+    killed meanwhile keeps the previous file)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
     try:
@@ -420,7 +422,7 @@ def ship_answers(engines: Path, model_name: str, tokenizer, dest: Path = SHIPPED
                 raise ValueError(f"{path} does not hold answers to this tokenizer's prompts of its slice")
             data = {"prompts": _digest(part), "answers": [q[len(p) :] for p, q in zip(part, seqs)]}
             packed = out / f"{path.name}.xz"
-            _atomic_write(packed, lambda tmp: Path(tmp).write_bytes(lzma.compress(json.dumps(data).encode(), preset=9)))
+            atomic_write(packed, lambda tmp: Path(tmp).write_bytes(lzma.compress(json.dumps(data).encode(), preset=9)))
             written.append(packed)
     return written
 
@@ -470,7 +472,7 @@ def cached_features(
 
             part = compute_features(model, [q[:max_len] for q in sequences[start : start + shard]], progress=report,
                                     aux_layers=tuple(aux_layers))
-            _atomic_write(path, part.save)
+            atomic_write(path, part.save)
         parts.append(FeatureSet.load(path))
     return FeatureSet.concat(parts)
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from app.training.data import Batch, FeatureSet
+from app.training.data import Batch, FeatureSet, atomic_write
 
 LossFn = Callable[[Batch], torch.Tensor]
 
@@ -110,24 +108,14 @@ def fit(
             if step >= total:
                 break
             if time_limit is not None and clock() - start >= time_limit:
-                _save(state, {"run": run, "params": {n: p.detach().clone() for n, p in named},
-                              "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
-                              "step": step, "epoch": epoch, "position": position, "losses": losses})
+                state.parent.mkdir(parents=True, exist_ok=True)
+                saved = {"run": run, "params": {n: p.detach().clone() for n, p in named}, "optimizer": opt.state_dict(),
+                         "scheduler": sched.state_dict(), "rng": torch.get_rng_state(), "step": step, "epoch": epoch,
+                         "position": position, "losses": losses}
+                atomic_write(state, lambda tmp: torch.save(saved, tmp))  # a session killed meanwhile keeps the last state
                 module.eval()
                 raise Stopped(step, total, losses)
         epoch, position = epoch + 1, 0
     module.eval()
     return losses
 
-
-def _save(path: Path, state: dict) -> None:
-    """Written whole or not at all: a session killed while saving keeps the previous state."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
