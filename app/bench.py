@@ -12,7 +12,8 @@ from typing import TextIO
 import torch
 
 from app.modes import MODES
-from app.service.configs import AutoregressiveConfig, DecodingConfig, NGramDecodingConfig
+from app.modes.configs import AutoregressiveConfig, NGramDecodingConfig
+from app.runner import DecodingConfig
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
 from app.runner import output_ids, run as run_mode, verify_cost

@@ -12,14 +12,18 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, int_list
-from app.modes import MODES, NGRAM_FLAGS, Flag, Mode, Modes
+from app.modes import ConfigError
+from app.modes.notation import int_list
+from app.modes import MODES, Flag, Mode, Modes
+from app.modes.shipped import NGRAM_FLAGS
 from app.prompts import load_prompts
-from app.service import configs
-from app.service.configs import DecodingConfig
+from app.modes import configs
+from app import runner
+from app.runner import DecodingConfig
 from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
 from app.models import BUNDLED, DTYPES, ModelError
+from app.service.backends import transformers
 from app.service.engines import EngineError
 from app.service import traces
 from app.service.traces import Recording
@@ -132,8 +136,10 @@ def request_data(args: argparse.Namespace, mode: str, modes: Modes = MODES) -> d
 
 
 def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
-    """The runtime config of one mode, validated by the service's rules."""
-    return configs.to_runtime(configs.parse(request_data(args, mode)))
+    """The runtime config of one mode, checked by its rules and the transformers backend's (bench runs that loop)."""
+    request = configs.parse(request_data(args, mode))
+    transformers.check(request)
+    return runner.to_runtime(request)
 
 
 def _load(args, name):
@@ -211,11 +217,11 @@ def vllm_settings(args: argparse.Namespace):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     data = request_data(args, args.mode)
-    configs.parse(data)  # every config rule before any model loads
     # The command line is one user on their own machine: no queue limits beyond the model's context.
     service = _service(args, max_new_tokens=max(args.max_new_tokens, 1), max_prompt_tokens=2**31, time_limit_s=float("inf"))
     baseline = None
     try:
+        checked = service.check(data)  # every rule, once, before any model loads
         if args.race and args.mode != "autoregressive":
             # The Run tab's race: autoregressive first, on the same prompt, settings and machine. A short run of
             # each first, as `bench` does: a process's first calls pay one-off costs (allocations, kernel choice).
@@ -226,7 +232,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             if (baseline.end or {}).get("error"):
                 print(f"error: the autoregressive baseline failed: {baseline.end['error']}", file=sys.stderr)
                 return 1
-        run = _generate(service, data, args.mode, args.prompt, show=not args.json)
+        run = _generate(service, data, args.mode, args.prompt, show=not args.json, checked=checked)
     finally:
         # A vLLM engine took a minute or more to start: it stays up for the next command (`engines stop ID` ends it).
         service.close(stop_engines=False)
@@ -260,13 +266,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"[vs autoregressive] {overall}after the prefill "
                   f"{parts['decoding']:.2f}x = tau {parts['tau']:.2f} / a step of {parts['step_cost']:.2f} autoregressive "
                   f"steps{split}", file=sys.stderr)
+            if parts["load"]:
+                print(f"[vs autoregressive] {traces.load_said(parts['load'])}", file=sys.stderr)
     return 0
 
 
-def _generate(service, data: dict, mode: str, prompt: str, show: bool) -> Recording:
-    """One generation through the service, recorded; with `show`, a line per step on stderr."""
+def _generate(service, data: dict, mode: str, prompt: str, show: bool, checked=None) -> Recording:
+    """One generation of `data` through the service (`checked`: the service's check of it), recorded; with `show`, a
+    line per step on stderr."""
     run = Recording(mode, data, prompt)
-    for message in service.stream(data, prompt):
+    for message in service.stream(checked or data, prompt):
         run.add(message)
         if message["type"] == "end":
             break
@@ -328,10 +337,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.service.server import serve
 
     data = request_data(args, args.mode)
-    configs.parse(data)
     limits = _limits(args, args.public)
     limits["max_new_tokens"] = PUBLIC_MAX_NEW_TOKENS if args.public else max(args.max_new_tokens, 4096)
     service = _service(args, _policy(args, args.public), fast="background", **limits)
+    service.check(data)  # the server-wide default, before the model loads
     service.backends["transformers"].model(args.model)  # load before the first request, and fail here if it cannot
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1 (default mode {args.mode})", file=sys.stderr, flush=True)
     try:
@@ -401,6 +410,7 @@ def _write_json(path: str, result: dict) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from app import bench
+    from app.service import load
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
@@ -435,11 +445,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         engines = _vllm_peers(args, service, modes) if args.peers else {}
         result = bench.run(target, configs, prompts, companions=companions, draft=draft, peers=args.peers,
                            progress=sys.stderr, engines=engines)
+        if args.concurrency:
+            points = _load_sweep(args, target, engines)
+            result["load"], result["load_points"] = load.table(points), points
     finally:
         service.close()  # the vLLM engines the bench started
     print(bench.format_table(result["summary"]))
     if result["versus"]:
         print(bench.format_versus(result["versus"]) + "\n")
+    if result.get("load_points"):
+        print(load.format_lines(result["load_points"]) + "\n")
     print(bench.format_verify_cost(result["verify_cost"]))
     if args.json:
         _write_json(args.json, result)
@@ -469,6 +484,34 @@ def _vllm_peers(args: argparse.Namespace, service, modes: list[str]) -> dict:
         info = {"engine": "vllm", "speculative_config": manifest["spec"]["config"]["speculative_config"]}
         engines[name] = (Engine(url, args.model, texts=lambda ids: {}), request, info)
     return engines
+
+
+def _load_sweep(args: argparse.Namespace, target, engines: dict) -> list[dict]:
+    """--concurrency: the load sweep (app/service/load.py) of every speculative vLLM row against vllm_generate, on
+    distinct prompts of the bench's categories; [] without vLLM rows."""
+    import threading
+
+    from app.service import load
+
+    ns = load.parse_ns(args.concurrency)
+    if load.PLAIN not in engines or len(engines) < 2:
+        print("note: no load sweep: it needs vllm_generate and a speculative vLLM row (--peers, vLLM installed)", file=sys.stderr)
+        return []
+    chosen = load.pick_prompts(load_prompts(args.prompts, args.categories.split(",") if args.categories else None, None), max(ns))
+    ids = [target.encode(p["text"]) for p in chosen]
+
+    def row(name: str) -> load.Target:
+        client, _, info = engines[name]
+        return load.Target(name, client.url, client.model, info.get("speculative_config"))
+
+    points = []
+    for p in load.points(row(load.PLAIN), [row(n) for n in engines if n != load.PLAIN], ids, ns, args.max_new_tokens,
+                         threading.Event()):
+        print(f"[load] N={p['n']:<3} {p['row']:>16}: {p['tokens_per_s']:7.1f} tok/s all, "
+              f"{(p['seconds_per_token'] or 0) * 1000:7.1f} ms/token each, tau {p['tau'] or 0:.2f}, "
+              f"identical {p['identical_share']:.0%}", file=sys.stderr, flush=True)
+        points.append({k: v for k, v in p.items() if k != "requests"})
+    return points
 
 
 # `train` flags that belong to one session, not to the run: --resume takes the others from the run it continues.
@@ -665,6 +708,10 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     b.add_argument("--peers", action="store_true", help="also run transformers' generate() variants and, where vLLM "
                    "is installed (.venv-vllm), vLLM engines doing the same jobs (vllm_generate, vllm_ngram, vllm_draft_model)")
     b.add_argument("--json", default=None, metavar="OUT", help="write summary and per-run records here")
+    b.add_argument("--concurrency", default=None, metavar="N,N,...",
+                   help="with --peers and vLLM: also sweep N concurrent requests (e.g. 1,2,4,8) to vllm_generate and every "
+                   "speculative vLLM row that runs (the JSON's `load`: load[row][N] = tokens_per_s, seconds_per_token, tau, "
+                   "identical_share)")
     b.add_argument("--ui-overhead", action="store_true",
                    help="instead: time each mode through the web app (launched in this process) against the same "
                    "generation without it, alternately, and report the overhead (the app's own defaults per mode)")

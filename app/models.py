@@ -51,7 +51,7 @@ class LoadedModel:
     tokenizer: object
     dtype: str
     # A draft model's own draft vocabulary (d2t), when its directory ships one: draft_target then
-    # scores only those tokens (training/draft.py).
+    # scores only those tokens (heads/draft.py).
     draft_vocab: torch.Tensor | None = None
     # The fast pass (decoding/compiled.py) once it is loaded; None: every pass runs eagerly. A session takes what is
     # here when it starts, so a pass that becomes ready mid-run serves the next run.
@@ -176,7 +176,7 @@ def _draft_dir(name: str, engines: Path) -> Path:
     def build(tmp: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from app.training.draft import write_model
+        from app.heads.draft import write_model
 
         base_dir = locate(base_name, engines)
         print(f"[models] building the draft model {name} once into {target} ...", file=sys.stderr, flush=True)
@@ -264,7 +264,7 @@ def _load_eager(name: str, dtype: str, device: str, engines: Path) -> tuple[Load
     tokenizer = _tokenizer(where)
     model.to(resolve_device(device)).eval().requires_grad_(False)
     linear.pack(model)
-    from app.training.draft import read_draft_vocab
+    from app.heads.draft import read_draft_vocab
 
     draft_vocab = read_draft_vocab(Path(where)) if Path(where).is_dir() else None
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, draft_vocab=draft_vocab), where

@@ -9,17 +9,40 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from app import models
-from app.config import ConfigError
-from app.modes import MODES, Modes
-from app.service.configs import DecodingConfig
 from app.decoding import linear
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
 from app.decoding.types import StepEvent
+from app.decoding.sampling import SamplingParams
 from app.models import LoadedModel, ModelError
+from app.modes import MODES, ConfigError, DecodeRequest, Modes
+from app.modes.configs import AutoregressiveConfig
+from app.modes.registry import resolve
+
+
+@dataclass
+class DecodingConfig:
+    """A checked request as the transformers backend's loop runs it."""
+
+    speculative_config: Any = field(default_factory=AutoregressiveConfig)  # one mode's checked config
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+
+    @property
+    def mode(self) -> str:
+        return self.speculative_config.mode
+
+
+def to_runtime(request: DecodeRequest) -> DecodingConfig:
+    """The transformers backend's runtime config for a checked request."""
+    s = request.sampling
+    return DecodingConfig(request.speculative_config, request.max_new_tokens,
+                          SamplingParams(s.temperature, s.top_p, s.top_k, s.seed))
 
 
 def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES,
@@ -41,7 +64,7 @@ def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = mod
             f"no {kind} artifact for model '{target.name}': train one (python -m app train --mode {kind}) "
             f"and pass --{kind}-model DIR"
         )
-    return _load_heads(kind, Path(path), target)
+    return _load_heads(entry, Path(path), target)
 
 
 def default_draft(target_name: str) -> str:
@@ -54,26 +77,37 @@ def default_draft(target_name: str) -> str:
     )
 
 
-def _load_heads(kind: str, path: Path, target: LoadedModel):
+def _load_heads(entry, path: Path, target: LoadedModel):
+    """The heads or module `entry` drafts with, loaded beside the target by its entry's loader."""
+    kind = entry.artifact
     if not (path / "config.json").exists():
         raise ModelError(f"--{kind}-model '{path}' is not a directory written by `python -m app train --mode {kind}`")
-    if kind == "medusa":
-        from app.heads import medusa as heads
-
-        options = {}
-    else:
-        from app.decoding import attention
-        from app.heads import eagle as heads
-
-        options = {"attn_implementation": attention.register(), "target_lm_head": target.model.get_output_embeddings()}
     try:
-        module = heads.load(path, **options)
-        heads.check_compatible(module, target.model)
+        module = resolve(entry.artifact_loader)(path, target.model)
     except (ValueError, OSError) as err:
         raise ModelError(str(err)) from err
     module = module.to(target.model.dtype).eval().requires_grad_(False)
     linear.pack(module)
     return module
+
+
+def drafter(cfg: DecodingConfig, target=None, companion=None, modes: Modes | None = None):
+    """A fresh drafter for one generation: the class cfg's entry names (in `modes`, default the app's), built from its
+    config (`target`: the target torch model; `companion`: what load_companion loaded), with prompt lookup's candidates
+    merged into a tree mode's tree when the config asks for them. What only the loaded artifact can tell (a Medusa tree
+    deeper than the heads it has) fails here, as a ConfigError."""
+    c = cfg.speculative_config
+    entry = (modes or MODES).by_type(c.decoding_type)
+    try:
+        built = resolve(entry.drafter).from_config(c, target, companion)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    extra = getattr(c, "prompt_lookup", None)
+    if extra is None:
+        return built
+    from app.decoding.drafters.merged import Merged
+
+    return Merged(built, drafter(DecodingConfig(extra), target, companion, modes))
 
 
 def run(
@@ -82,15 +116,15 @@ def run(
     prompt_ids: list[int],
     companion=None,
     cancel: threading.Event | None = None,
+    drafter_=None,
+    modes: Modes | None = None,
 ) -> Iterator[StepEvent]:
-    try:
-        # What only the loaded artifact can tell, e.g. a Medusa tree deeper than the heads it has.
-        drafter = cfg.drafter(target.model, companion)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
+    """The generation's steps. `drafter_`: the one built for it (the service builds it once while it prepares the
+    run), else built here from cfg's entry in `modes`."""
+    drafter_ = drafter_ or drafter(cfg, target.model, companion, modes)
     return generate(
-        TransformersTarget(target.model, hidden_states=drafter.needs_hidden, forward=target.forward),
-        drafter,
+        TransformersTarget(target.model, hidden_states=drafter_.needs_hidden, forward=target.forward),
+        drafter_,
         prompt_ids,
         sampling=cfg.sampling,
         max_new_tokens=cfg.max_new_tokens,
@@ -107,9 +141,20 @@ def output_ids(events: list[StepEvent]) -> list[int]:
 VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
 
 
+# A pass over more tokens does all a narrower one does: a curve that falls by more than this (relative to the one-token
+# pass) was measured while the machine's load changed.
+CURVE_NOISE = 0.2
+
+
+def falls(cost: dict) -> tuple[tuple[int, float], tuple[int, float]] | None:
+    """The first (tokens, relative) pair of a measured curve after which a wider pass measured cheaper, or None."""
+    points = list(zip(cost["tokens"], cost["relative"]))
+    return next(((a, b) for a, b in zip(points, points[1:]) if b[1] < a[1] - CURVE_NOISE), None)
+
+
 def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5) -> dict:
     """Milliseconds of one target pass over k new tokens after `prompt_ids` (a verify step of k - 1
-    drafted tokens), the median of `repeats`, and each relative to k = 1.
+    drafted tokens), the fastest of `repeats`, and each relative to k = 1.
 
     This curve decides what speculation can earn on a machine: a step that verifies k tokens pays
     only when it yields more than relative[k] tokens. It differs a lot between CPUs (bfloat16
@@ -127,6 +172,6 @@ def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, 
             session.commit([])  # keep only the root: the context grows by one token per pass
             if r:
                 times[k].append(elapsed)
-    ms = {k: 1000 * sorted(v)[len(v) // 2] for k, v in times.items()}
+    ms = {k: 1000 * min(v) for k, v in times.items()}  # other load only ever adds time: the fastest is the pass's own
     return {"tokens": list(sizes), "ms": [round(ms[k], 2) for k in sizes],
             "relative": [round(ms[k] / ms[sizes[0]], 2) for k in sizes], "context": len(prompt_ids)}

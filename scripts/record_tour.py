@@ -20,16 +20,16 @@ from app.prompts import load_prompts  # noqa: E402
 from app.modes import MODES  # noqa: E402
 from app.service.api import Service  # noqa: E402
 from app.service.traces import Recording  # noqa: E402
-from app.ui import web  # noqa: E402
+from app.ui import run_tab, settings  # noqa: E402
 
 CANDIDATES = ("extraction", "summarization", "rag", "coding", "math_reasoning", "roleplay", "qa")
 
 
 def run(service: Service, mode: str, prompt: str, values: dict) -> Recording:
     name, merged = MODES.split(mode)
-    if merged:
-        values = dict(values, **{web.MERGE_BOX[name]: True})
-    request = web.request_from(name, values)
+    if merged:  # the mode's box that merges prompt lookup's candidates into its tree
+        values = dict(values, **{next(c.key for c in MODES[name].controls if c.kind == "merge"): True})
+    request = settings.to_request(name, values)
     recording = Recording(mode, request, prompt)
     for message in service.stream(request, prompt):
         recording.add(message)
@@ -42,13 +42,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--modes", default=",".join(web.TOUR_MODES))
+    parser.add_argument("--modes", default=",".join(run_tab.tour_modes()))
     args = parser.parse_args()
     service = Service()
-    values = {**web.DEFAULTS, **web.preset("fastest here", args.dtype), "max_new_tokens": args.max_new_tokens,
+    values = {**settings.defaults(), **settings.preset("fastest here", args.dtype), "max_new_tokens": args.max_new_tokens,
               "backend": "transformers"}
     prompts = {r["category"]: r["text"] for r in load_prompts(None, list(CANDIDATES), 1)}
-    have = {n.split("-")[0] for n in web.RECORDINGS}
+    have = {n.split("-")[0] for n in run_tab.RECORDINGS}
     baselines = {}
     for mode in args.modes.split(","):
         if mode in have:

@@ -309,3 +309,14 @@ def trtllm_stand_in():
         sys.path.remove(str(STAND_INS))
         for module in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
             del sys.modules[module]
+
+
+def checked(data, modes=None):
+    """A request checked as Service.request checks it: its mode's rules (configs.parse), then its backend's own."""
+    from app.modes import configs
+    from app.service.backends import tensorrt_llm, transformers, vllm
+
+    request = configs.parse(data, modes)
+    own = {"transformers": transformers.check, "tensorrt_llm": tensorrt_llm.check, "vllm": vllm.check}
+    own.get(request.backend, lambda r: None)(request)  # remote: the server it talks to checks
+    return request

@@ -103,7 +103,11 @@ def test_generate_race_says_why_and_carries_the_baseline(bundled):
                    "--mode", "prompt_lookup", "--race")
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stderr.splitlines() if line.startswith("[vs autoregressive]"))
-    assert "x tokens/s; after the prefill " in line and " = tau " in line and "(verify " in line, line
+    # The ratio split into τ and a step's cost; or, when the suite's other worker changed the load between the two
+    # runs (a step measured cheaper than the one-token pass it contains), the refusal that says so instead.
+    split = "x tokens/s; after the prefill " in line and " = tau " in line and "(verify " in line
+    refused = line.startswith("[vs autoregressive] no speedup: a step took ") and "load changed" in line
+    assert split or refused, line
     trace = generate_json("prompt_lookup", "--race")
     run, baseline = traces.parse(trace)
     assert baseline is not None and baseline.mode == "autoregressive"
@@ -135,14 +139,8 @@ INVALID = {
     "negative_top_k": (["--top-k", "-2"], "top_k"),
     "max_new_tokens_0": (["--max-new-tokens", "0"], "max_new_tokens"),
 }
-SUBPROCESS_CASES = [
-    "lookahead_ngram_1_with_window",
-    "lookahead_request_too_big",
-    "unknown_mode",
-    "prompt_lookup_num_tokens_0",
-    "medusa_tree_without_parent",
-    "negative_temperature",
-]
+# A process start costs seconds: a request-level and a tree-level refusal for real, the rest in-process above.
+SUBPROCESS_CASES = ["lookahead_request_too_big", "medusa_tree_without_parent"]
 
 
 @pytest.mark.parametrize("case", SUBPROCESS_CASES)

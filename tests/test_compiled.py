@@ -27,7 +27,7 @@ from app.decoding.drafters.suffix import Suffix
 from app.decoding.kv_cache import SlotLayer
 from app.decoding.loop import generate
 from app.decoding.target import RESERVE, TransformersTarget
-from app.config import medusa_choices
+from app.modes.notation import medusa_choices
 from helpers import ROOT, output_of, tiny_llama, tiny_tokenizer
 from test_eagle import make_module
 from test_medusa import random_heads

@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 from helpers import eager
 from app import models
 from app.modes import MODES
-from app.service.configs import DecodingConfig
+from app.runner import DecodingConfig
 from app.runner import load_companion, output_ids, run
-from app.service import configs
+from app.modes import configs
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = {"medusa": "medusa", "eagle": "eagle", "draft": "draft_target"}
@@ -63,7 +63,7 @@ def test_draft_target_without_a_draft_says_how_to_get_one(bundled):
     """A model with no shipped draft (here: the bundled one under another name) gets told how to make one."""
     import dataclasses
 
-    from app.config import ConfigError
+    from app.modes import ConfigError
 
     with pytest.raises(ConfigError, match="python -m app train --mode draft"):
         load_companion(DecodingConfig(MODES["draft_target"].config()), dataclasses.replace(bundled, name="another-model"))
@@ -132,7 +132,7 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     out = tmp_path / kind
     mode, flags = ("eagle", ["--eagle3"]) if kind == "eagle3" else (kind, [])
     proc = run_cli(
-        "train", "--mode", mode, *flags, "--engines-dir", str(engines), "--output-dir", str(out), "--data-limit", "6",
+        "train", "--mode", mode, *flags, "--engines-dir", str(engines), "--output-dir", str(out), "--data-limit", "3",
         "--max-len", "48", "--batch-size", "3", "--epochs", "1", "--eval-prompts", "1", "--draft-layers", "1",
         "--draft-vocab-size", "2048", "--dtype", "float32", "--answer-tokens", "16", "--eagle-ce-weight", "0.5",
         # the draft reads the dataset's answers, the heads the model's own
@@ -153,7 +153,7 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
         assert proc.returncode == 0, proc.stderr[-3000:]
         (packed,) = (tmp_path / "shipped" / answers.name).glob("shard-*.json.xz")
         shipped, cached = json.loads(lzma.decompress(packed.read_bytes())), json.loads((answers / "shard-0000.json").read_text())
-        assert len(shipped["answers"]) == len(cached) == 6  # the answers only: the prompts are not shipped
+        assert len(shipped["answers"]) == len(cached) == 3  # the answers only: the prompts are not shipped
         assert all(0 < len(a) <= 16 and q[-len(a):] == a for a, q in zip(shipped["answers"], cached))
     exported = tmp_path / f"{kind}-export"
     proc = run_cli("export", str(out), "--output-dir", str(exported))
@@ -185,7 +185,7 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     if kind == "draft":
         from transformers import AutoModelForCausalLM
 
-        from app.training.draft import rebuild
+        from app.heads.draft import rebuild
 
         # A plain model directory: transformers loads it as it is, and it writes what the project's draft writes.
         assert not list(exported.glob("draft_vocab*")) and (exported / "tokenizer.json").is_file()
@@ -201,7 +201,7 @@ def test_train_and_export_end_to_end(bundled, tmp_path, kind):
     # (the same batch as the first run's, by the fixed seed) scores better than it did from scratch.
     more = tmp_path / f"{kind}-more"
     proc = run_cli(
-        "train", "--mode", mode, "--engines-dir", str(engines), "--output-dir", str(more), "--data-limit", "6",
+        "train", "--mode", mode, "--engines-dir", str(engines), "--output-dir", str(more), "--data-limit", "3",
         "--max-len", "48", "--batch-size", "3", "--epochs", "0.5", "--eval-prompts", "0", "--dtype", "float32",
         "--answer-tokens", "16", "--data-source", "sharegpt" if kind == "draft" else "self", "--init-from", str(out),
         "--medusa-num-heads", "2", "--draft-layers", "2", "--draft-vocab-size", "4096", "--eagle-aux-layers", "none",

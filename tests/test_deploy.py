@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from app.service import configs
+from app.modes import configs
 from app.service.backends import tensorrt_llm as trt
 from helpers import trtllm_stand_in
 
@@ -40,7 +40,7 @@ def test_the_trtllm_serve_yaml_is_this_apps_translation_and_upstream_accepts_it(
     spec = options["speculative_config"]
     request = configs.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": spec["speculative_model"]},
                              "backend": "tensorrt_llm"})
-    assert spec == {k: v for k, v in configs.trtllm_speculative_config(request).items() if v is not None}
+    assert spec == {k: v for k, v in trt.trtllm_speculative_config(request).items() if v is not None}
     assert options["enable_iter_perf_stats"] is True
     with trtllm_stand_in():
         from tensorrt_llm import llmapi

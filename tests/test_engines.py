@@ -20,7 +20,7 @@ import transformers
 
 from app import models
 from app.heads import medusa
-from app.service import configs
+from app.modes import configs
 from app.service.backends import tensorrt_llm as trt
 from app.service.engines import (
     ENGINE_KINDS,

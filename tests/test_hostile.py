@@ -12,12 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.modes import MODES
-from app.service import configs, traces
+from app.modes import configs
+from app.service import traces
+from app.service.backends import transformers
 from app.service.policy import Policy, relative
 from app.service.traces import TraceError
 from app.ui import render
+from helpers import checked
 from helpers import free_port, running_server
 
 # ----------------------------------------------------------------------------- configs: every number bounded
@@ -59,16 +62,16 @@ def eagle(**fields):
 ])
 def test_every_number_has_an_upper_bound_and_a_sentence(data, fragment):
     with pytest.raises(ConfigError) as err:
-        configs.parse(data)
+        checked(data)
     assert fragment in str(err.value) and "\n" not in str(err.value) and len(str(err.value)) < 400
 
 
 def test_the_widest_allowed_step_is_accepted_and_tensorrt_llm_keeps_its_own_limits():
-    widest = configs.parse(eagle(max_draft_len=configs.STEP_EAGLE_TOKENS, dynamic_tree_max_topK=configs.STEP_EAGLE_TOP_K,
-                                 num_eagle_layers=configs.STEP_EAGLE_DEPTH, min_path_prob=0))
+    widest = checked(eagle(max_draft_len=transformers.STEP_EAGLE_TOKENS, dynamic_tree_max_topK=transformers.STEP_EAGLE_TOP_K,
+                           num_eagle_layers=transformers.STEP_EAGLE_DEPTH, min_path_prob=0))
     assert widest.speculative_config.max_draft_len == 63
     # The step budget is the transformers backend's: TensorRT-LLM's engines take their own (max_draft_len <= 256).
-    trt = configs.parse({**eagle(max_draft_len=200, speculative_model="x"), "backend": "tensorrt_llm"})
+    trt = checked({**eagle(max_draft_len=200, speculative_model="x"), "backend": "tensorrt_llm"})
     assert trt.speculative_config.max_draft_len == 200
 
 
@@ -87,13 +90,13 @@ NUMBERS = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_request_is_valid_and_bounded_or_refused_in_a_sentence(data):
     try:
-        request = configs.parse(data)
+        request = checked(data)
     except ConfigError as err:
         assert str(err) and "\n" not in str(err)
         return
     c = request.speculative_config
     assert request.max_new_tokens <= configs.MAX_NEW_TOKENS
-    assert c.max_draft_len <= configs.STEP_DRAFT_TOKENS
+    assert c.max_draft_len <= transformers.STEP_DRAFT_TOKENS
     assert request.sampling.seed is None or 0 <= request.sampling.seed < 2**63
 
 
@@ -160,8 +163,13 @@ def test_the_349x_blow_up_is_refused_before_anything_is_drawn():
     ({"not_visible": ["x" * 1000]}, "source.not_visible[0] must be a short text"),
 ])
 def test_a_source_of_the_wrong_shape_is_refused_naming_the_field(source, fragment):
+    # A step's provenance is checked against its mode's shapes (and the common ones): the trace names the mode that
+    # records the key.
+    key = next(iter(source))
+    mode = next((m.name + ("+prompt_lookup" if key == "prompt_lookup" else "") for m in MODES if key in m.provenance),
+                "prompt_lookup")
     with pytest.raises(TraceError) as err:
-        traces.parse(trace(prefill(), decode(source=source)))
+        traces.parse(trace(prefill(), decode(source=source), mode=mode))
     assert fragment in str(err.value) and str(err.value).startswith("step 1 of the trace is malformed")
 
 
@@ -191,7 +199,7 @@ def mangled_traces(draw):
                                 "added_token", "accepted_tokens", "added_kind", "finish_reason", "text", "step"]))
     data["steps"][step][key] = draw(json_values)
     if draw(st.booleans()):
-        data["steps"][1]["source"] = {draw(st.sampled_from(list(traces.SOURCE))): draw(json_values)}
+        data["steps"][1]["source"] = {draw(st.sampled_from(list({**traces.COMMON_SOURCE, **MODES.provenance()}))): draw(json_values)}
     return data
 
 
@@ -267,11 +275,12 @@ def completion(prompt="Say hi.", **fields):
     (completion(specdec={"speculative_config": "Eagle"}), "speculative_config"),
     (completion(specdec={"sampling": "hot"}), "specdec.sampling must be an object"),
     (completion(stream="yes"), "stream must be true or false"),
-    (completion(n=[2]), "one choice per request"),
+    (completion(n=[2]), "n must be an integer"),
+    (completion(n=2), "one choice per request"),
     (completion(max_tokens=float("nan")), "max_new_tokens"),
     (completion(max_tokens=10**30), "max_new_tokens"),
     (completion("x" * 200_000), "characters; this server takes at most"),
-    ({"messages": [{"role": "user", "content": 5}]}, "each message needs a role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content must be text"),
 ])
 def test_http_refuses_each_bad_request_with_400_and_the_reason(server, body, fragment):
     chat = "messages" in body

@@ -146,7 +146,8 @@ def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_results(tmp_pa
     order, so a near-tie may break the other way some tokens in; the prompt's logits agree within bfloat16
     rounding and its greedy token is the same."""
     from app import models
-    from app.service.configs import DecodingConfig, NGramDecodingConfig
+    from app.modes.configs import NGramDecodingConfig
+    from app.runner import DecodingConfig
     from app.runner import output_ids, run
 
     packed = models.load(models.BUNDLED, dtype="bfloat16")

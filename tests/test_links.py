@@ -82,3 +82,9 @@ def test_good_parameters_survive_bad_ones_and_the_note_stays_short():
     link = parse("mode=eagle&" + "&".join(f"junk{i}=1" for i in range(20)) + "&tab=compare&replay=eagle-roleplay-bfloat16")
     assert link.mode == "eagle" and link.tab == "compare" and link.replay == "eagle-roleplay-bfloat16"
     assert link.note().endswith("and 14 more.") and len(link.note()) < 300
+
+
+def test_a_link_of_a_replay_replays_it():
+    query = links.build("run", "eagle", DEFAULTS, "z", DEFAULTS, EXAMPLES, "prompt_lookup", "", replay=RECORDINGS[0])
+    assert query.startswith(f"replay={RECORDINGS[0]}&") and parse(query).replay == RECORDINGS[0]
+    assert "replay" not in links.build("run", "eagle", DEFAULTS, "z", DEFAULTS, EXAMPLES, "prompt_lookup", "")

@@ -19,9 +19,11 @@ from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.medusa import Medusa
 from app.decoding.loop import accept
 from app.decoding.sampling import SamplingParams
-from app.decoding.tree import ancestor_mask, depths, from_paths, leaf_paths
+from app.decoding.target import ancestor_mask
+from app.decoding.tree import depths, from_paths, leaf_paths
 from app.decoding.types import Forward, Proposal
-from app.config import ConfigError, medusa_choices
+from app.modes import ConfigError
+from app.modes.notation import medusa_choices
 from app.heads import medusa as mh
 from app.heads import vocab
 from app.heads.medusa import MedusaConfig, MedusaError, MedusaHeads, medusa_loss
@@ -339,7 +341,7 @@ def test_proposal_asks_for_typical_only_when_sampling(tiny_model):
     t07 = SamplingParams(temperature=0.7)
     cases = [(False, t07), (True, SamplingParams()), (True, t07)]
     for typ, sampling in cases:
-        d = drafter(tiny_model, random_heads(), typical=typ, posterior_threshold=0.2, posterior_alpha=0.5)
+        d = drafter(tiny_model, random_heads(), typical_acceptance=typ, posterior_threshold=0.2, posterior_alpha=0.5)
         d.start([1, 2], sampling, torch.Generator(), Forward(torch.zeros(1, V), hidden))
         prop = d.propose([1, 2, 3], room=50)
         if typ and not sampling.greedy:
@@ -367,7 +369,7 @@ def test_typical_with_a_strict_threshold_equals_greedy(tiny_model, oracle_heads)
     """p(x) > 0.5 only holds for the argmax, and the added token is the argmax: after the first token
     (sampled by the loop from the prefill) the output is the greedy one even at temperature 1."""
     for prompt in PROMPTS.values():
-        d = drafter(tiny_model, oracle_heads, typical=True, posterior_threshold=0.5, posterior_alpha=1e9)
+        d = drafter(tiny_model, oracle_heads, typical_acceptance=True, posterior_threshold=0.5, posterior_alpha=1e9)
         sampling = SamplingParams(temperature=1.0, seed=0)
         out, events = run(tiny_model, d, prompt, sampling=sampling, max_new_tokens=MAX_NEW)
         assert out[1:] == ar_reference(tiny_model, prompt + out[:1], MAX_NEW - 1)
@@ -390,7 +392,7 @@ def test_typical_strict_threshold_accepts_drafts_on_a_peaked_model():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    d = drafter(model, heads.eval(), typical=True, posterior_threshold=0.5, posterior_alpha=1e9)
+    d = drafter(model, heads.eval(), typical_acceptance=True, posterior_threshold=0.5, posterior_alpha=1e9)
     out, events = run(model, d, PROMPTS["repeat"], sampling=sampling, max_new_tokens=MAX_NEW)
     assert out[:1] == first and out[1:] == ar_reference(model, prompt, MAX_NEW - 1)
     assert sum(len(e.accepted) for e in events) >= 5
@@ -398,7 +400,7 @@ def test_typical_strict_threshold_accepts_drafts_on_a_peaked_model():
 
 def test_sampling_with_typical_acceptance_runs(tiny_model, oracle_heads):
     sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=1)
-    out, events = run(tiny_model, drafter(tiny_model, oracle_heads, typical=True), PROMPTS["repeat"], sampling=sampling,
+    out, events = run(tiny_model, drafter(tiny_model, oracle_heads, typical_acceptance=True), PROMPTS["repeat"], sampling=sampling,
                       max_new_tokens=MAX_NEW)
     assert len(out) == MAX_NEW and all(0 <= t < V for t in out)
     json.dumps([e.to_dict() for e in events])

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from app import runner
 from app.cli import request_data
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.modes import MODES
-from app.service.configs import DecodingConfig, EagleDecodingConfig, NGramDecodingConfig
+from app.modes.configs import EagleDecodingConfig, NGramDecodingConfig
+from app.runner import DecodingConfig
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.eagle import Eagle
 from app.decoding.drafters.lookahead import Lookahead
@@ -25,7 +26,7 @@ from app.decoding.drafters.merged import Merged
 from app.decoding.drafters.prompt_lookup import PromptLookup
 from app.decoding.sampling import SamplingParams
 from app.decoding.tree import children, depths, graft, path_to
-from app.service import configs
+from app.modes import configs
 from app.ui import render
 from app.ui import settings as run_settings
 from helpers import Recording, run
@@ -167,29 +168,31 @@ def test_only_deterministic_trees_merge(tiny_model, tiny_draft):
 
 def test_runtime_config_merges_only_tree_modes(tiny_model, trained):  # noqa: F811
     pl = NGramDecodingConfig(max_draft_len=7, max_matching_ngram_size=3)
-    d = DecodingConfig(EagleDecodingConfig(prompt_lookup=pl)).drafter(tiny_model, trained)
+    d = runner.drafter(DecodingConfig(EagleDecodingConfig(prompt_lookup=pl)), tiny_model, trained)
     assert isinstance(d, Merged) and isinstance(d.primary, Eagle) and d.name == "eagle" and d.needs_hidden
     assert (d.extra.num_tokens, d.extra.max_ngram) == (7, 3)
-    assert not isinstance(DecodingConfig(EagleDecodingConfig()).drafter(tiny_model, trained), Merged)
+    assert not isinstance(runner.drafter(DecodingConfig(EagleDecodingConfig()), tiny_model, trained), Merged)
     with pytest.raises(ConfigError, match="prompt_lookup: Extra inputs"):  # only a tree mode's config has the field
         configs.parse({"speculative_config": {"decoding_type": "Lookahead", "prompt_lookup": {}}})
 
 
 def test_service_config_nests_an_ngram_config():
+    from helpers import checked
+
     data = {"speculative_config": {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 6, "max_matching_ngram_size": 3,
                                                                                "is_use_oldest": False, "max_candidates": 2}}}
-    cfg = configs.to_runtime(configs.parse(data))
+    cfg = runner.to_runtime(configs.parse(data))
     pl = cfg.speculative_config.prompt_lookup
     assert cfg.mode == "eagle" and (pl.max_draft_len, pl.max_matching_ngram_size, pl.is_use_oldest, pl.max_candidates) == (6, 3, False, 2)
-    medusa = configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Medusa", "prompt_lookup": {}}}))
+    medusa = runner.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Medusa", "prompt_lookup": {}}}))
     assert medusa.mode == "medusa" and medusa.speculative_config.prompt_lookup.max_draft_len == 10
-    assert configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Eagle"}})).speculative_config.prompt_lookup is None
+    assert runner.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Eagle"}})).speculative_config.prompt_lookup is None
     with pytest.raises(ConfigError, match="max_draft_len"):
         configs.parse({"speculative_config": {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 0}}})
     with pytest.raises(ConfigError, match="prompt_lookup"):
         configs.parse({"speculative_config": {"decoding_type": "Lookahead", "prompt_lookup": {}}})
     with pytest.raises(ConfigError, match="TensorRT-LLM cannot"):
-        configs.parse({"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x",
+        checked({"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x",
                                                                           "prompt_lookup": {}}})
 
 
@@ -261,8 +264,7 @@ def _merged_event():
 
 def test_step_detail_marks_the_prompt_lookup_branch():
     texts = {4: "<b>", 5: "a", 6: "b", 7: "c", 8: "<script>", 9: "d"}
-    html = render.step_detail(_merged_event(), texts, [1, 8, 5, 9], [])
-    assert render.infer_mode([_merged_event()]) == "eagle"
+    html = render.step_detail(_merged_event(), texts, [1, 8, 5, 9], [], "eagle+prompt_lookup")
     assert html.count('class="node copied') == 2  # the shared node and the new one
     assert "PL" in html and "from prompt lookup" in html
     assert "Merged with prompt lookup" in html and "1 new node(s), 1 shared" in html and "2 of them were accepted" in html

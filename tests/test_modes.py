@@ -1,4 +1,6 @@
-"""The mode registry: a mode added as one drafter and one entry shows up everywhere the modes are read."""
+"""The mode registry: a mode added as a drafter, a config class, an explainer and one entry (all in this file, nothing
+else in app/ changed) shows up everywhere the modes are read: the command line, the service, the Run and Compare tabs,
+links, replays (its provenance kept), charts and Learn."""
 
 from __future__ import annotations
 
@@ -7,14 +9,16 @@ from typing import ClassVar, Literal
 import pytest
 
 from app import cli
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
 from app.decoding.types import Proposal
 from app.modes import MODES, Mode
-from app.service import configs
-from app.service.configs import _Config
-from app.ui import charts, learn
+from app.modes import configs
+from app.modes.configs import _Config
+from app.ui import charts, learn, render
+from helpers import checked
+from app import runner
 
 
 class RepeatLast:
@@ -26,12 +30,17 @@ class RepeatLast:
     def __init__(self, times: int) -> None:
         self.times = times
 
+    @classmethod
+    def from_config(cls, config, target=None, companion=None):
+        return cls(config.max_draft_len)
+
     def start(self, prompt, sampling, gen, prefill) -> None:
         pass
 
     def propose(self, context: list[int], room: int) -> Proposal:
         n = min(self.times, room)
-        return Proposal(tokens=[context[-1]] * n, parents=list(range(-1, n - 1)))
+        return Proposal(tokens=[context[-1]] * n, parents=list(range(-1, n - 1)),
+                        source={"repeat": {"token": context[-1], "times": n}})
 
     def observe(self, proposal, verdict, out) -> None:
         pass
@@ -48,11 +57,28 @@ class RepeatDecodingConfig(_Config):
         if not 1 <= self.max_draft_len <= 8:
             raise ConfigError(f"repeat's max_draft_len must be in [1, 8], got {self.max_draft_len}")
 
-    def drafter(self, target=None, companion=None):
-        return RepeatLast(self.max_draft_len)
+
+class RepeatExplainer:
+    """The toy's explainer (app/ui/explain/ holds the shipped ones as modules; an object with the same names does)."""
+
+    LEARN = "### Repeat\nDrafts the last token again; the target keeps what it agrees with, so it is lossless."
+    RECORDING = "a run whose answer repeats itself."
+
+    @staticmethod
+    def drafted(source, n, texts) -> str:
+        return f"Repeat proposed the last token {n} more time(s)"
+
+    @staticmethod
+    def source_html(event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
+        said = source.get("repeat") or {}
+        return f'<p class="repeat-panel">Repeat: token {render.esc(said.get("token"))}, {render.esc(said.get("times"))} times.</p>'
 
 
-TOY = MODES.with_(Mode("repeat", "Repeat", RepeatDecodingConfig, "#117733", "lossless: greedy and exact sampling"))
+TOY = MODES.with_(Mode("repeat", "Repeat", RepeatDecodingConfig, "#117733", "lossless: greedy and exact sampling",
+                       drafter=RepeatLast, explainer=RepeatExplainer,
+                       provenance={"repeat": ("dict", {"token": "id", "times": "int"})},
+                       vllm_missing="vLLM has no method that repeats the last token",
+                       trtllm_missing="TensorRT-LLM has no such method either"))
 
 
 def test_the_app_registry_is_untouched():
@@ -95,7 +121,7 @@ def test_config_validation_accepts_and_rejects_its_fields():
     with pytest.raises(ConfigError, match="Extra inputs"):
         configs.parse({"speculative_config": {"decoding_type": "Repeat", "max_window_size": 2}}, TOY)
     with pytest.raises(ConfigError, match="TensorRT-LLM has no repeat decoding"):
-        configs.parse({"speculative_config": {"decoding_type": "Repeat"}, "backend": "tensorrt_llm"}, TOY)
+        checked({"speculative_config": {"decoding_type": "Repeat"}, "backend": "tensorrt_llm"}, TOY)
     with pytest.raises(ConfigError):  # the app's own registry does not know it
         configs.parse({"speculative_config": {"decoding_type": "Repeat"}})
 
@@ -105,7 +131,7 @@ def test_the_charts_and_learn_texts_name_and_colour_it():
     bars = charts.compare(rows, modes=TOY).data[0]
     assert list(bars.x) == ["Autoregressive", "Repeat"] and list(bars.marker.color)[1] == "#117733"
     assert charts.mode_key("Repeat", TOY) == "repeat" and learn.label("repeat", TOY) == "Repeat"
-    assert "drafts the last token again" in learn.explain("repeat", TOY)
+    assert "drafts the last token again" in learn.explain("repeat", TOY).lower()
 
 
 def test_the_run_tab_offers_it(tmp_path):
@@ -150,9 +176,59 @@ def test_a_greedy_run_with_it_equals_autoregressive(tiny_model):
     prompt = [5, 9, 9, 9, 3, 17, 9, 9]
     runs = {}
     for data in ({}, {"speculative_config": {"decoding_type": "Repeat", "max_draft_len": 4}}):
-        cfg = configs.to_runtime(configs.parse({**data, "max_new_tokens": 24}, TOY))
-        events = list(generate(TransformersTarget(tiny_model), cfg.drafter(tiny_model), prompt,
+        cfg = runner.to_runtime(configs.parse({**data, "max_new_tokens": 24}, TOY))
+        events = list(generate(TransformersTarget(tiny_model), runner.drafter(cfg, tiny_model, modes=TOY), prompt,
                                sampling=cfg.sampling, max_new_tokens=cfg.max_new_tokens))
         runs[cfg.mode] = ([t for e in events for t in e.tokens], sum(len(e.proposed.get("tokens") or []) for e in events))
     assert runs["repeat"][0] == runs["autoregressive"][0] and len(runs["repeat"][0]) == 24
     assert runs["repeat"][1] > 0 == runs["autoregressive"][1]  # it drafted, and the target verified its drafts
+
+
+def _toy_run(tiny_model, max_new_tokens: int = 12):
+    """A greedy run of the toy mode as the service records it (a start message, then every step)."""
+    from app.service.traces import Recording
+
+    request = TOY.parse({"speculative_config": {"decoding_type": "Repeat", "max_draft_len": 3}, "max_new_tokens": max_new_tokens})
+    cfg = runner.to_runtime(request)
+    run = Recording("repeat", request.model_dump(mode="json"), "x")
+    run.add({"type": "start", "prompt_ids": [5, 9, 9, 9], "texts": {str(i): f"t{i}" for i in range(64)}, "dtype": "float32"})
+    events = list(generate(TransformersTarget(tiny_model), runner.drafter(cfg, tiny_model, modes=TOY), [5, 9, 9, 9],
+                           sampling=cfg.sampling, max_new_tokens=cfg.max_new_tokens))
+    for e in events:
+        run.add({"type": "step", **e.to_dict(), "texts": {}})
+    return run
+
+
+def test_a_replay_keeps_its_provenance_and_draws_its_panel(tiny_model):
+    import json
+
+    from app.service import traces
+
+    run = _toy_run(tiny_model)
+    data = json.loads(json.dumps(run.trace()))
+    with pytest.raises(traces.TraceError, match="names no mode"):  # the app's registry does not know it
+        traces.parse(data)
+    replayed, _ = traces.parse(data, TOY)
+    drafted = [e for e in replayed.events if e["proposed"]["tokens"]]
+    assert replayed.mode == "repeat" and drafted
+    assert all(e["source"]["repeat"]["times"] == len(e["proposed"]["tokens"]) for e in drafted)
+    html = render.step_detail(drafted[0], replayed.texts, replayed.prompt_ids, [], replayed.mode, TOY)
+    assert 'class="repeat-panel"' in html and "Repeat proposed the last token" in html
+    assert "repeat-panel" not in render.step_detail(drafted[0], replayed.texts, replayed.prompt_ids, [], "eagle", TOY)
+
+
+def test_compare_links_and_learn_offer_it(tmp_path):
+    from app.service.api import Service
+    from app.ui import links
+    from app.ui.web import Studio
+
+    studio = Studio(Service(engines=tmp_path, modes=TOY))
+    demo = studio.blocks()
+    boxes = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "cmp-modes")
+    assert ("Repeat", "repeat") in [tuple(c) for c in boxes.choices]
+    link = links.parse({"mode": "repeat", "repeat_max_draft_len": "5"}, studio.run.page_defaults(), TOY.names, {}, (),
+                       lambda mode, values: None)
+    assert link.mode == "repeat" and link.values["repeat_max_draft_len"] == 5
+    assert learn.explain("repeat", TOY) == RepeatExplainer.LEARN
+    assert learn.explain("repeat", MODES.with_(Mode("repeat", "Repeat", RepeatDecodingConfig, "#117733", "x"))).startswith(
+        "### Repeat\nRepeat: drafts the last token again.")  # no explainer: its config's own description

@@ -7,6 +7,8 @@ import json
 import math
 import re
 import shutil
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app import models
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.service.api import Service
 from app.service.policy import Policy
 from helpers import free_port, running_server
@@ -73,6 +75,20 @@ def test_a_visitors_build_and_run_are_theirs_alone_and_the_operators_are_read_on
         seen = lambda visitor: {m["id"] for m in service.engine_list(visitor)}  # noqa: E731
         assert seen("a") == {made["id"], run["id"], build["id"]} and seen("b") == seen(None) == {made["id"]}
         assert set(service.engine_removable("a")) == {run["id"], build["id"]} and service.engine_removable("b") == []
+        # Another public process on the same store (`serve --public`, this app restarted) takes the run for no one's but
+        # its maker's: refused like a missing run, whatever the kind asked (no existence oracle).
+        other = Service(engines=engines, policy=Policy.for_public())
+        try:
+            for kind in ("Medusa", "Eagle"):
+                said = []
+                for build_id in (run["id"], "f" * 16):
+                    with pytest.raises(ConfigError) as refused:
+                        other.request({"speculative_config": {"decoding_type": kind, "speculative_model": "trained:" + build_id}})
+                    said.append(str(refused.value).replace(build_id, "X"))
+                assert said[0] == said[1] and "of yours" in said[0], said
+        finally:
+            other.close()
+        assert not any((engines / "data").glob("*"))  # a public run keeps its artifact, not its training data
         assert [m["id"] for m in service.trained("medusa", "a")] == [run["id"]] and service.trained("medusa", "b") == []
         medusa = {"speculative_config": {"decoding_type": "Medusa", "speculative_model": name}, "max_new_tokens": 4}
         assert list(service.stream(medusa, "Hi", visitor="a"))[-1]["error"] is None
@@ -88,6 +104,8 @@ def test_a_visitors_build_and_run_are_theirs_alone_and_the_operators_are_read_on
                 service.train_plan({**TINY, "init_from": name}, visitor)
         with pytest.raises(ConfigError, match="is not a build of yours"):
             service.engine_remove(made["id"], visitor="a")  # the operator's: read-only
+        with pytest.raises(ConfigError, match="is not an engine of yours"):
+            service.engine_stop(made["id"], visitor="a")
         # Another visitor who makes the same build shares it; removing it drops only their claim.
         assert service.engine_build({"speculative_config": {"decoding_type": "NGram"}}, visitor="b")["id"] == build["id"]
         service.engine_remove(build["id"], visitor="b")
@@ -120,8 +138,14 @@ def test_a_training_run_over_the_time_limit_is_stopped_by_the_service(tmp_path_f
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("gradio")
+def gradio_dir(tmp_path_factory):
+    """The public web app's GRADIO_TEMP_DIR, where its uploads go."""
+    return tmp_path_factory.mktemp("gradio-public")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory, gradio_dir):
+    tmp = gradio_dir
     engines = store(tmp_path_factory)
     operator = Service(engines=engines)
     operator_build = operator.engine_build(LOOKAHEAD)["id"]
@@ -260,17 +284,17 @@ def test_api_run_fuzz_gives_a_run_or_a_sentence(app_url, mode, values, tokens, p
         assert "finished" in answer[1], answer[1]
 
 
-def test_api_cannot_remove_another_visitors_or_the_operators_build(client, app_url):
-    from gradio_client.exceptions import AppError
-
+def test_api_cannot_remove_or_stop_another_visitors_or_the_operators_build(client, app_url):
     _, operator_build = app_url
-    for build_id in (operator_build, "../../etc", "0" * 16):
-        with pytest.raises(AppError, match="not in the list of choices"):  # this visitor's menu holds only their own
-            client.predict(build_id, api_name="/engine_remove")
+    for build_id in (operator_build, "../../etc", "0" * 16):  # this visitor may name only their own
+        for action in ("remove", "stop"):
+            status, table, _ = client.predict(build_id, api_name=f"/engine_{action}")
+            assert f"is not a build you may {action} here" in status, status
+            assert operator_build in json.dumps(table)  # still there
 
 
 def test_api_training_over_the_caps_is_refused_before_it_starts(client):
-    from app.ui.train import FIELDS
+    from app.ui.train_tab import FIELDS
 
     values = {**TINY, "init_from": "shipped", "data_limit": 500, "epochs": 1, "lr": 0, "medusa_num_heads": 4,
               "medusa_num_layers": 1, "eagle_steps": 2, "eagle3": True, "answer_tokens": 256}
@@ -281,6 +305,134 @@ def test_api_training_over_the_caps_is_refused_before_it_starts(client):
 def test_api_still_runs_normally_after_all_that(client):
     view, status = client.predict(*run_args(), api_name="/run_controls")[:2]
     assert "finished" in status and view.count("tok-added") >= 1
+
+
+def listening_pid(url) -> int:
+    import psutil
+
+    port = int(url.rsplit(":", 1)[1])
+    return next(c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN")
+
+
+def test_api_one_visitor_holds_at_most_two_generations(app_url):
+    from gradio_client.exceptions import AppError
+
+    visitor = client_for(app_url[0])  # one page: one session
+    jobs = [visitor.submit(*run_args(max_new_tokens=16), api_name="/run_controls") for _ in range(6)]
+    outcomes = []
+    for job in jobs:
+        try:
+            outcomes.append("finished" if "finished" in job.result(timeout=300)[1] else "?")
+        except AppError as err:
+            outcomes.append(str(err))
+    refused = [o for o in outcomes if o != "finished"]
+    assert len(refused) >= 4 and all("you already have 2 generation(s) running or waiting" in o for o in refused), outcomes
+
+
+def test_api_replays_have_their_own_bounded_queue_and_never_block_a_run(app_url, client, tmp_path):
+    from gradio_client.exceptions import AppError
+
+    # A recording 100 s long, replayed at its pace by 12 visitors: 4 play, the rest are refused in words at once.
+    slow = {"mode": "prompt_lookup", "steps": steps({}, totals={"new_tokens": 2, "elapsed_s": 100.0}), "texts": {"1": "a", "2": "b"}}
+    visitors = [client_for(app_url[0]) for _ in range(12)]
+    jobs = [v.submit(trace_file(tmp_path, f"slow{i}", slow), True, {}, api_name="/replay") for i, v in enumerate(visitors)]
+    deadline = time.monotonic() + 120
+    while sum(j.done() for j in jobs) < 8 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    refused = []
+    for job in (j for j in jobs if j.done()):
+        with pytest.raises(AppError) as err:
+            job.result()
+        refused.append(str(err.value))
+    assert len(refused) == 8 and all("replays are playing on this server" in r for r in refused), refused
+    # Meanwhile a generation runs (the replays fill no queue of its).
+    assert "finished" in client.predict(*run_args(), api_name="/run_controls")[1]
+    for visitor, job in zip(visitors, jobs):
+        if not job.done():
+            visitor.predict(api_name="/stop")  # Stop skips a replay to its end
+            assert "Skipped to the end" in job.result(timeout=60)[1]
+
+
+def test_api_refuses_an_upload_over_the_replay_limit_before_storing_it(app_url, gradio_dir):
+    from app.service import traces
+
+    body = b"x" * (traces.MAX_BYTES + 2**20)
+    form = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.json\"\r\n"
+            b"Content-Type: application/json\r\n\r\n" + body + b"\r\n--b--\r\n")
+    request = urllib.request.Request(app_url[0] + "/gradio_api/upload", data=form, method="POST",
+                                     headers={"Content-Type": "multipart/form-data; boundary=b"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=60)
+    answer = err.value.read().decode()
+    assert err.value.code == 413 and "/tmp/" not in answer and "/work/" not in answer, answer
+    stored = [f for f in gradio_dir.rglob("*") if f.is_file() and f.stat().st_size > traces.MAX_BYTES]
+    assert stored == []
+
+
+def test_api_inputs_gradio_cannot_read_are_refused_in_words(app_url):
+    """What fails in Gradio's own input handling (a file by a path on the server, too few inputs) used to answer a
+    bare `{"error": null}`, and Gradio's own refusals named Python types (app/ui/unworded.py)."""
+    from app.ui.unworded import MESSAGE
+
+    url = app_url[0]
+    for name, args in (("replay", ["/etc/passwd", False]), ("run", []), ("run_controls", []),
+                       ("load_replay_file", [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}])):
+        assert raw_refusal(url, args, name) == MESSAGE, name
+    request = urllib.request.Request(url + "/gradio_api/run/run", data=b'{"data": []}', method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=60)
+    assert json.loads(err.value.read())["error"] == MESSAGE
+    refusal = raw_refusal(url, ["Hello", ["warp"], 8, "auto", "defaults"], "compare")
+    assert "'warp' is not in the list of choices" in refusal and "<class" not in refusal
+
+
+def test_the_pages_queue_stream_gets_the_same_words():
+    from app.ui.unworded import MESSAGE, _event_stream
+
+    bare = {"msg": "process_completed", "event_id": "e", "output": {"error": None}, "success": False}
+    typed = {**bare, "output": {"error": "Value: 5 (type: <class 'int'>) is not in the list of choices: ['a']"}}
+    done = {"msg": "process_completed", "event_id": "e", "output": {"data": [{"type": "end", "error": None}]}, "success": True}
+    chunk = b"".join(b"data: " + json.dumps(m).encode() + b"\n\n" for m in (bare, typed, done))
+    lines = [json.loads(line[6:]) for line in _event_stream(chunk).split(b"\n") if line.startswith(b"data: ")]
+    assert lines[0]["output"]["error"] == MESSAGE
+    assert lines[1]["output"]["error"] == "Value: 5 is not in the list of choices: ['a']"
+    assert lines[2] == done  # a run's own "error": null is data, not an error
+
+
+def test_api_pass_cost_without_a_prompt_is_refused_in_words(app_url):
+    assert "the prompt must be text" in raw_refusal(app_url[0], [None], "pass_cost")
+
+
+def test_api_soak_of_200_mixed_requests_levels_off(app_url, tmp_path):
+    """Hostile calls (refused at once) and normal short runs, with the server's memory sampled: it levels off."""
+    url, pid = app_url[0], listening_pid(app_url[0])
+    hostile = [("run_controls", run_args("eagle", max_new_tokens=math.nan)), ("run_controls", run_args("lookahead", la_W=-5)),
+               ("run_controls", run_args("eagle", prompt="Echo \ud800 x")), ("pass_cost", [None]),
+               ("engine_plan", run_args("eagle", eg_total=10**6)[1:2] + run_args("eagle", eg_total=10**6)[3:]),
+               ("run", [{"prompt": 5}]), ("inspect", ["x"])]
+    samples = []
+    for i in range(200):
+        if i % 10 == 0:
+            samples.append(rss_mb(pid))
+        if i % 40 == 0:
+            event, answer = raw_call(url, "run_controls", run_args(max_new_tokens=4))
+            assert event == "complete" and "finished" in answer[1], answer
+        else:
+            name, args = hostile[i % len(hostile)]
+            event, answer = raw_call(url, name, args)
+            assert event in ("complete", "error") and (event == "complete" or BARE not in str(answer)), (name, answer)
+    samples.append(rss_mb(pid))
+    print(f"ui --public RSS over 200 requests (MB, every 10): {[round(s) for s in samples]}")
+    # Levelled off once the server keeps as many pages as it may (web.PAGES_KEPT, each call being one): the last 50
+    # calls add at most 8 MB (with every page kept they added ~20 MB).
+    assert samples[-1] - samples[15] <= 8, samples
+
+
+def rss_mb(pid: int) -> float:
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 # ----------------------------------------------------------------------------- two visitors in a browser

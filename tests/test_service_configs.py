@@ -4,9 +4,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.config import ConfigError
-from app.modes import MODES
-from app.service import configs as c
+from app import runner
+from app.modes import MODES, ConfigError
+from app.modes import configs as c
+from app.service.backends import tensorrt_llm as trt
+from helpers import checked
+
+
 
 
 def la(w, n, g, **kw):
@@ -49,6 +53,7 @@ INVALID = {
     "beam width 2": ({"sampling": {"beam_width": 2}}, "beam width 1"),
     "max_new_tokens 0": ({"max_new_tokens": 0}, "max_new_tokens"),
     "unknown backend": ({"backend": "sglang"}, "unknown backend 'sglang'"),
+    "temperature too small to sample": ({"sampling": {"temperature": 1.1e-308}}, "temperature must be 0 (greedy) or at least 0.001"),
     "trtllm lookahead G=0": ({**la(1, 1, 0), "backend": "tensorrt_llm"}, "lookahead (W, N, G) = (1, 1, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
     "trtllm lookahead request g=0": ({**la(4, 3, 4, request=(2, 2, 0)), "backend": "tensorrt_llm"}, "per-request (w, n, g) = (2, 2, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
     "trtllm lookahead on pytorch": ({**la(4, 3, 4), "backend": "tensorrt_llm", "trtllm_backend": "pytorch"}, "only on its tensorrt backend"),
@@ -62,7 +67,7 @@ INVALID = {
 def test_invalid_configs_get_one_clear_sentence(case):
     data, fragment = INVALID[case]
     with pytest.raises(ConfigError) as err:
-        c.parse(data)
+        checked(data)
     message = str(err.value)
     assert fragment in message and "\n" not in message, message
 
@@ -76,7 +81,7 @@ def test_lookahead_max_draft_len_formula(wng, draft_len):
     cfg = r.speculative_config
     assert cfg.max_draft_len == draft_len
     assert cfg.calculate_speculative_resource() == (draft_len + 1, wng[1], draft_len, wng[1] - 1)
-    drafter = c.to_runtime(r).drafter()
+    drafter = runner.drafter(runner.to_runtime(r))
     assert (drafter.w, drafter.n, drafter.g) == wng
 
 
@@ -97,9 +102,9 @@ VALID = [
 @pytest.mark.parametrize("data", VALID)
 def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
     r = c.parse(data)
-    runtime = c.to_runtime(r)
+    runtime = runner.to_runtime(r)
     assert runtime.mode == r.mode and runtime.max_new_tokens == r.max_new_tokens
-    spec = c.trtllm_speculative_config(r)
+    spec = trt.trtllm_speculative_config(r)
     if r.mode == "autoregressive":
         assert spec is None
     else:
@@ -110,29 +115,29 @@ def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
             assert spec["max_draft_len"] == depth > 0 and "num_eagle_layers" not in spec
         elif "max_draft_len" in spec:
             assert spec["max_draft_len"] == r.speculative_config.max_draft_len > 0
-    plan = c.trtllm_build_plan(r, "ckpt", "out")
+    plan = trt.trtllm_build_plan(r, "ckpt", "out")
     assert plan[:5] == ["trtllm-build", "--checkpoint_dir", "ckpt", "--output_dir", "out"] and "--max_beam_width" in plan
 
 
 def test_translations_carry_every_field():
     r = c.parse({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "small", "typical_acceptance": True}})
-    spec = c.trtllm_speculative_config(r)
+    spec = trt.trtllm_speculative_config(r)
     assert spec["max_draft_len"] == len(spec["medusa_choices"]) == 8
-    assert c.to_runtime(r).speculative_config.typical_acceptance
+    assert runner.to_runtime(r).speculative_config.typical_acceptance
     r = c.parse({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 11, "num_eagle_layers": 3, "dynamic_tree_max_topK": 2}})
-    plan = c.trtllm_build_plan(r, "a", "b")
+    plan = trt.trtllm_build_plan(r, "a", "b")
     # The engine TensorRT-LLM's LLM API would build: build_config.max_draft_len = the max_draft_len sent, the depth 3
     # (llm_args.py validate_speculative_config), not this app's 11 tree nodes.
     assert plan[plan.index("--speculative_decoding_mode") + 1] == "eagle" and plan[plan.index("--max_draft_len") + 1] == "3"
-    assert c.trtllm_engine_draft_len(r) == c.trtllm_speculative_config(r)["max_draft_len"] == 3
+    assert trt.trtllm_engine_draft_len(r) == trt.trtllm_speculative_config(r)["max_draft_len"] == 3
     r = c.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 7}})
-    assert c.to_runtime(r).drafter().num_tokens == 7
-    assert "--use_paged_context_fmha" in c.trtllm_build_plan(r, "a", "b")
+    assert runner.drafter(runner.to_runtime(r)).num_tokens == 7
+    assert "--use_paged_context_fmha" in trt.trtllm_build_plan(r, "a", "b")
 
 
 def test_tree_pruning_unset_is_the_transformers_default_and_none_on_tensorrt_llm():
     def runtime(**spec):
-        return c.to_runtime(c.parse({"speculative_config": spec})).speculative_config
+        return runner.to_runtime(c.parse({"speculative_config": spec})).speculative_config
 
     assert runtime(decoding_type="Medusa").pruning == c.MIN_PATH_PROB > 0
     assert runtime(decoding_type="Eagle").pruning == c.MIN_PATH_PROB
@@ -140,10 +145,10 @@ def test_tree_pruning_unset_is_the_transformers_default_and_none_on_tensorrt_llm
     assert runtime(decoding_type="Medusa", min_path_prob=0.2).pruning == 0.2
     static = runtime(decoding_type="Eagle", use_dynamic_tree=False, eagle_choices="small", max_draft_len=20)
     assert static.pruning == 0  # a static tree keeps its shape
-    trt = {"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x"}}
-    assert "min_path_prob" not in c.trtllm_speculative_config(c.parse(trt))
+    on_trt = {"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x"}}
+    assert "min_path_prob" not in trt.trtllm_speculative_config(c.parse(on_trt))
     with pytest.raises(ConfigError, match="TensorRT-LLM has no such setting"):
-        c.parse({**trt, "speculative_config": {**trt["speculative_config"], "min_path_prob": c.MIN_PATH_PROB}})
+        checked({**on_trt, "speculative_config": {**on_trt["speculative_config"], "min_path_prob": c.MIN_PATH_PROB}})
 
 
 def test_context_rules():
@@ -176,22 +181,22 @@ def test_the_validator_never_crashes(decoding_type, spec, top):
     """Whatever arrives, the answer is a checked request or a ConfigError — never another exception."""
     data = {"speculative_config": {"decoding_type": decoding_type, **spec}, **top}
     try:
-        r = c.parse(data)
+        r = checked(data)
     except ConfigError as err:
         assert str(err)
         return
-    c.to_runtime(r)
+    runner.to_runtime(r)
     if MODES[r.mode].trtllm:
-        c.trtllm_speculative_config(r)
+        trt.trtllm_speculative_config(r)
     else:  # a mode TensorRT-LLM lacks says so
         with pytest.raises(ConfigError, match="TensorRT-LLM has no"):
-            c.trtllm_speculative_config(r)
+            trt.trtllm_speculative_config(r)
 
 
 def test_what_tensorrt_llm_does_not_take_is_said():
-    """configs.trtllm_notes: this app's own settings upstream has no field for, and EAGLE's other meaning of max_draft_len."""
+    """trtllm_notes: this app's own settings upstream has no field for, and EAGLE's other meaning of max_draft_len."""
     def notes(spec, **top):
-        return c.trtllm_notes(c.parse({"speculative_config": spec, "backend": "tensorrt_llm", **top}))
+        return trt.trtllm_notes(c.parse({"speculative_config": spec, "backend": "tensorrt_llm", **top}))
 
     assert notes({"decoding_type": "NGram", "ngram_draft_lens": [], "max_candidates": 1}) == []  # TensorRT-LLM's behaviour
     assert "max_candidates (2) and ngram_draft_lens (2, 5)" in notes({"decoding_type": "NGram", "max_candidates": 2})[0]

@@ -10,6 +10,7 @@ import pytest
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.suffix import Suffix, SuffixTrie
 from app.service import vllm
+from app import runner
 from helpers import run
 
 
@@ -45,7 +46,7 @@ def test_trie_counts_every_substring_up_to_its_depth(seed):
 def test_chain_follows_the_most_frequent_continuation():
     # "1 2" is followed by 3 twice and by 4 once; the context ends in "1 2"
     seq = [1, 2, 3, 9, 1, 2, 4, 9, 1, 2, 3, 9, 1, 2]
-    d = Suffix(max_draft_len=8, max_tree_depth=8, max_spec_factor=4.0, min_token_prob=0.0)
+    d = Suffix(max_draft_len=8, suffix_decoding_max_tree_depth=8, suffix_decoding_max_spec_factor=4.0, suffix_decoding_min_token_prob=0.0)
     d.start(seq[:4], None, None, None)
     p = d.propose(seq, room=100)
     assert p.tokens[:2] == [3, 9] and p.parents[:2] == [-1, 0]
@@ -56,11 +57,11 @@ def test_chain_follows_the_most_frequent_continuation():
 
 def test_limits_room_factor_and_min_prob():
     seq = [1, 2, 3, 4, 5, 6, 7, 8] * 4 + [1, 2]
-    d = Suffix(max_draft_len=24, max_tree_depth=24, max_spec_factor=1.0, min_token_prob=0.1)
+    d = Suffix(max_draft_len=24, suffix_decoding_max_tree_depth=24, suffix_decoding_max_spec_factor=1.0, suffix_decoding_min_token_prob=0.1)
     d.start(seq, None, None, None)
     assert len(d.propose(seq, room=3).tokens) == 3
     assert len(d.propose(seq, room=100).tokens) <= 23  # a match of m tokens drafts at most m (factor 1)
-    d = Suffix(max_draft_len=24, max_tree_depth=24, max_spec_factor=0.5, min_token_prob=0.1)
+    d = Suffix(max_draft_len=24, suffix_decoding_max_tree_depth=24, suffix_decoding_max_spec_factor=0.5, suffix_decoding_min_token_prob=0.1)
     d.start(seq, None, None, None)
     p = d.propose(seq, room=100)
     assert len(p.tokens) <= len(p.source["suffix"]["match"]) // 2
@@ -73,7 +74,8 @@ def test_limits_room_factor_and_min_prob():
 def test_tree_drafts_are_a_valid_best_first_tree():
     rng = random.Random(3)
     seq = _repetitive(rng, 200, 3)
-    d = Suffix(max_draft_len=12, max_tree_depth=8, max_spec_factor=4.0, min_token_prob=0.0, use_tree_spec=True)
+    d = Suffix(max_draft_len=12, suffix_decoding_max_tree_depth=8, suffix_decoding_max_spec_factor=4.0,
+                suffix_decoding_min_token_prob=0.0, use_tree_spec=True)
     d.start(seq[:50], None, None, None)
     p = d.propose(seq, room=100)
     assert 1 < len(p.tokens) <= 12
@@ -151,7 +153,7 @@ def test_drafts_agree_with_arctic_inference():
 
 
 def test_vllm_mapping_and_what_it_ignores(tmp_path):
-    from app.service import configs
+    from app.modes import configs
 
     request = configs.parse({"speculative_config": {"decoding_type": "Suffix", "max_draft_len": 12, "use_tree_spec": True},
                              "backend": "vllm"})
@@ -167,15 +169,16 @@ def test_vllm_mapping_and_what_it_ignores(tmp_path):
 
 
 def test_what_each_backend_says_about_suffix():
-    from app.service import configs
+    from app.modes import configs
+    from helpers import checked
 
     # llm_args.py's SpeculativeConfig union in the 1.2 line has no SADecodingConfig: it came later on main.
     with pytest.raises(configs.ConfigError, match="its 1.2 line has none \\(SADecodingConfig, .* came later on its main branch\\)"):
-        configs.parse({"speculative_config": {"decoding_type": "Suffix"}, "backend": "tensorrt_llm"})
+        checked({"speculative_config": {"decoding_type": "Suffix"}, "backend": "tensorrt_llm"})
     with pytest.raises(configs.ConfigError, match="the vLLM engine's"):
-        configs.parse({"speculative_config": {"decoding_type": "Suffix", "suffix_decoding_max_cached_requests": 5}})
+        checked({"speculative_config": {"decoding_type": "Suffix", "suffix_decoding_max_cached_requests": 5}})
     for field, bad in (("suffix_decoding_max_tree_depth", 0), ("suffix_decoding_min_token_prob", 1.5),
                        ("suffix_decoding_max_spec_factor", -1), ("max_draft_len", 0)):
         with pytest.raises(configs.ConfigError, match=field.split("_", 2)[-1] if field != "max_draft_len" else "max_draft_len"):
             configs.parse({"speculative_config": {"decoding_type": "Suffix", field: bad}})
-    assert configs.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Suffix", "use_tree_spec": True}})).drafter().tree
+    assert runner.drafter(runner.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Suffix", "use_tree_spec": True}}))).tree

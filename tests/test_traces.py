@@ -119,8 +119,20 @@ def test_the_shipped_recordings_read_back_with_their_baseline_and_settings(path)
       "baseline": {"mode": "eagle", "steps": [{"kind": "prefill", "tokens": [1], "totals": {}}]}}, "must be an autoregressive run"),
 ])
 def test_malformed_traces_are_refused_with_a_sentence(data, words):
+    if isinstance(data, dict) and isinstance(data.get("steps"), list) and data["steps"]:
+        data = {"mode": "prompt_lookup", **data}  # a trace always names its mode (the next test)
     with pytest.raises(TraceError, match=words):
         traces.parse(data)
+
+
+@pytest.mark.parametrize("mode", [None, "<script>alert(1)</script>", "repeat"])
+def test_a_trace_names_a_mode_of_this_app(mode):
+    """The display draws a step with its mode's explainer: a trace without a known mode is refused in words, not
+    guessed from its steps."""
+    trace = recorded().trace()
+    trace["mode"] = mode
+    with pytest.raises(TraceError, match="names no mode of this app"):
+        traces.parse(json.loads(json.dumps(trace)))
 
 
 def test_files_that_are_not_traces_are_refused(tmp_path):
@@ -135,17 +147,17 @@ def test_files_that_are_not_traces_are_refused(tmp_path):
 
 def test_what_the_display_prints_as_markup_is_reduced_to_known_names_and_numbers():
     trace = recorded().trace()
-    trace.update(mode="<script>alert(1)</script>", dtype="<b>x</b>", finish_reason="<i>", model=["x"], prompt=3,
+    trace.update(dtype="<b>x</b>", finish_reason="<i>", model=["x"], prompt=3,
                  texts={"5": "<img src=x onerror=alert(1)>", "nope": "y", "-3": "z"}, request="<req>")
     trace["steps"][1]["totals"] = {"new_tokens": "<b>3</b>", "elapsed_s": float("nan"), "target_steps": 2, "accepted": True}
     trace["steps"][1]["finish_reason"] = "<u>"
     run, _ = traces.parse(json.loads(json.dumps(trace)))
-    assert run.mode is None and run.dtype is None and run.model is None and run.prompt is None and run.request is None
+    assert run.dtype is None and run.model is None and run.prompt is None and run.request is None
     assert run.end["finish_reason"] is None and run.events[1]["finish_reason"] is None
     assert run.events[1]["totals"] == {"target_steps": 2}
     assert run.texts == {5: "<img src=x onerror=alert(1)>"}
     html = render.step_view(run.events, run.texts) + "".join(
-        render.step_detail(e, run.texts, run.prompt_ids, run.token_ids[:i]) for i, e in enumerate(run.events))
+        render.step_detail(e, run.texts, run.prompt_ids, run.token_ids[:i], run.mode) for i, e in enumerate(run.events))
     assert "<img" not in html and "&lt;img src=x" in html
 
 

@@ -10,7 +10,8 @@ import torch
 from app.decoding import attention
 from app.training import data as data_mod
 from app.training.data import FeatureSet, compute_features, sharegpt_conversations
-from app.training.draft import distill_loss, make_draft, pick_layers, read_layers, rebuild, save_layers
+from app.training.draft import distill_loss
+from app.heads.draft import make_draft, pick_layers, read_layers, rebuild, save_layers
 from app.training.trainer import Stopped, fit
 from helpers import tiny_llama, tiny_tokenizer
 
@@ -383,7 +384,7 @@ def test_distillation_over_a_draft_vocabulary(tmp_path):
     """The loss with a draft vocabulary is KL over those tokens, both distributions renormalised there;
     the draft's model directory carries the vocabulary and models.load hands it to draft_target."""
     from app import models
-    from app.training.draft import DRAFT_VOCAB, write_model
+    from app.heads.draft import DRAFT_VOCAB, write_model
 
     target = tiny_llama(layers=3, seed=6, init=0.2)
     fs = compute_features(target, random_sequences(4, 96, seed=7))
@@ -433,3 +434,28 @@ def test_distillation_brings_the_draft_closer_and_round_trips(tmp_path):
     (tmp_path / "e" / "config.json").write_text(json.dumps({"architecture": "medusa"}))
     with pytest.raises(ValueError, match="not a 'layer_draft' draft"):
         read_layers(tmp_path / "e")
+
+
+def test_the_committed_work_in_progress_is_a_run_the_next_session_goes_on_from():
+    """assets/wip/ holds an EAGLE-3 run of several sessions (issue 44): either stopped at its time limit (`train
+    --resume DIR` finds its state and settings) or a finished stage whose module the next stage starts from
+    (`--init-from DIR`), EAGLE-3 on the shipped answers (no session generates them again)."""
+    from pathlib import Path
+
+    from app.heads import eagle
+    from app.training import recipes
+
+    wip = Path(__file__).resolve().parent.parent / "assets" / "wip" / "eagle3-smollm2-135m-instruct"
+    progress = json.loads((wip / "train.json").read_text())
+    settings = progress["settings"]
+    assert progress["kind"] == "eagle3" or settings.get("eagle3"), progress["kind"]
+    assert settings["data_source"] == "self" and settings["data_offset"] >= 6000
+    if progress["state"] == recipes.STOPPED:
+        assert recipes.stopped(wip) and 0 < progress["step"] < progress["total_steps"]
+        args = json.loads((wip / recipes.RESUME / "args.json").read_text())
+        assert args["dtype"] == "bfloat16"
+    else:
+        assert progress["state"] == recipes.DONE and progress["eval"]["mean_accepted_tokens"] > 1.0
+        assert (wip / "config.json").exists() and (wip / "model.safetensors").exists()
+        config = eagle.read_config(wip)  # a module the next stage starts from (loaded with its target)
+        assert config.eagle3 and config.draft_vocab_size == 8192

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app import models
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.service import training
 from app.service.api import Service
 from app.service.engines import BuildError, EngineStore, tree_sha256

@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.decoding.tree import ancestor_mask, children, depths, from_paths, is_chain, leaf_paths, path_to, trie
+from app.decoding.target import ancestor_mask
+from app.decoding.tree import children, depths, from_paths, is_chain, leaf_paths, path_to, trie
 
 #            root
 #          /      \

@@ -34,7 +34,7 @@ def _common(fig):
 @pytest.mark.parametrize("mode", MODES)
 def test_race_points_and_last_value(mode):
     steps = load(mode)["steps"]
-    fig = charts.race(steps)
+    fig = charts.race(steps, mode=mode)
     _common(fig)
     assert len(fig.data) == 1
     run = fig.data[0]
@@ -50,7 +50,7 @@ def test_race_points_and_last_value(mode):
 def test_race_with_baseline(mode):
     steps, base = load(mode)["steps"], load("autoregressive")["steps"]
     for baseline in (base, [(s["totals"]["elapsed_s"], s["totals"]["new_tokens"]) for s in base]):
-        fig = charts.race(steps, baseline)
+        fig = charts.race(steps, baseline, mode=mode)
         _common(fig)
         names = [t.name for t in fig.data]
         assert names == ["Autoregressive", label(mode)]
@@ -91,7 +91,7 @@ def test_tokens_per_step_hist(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_throughput(mode):
     steps = load(mode)["steps"]
-    fig = charts.throughput(steps)
+    fig = charts.throughput(steps, mode=mode)
     _common(fig)
     trace = fig.data[0]
     assert len(trace.x) == len(trace.y) == len(steps)
@@ -196,6 +196,18 @@ def test_race_runs_shares_axes_across_modes():
     empty = charts.race_runs({})
     assert not empty.data and empty.layout.annotations
     assert charts.race_runs({"medusa": []}).layout.annotations
+
+
+def test_race_lines_differ_without_colour():
+    """Compare's race with every mode: no two lines share both their dash and their marker (read in grey too)."""
+    recorded = {m: load(m)["steps"] for m in ("autoregressive", "prompt_lookup", "eagle", "medusa", "lookahead",
+                                               "draft_target", "suffix")}
+    runs = {**recorded, "eagle+prompt_lookup": recorded["eagle"], "medusa+prompt_lookup": recorded["medusa"],
+            "vllm:autoregressive": recorded["autoregressive"], "vllm:prompt_lookup": recorded["prompt_lookup"]}
+    fig = charts.race_runs(runs)
+    looks = [(t.line.dash, t.marker.symbol) for t in fig.data]
+    assert len(looks) == len(runs) and len(set(looks)) == len(looks), looks
+    assert len({symbol for _, symbol in looks}) == len(looks)  # a marker each, whatever the dashes
 
 
 def test_race_runs_until_cuts_every_run_at_that_time_on_the_whole_race_axes():
@@ -419,3 +431,13 @@ def test_cursor_marks_the_inspected_step(mode):
     for fig in (charts.race(events, events, cursor=step), charts.tokens_per_step(events, cursor=step)):
         assert [a.text for a in fig.layout.annotations] == [f"step {step}"] and len(fig.layout.shapes) == 1
     assert not charts.race(events).layout.shapes and not charts.tokens_per_step(events, cursor=10_000).layout.shapes
+
+
+def test_tau_vs_cost_names_many_points_in_a_legend_not_in_labels_that_collide():
+    names = ["autoregressive", "prompt_lookup", "lookahead", "medusa", "eagle", "draft_target", "suffix"]
+    rows = [{"mode": n, "decoding_tau": 1 + i * 0.2, "step_cost": 1 + i * 0.05} for i, n in enumerate(names)]
+    few, many = charts.tau_vs_cost(rows[:3]), charts.tau_vs_cost(rows)
+    named = lambda fig: [t for t in fig.data if t.name]  # noqa: E731  (the rays have no name)
+    assert all(t.text for t in named(few)) and not few.layout.showlegend
+    assert not any(t.text for t in named(many)) and many.layout.showlegend and many.layout.legend.x > 1
+    assert len({t.marker.symbol for t in named(many)}) == len(names)

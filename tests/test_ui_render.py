@@ -95,6 +95,20 @@ def first_rejected_branch(parents, accepted, rejected):
 # ----------------------------------------------------------------------------- step_view on real traces
 
 
+@pytest.mark.parametrize("mode", ["eagle", "medusa", "prompt_lookup"])
+def test_step_view_marks_rejected_drafts_as_removed_text_and_says_each_steps_numbers(mode):
+    """For assistive technology: a rejected draft is removed text (<del>), not output; a step's numbers are its
+    aria-label, not only a hover tooltip; the ✗k mark of a tree's other rejected branches says what it counts."""
+    trace = load(mode)
+    dom = parse(render.step_view(trace["steps"], trace["texts"]))
+    rejected = dom.find("tok-rejected")
+    assert rejected and all(t.parent.tag == "del" and "sd-rejected" in t.parent.classes for t in rejected)
+    steps = dom.find("step")
+    assert steps and all(s.attrs.get("role") == "group" and s.attrs.get("aria-label") == s.attrs.get("title") for s in steps)
+    for mark in (m for step in steps for m in step.find("more-rejected")):
+        assert mark.text().startswith("✗") and "more draft tokens rejected" in mark.attrs["aria-label"]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_step_view_counts_match_trace(mode):
     trace = load(mode)
@@ -301,12 +315,23 @@ def _with_history(trace):
         history += step["tokens"]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_every_step_of_every_modes_recording_gets_a_detail(mode):
+    """What the browser's Inspect step shows, for each step of each mode's recorded run: a heading naming the step
+    and the narration, never the empty placeholder (the browser tests drive a live run of only some modes)."""
+    trace = load(mode)
+    for step, history in _with_history(trace):
+        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
+        assert not dom.find("sd-empty") and dom.find("sd-narration"), (mode, step["step"])
+        assert dom.find(tag="h4")[0].text().startswith(f"Step {step['step']} "), (mode, step["step"])
+
+
 def test_prompt_lookup_highlights_exactly_the_matched_ngram():
     trace = load("prompt_lookup")
     checked = 0
     for step, history in _with_history(trace):
         match = step["source"].get("match")
-        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history))
+        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
         if not match:
             assert not dom.find("ctx-ngram")
             continue
@@ -337,7 +362,7 @@ def test_prompt_lookup_highlight_follows_the_match_position():
     assert len(others) >= 2, "the fixture's n-gram occurs more than once"
     new_pos = others[-1]
     moved["source"]["match"].update(position=new_pos, continuation_position=new_pos + len(ngram))
-    dom = parse(render.step_detail(moved, trace["texts"], trace["prompt_ids"], history))
+    dom = parse(render.step_detail(moved, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
     assert [int(x.attrs["data-pos"]) for x in dom.find("ctx-ngram")] == list(range(new_pos, new_pos + len(ngram)))
 
 
@@ -345,7 +370,7 @@ def test_lookahead_detail_shows_window_and_accepted_candidate():
     trace = load("lookahead")
     seen_accept = False
     for step, history in _with_history(trace):
-        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history))
+        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
         source = step["source"]
         if step["kind"] == "prefill":
             continue
@@ -369,7 +394,7 @@ def test_lookahead_detail_shows_window_and_accepted_candidate():
 def test_draft_target_detail_shows_probabilities():
     trace = load("draft_target")
     step, history = [(s, h) for s, h in _with_history(trace) if s["kind"] == "decode"][0]
-    dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history))
+    dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
     table = dom.find("sd-probs")[0]
     assert len(table.find(tag="tr")) == 1 + len(step["proposed"]["tokens"])
     assert len(table.find("bar")) == len(step["source"]["draft_probs"])
@@ -432,7 +457,7 @@ def test_steps_without_a_target_view_render_as_before():
 def test_tree_modes_detail_draws_the_tree(mode):
     trace = load(mode)
     for step, history in _with_history(trace):
-        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history))
+        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
         if step["kind"] == "prefill":
             assert not dom.find("node")
             continue
@@ -449,7 +474,7 @@ def test_a_tree_pruned_to_one_path_is_still_drawn_as_a_tree_with_its_scores(mode
     scores = [-0.25, -0.5, -1.5]
     chain = {**step, "proposed": {"tokens": tokens, "parents": [-1, 0, 1]}, "accepted": [0], "rejected": [1, 2],
              "accepted_tokens": tokens[:1], "source": {**step["source"], "tree": {**step["source"]["tree"], "scores": scores}}}
-    dom = parse(render.step_detail(chain, trace["texts"], trace["prompt_ids"], history))
+    dom = parse(render.step_detail(chain, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
     nodes = dom.find("node", tag="g")
     assert [int(n.attrs["data-node"]) for n in nodes] == [0, 1, 2]
     assert [int(n.attrs["data-node"]) for n in nodes if "accepted" in n.classes] == [0]
@@ -457,17 +482,17 @@ def test_a_tree_pruned_to_one_path_is_still_drawn_as_a_tree_with_its_scores(mode
     # Other modes draw a chain as a row of tokens.
     pl = load("prompt_lookup")
     step, history = next((s, h) for s, h in _with_history(pl) if s["kind"] != "prefill" and s["proposed"]["tokens"])
-    assert not parse(render.step_detail(step, pl["texts"], pl["prompt_ids"], history)).find(tag="svg")
+    assert not parse(render.step_detail(step, pl["texts"], pl["prompt_ids"], history, "prompt_lookup")).find(tag="svg")
 
 
 @pytest.mark.parametrize("mode", ["medusa", "eagle"])
 def test_tree_detail_says_when_and_how_the_tree_was_pruned(mode):
     trace = load(mode)
     step, history = next((s, h) for s, h in _with_history(trace) if s["kind"] != "prefill")
-    plain = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history)).text()
+    plain = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history, trace["mode"])).text()
     assert "Pruned" not in plain
     pruned = {**step, "source": {**step["source"], "min_path_prob": 0.05}}
-    text = parse(render.step_detail(pruned, trace["texts"], trace["prompt_ids"], history)).text()
+    text = parse(render.step_detail(pruned, trace["texts"], trace["prompt_ids"], history, trace["mode"])).text()
     assert "min_path_prob = 0.05" in text and "not verified" in text
     assert ("heads" if mode == "medusa" else "cumulative draft probability") in text.split("Pruned", 1)[1]
 
@@ -662,26 +687,21 @@ def test_totals_line(mode):
     assert "eos" in line and "<" not in line
 
 
-def test_infer_mode_from_fixtures():
-    for mode in MODES:
-        assert render.infer_mode(load(mode)["steps"]) == mode
-    assert render.infer_mode([]) is None
-
-
 def test_learn_texts():
-    assert set(learn.LEARN) == set(REGISTRY.names) == set(MODES)
+    texts = {mode: learn.explain(mode) for mode in REGISTRY.names}
+    assert set(texts) == set(MODES) and all(text.startswith("### ") for text in texts.values())
     assert learn.label("eagle") == "EAGLE" and learn.label("draft_target") == "Draft-target"
-    for mode, text in learn.LEARN.items():
+    for mode, text in texts.items():
         assert len(text.split()) < 280, mode
         assert "lossless" in text.lower(), mode
-    assert "NOT" in learn.LEARN["medusa"] and "typical" in learn.LEARN["medusa"].lower()
+    assert "NOT" in texts["medusa"] and "typical" in texts["medusa"].lower()
     for name in ("max_window_size", "max_ngram_size", "max_verification_set_size"):
-        assert name in learn.LEARN["lookahead"]
+        assert name in texts["lookahead"]
     for (w, n, g) in [(4, 3, 4), (4, 4, 4), (7, 7, 7), (1, 1, 0)]:
         budget = (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
-        assert re.search(rf"\b{budget} for\s+\({w}, {n}, {g}\)", learn.LEARN["lookahead"]), (w, n, g, budget)
-    assert "max_matching_ngram_size" in learn.LEARN["prompt_lookup"]
-    assert "medusa_choices" in learn.LEARN["medusa"] and "speculative_model" in learn.LEARN["eagle"]
+        assert re.search(rf"\b{budget} for\s+\({w}, {n}, {g}\)", texts["lookahead"]), (w, n, g, budget)
+    assert "max_matching_ngram_size" in texts["prompt_lookup"]
+    assert "medusa_choices" in texts["medusa"] and "speculative_model" in texts["eagle"]
     assert learn.OVERVIEW.strip()
 
 
@@ -723,3 +743,29 @@ def test_an_engine_step_says_its_draft_is_unknown_not_that_nothing_was_drafted()
     assert "Nothing drafted" not in detail and "nothing was drafted" not in detail
     assert "2 token(s) were accepted" in detail and "unknown" in detail and "does not expose" in detail
     assert "2 of its draft accepted" in render.narrate(event, texts, "prompt_lookup")
+
+
+def test_a_race_whose_runs_got_different_shares_of_the_cpu_says_the_load_changed():
+    """Each run records the share of the CPU it asked for that it got (totals.cpu_share). A baseline at 90 % and a
+    run at 40 % did not run under the same load: the ratio stays (it may still be right), with the shares beside it,
+    in the status, in Compare's table and on the command line's line."""
+    def shared(events, share):
+        events[-1]["totals"]["cpu_share"] = share
+        return events
+
+    base = shared(_run(0.5, [(1, 0.1, 0.0, 0.1)] * 8), 0.9)
+    run = shared(_run(0.5, [(2, 0.125, 0.02, 0.1)] * 4), 0.4)
+    parts = traces.speedup_parts(run, base)
+    assert parts["load"] == {"run": 0.4, "baseline": 0.9} and parts["doubt"] is None
+    line = render.speedup_line(run, base)
+    assert "1.60×" in line and "load changed: this run got 40% of the CPU it asked for, its baseline 90%" in line
+    for share in (0.7, None, "x", 0, 1e308):  # within the factor, not recorded (an engine's run, an old trace), or not a share
+        run[-1]["totals"]["cpu_share"] = share
+        assert traces.speedup_parts(run, base)["load"] is None
+        assert "load changed" not in render.speedup_line(run, base)
+    run[-1]["totals"]["cpu_share"] = 0.4
+    recorded = {name: Recording(name) for name in ("prompt_lookup", "autoregressive")}
+    recorded["prompt_lookup"].events, recorded["autoregressive"].events = run, base
+    row = compare_tab.summary_row("prompt_lookup", recorded["prompt_lookup"], recorded["autoregressive"], REGISTRY)
+    cell = parse(render.summary_table([row])).find(tag="tr")[1].find(tag="td")[2]
+    assert "1.30×" in cell.text() and "40%" in cell.find(tag="span")[0].attrs["title"]

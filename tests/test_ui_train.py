@@ -1,11 +1,11 @@
-"""The Train tab's pure helpers (app/ui/train.py): control values -> the service's training config, the verdict line
+"""The Train tab's pure helpers (app/ui/train_tab.py): control values -> the service's training config, the verdict line
 before a run, the runs table, the lines a run shows while it goes and when it ends."""
 
 import pytest
 
 from app.service import training
 from app.service.api import Service
-from app.ui import train
+from app.ui import train_tab
 
 VALUES = {"kind": "medusa", "init_from": "shipped", "data_source": "self", "data_offset": 6000, "data_limit": 128,
           "epochs": 1, "lr": 0, "eval_prompts": 4, "medusa_num_heads": 4, "medusa_num_layers": 1, "eagle_steps": 2,
@@ -13,24 +13,24 @@ VALUES = {"kind": "medusa", "init_from": "shipped", "data_source": "self", "data
 
 
 def test_the_controls_make_the_services_config():
-    assert tuple(VALUES) == train.FIELDS
-    config = train.config_from(VALUES)
+    assert tuple(VALUES) == train_tab.FIELDS
+    config = train_tab.config_from(VALUES)
     assert config["lr"] is None  # 0: the recipe's default rate
     assert training.parse(config) == training.parse({"kind": "medusa"})  # the controls' defaults are the config's
-    blank = train.config_from({**VALUES, "data_limit": None, "epochs": "", "lr": None, "init_from": None})
+    blank = train_tab.config_from({**VALUES, "data_limit": None, "epochs": "", "lr": None, "init_from": None})
     assert (blank["data_limit"], blank["epochs"], blank["lr"], blank["init_from"]) == (128, 1.0, None, "shipped")
-    assert train.config_from({**VALUES, "lr": 0.002, "data_offset": 7000.0})["lr"] == 0.002
-    assert train.config_from({**VALUES, "data_offset": 7000.0})["data_offset"] == 7000
+    assert train_tab.config_from({**VALUES, "lr": 0.002, "data_offset": 7000.0})["lr"] == 0.002
+    assert train_tab.config_from({**VALUES, "data_offset": 7000.0})["data_offset"] == 7000
 
 
 def test_the_verdict_says_what_a_run_costs_before_it_runs(tmp_path):
     service = Service(engines=tmp_path)
-    assert train.check_message(service, VALUES).startswith("✓ Valid · the answers for this slice are at hand")
-    writes = train.check_message(service, {**VALUES, "data_offset": 100})
+    assert train_tab.check_message(service, VALUES).startswith("✓ Valid · the answers for this slice are at hand")
+    writes = train_tab.check_message(service, {**VALUES, "data_offset": 100})
     assert "the model first writes **128** answers for this slice (about 2 min" in writes
-    assert train.check_message(service, {**VALUES, "data_source": "sharegpt", "data_offset": 100}).startswith(
+    assert train_tab.check_message(service, {**VALUES, "data_source": "sharegpt", "data_offset": 100}).startswith(
         "✓ Valid · the answers for this slice are at hand")
-    assert train.check_message(service, {**VALUES, "data_limit": 3}).startswith(
+    assert train_tab.check_message(service, {**VALUES, "data_limit": 3}).startswith(
         "⚠ **Invalid:** data_limit must be in [8, 2000] conversations")
 
 
@@ -47,32 +47,32 @@ MANIFEST = {
 
 
 def test_the_runs_table_and_the_run_tabs_choices_name_runs_never_paths():
-    (row,) = train.trained_rows([MANIFEST])
+    (row,) = train_tab.trained_rows([MANIFEST])
     assert row == ["trained:0123456789abcdef", "Medusa heads", "shipped", "self 6256+128", 1.0, 14, 4.893, 1.6,
                    "2026-11-25 18:14:01", 121]
-    assert train._run_label(MANIFEST) == "trained 01234567 · 128 conv. from 6256 · τ 1.60 · 2026-11-25 18:14"
+    assert train_tab._run_label(MANIFEST) == "trained 01234567 · 128 conv. from 6256 · τ 1.60 · 2026-11-25 18:14"
     bare = {**MANIFEST, "source": {}}
-    assert train.trained_rows([bare])[0][5:8] == [None, None, None]
+    assert train_tab.trained_rows([bare])[0][5:8] == [None, None, None]
 
 
 def test_a_run_says_where_it_is_and_how_it_ended():
-    assert train.progress_line(None, 3.2) == "▶ Starting: loading the model… (3 s)"
-    line = train.progress_line({"stage": "train", "done": 2, "total": 14, "loss": 4.5804}, 82.4)
+    assert train_tab.progress_line(None, 3.2) == "▶ Starting: loading the model… (3 s)"
+    line = train_tab.progress_line({"stage": "train", "done": 2, "total": 14, "loss": 4.5804}, 82.4)
     assert line == "▶ Step 3 of 4, training the heads: 2/14 · loss 4.580 (82 s)"
-    done = train.finished_line(MANIFEST)
+    done = train_tab.finished_line(MANIFEST)
     assert done.startswith("✓ **Medusa heads** `trained:0123456789abcdef`: 14 steps, loss 4.815 → 4.893")
     assert "**τ 1.60** on 4 Spec-Bench prompts (64 tokens)" in done
     # Compared on the categories both checks ran: writing, roleplay, reasoning, math (not coding).
     assert "τ averages 1.60, and the heads it started from averaged 1.55" in done
-    assert "started from" not in train.finished_line({**MANIFEST, "source": {**MANIFEST["source"], "start_eval": None}})
+    assert "started from" not in train_tab.finished_line({**MANIFEST, "source": {**MANIFEST["source"], "start_eval": None}})
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_the_run_tab_offers_the_shipped_heads_first(tmp_path, kind):
-    assert train.artifact_choices(Service(engines=tmp_path), kind) == [("shipped (assets/defaults)", "shipped")]
+    assert train_tab.artifact_choices(Service(engines=tmp_path), kind) == [("shipped (assets/defaults)", "shipped")]
 
 
 def test_a_run_starts_from_the_shipped_heads_new_ones_or_a_finished_run_of_its_kind(tmp_path):
     service = Service(engines=tmp_path)
-    assert [v for _, v in train.start_choices(service, "medusa")] == ["shipped", "scratch"]
+    assert [v for _, v in train_tab.start_choices(service, "medusa")] == ["shipped", "scratch"]
     assert service.training_run("trained:" + "0" * 16) is None and service.training_run("../x") is None

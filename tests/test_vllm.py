@@ -8,6 +8,7 @@ every counter from its /metrics.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,13 +17,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
 from app import models
-from app.service import vllm
+from app.service import load, vllm
 from app.service.api import Service
 from app.service.backends import remote
 from app.service.backends.base import Prompt
@@ -92,6 +94,11 @@ def test_engine_starts_is_reused_and_listed(service, store):
                                                             "prompt_lookup_max": 2, "prompt_lookup_min": 1}
     url = first["server"]["url"]
     assert url.startswith("http://127.0.0.1:")
+    # Warm before its first timed request: the start sent vllm.WARM_UP_ROUNDS untimed completions (its own counter).
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        served = sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                     if line.startswith("vllm:request_success_total"))
+    assert served >= vllm.WARM_UP_ROUNDS
     again = service.engine_build(request(NGRAM))
     assert again["id"] == first["id"] and again["server"]["pid"] == first["server"]["pid"]
     listed = {m["id"]: m for m in service.engine_list()}
@@ -106,7 +113,8 @@ def test_engine_starts_is_reused_and_listed(service, store):
 def test_greedy_speculative_outputs_equal_vllm_autoregressive(service):
     """float32, greedy: every vLLM method gives vLLM's own autoregressive output token for token."""
     bases = {prompt: generate(service, AR, prompt, max_new_tokens=32) for prompt in PROMPTS}
-    for spec, prompts in ((NGRAM, PROMPTS), (DRAFT, PROMPTS[1:]), (MEDUSA, PROMPTS[1:]), (SUFFIX, PROMPTS[:2])):
+    # One prompt per method beyond ngram: each method's engine start is most of its cost.
+    for spec, prompts in ((NGRAM, PROMPTS), (DRAFT, PROMPTS[1:2]), (MEDUSA, PROMPTS[2:]), (SUFFIX, PROMPTS[:1])):
         for prompt in prompts:
             run = generate(service, spec, prompt, max_new_tokens=32)
             assert run.token_ids == bases[prompt].token_ids, (spec["decoding_type"], prompt)
@@ -259,6 +267,83 @@ def test_generate_cli_json_contract(store):
                for m in Service(store, vllm_settings=SETTINGS).engine_list())
 
 
+# ----------------------------------------------------------------------------- under concurrent load (load.py)
+
+
+def sweep(service: Service, ns: str, max_new_tokens: int) -> tuple[dict, list[dict]]:
+    """A load sweep of the ngram engine against the autoregressive one: its recorded document and streamed points."""
+    job = service.load_sweep({"speculative_config": NGRAM, "sampling": {"temperature": 0.0}}, ns, max_new_tokens)
+    messages = list(job.messages())
+    assert messages[-1]["type"] == "end" and not messages[-1]["error"], messages[-1]
+    return messages[-1].get("sweep"), [m["point"] for m in messages if m["type"] == "point"]
+
+
+def test_a_load_sweep_equals_the_plain_engine_and_its_tau_is_the_streams(service):
+    """N = 1, 2, 4 requests at once on the ngram and the autoregressive engine: every float32 greedy output equals
+    the plain engine's for its prompt, and the counters agree with the streamed chunks (a chunk per engine step): they
+    accepted what was streamed, plus at most what a last step cut by max_tokens did not stream."""
+    document, streamed = sweep(service, "1,2,4", 16)
+    points = document["points"]
+    assert [(p["row"], p["n"]) for p in points] == [(row, n) for n in (1, 2, 4) for row in ("vllm_generate", "vllm_ngram")]
+    assert [(p["row"], p["n"]) for p in streamed] == [(p["row"], p["n"]) for p in points]
+    assert document["method"] == "ngram" and document["dtype"] == "float32" and document["cpu"]
+    assert len({p["id"] for p in document["prompts"]}) == 4  # distinct prompts, one per request
+    for p in points:
+        assert len(p["requests"]) == p["n"] and all(q["new_tokens"] == 16 or q["finish_reason"] == "stop" for q in p["requests"])
+        assert all(q["identical"] for q in p["requests"]), p["row"]
+        assert p["identical_share"] == 1.0 and p["tokens_per_s"] > 0 and p["seconds_per_token"] > 0
+        if p["row"] == "vllm_generate":
+            assert p["tau"] == 1.0 and p["tau_streamed"] == 1.0 and p["spec_decode"] is None
+        else:
+            streamed_accepted = sum(q["new_tokens"] - q["chunks"] for q in p["requests"])
+            assert p["spec_decode"]["num_accepted_tokens"] >= streamed_accepted
+            # A last step cut by max_tokens counted accepted tokens it did not stream: at most k - 1 per request.
+            assert p["spec_decode"]["num_accepted_tokens"] <= streamed_accepted + p["n"] * (NGRAM["max_draft_len"] - 1)
+            # Every step that drafted streamed a chunk after the prefill's: the counters' τ (per drafting step) is at
+            # least the streamed one (per step, drafting or not).
+            assert p["spec_decode"]["num_drafts"] <= sum(q["chunks"] - 1 for q in p["requests"])
+            assert p["tau"] >= p["tau_streamed"], {k: v for k, v in p.items() if k != "requests"}
+    rows = load.table(points)
+    assert set(rows) == {"vllm_generate", "vllm_ngram"} and set(rows["vllm_ngram"]) == {"1", "2", "4"}
+    assert load.crossover(load.speedups(points, "vllm_ngram"))["state"] != "unknown"
+
+
+def test_a_cancelled_sweep_stops_all_its_requests(service):
+    url = service.engine_build(request(AR))["server"]["url"]  # N = 4 goes to the plain engine first
+    job = service.load_sweep({"speculative_config": NGRAM, "sampling": {"temperature": 0.0}}, "4", 1024)
+    deadline = time.monotonic() + 120
+    while load.running(url, models.BUNDLED)["running"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert load.running(url, models.BUNDLED)["running"] == 4
+    job.cancel()
+    messages = list(job.messages())
+    assert messages[-1]["finish_reason"] == "cancelled" and messages[-1]["sweep"]["points"] == []
+    assert not any(m["type"] == "point" for m in messages)
+    deadline = time.monotonic() + 30
+    while load.running(url, models.BUNDLED) != {"running": 0.0, "waiting": 0.0} and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert load.running(url, models.BUNDLED) == {"running": 0.0, "waiting": 0.0}  # the engine aborted all four
+
+
+def test_bench_concurrency_json_contract(store, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = cli(store, "bench", "--concurrency", "1,2", "--peers", "--modes", "autoregressive,prompt_lookup",
+               "--prompt-lookup-num-tokens", "10", "--max-matching-ngram-size", "2", "--categories", "qa",
+               "--limit", "1", "--max-new-tokens", "8", "--dtype", "float32", "--vllm-eager", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"vllm_generate", "vllm_ngram"} <= set(result["summary"])
+    load_rows = result["load"]
+    assert set(load_rows) == {r for r in result["summary"] if r.startswith("vllm_")}
+    for row, by_n in load_rows.items():
+        assert set(by_n) == {"1", "2"}, row
+        for n, figures in by_n.items():
+            assert {"tokens_per_s", "seconds_per_token", "tau", "identical_share"} <= set(figures), (row, n)
+            assert figures["tokens_per_s"] > 0 and figures["seconds_per_token"] > 0 and figures["tau"] >= 1.0
+            assert figures["identical_share"] == 1.0, (row, n)  # float32 greedy
+    assert "vllm_ngram / vllm_generate at N=2: " in proc.stdout and "vllm_ngram: " in proc.stdout
+
+
 @pytest.fixture(scope="module")
 def app_url(store, tmp_path_factory):
     """The web app on the same store: it finds this module's engines running and uses them."""
@@ -270,46 +355,54 @@ def app_url(store, tmp_path_factory):
         yield url
 
 
-def test_browser_runs_prompt_lookup_on_vllm_racing_vllm_autoregressive(service, browser, app_url):
-    service.engine_build(request(NGRAM))  # both engines up before the page asks (the race needs the autoregressive one)
+@contextlib.contextmanager
+def engine_page(service: Service, browser, app_url: str):
+    """A page of the web app once the ngram and autoregressive engines are up (the race and the sweep need both);
+    the page raised no error when the block ends."""
+    service.engine_build(request(NGRAM))
     service.engine_build(request(AR))
     context = browser.new_context(viewport={"width": 1500, "height": 1100})
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(app_url)
-    page.wait_for_selector("#run")
-    page.locator("#backend input").click()
-    page.get_by_role("option", name="vllm", exact=True).click()
-    page.wait_for_function("/vLLM ngram/.test(document.querySelector('#check').innerText)")
-    assert "its engine is running" in page.inner_text("#check")
-    assert "no lookahead" in page.inner_text("#modes-note")
-    page.get_by_label("Prompt lookup", exact=True).check()
-    page.fill("#prompt textarea", COPY)
-    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(True)
-    page.click("#run")
-    # The race's last redraw ends the status with the speedup against the baseline (earlier ones already say finished).
-    # Or, when the suite's other worker loaded the machine during one of the two runs only, why there is no ratio.
-    status = wait_status(page, "autoregressive run's tokens/s|No speedup shown", timeout=300_000)
-    assert "on vLLM 0.32" in status and "engine counters:" in status and "accepted by draft position" in status
-    assert "finished" in status
-    assert "no draft and verify times" in status or ("load changed" in status and "τ" in status), status
-    view = page.locator("#step-view")
-    assert view.locator(".tok-accepted").count() >= 1  # engine steps that committed accepted draft tokens
-    assert view.locator(".tok-engine").count() + view.locator(".tok-bonus").count() >= 1
-    assert view.locator(".tok-rejected").count() == 0  # vLLM does not show what it rejected: nothing is invented
-    assert "does not say" in view.locator(".legend").inner_text()
-    assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
-    page.wait_for_function("document.querySelectorAll('#acceptance-depth .bars .point').length >= 1")
-    assert "engine's counters" in page.locator("#acceptance-depth .gtitle").text_content()
-    set_number(page, "Inspect step", 2)
-    page.wait_for_function("document.querySelector('#step-detail h4')?.innerText.startsWith('Step 2 ')")
-    assert "does not expose" in page.inner_text("#step-detail")
-    shots = ARTIFACTS / "screenshots"
-    shots.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(shots / "run-vllm.png"), full_page=True)
+    yield page
     assert not errors, errors
     context.close()
+
+
+def test_browser_runs_prompt_lookup_on_vllm_racing_vllm_autoregressive(service, browser, app_url):
+    with engine_page(service, browser, app_url) as page:
+        page.wait_for_selector("#run")
+        page.locator("#backend input").click()
+        page.get_by_role("option", name="vllm", exact=True).click()
+        page.wait_for_function("/vLLM ngram/.test(document.querySelector('#check').innerText)")
+        assert "its engine is running" in page.inner_text("#check")
+        assert "no lookahead" in page.inner_text("#modes-note")
+        page.get_by_label("Prompt lookup", exact=True).check()
+        page.fill("#prompt textarea", COPY)
+        page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(True)
+        page.click("#run")
+        # The race's last redraw ends the status with the speedup against the baseline (earlier ones already say finished).
+        # Or, when the suite's other worker loaded the machine during one of the two runs only, why there is no ratio.
+        status = wait_status(page, "autoregressive run's tokens/s|No speedup shown", timeout=300_000)
+        assert "on vLLM 0.32" in status and "engine counters:" in status and "accepted by draft position" in status
+        assert "finished" in status
+        assert "no draft and verify times" in status or ("load changed" in status and "τ" in status), status
+        view = page.locator("#step-view")
+        assert view.locator(".tok-accepted").count() >= 1  # engine steps that committed accepted draft tokens
+        assert view.locator(".tok-engine").count() + view.locator(".tok-bonus").count() >= 1
+        assert view.locator(".tok-rejected").count() == 0  # vLLM does not show what it rejected: nothing is invented
+        assert "does not say" in view.locator(".legend").inner_text()
+        assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
+        page.wait_for_function("document.querySelectorAll('#acceptance-depth .bars .point').length >= 1")
+        assert "engine's counters" in page.locator("#acceptance-depth .gtitle").text_content()
+        set_number(page, "Inspect step", 2)
+        page.wait_for_function("document.querySelector('#step-detail h4')?.innerText.startsWith('Step 2 ')")
+        assert "does not expose" in page.inner_text("#step-detail")
+        shots = ARTIFACTS / "screenshots"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "run-vllm.png"), full_page=True)
 
 
 def test_compare_includes_vllm_rows(service, app_url):
@@ -323,6 +416,39 @@ def test_compare_includes_vllm_rows(service, app_url):
         assert re.search(rf"<td>{re.escape(label)}( ★)?</td>", table), label
     names = {t.get("name") for t in json.loads(race["plot"])["data"]}
     assert {"Prompt lookup on vLLM", "Autoregressive on vLLM"} <= names
+
+
+def wait_text(page, selector: str, pattern: str, timeout: float) -> str:
+    page.wait_for_function("([s, p]) => { const e = document.querySelector(s); return e && new RegExp(p).test(e.innerText); }",
+                           arg=[selector, pattern], timeout=timeout)
+    return page.inner_text(selector)
+
+
+def test_browser_load_sweep_draws_the_chart_and_its_sentence(service, browser, app_url):
+    """The Load tab runs a small sweep on this module's engines (prompt lookup's defaults are NGRAM), then replays a
+    shipped one: the chart's lines and the sentence under it explaining where speculation stops paying."""
+    with engine_page(service, browser, app_url) as page:
+        page.get_by_role("tab", name="Load").click()
+        page.locator("#load-mode").get_by_label("Prompt lookup", exact=True).check()
+        page.fill("#load-ns textarea, #load-ns input", "1")
+        page.get_by_label("Also run this app's own loop at batch 1 (the mode and autoregressive)").set_checked(False)
+        set_number(page, "max_new_tokens per request", 16)
+        page.click("#load-run")
+        status = wait_text(page, "#load-status", "Done", timeout=300_000)
+        assert "float32" in status and "vLLM 0.32" in status, status
+        note = page.inner_text("#load-note")
+        assert re.search(r"vLLM ngram (stops paying|still pays|does not pay) per request", note), note
+        assert "plain steps" in note
+        legend = page.locator("#load-plot .legendtext").all_text_contents()
+        assert {"per request", "total throughput", "τ"} <= set(legend), legend
+        assert page.locator("#load-table tr").count() == 3  # a header and two engines at N = 1
+        page.click("#load-replay")
+        wait_text(page, "#load-status", "Replayed", timeout=180_000)
+        assert "this app's loop (batch 1 only)" in page.locator("#load-plot .legendtext").all_text_contents()
+        assert "per request" in page.inner_text("#load-note")
+        shots = ARTIFACTS / "screenshots"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "load-sweep.png"), full_page=True)
 
 
 def test_killed_engine_reads_stopped_and_restarts(service):
@@ -417,10 +543,170 @@ def test_public_mode_bounds_the_engines_requests_start_and_stops_idle_ones(store
     manifest, _ = backend.engine(models.BUNDLED, ngram)
     assert backend.started == {manifest["id"]}
     backend.engine(models.BUNDLED, ngram)  # the running one is reused, whoever asks
+    builds = sorted((store / "builds").iterdir())
     with pytest.raises(ValueError, match="at most 1 vLLM engine"):
         backend.engine(models.BUNDLED, draft)
+    assert sorted((store / "builds").iterdir()) == builds  # refused before anything was built
     now = time.monotonic()
     assert backend.reap(now + 599) == [] and backend.reap(now + 601) == [manifest["id"]]
     assert backend.processes.stopped == [manifest["id"]] and "operator's" in backend.processes.running
     backend.engine(models.BUNDLED, draft)  # a place is free again
     backend.stop_started()
+
+
+def test_a_visitors_run_that_starts_an_engine_makes_it_theirs(tmp_path):
+    """Public mode: a vLLM engine a visitor's run (or load sweep) started is theirs in Engines, as one they built
+    there is; another visitor does not see it, and an engine that was ready before stays the operator's."""
+    from app.service.policy import Policy
+
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(BaseHTTPRequestHandler):  # an engine that has nothing to say: no counters, a stream that ends at once
+        def do_GET(self):
+            self._answer(b"", "text/plain")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._answer(b"data: [DONE]\n\n", "text/event-stream")
+
+        def _answer(self, body, kind):
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    processes = _Processes()
+    ensure = processes.ensure
+    processes.ensure = lambda manifest, progress, cancel=None: (
+        f"http://127.0.0.1:{server.server_port}", ensure(manifest, progress)[1])
+    service = Service(engines, vllm_settings=SETTINGS, policy=Policy.for_public())
+    operator = Service(engines, vllm_settings=SETTINGS)
+    service.backends["vllm"].processes = operator.backends["vllm"].processes = processes
+    try:
+        service.submit(request(DRAFT, max_new_tokens=4), "Hello", visitor="a").cancel()
+        (mine,) = service.engine_list("a")
+        assert mine["spec"]["mode"] == "draft_target" and service.engine_removable("a") == [mine["id"]]
+        assert service.engine_list("b") == []
+        service.submit(request(DRAFT, max_new_tokens=4), "Hello", visitor="b").cancel()  # a's engine, used
+        assert service.engine_list("b") == [] and service.engine_removable("a") == [mine["id"]]
+        service.engine_remove(mine["id"], "a")  # the budget (one engine started by visitors) is free again
+        ngram = operator.engine_build(request(NGRAM))["id"]
+        job = service.load_sweep({"speculative_config": NGRAM}, "1", 8, visitor="b")  # the operator's and a plain one
+        job.cancel()
+        listed = {m["spec"]["mode"]: m["id"] for m in service.engine_list("b")}
+        assert listed.keys() == {"prompt_lookup", "autoregressive"} and listed["prompt_lookup"] == ngram
+        assert service.engine_removable("b") == [listed["autoregressive"]] and service.engine_list("a") == [
+            m for m in service.engine_list("a") if m["id"] == ngram]
+    finally:
+        service.close()
+        operator.close()
+        server.shutdown()
+
+
+# ----------------------------------------------------------------------------- the OpenAI surface, against vLLM's own
+
+
+def test_openai_fields_are_answered_as_vllms_own_server_answers_them(service):
+    """The same requests to a vLLM engine's own OpenAI server and to `serve` (in-process, the transformers backend):
+    the same status wherever this server honours a field, the same cut for a stop string. Where vLLM honours a field
+    this server cannot (logprobs, echo, penalties, logit_bias, JSON output) or coerces a wrong type ("5", true as
+    max_tokens) or ignores an unknown field, this server refuses with a 400 naming it (OpenAI's own API refuses those
+    types and unknown fields too); GET /v1/models/{id} is OpenAI's, which vLLM 0.32 lacks."""
+    import urllib.error
+    import urllib.request
+
+    from fastapi.testclient import TestClient
+
+    from app.service.server import create_app
+
+    vllm_url = service.engine_build(request(AR))["server"]["url"]
+    ours = TestClient(create_app(service))
+    count = {"model": models.BUNDLED, "prompt": "Count: 1, 2, 3, 4,", "max_tokens": 12, "temperature": 0}
+    hi = {"model": models.BUNDLED, "messages": [{"role": "user", "content": "Count from 1 to 9."}], "max_tokens": 4,
+          "temperature": 0}
+    chat, text = "/v1/chat/completions", "/v1/completions"
+    cases = {  # name: (path, body, vLLM's status, ours)
+        "stop list": (text, {**count, "stop": [" 6"]}, 200, 200),
+        "stop string": (text, {**count, "stop": " 6"}, 200, 200),
+        "stop 5": (text, {**count, "stop": 5}, 400, 400),
+        "5 stop strings": (text, {**count, "stop": ["a", "b", "c", "d", "e"]}, 400, 400),
+        "frequency_penalty x": (text, {**count, "frequency_penalty": "x"}, 400, 400),
+        "stream_options without stream": (text, {**count, "stream_options": {"include_usage": True}}, 400, 400),
+        "include_usage": (text, {**count, "stream": True, "stream_options": {"include_usage": True}}, 200, 200),
+        "text parts": (chat, {**hi, "messages": [{"role": "user", "content": [{"type": "text", "text": "Count from 1"},
+                                                                              {"type": "text", "text": "to 9."}]}]}, 200, 200),
+        "image part": (chat, {**hi, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+            "url": "data:image/png;base64,AAAA"}}]}]}, 400, 400),
+        "developer": (chat, {**hi, "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}, 200, 200),
+        "tool and assistant null": (chat, {**hi, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+                                                              {"role": "tool", "content": "42", "tool_call_id": "x"}]}, 200, 200),
+        "tools": (chat, {**hi, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                         "tool_choice": "auto"}, 400, 400),
+        "max_tokens '5'": (text, {**count, "max_tokens": "5"}, 200, 400),
+        "max_tokens true": (text, {**count, "max_tokens": True}, 200, 400),
+        "logprobs": (text, {**count, "logprobs": 2}, 200, 400),
+        "echo": (text, {**count, "echo": True}, 200, 400),
+        "presence_penalty": (text, {**count, "presence_penalty": 0.5}, 200, 400),
+        "logit_bias": (text, {**count, "logit_bias": {"1": 5}}, 200, 400),
+        "response_format json": (chat, {**hi, "response_format": {"type": "json_object"}}, 200, 400),
+        "frobnicate (an unknown field)": (text, {**count, "frobnicate": 1}, 200, 400),
+    }
+    answers = {}
+    for name, (path, body, theirs, mine) in cases.items():
+        r = urllib.request.Request(vllm_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(r, timeout=300) as f:
+                vllm_answer = (f.status, f.read().decode())
+        except urllib.error.HTTPError as err:
+            vllm_answer = (err.code, err.read().decode())
+        our = ours.post(path, json=body)
+        answers[name] = (vllm_answer, (our.status_code, our.text))
+        assert (vllm_answer[0], our.status_code) == (theirs, mine), (name, vllm_answer, our.text[:300])
+        if mine == 400 and theirs == 200:  # refused, naming the field vLLM took
+            field = name.split()[0].strip("'")
+            assert field in our.json()["error"]["message"], (name, our.text)
+    for name in ("stop list", "stop string"):
+        (_, theirs), (_, mine) = answers[name]
+        pick = lambda a: (a["choices"][0]["text"], a["choices"][0]["finish_reason"], a["choices"][0]["stop_reason"])  # noqa: E731
+        assert pick(json.loads(mine)) == pick(json.loads(theirs)) == (" 5,", "stop", " 6"), name
+    for (_, streamed) in answers["include_usage"]:
+        chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    for (_, answer) in answers["text parts"]:
+        assert json.loads(answer)["choices"][0]["message"]["content"]
+    assert ours.get(f"/v1/models/{models.BUNDLED}").status_code == 200
+    # A public server's anonymous clients decode on an engine the operator started, and start none themselves.
+    from app.modes import ConfigError
+    from app.service.policy import Policy
+
+    public = Service(service.engines, vllm_settings=SETTINGS, policy=Policy.for_public())
+    try:
+        assert list(public.stream(request(AR, max_new_tokens=4), "Hi"))[-1]["error"] is None
+        with pytest.raises(ConfigError, match="only on engines its operator started"):
+            public.submit(request(MEDUSA, max_new_tokens=4), "Hi")
+    finally:
+        public.close(stop_engines=False)
+
+
+def test_engines_tab_stops_a_running_engine_and_lists_its_state(service, app_url):
+    """The Engines tab's Stop (its API): the chosen vLLM engine's server stops, its build stays, the table says
+    so. (The last test of the module: the module's teardown stops the rest.)"""
+    from gradio_client import Client
+
+    manifest = service.engine_build(request(NGRAM))
+    client = Client(app_url, verbose=False, download_files=False)
+    status, table, _ = client.predict(manifest["id"], api_name="/engine_stop")
+    assert status.startswith("Stopped the server"), status
+    row = next(r for r in table["data"] if r[0] == manifest["id"])
+    assert row[5] == "stopped" and service.engine_get(manifest["id"])["server"]["state"] == "stopped"
+    status, _, _ = client.predict(manifest["id"], api_name="/engine_stop")
+    assert "has no server running" in status, status

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from app.cli import build_parser
-from app.config import ConfigError
-from app.modes import DYNAMIC, MODES as REGISTRY
+from app.modes import ConfigError
+from app.modes import MODES as REGISTRY
+from app.modes.shipped import DYNAMIC
 
 MODES, MERGED_MODES = REGISTRY.names, REGISTRY.merged
 from app.service.api import Service

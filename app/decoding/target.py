@@ -8,9 +8,22 @@ import torch
 
 from app.decoding.attention import additive, kv_dtype
 from app.decoding.kv_cache import full_attention, new_cache, slot_cache, write_at
-from app.decoding.tree import ancestor_mask, depths, is_chain
+from app.decoding.tree import depths, is_chain
 from app.decoding.types import Forward
 
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """Boolean (n+1, n+1) matrix over [root, nodes]: row i is True at i's ancestors and i itself."""
+    n = len(parents)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[0, 0] = True
+    for i, p in enumerate(parents):
+        row = i + 1
+        mask[row] = mask[p + 1]
+        mask[row, row] = True
+    return mask
 
 class Target(Protocol):
     vocab_size: int

@@ -1,12 +1,10 @@
-"""Token trees as data: a tree is a list of parent indices (-1 = the root).
+"""Token trees as data: a tree is a list of parent indices (-1 = the root). Plain Python (the web app reads trees too).
 
 The root is the last committed token, which is fed to the target together with the tree.
 A chain is the tree whose parents are -1, 0, 1, ...
 """
 
 from __future__ import annotations
-
-import torch
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -21,19 +19,6 @@ def depths(parents: list[int]) -> list[int]:
 
 def is_chain(parents: list[int]) -> bool:
     return all(p == i - 1 for i, p in enumerate(parents))
-
-
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """Boolean (n+1, n+1) matrix over [root, nodes]: row i is True at i's ancestors and i itself."""
-    n = len(parents)
-    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-    mask[:, 0] = True
-    mask[0, 0] = True
-    for i, p in enumerate(parents):
-        row = i + 1
-        mask[row] = mask[p + 1]
-        mask[row, row] = True
-    return mask
 
 
 def children(parents: list[int]) -> list[list[int]]:

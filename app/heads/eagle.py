@@ -341,6 +341,16 @@ def check_compatible(module: EagleModule, target_model: nn.Module) -> None:
         raise EagleError(f"the EAGLE module{made_for} fuses layers {module.config.aux_layers} but the target has {layers}")
 
 
+def load_beside(directory: str | Path, target_model: nn.Module) -> EagleModule:
+    """A module to draft beside `target_model` (the mode entry's `artifact_loader`): loaded with this app's attention
+    and the target's LM head where it shares it, and checked against the target."""
+    from app.decoding import attention
+
+    module = load(directory, attn_implementation=attention.register(), target_lm_head=target_model.get_output_embeddings())
+    check_compatible(module, target_model)
+    return module
+
+
 # ----------------------------------------------------------------------------- training
 
 

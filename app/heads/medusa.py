@@ -166,6 +166,13 @@ def check_compatible(heads: MedusaHeads, target_model: nn.Module) -> None:
     artifact.check_sizes("the Medusa heads", heads.config.hidden_size, heads.config.vocab_size, target_model, MedusaError)
 
 
+def load_beside(directory: str | Path, target_model: nn.Module) -> MedusaHeads:
+    """Heads to draft beside `target_model` (the mode entry's `artifact_loader`): loaded and checked against it."""
+    heads = load(directory)
+    check_compatible(heads, target_model)
+    return heads
+
+
 # ----------------------------------------------------------------------------- training
 
 

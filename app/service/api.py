@@ -8,27 +8,38 @@ time limit) that stream JSON-like messages, and manages engine builds.
 from __future__ import annotations
 
 import math
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from app import models, runner
 from app.models import DTYPES, ModelError  # noqa: F401  (ModelError: what the service raises, for its clients)
 from app.prompts import load_prompts
-from app.config import ConfigError
-from app.modes import MODES, Modes
 from app.decoding.linear import fast_bf16
-from app.service import configs, training, vllm
+from app.modes import MODES, ConfigError, DecodeRequest, Modes, configs
+from app.service import training, vllm
+from app.service.backends import tensorrt_llm as trt
 from app.service.backends.base import Availability, Prompt
 from app.service.backends.remote import RemoteBackend
 from app.service.backends.tensorrt_llm import TensorRTLLMBackend
 from app.service.backends.transformers import TransformersBackend
 from app.service.backends.vllm import VLLMBackend
-from app.service.configs import DecodeRequest
 from app.service.engines import BuildError, BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
 from app.service.jobs import Job, JobManager, Limits
 from app.service.policy import Policy, relative
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A request one service checked for one visitor (Service.check): submit and stream take it as it is."""
+
+    request: DecodeRequest
+    visitor: str | None
+    by: Any = field(repr=False, compare=False)  # the service whose limits and policy it met
+
 
 class Service:
     def __init__(
@@ -50,7 +61,7 @@ class Service:
         if tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {tensor_parallel_size}")
         self.engines = Path(engines)
-        self.registry = modes  # the modes it runs (app/modes.py)
+        self.registry = modes  # the modes it runs (app/modes/)
         self.model = model
         self.dtype = dtype
         self.limits = limits
@@ -60,10 +71,12 @@ class Service:
         self.tensor_parallel_size = tensor_parallel_size
         self.jobs = JobManager(limits)
         self._training = threading.Lock()  # one training run at a time: each takes both cores for minutes
-        # Public mode: who made which build (build id -> the visitors who made or re-made it). In memory only: after
-        # a restart every build is the operator's, read-only to visitors.
+        # Public mode: who made which build (build id -> the visitors who made or re-made it). Visitors are page loads of
+        # this process, so this is in memory; the store marks the build as a visitor's (visitor-builds/), and every
+        # public process, this one restarted included, keeps such a build from everyone else.
         self._owners: dict[str, set[str]] = {}
         self._owners_lock = threading.Lock()
+        self._visitor_made = self.engines / "visitor-builds"  # one empty file per build a public visitor made
         # Where this server keeps files, as a response may show it (relative; see policy.relative).
         self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
         self.backends = {
@@ -149,8 +162,8 @@ class Service:
             data["backend"] = self.default_backend(known.get(str(mode), "autoregressive"))
         if data.get("max_new_tokens") is None:
             data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
-        request = self._trained(configs.parse(data, self.registry), visitor)
-        request.check(max_new_tokens_limit=self.limits.max_new_tokens)
+        request = self._trained(configs.parse(data, self.registry, self.limits.max_new_tokens), visitor)
+        self.backends[request.backend].check(request)
         if (self.policy.public and request.backend == "transformers" and request.dtype == "bfloat16"
                 and self.dtype != "bfloat16" and not fast_bf16()):
             # Without native bfloat16 a one-token pass is cheap and a wide one is not (linear.py), so speculation
@@ -173,28 +186,80 @@ class Service:
             return request
         if c.mode not in training.KINDS:
             raise ConfigError(f"'{name}' names trained Medusa heads or an EAGLE module; {c.mode} cannot use it")
-        if not self.visible(name.removeprefix(training.PREFIX), visitor):
-            raise ConfigError(f"there is no finished training run '{name.removeprefix(training.PREFIX)[:40]}' of yours "
-                              "(see the Train tab)")
+        build_id = name.removeprefix(training.PREFIX)
+        if self.policy.public and training.is_name(name) and not (self._ready(build_id) and self.visible(build_id, visitor)):
+            # One answer whether the run is missing or someone else's: a refusal must not tell them apart.
+            raise ConfigError(f"there is no finished training run '{build_id[:40]}' of yours (see the Train tab)")
         path = training.artifact_dir(self.store, name, c.mode, self.model)
         return request.model_copy(update={"speculative_config": c.model_copy(update={"speculative_model": str(path)})})
 
     # ------------------------------------------------------------------ generation
-    def submit(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None,
-               visitor: str | None = None) -> Job:
-        """Validate, prepare (load the model and what the mode drafts with, encode, check the prompt),
-        then queue the generation. Raises ConfigError / ModelError / QueueFull before anything is queued."""
-        request = self.request(data, visitor)
+    def check(self, data: dict[str, Any] | DecodeRequest, visitor: str | None = None) -> Checked:
+        """request(), as the value submit() and stream() take without checking it again."""
+        return Checked(self.request(data, visitor), visitor, self)
+
+    def submit(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None = None,
+               visitor: str | None = None, client: str | None = None) -> Job:
+        """Validate (unless `data` is this service's check for this visitor), prepare (load the model and what the mode
+        drafts with, encode, check the prompt, build the drafter), then queue the generation. Raises ConfigError /
+        ModelError / QueueFull before anything is queued. `client` (an HTTP client's address): whose jobs count against
+        the policy's per-visitor bound."""
+        if isinstance(data, Checked):
+            if data.by is not self or data.visitor != visitor:  # a caller's slip, not a user's: its limits were others'
+                raise ValueError("a request checked by another service or for another visitor: check it here")
+            request = data.request
+        else:
+            request = self.request(data, visitor)
         prompt = prompt if isinstance(prompt, Prompt) else Prompt(prompt)
         self._require_text([m["content"] for m in prompt.messages] or [prompt.text])
         backend = self.backends[request.backend]
         state = backend.availability()
         if not state.available:
             raise ConfigError(f"the {request.backend} backend is not available: {state.reason}")
+        if self.policy.public and visitor is None:
+            self._check_operators_engine(request, model or self.model)
+        # A visitor's run on vLLM may start its engine (prepare): the engine is then theirs, as one built in Engines is.
+        claims = self.policy.public and visitor is not None and request.backend == "vllm"
+        engine = self._engine_id(request, model or self.model) if claims else None
+        existed = engine is not None and self._ready(engine)
         work = backend.prepare(model or self.model, request, prompt, self.limits)
-        return self.jobs.submit(work)
+        if engine is not None and not existed:  # a run on another's engine uses it; it does not make it theirs
+            self._claim(engine, visitor, existed)
+        return self.jobs.submit(work, visitor or client, self.policy.visitor_jobs)
 
-    def stream(self, data: dict[str, Any] | DecodeRequest, prompt: str | Prompt, model: str | None = None,
+    def vllm_engine(self, request: DecodeRequest, model: str, progress: Progress | None = None,
+                    visitor: str | None = None) -> tuple[dict[str, Any], str]:
+        """The request's vLLM build and its running server's URL (built, started or reused); the visitor's when this
+        made it (engine_build: also when they re-made another visitor's)."""
+        existed = self._ready(self._engine_id(request, model))
+        manifest, url = self.backends["vllm"].engine(model, request, progress)
+        self._claim(manifest["id"], visitor, existed)
+        return manifest, url
+
+    def _engine_id(self, request: DecodeRequest, model: str) -> str:
+        """The id of the build each engine backend makes of the request (VLLMBackend.engine, _trtllm_kwargs)."""
+        try:
+            spec = (spec_for(request, model, dtype=self.dtype) if request.backend == "vllm"
+                    else spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size))
+            return self.store.spec_id(spec)
+        except EngineError as err:
+            raise ConfigError(str(err)) from None
+
+    def _check_operators_engine(self, request: DecodeRequest, model: str) -> None:
+        """A public server's anonymous client (no web page: `serve --public`) starts no engine: it may decode on one the
+        operator started (running), else it is refused before anything is built."""
+        if request.backend not in ("vllm", "tensorrt_llm"):
+            return
+        build_id = self._engine_id(request, model)
+        if request.backend == "vllm":
+            up = self.backends["vllm"].processes.state(build_id)["state"] == "running"
+        else:
+            up = self._ready(build_id)
+        if not up:
+            raise ConfigError(f"this public server's clients decode only on engines its operator started, and no "
+                              f"{request.backend} engine for these settings is running: use the transformers backend")
+
+    def stream(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None = None,
                visitor: str | None = None) -> Iterator[dict[str, Any]]:
         """submit() and its messages; closing the iterator early (a Stop button, a dropped client) cancels the job."""
         job = self.submit(data, prompt, model, visitor)
@@ -227,13 +292,26 @@ class Service:
 
         def work(cancel):
             note = target.fast["note"]  # which pass is timed: the one runs use
-            yield {"type": "cost", "dtype": target.dtype, "pass": note, **runner.verify_cost(target, ids, repeats=repeats)}
+            for _ in range(3):  # a curve broken by a burst of other load is measured again before anyone sees it
+                cost = runner.verify_cost(target, ids, repeats=repeats)
+                if not runner.falls(cost) or cancel.is_set():
+                    break
+            yield {"type": "cost", "dtype": target.dtype, "pass": note, **cost}
             yield {"type": "end", "finish_reason": "length", "error": None}
 
         messages = list(self.jobs.submit(work).messages())
         if messages[-1].get("error"):
             raise RuntimeError(messages[-1]["error"])
         return next({k: v for k, v in m.items() if k != "type"} for m in messages if m["type"] == "cost")
+
+    def load_sweep(self, data: dict[str, Any], ns: str | list[int] | None = None, max_new_tokens: int = 32,
+                   ours: bool = False, progress: Progress | None = None, visitor: str | None = None) -> Job:
+        """N concurrent requests (1, 2, 4, 8, 16 by default; at most load.PUBLIC_MAX_N in public mode) to the vLLM
+        engine of a speculative request and to the plain engine of the same model, queued as a job whose messages
+        are its points and, at the end, the recorded sweep (load.py). Raises ConfigError before anything is queued."""
+        from app.service import load
+
+        return load.submit(self, data, ns, max_new_tokens, ours, progress, visitor)
 
     # ------------------------------------------------------------------ engine builds
     def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> BuildSpec:
@@ -249,7 +327,7 @@ class Service:
         request = self.request(data, visitor)
         plan = self.store.plan(self.engine_spec(request, model, visitor))
         if request.backend == "tensorrt_llm":  # what it does not take, from the request: a spec keeps no runtime field
-            plan["notes"] = configs.trtllm_notes(request) + plan["notes"]
+            plan["notes"] = trt.trtllm_notes(request) + plan["notes"]
         return self.relative(plan)
 
     def engine_build(self, data: dict[str, Any] | DecodeRequest, model: str | None = None,
@@ -259,14 +337,12 @@ class Service:
         A vLLM engine is also started (or found running): its manifest then carries `server` ({state, url, pid})."""
         self._check_visitor(visitor)
         spec = self.engine_spec(data, model, visitor)
-        existed = self._ready(self.store.spec_id(spec))
         request = self.request(data, visitor)
         if request.backend == "vllm":
-            backend = self.backends["vllm"]
-            manifest, _ = backend.engine(model or self.model, request, progress)
-            manifest = {**manifest, "server": backend.processes.state(manifest["id"])}
-        else:
-            manifest = self.store.build(spec, progress=progress)
+            manifest, _ = self.vllm_engine(request, model or self.model, progress, visitor)
+            return {**manifest, "server": self.backends["vllm"].processes.state(manifest["id"])}
+        existed = self._ready(self.store.spec_id(spec))
+        manifest = self.store.build(spec, progress=progress)
         self._claim(manifest["id"], visitor, existed)
         return manifest
 
@@ -283,8 +359,13 @@ class Service:
         manifest = self.store.get(build_id)
         return self._with_server(manifest) if manifest else None
 
-    def engine_stop(self, build_id: str) -> bool:
-        """Stop a vLLM engine's server (its build stays); True when one was running."""
+    def engine_stop(self, build_id: str, visitor: str | None = None) -> bool:
+        """Stop a vLLM engine's server (its build stays); True when one was running. In public mode a visitor stops
+        only their own (engine_removable), with the same answer whether the id exists or is someone else's."""
+        if self.policy.public and build_id not in self.engine_removable(visitor):
+            raise ConfigError(f"'{str(build_id)[:40]}' is not an engine of yours: in public mode a visitor stops only "
+                              "the engines they started in this page (the operator manages the rest)")
+        self.store.get(build_id)  # refuses what is not a build id (a path) before the process layer reads anything
         return self.backends["vllm"].processes.stop(build_id)
 
     def engine_remove(self, build_id: str, visitor: str | None = None) -> None:
@@ -303,8 +384,9 @@ class Service:
                 del self._owners[build_id]
         manifest = self.store.get(build_id)
         if manifest and manifest.get("kind") == "vllm-server":
-            self.engine_stop(build_id)
+            self.backends["vllm"].processes.stop(build_id)  # ownership was checked above
         self.store.remove(build_id)
+        (self._visitor_made / build_id).unlink(missing_ok=True)
 
     def _with_server(self, manifest: dict[str, Any]) -> dict[str, Any]:
         if manifest.get("kind") != "vllm-server":
@@ -312,12 +394,16 @@ class Service:
         return {**manifest, "server": self.backends["vllm"].processes.state(manifest["id"])}
     # ------------------------------------------------------------------ ownership (public mode)
     def visible(self, build_id: str, visitor: str | None) -> bool:
-        """Whether a caller sees a build: always off public mode; in it, the operator's (made by no visitor) and its own."""
+        """Whether a caller sees a build: always off public mode; in it, the operator's (made by no visitor) and its own.
+        A build a visitor made is marked in the store, so no other public process (`serve --public`, a restarted web
+        app) takes it for the operator's."""
         if not self.policy.public:
             return True
         with self._owners_lock:
             owners = self._owners.get(build_id)
-        return owners is None or visitor in owners
+        if owners is not None:
+            return visitor in owners
+        return not (self._visitor_made / build_id).exists()
 
     def _owns(self, build_id: str, visitor: str | None) -> bool:
         with self._owners_lock:
@@ -330,6 +416,8 @@ class Service:
         with self._owners_lock:
             if not existed or build_id in self._owners:
                 self._owners.setdefault(build_id, set()).add(visitor)
+                self._visitor_made.mkdir(parents=True, exist_ok=True)
+                (self._visitor_made / build_id).touch()
 
     def _check_visitor(self, visitor: str | None) -> None:
         if self.policy.public and not visitor:
@@ -387,6 +475,8 @@ class Service:
             cancel.set()
 
         timer = threading.Timer(self.policy.train_time_limit_s, expire) if math.isfinite(self.policy.train_time_limit_s) else None
+        data = self.engines / "data"  # what a run generates to train on (answers, features): up to hundreds of MB
+        kept = set(data.glob("*"))
         try:
             if timer is not None:
                 timer.daemon = True
@@ -401,6 +491,9 @@ class Service:
         finally:
             if timer is not None:
                 timer.cancel()
+            if self.policy.public:  # a visitor's run stores no data beyond itself; the operator's stay cached for reuse
+                for made in set(data.glob("*")) - kept:
+                    shutil.rmtree(made, ignore_errors=True)
             self._training.release()
         self._claim(manifest["id"], visitor, existed)
         return manifest
@@ -460,6 +553,8 @@ TRAINING_OFF = ("training is off on this public server: a run takes both CPU cor
 
 def _check_text(texts: list[str], max_chars: int) -> None:
     """A prompt a tokenizer can take: some text, valid Unicode, and not far longer than the prompt limit allows."""
+    if not all(isinstance(text, str) for text in texts):
+        raise ConfigError("the prompt must be text: type something to continue")
     if not any(text.strip() for text in texts):
         raise ConfigError("the prompt is empty: type something to continue")
     size = sum(len(t) for t in texts)

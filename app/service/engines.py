@@ -41,11 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from app import models
-from app.config import ConfigError
-from app.service import configs
+from app.modes import MODES, ConfigError, DecodeRequest, configs
 from app.service.backends import tensorrt_llm as trt
-from app.modes import MODES
-from app.service.configs import DecodeRequest
+from app.service.errors import BuildError, EngineError
 
 Progress = Callable[[float, str], None]
 Builder = Callable[[Path, Progress], dict]
@@ -77,11 +75,6 @@ ENGINE_KINDS = {
 # Build settings of a TensorRT engine (BuildConfig); a spec may override them.
 TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120}
 # Fields of our configs that only steer a run, never what is built (per decoding_type).
-RUNTIME_FIELDS = {"Lookahead": {"request", "pool_from_prompt"}, "NGram": {"max_candidates", "ngram_draft_lens"},
-                  "Medusa": {"typical_acceptance", "posterior_threshold", "posterior_alpha", "min_path_prob"},
-                  "Eagle": {"min_path_prob"}}
-
-
 def _heads(mode: str) -> bool:
     """Whether the mode drafts with trained heads or a module beside the target (its registry entry says)."""
     entry = MODES.get(mode)
@@ -92,14 +85,6 @@ def _draft_model(mode: str) -> bool:
     """Whether the mode drafts with a draft model of its own (its registry entry says)."""
     entry = MODES.get(mode)
     return entry is not None and entry.draft_model
-
-
-class EngineError(ValueError):
-    """A spec or build id the store cannot use; the message is meant for the user."""
-
-
-class BuildError(EngineError):
-    """A build that failed; nothing was left at its final path."""
 
 
 # ----------------------------------------------------------------------------- specs
@@ -150,7 +135,6 @@ def spec_for(request: DecodeRequest, model: str, *, build_config: dict | None = 
     tensorrt_llm: the engine bakes in the speculative config (lookahead's (W, N, G) and the
     derived max_draft_len, a Medusa tree, ...), the build settings and the tensor parallelism.
     vllm: a server per dtype and vLLM `speculative_config` (`dtype` is the one "auto" stands for)."""
-    request.check()
     if request.backend == "vllm":
         return _vllm_spec(request, model, dtype)
     if request.backend not in ("transformers", "tensorrt_llm"):
@@ -163,12 +147,12 @@ def spec_for(request: DecodeRequest, model: str, *, build_config: dict | None = 
     if hasattr(c, "speculative_model"):
         config["speculative_model"] = c.speculative_model
     if request.backend == "tensorrt_llm":
-        fields = c.model_dump(exclude=RUNTIME_FIELDS.get(c.decoding_type, set()) | {"speculative_model"})
+        fields = c.model_dump(exclude={*request.entry.runtime_fields, "speculative_model"})
         for name in ("medusa_choices", "eagle_choices"):  # a tree by its paths, not by a name whose file may change
             if fields.get(name) is not None:
                 fields[name] = configs.medusa_choices(fields[name] if isinstance(fields[name], str) else json.dumps(fields[name]))
         config.update(speculative_config=fields, max_draft_len=c.max_draft_len,
-                      trtllm_backend=configs.trtllm_backend(request),
+                      trtllm_backend=trt.trtllm_backend(request),
                       tensor_parallel_size=tensor_parallel_size)
         if config["trtllm_backend"] == "tensorrt":
             config["build_config"] = {**TRT_BUILD_DEFAULTS, **(build_config or {})}
@@ -493,6 +477,7 @@ def _request(spec: BuildSpec) -> DecodeRequest:
         fields["speculative_model"] = cfg["speculative_model"]
     request = MODES.request(speculative_config=fields, backend="tensorrt_llm", trtllm_backend=cfg.get("trtllm_backend"))
     request.check()
+    trt.check(request)
     return request
 
 
@@ -509,9 +494,9 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
     model_dir = _model_dir(spec.model, engines)
     llm: dict[str, Any] = {"model": model_dir, "tensor_parallel_size": spec.config.get("tensor_parallel_size", 1)}
     prepare: list[dict] = []
-    notes: list[str] = []  # the artifact's; Service.engine_plan adds configs.trtllm_notes (runtime fields are not in a spec)
+    notes: list[str] = []  # the artifact's; Service.engine_plan adds trt.trtllm_notes (runtime fields are not in a spec)
     cannot_run: list[str] = []
-    speculative = configs.trtllm_speculative_config(request)
+    speculative = trt.trtllm_speculative_config(request)
     if speculative is not None:
         given = spec.config.get("speculative_model")
         # resolve() made sure an artifact mode has one
@@ -539,10 +524,10 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
         decoding_type = request.speculative_config.decoding_type
         build = {**TRT_BUILD_DEFAULTS, **spec.config.get("build_config", {}),
                  "speculative_decoding_mode": trt.ENGINE_MODES.get(decoding_type, "NONE"),
-                 "max_draft_len": configs.trtllm_engine_draft_len(request)}
+                 "max_draft_len": trt.trtllm_engine_draft_len(request)}
         llm["build_config"] = build
         plan["save"] = "{build_dir}/engine"
-        command = configs.trtllm_build_plan(request, "{checkpoint_dir}", "{build_dir}/engine", build["max_batch_size"])
+        command = trt.trtllm_build_plan(request, "{checkpoint_dir}", "{build_dir}/engine", build["max_batch_size"])
         command += ["--max_seq_len", str(build["max_seq_len"]), "--max_num_tokens", str(build["max_num_tokens"])]
         plan["trtllm_build"] = {
             "command": command,
@@ -784,7 +769,7 @@ def vllm_plan(spec: BuildSpec, engines: Path, build_dir: str) -> dict:
 def vllm_builder(spec: BuildSpec, engines: Path) -> Builder:
     """What a vLLM server loads from disk: the prepared model, and the draft as a plain model directory (vLLM's
     draft_model reads no draft vocabulary: it scores the draft's full tied head) or a copy of the EAGLE-3 module."""
-    from app.training.draft import DRAFT_VOCAB
+    from app.heads.draft import DRAFT_VOCAB
 
     spec = resolve(spec)
 

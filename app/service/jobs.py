@@ -27,6 +27,10 @@ class QueueFull(RuntimeError):
     """Too many jobs are waiting; the message says so in words a user understands."""
 
 
+class TooMany(QueueFull):
+    """One visitor or client has as many jobs running or waiting as it may; the message says so."""
+
+
 @dataclass(frozen=True)
 class Limits:
     max_concurrency: int = 1  # generations running at once (2 CPU cores: more only share them)
@@ -37,8 +41,9 @@ class Limits:
 
 
 class Job:
-    def __init__(self, job_id: str, work: Work, time_limit_s: float) -> None:
+    def __init__(self, job_id: str, work: Work, time_limit_s: float, owner: str | None = None) -> None:
         self.id = job_id
+        self.owner = owner
         self.cancel_event = threading.Event()
         self.status = "queued"  # queued | running | done | cancelled | timeout | failed
         self.error: str | None = None
@@ -116,8 +121,9 @@ class Job:
             self._finish()
 
     def _finish(self) -> None:
-        self._out.put(_END)
+        # Done before the consumer can see the end: its next job (a race's second run) must not count this one.
         self.done.set()
+        self._out.put(_END)
 
 
 class JobManager:
@@ -130,18 +136,25 @@ class JobManager:
         self._ids = itertools.count(1)
         self._jobs: dict[str, Job] = {}
 
-    def submit(self, work: Work) -> Job:
+    def submit(self, work: Work, owner: str | None = None, per_owner: int | None = None) -> Job:
+        """Queue `work`. `owner` (a visitor, a client address) may have at most `per_owner` jobs running or waiting,
+        so no one fills the queue for everybody else."""
         with self._lock:
             # Counted from unfinished jobs, not from status == "queued": a job just handed to a free worker is still
             # "queued" until that thread starts it, and a burst of submits must not be refused for that.
             active = sum(not j.done.is_set() for j in self._jobs.values())
+            if owner is not None and per_owner is not None:
+                mine = sum(j.owner == owner and not j.done.is_set() for j in self._jobs.values())
+                if mine >= per_owner:
+                    raise TooMany(f"you already have {mine} generation(s) running or waiting on this server, the most one "
+                                  "visitor may: wait for one to finish (or stop it)")
             waiting = max(0, active - self.limits.max_concurrency)
             if waiting >= self.limits.max_queue:
                 raise QueueFull(
                     f"the server is busy: {waiting} generations are already waiting (limit {self.limits.max_queue}); "
                     "try again in a moment"
                 )
-            job = Job(f"job-{next(self._ids)}", work, self.limits.time_limit_s)
+            job = Job(f"job-{next(self._ids)}", work, self.limits.time_limit_s, owner)
             self._jobs[job.id] = job
             # Finished jobs are forgotten: only queued and running ones count or can be cancelled by id.
             for old in [k for k, j in self._jobs.items() if j.done.is_set()]:

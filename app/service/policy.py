@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError
+from app.modes import ConfigError
 
 PUBLIC_TIME_LIMIT_S = 60.0  # a generation in public mode (the operator's default is 300 s)
 PUBLIC_MAX_NEW_TOKENS = 512
@@ -58,6 +58,9 @@ class Policy:
     # beyond the ones the operator prepared, at a time, and how long one may idle before it is stopped.
     visitor_engines: int = 1
     engine_idle_s: float = 600.0
+    # Generations one visitor (a page of the web app) or client (an address, for the HTTP server) may have running
+    # or waiting at once; None = no bound. Public mode: a race is two in turn, so 2 leaves room and fills no queue.
+    visitor_jobs: int | None = None
 
     @classmethod
     def for_public(cls, *, allow_model_paths: bool = False, allow_hub: bool = False,
@@ -67,7 +70,7 @@ class Policy:
         if not limit >= 0:
             raise ConfigError(f"--train-time-limit must be a number of seconds >= 0 (0 = training off), got {limit}")
         return cls(public=True, allow_model_paths=allow_model_paths, allow_hub=allow_hub, train=limit > 0,
-                   train_time_limit_s=limit if limit > 0 else math.inf, train_caps=TrainCaps())
+                   train_time_limit_s=limit if limit > 0 else math.inf, train_caps=TrainCaps(), visitor_jobs=2)
 
     def check_model_name(self, name: str, registry: tuple[str, ...]) -> None:
         """Whether a request may name `name` as its speculative_model (registry names and trained:<id> are checked

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from app.modes import MODES
+from app.modes import MODES, Modes
 from app.models import DTYPES
 
 MAX_BYTES = 8 * 2**20  # a 128-token EAGLE trace with its baseline is ~0.5 MB
@@ -60,6 +60,7 @@ class Recording:
         # How the target ran: the transformers backend's pass ("compiled pass, loaded in 1.9 s", ...), the TensorRT-LLM
         # engine it ran on (opened, reused, another shut down first).
         self.pass_note: str | None = None
+        self.waiting: str | None = None  # what it waits for before its first message (the display's, not recorded)
 
     def add(self, message: dict[str, Any]) -> None:
         self.texts.update(message.get("texts") or {})
@@ -147,6 +148,16 @@ def steps(events: Iterable[Any] | None) -> list[dict]:
 # so it cannot cost less than that step. A run whose steps did (beyond this much noise) was timed under other load than
 # its baseline: its ratio is not a result.
 IMPOSSIBLE_BELOW = 0.9
+# A run and its baseline whose shares of the CPU they asked for (totals.cpu_share) differ by more than this factor did
+# not run under the same load. Said beside the ratio, not instead of it: under the test suite's two workers the share
+# swung by up to about 1.3 between a baseline and its run with no effect on the ratio beyond its interval.
+LOAD_CHANGED = 1.5
+
+
+def load_said(load: dict) -> str:
+    """speedup_parts' `load` in words: the shares of the CPU a run and its baseline got."""
+    return (f"the machine's load changed: this run got {load['run']:.0%} of the CPU it asked for, its baseline "
+            f"{load['baseline']:.0%}")
 
 
 def step_times(events: list[dict] | None) -> list[tuple[int, float]]:
@@ -190,7 +201,8 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dic
     (tokens per target pass) divided by what a step of it cost in autoregressive steps, and that cost
     splits into the verify pass, the drafting and the loop's own work. Prefill excluded: both runs pay
     it alike (the race and `overall` include it). `interval`: the decoding speedup's 95 % interval from the
-    step times' spread; `doubt`: why the ratio is not a result (a step cheaper than the pass it contains), else None."""
+    step times' spread; `doubt`: why the ratio is not a result (a step cheaper than the pass it contains), else None;
+    `load`: the CPU shares of the run and its baseline when they differ by more than LOAD_CHANGED, else None."""
     run, base = decoding(events), decoding(baseline)
     if not run or not base or not base["tokens"]:
         return None
@@ -208,13 +220,17 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dic
                       "contains: the machine's load changed between this run and its baseline"
                       if cheapest < IMPOSSIBLE_BELOW else None)
     totals = [(steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
+    shares = [t.get("cpu_share") for t in totals]
+    parts["load"] = None
+    if all(is_number(s) and 0 < s <= 1 for s in shares) and max(shares) / min(shares) > LOAD_CHANGED:  # a share, or none
+        parts["load"] = {"run": shares[0], "baseline": shares[1]}
     if all(is_number(t.get("elapsed_s")) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
         parts["overall"] = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])
     return parts
 
 
-def read(path: str | Path, max_bytes: int = MAX_BYTES) -> tuple[Recording, Recording | None]:
-    """The run (and the baseline it raced, if any) of a trace file; TraceError if it is not one."""
+def read(path: str | Path, max_bytes: int = MAX_BYTES, modes: Modes = MODES) -> tuple[Recording, Recording | None]:
+    """The run (and the baseline it raced, if any) of a trace file of `modes`' runs; TraceError if it is not one."""
     path = Path(path)
     size = path.stat().st_size
     if size > max_bytes:
@@ -225,10 +241,10 @@ def read(path: str | Path, max_bytes: int = MAX_BYTES) -> tuple[Recording, Recor
         raise TraceError(f"{NOT_A_TRACE} (the file is not JSON: {err})") from None
     except (RecursionError, ValueError):  # nested deeper than the parser goes; a number of thousands of digits
         raise TraceError(f"{NOT_A_TRACE} (its JSON nests too deep or holds a number too long to read)") from None
-    return parse(data)
+    return parse(data, modes)
 
 
-def parse(data: Any) -> tuple[Recording, Recording | None]:
+def parse(data: Any, modes: Modes = MODES) -> tuple[Recording, Recording | None]:
     """A trace's run and baseline, checked: steps with token ids and numeric totals, known names only.
 
     Whatever the display prints as markup (mode, dtype, finish reasons, totals) is reduced to known
@@ -236,25 +252,27 @@ def parse(data: Any) -> tuple[Recording, Recording | None]:
     display reads is checked for its shape and size, the nesting of the whole document is bounded, and so is
     the HTML the step view of the run would be (MAX_HTML): nothing is drawn before all of it passed."""
     _check_depth(data)
-    run = _parse(data, "the trace")
+    run = _parse(data, "the trace", modes)
     baseline = data.get("baseline")
     if baseline is None:
         return run, None
-    base = _parse(baseline, "its baseline")
+    base = _parse(baseline, "its baseline", modes)
     if base.mode != "autoregressive":
         raise TraceError(f"its baseline must be an autoregressive run, not {base.mode}")
     return run, base
 
 
-def _parse(data: Any, what: str) -> Recording:
+def _parse(data: Any, what: str, modes: Modes) -> Recording:
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list) or not data["steps"]:
         raise TraceError(f"{NOT_A_TRACE} ({what} has no list of steps)")
     if len(data["steps"]) > MAX_STEPS:
         raise TraceError(f"{what} has {len(data['steps']):,} steps; a replay shows at most {MAX_STEPS:,}")
     mode = data.get("mode")
-    # An unknown mode (an old `generate --json` has none) is left to the display, which reads it off the steps.
-    run = Recording(mode if mode in MODES.names + MODES.merged else None)
-    run.events = [_step(step, i, what) for i, step in enumerate(data["steps"])]
+    if mode not in modes.names + modes.merged:
+        raise TraceError(f"{what} names no mode of this app (its `mode` must be one of {', '.join(modes.names + modes.merged)})")
+    run = Recording(mode)
+    source = {**COMMON_SOURCE, **modes[modes.split(mode)[0]].provenance}
+    run.events = [_step(step, i, what, source) for i, step in enumerate(data["steps"])]
     if run.events[0]["kind"] != "prefill":
         raise TraceError(f"{what} does not start with its prefill step")
     run.dtype = data.get("dtype") if data.get("dtype") in DTYPES else None
@@ -307,24 +325,12 @@ def _drawn_size(events: list[dict], texts: dict[int, str]) -> int:
     return size
 
 
-# The shapes of what the display reads in a step's `source` (its provenance, per mode) and `target` (what the
-# target made of the draft): "id" a token id, "int" any integer, "num" a finite number, "num?" one or None, "str"
-# a short text, ("list", shape, most), ("dict", {key: shape}) (other keys dropped), ("opt", shape) the shape or None.
-_MATCH = ("dict", {"ngram": ("list", "id", 64), "position": "int", "in_prompt": "bool", "continuation_position": "int"})
-_MATCHES = ("list", _MATCH, 64)
-SOURCE = {
-    "match": ("opt", _MATCH), "matches": _MATCHES,
-    "window": ("list", ("list", "id", 256), 64), "candidates": ("list", ("list", "id", 256), 256),
-    "draft_probs": ("list", "num?", MAX_NODES), "draft_vocab": "int",
-    "tree": ("dict", {"tokens": ("list", "id", MAX_NODES), "parents": ("list", "int", MAX_NODES),
-                      "scores": ("list", "num?", MAX_NODES), "paths": ("list", ("list", "int", 64), MAX_NODES)}),
-    "depth": "int", "top_k": "int", "total_tokens": "int", "static_nodes": "int", "heads": "int", "min_path_prob": "num",
-    "acceptance": "str", "observed": "str", "not_visible": ("list", "str", 32), "engine": "str",
-    "suffix": ("opt", ("dict", {"match": ("list", "id", 256), "count": "int", "probs": ("list", "num?", MAX_NODES),
-                                "score": "num", "tree": "bool"})),
-    "prompt_lookup": ("dict", {"match": ("opt", _MATCH), "matches": _MATCHES, "nodes": ("list", "int", MAX_NODES),
-                               "new_nodes": "int"}),
-}
+# The shapes of what the display reads in a step's `source` (its provenance: COMMON_SOURCE and its mode's entry's)
+# and `target` (what the target made of the draft): "id" a token id, "int" any integer, "num" a finite number,
+# "num?" one or None, "str" a short text, "bool", ("list", shape, most), ("dict", {key: shape}) (other keys
+# dropped), ("opt", shape) the shape or None.
+# What every mode's steps may hold in `source` besides its own provenance (its entry's `provenance`).
+COMMON_SOURCE = {"min_path_prob": "num", "observed": "str", "not_visible": ("list", "str", 32), "engine": "str"}
 TARGET = {"distribution": "str", "decided": ("list", ("dict", {"after": "int", "top": "id", "top_p": "num?"}), MAX_NODES),
           "p": ("list", "num?", MAX_NODES), "added_p": "num?"}
 
@@ -389,7 +395,7 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
 
 
-def _step(step: Any, i: int, what: str) -> dict[str, Any]:
+def _step(step: Any, i: int, what: str, source: dict[str, Any]) -> dict[str, Any]:
     """A step event (app.decoding.types.StepEvent) with the types the display relies on, or TraceError."""
     def bad(why: str) -> TraceError:
         return TraceError(f"step {i} of {what} is malformed: {why}")
@@ -414,7 +420,7 @@ def _step(step: Any, i: int, what: str) -> dict[str, Any]:
     if not _ids(step.get("accepted_tokens", [])) or not (step.get("added_token") is None or _ids([step["added_token"]])):
         raise bad("accepted_tokens and added_token must be token ids")
     out["accepted_tokens"], out["added_token"] = step.get("accepted_tokens", []), step.get("added_token")
-    for key, shape in (("source", SOURCE), ("target", TARGET)):
+    for key, shape in (("source", source), ("target", TARGET)):
         try:
             out[key] = _shaped(step.get(key) or {}, ("dict", shape), key)
         except TraceError as err:

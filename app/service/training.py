@@ -24,8 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from app import models
-from app.config import ConfigError
-from app.service.configs import validated
+from app.modes import ConfigError
+from app.modes.configs import validated
 from app.service.engines import BuildError, BuildSpec, Builder, EngineStore, Progress, tree_sha256
 from app.training.recipes import STAGES  # the order a run goes through
 
@@ -66,7 +66,7 @@ class TrainConfig(BaseModel):
 
     def check(self) -> None:
         """Every rule that needs no store; one ConfigError sentence per problem."""
-        if self.init_from not in STARTS and not _is_trained(self.init_from):
+        if self.init_from not in STARTS and not is_name(self.init_from):
             raise ConfigError(f"init_from must be shipped, scratch or trained:<build id>, got '{self.init_from}'")
         if not 0 <= self.data_offset < CONVERSATIONS:
             raise ConfigError(f"data_offset must be in [0, {CONVERSATIONS}) (ShareGPT conversations), got {self.data_offset}")
@@ -100,14 +100,15 @@ def parse(data: dict[str, Any] | TrainConfig) -> TrainConfig:
     return data
 
 
-def _is_trained(name: str) -> bool:
+def is_name(name: str) -> bool:
+    """Whether `name` has the form of a trained artifact's name (trained: and a 16-digit build id)."""
     return bool(re.fullmatch(PREFIX + r"[0-9a-f]{16}", name or ""))
 
 
 def artifact_dir(store: EngineStore, name: str, kind: str, model: str) -> Path:
     """The directory of the trained artifact `trained:<id>`, checked: a ready training build of `kind` for
     `model`. Raises ConfigError saying what is wrong (ids come from users: nothing else is ever read)."""
-    if not _is_trained(name):
+    if not is_name(name):
         raise ConfigError(f"'{name}' is not a trained artifact's name (trained: and a 16-digit build id)")
     build_id = name.removeprefix(PREFIX)
     manifest = store.get(build_id)

@@ -72,7 +72,7 @@ def export(source: Path, out: Path, base_model: str | None = None, format: str |
         heads = medusa.load(source)
         medusa.export_trtllm(heads, _lm_head(base_model), out, base_model)
     else:
-        from app.training.draft import write_model
+        from app.heads.draft import write_model
 
         base = _base(base_model)
         write_model(base.model, base.tokenizer, source, out, draft_vocab=False)

@@ -214,7 +214,7 @@ def artifact_config(kind: str, path: str | Path) -> dict:
         from app.heads import medusa
 
         return medusa.load_config(path)
-    from app.training.draft import read_layers
+    from app.heads.draft import read_layers
 
     return read_layers(Path(path))[0]
 
@@ -230,7 +230,7 @@ def _architecture_of(kind: str, settings: TrainSettings, target: LoadedModel) ->
     if kind == "medusa":
         return replace(settings, medusa_num_heads=int(c["medusa_num_heads"]), medusa_num_layers=int(c["medusa_num_layers"]),
                        draft_vocab_size=int(c.get("draft_vocab_size") or vocab_size))
-    from app.training.draft import read_layers
+    from app.heads.draft import read_layers
 
     d2t = read_layers(Path(settings.init_from))[2]
     return replace(settings, draft_layers=len(c["kept_layers"]), draft_vocab_size=len(d2t) if d2t is not None else vocab_size)
@@ -266,7 +266,8 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
     # Every kind ranks the target's most frequent tokens of the training data (vocab.py).
     d2t = vocab.from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size, include=target.eos_token_ids)
     if kind == "draft":
-        from app.training.draft import distill_loss, make_draft, read_layers, rebuild, save_layers
+        from app.training.draft import distill_loss
+        from app.heads.draft import make_draft, read_layers, rebuild, save_layers
 
         if s.init_from:
             draft, d2t = rebuild(model, Path(s.init_from)), read_layers(Path(s.init_from))[2]
@@ -319,12 +320,12 @@ def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engi
     Spec-Bench prompt of each category (up to `n_prompts` prompts)."""
     from app.prompts import load_prompts
     from app.modes import MODES
-    from app.service.configs import DecodingConfig
+    from app.runner import DecodingConfig
     from app.runner import load_companion, run
 
     prompts = load_prompts(None, None, 1)[:n_prompts]
     if kind == "draft":
-        from app.training.draft import read_layers, rebuild
+        from app.heads.draft import read_layers, rebuild
 
         draft = rebuild(target.model, out_dir).to(target.model.dtype)
         cfg = DecodingConfig(MODES["draft_target"].config(), max_new_tokens=max_new_tokens)

@@ -18,7 +18,6 @@ import plotly.io as pio
 from app.modes import MODES, Modes
 from app.ui.learn import earning_sizes, expected_speedup
 from app.service.traces import is_number, steps
-from app.ui.render import infer_mode
 
 HEIGHT = 300
 _TEMPLATE = pio.templates["none"]  # the object: naming it makes plotly look it up and copy it per figure
@@ -51,8 +50,9 @@ def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
     """The shared look. Built as one layout dict in the constructor: plotly's update_layout with nested
     keys costs ~15 ms a figure, and the UI redraws while the model generates in the same process."""
     def axis(text: str) -> dict:
+        # automargin: the margins grow to hold long tick labels and titles (11 modes' names) instead of clipping them
         return dict(title=dict(text=text, font=dict(size=15)), tickfont=dict(size=14), rangemode="tozero",
-                    gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+                    gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID, automargin=True)
 
     layout: dict[str, Any] = dict(
         template=_TEMPLATE,
@@ -83,10 +83,9 @@ def _empty(title: str, message: str = EMPTY) -> go.Figure:
     return _layout(fig, title, "", "")
 
 
-def _label(events: list[dict], label: str | None, modes: Modes) -> tuple[str, str]:
-    """(trace name, colour) for a run: the given label, else the mode read off the trace."""
-    mode = infer_mode(events) or ""
-    return label or _name(mode, modes, "This run"), _colour(mode, modes)
+def _label(mode: str | None, label: str | None, modes: Modes) -> tuple[str, str]:
+    """(trace name, colour) for a run of `mode`: the given label, else the mode's name."""
+    return label or _name(mode or "", modes, "This run"), _colour(mode or "", modes)
 
 
 def _cumulative(events: list[dict]) -> list[tuple[float | None, float]]:
@@ -98,6 +97,12 @@ def _cumulative(events: list[dict]) -> list[tuple[float | None, float]]:
         new = _number(totals.get("new_tokens"))
         points.append((_number(totals.get("elapsed_s")), new if new is not None else count))
     return points
+
+
+# Line dashes and marker symbols for curves that must be told apart without colour (the baseline's dash is "dash").
+_DASHES = ("solid", "dot", "dashdot", "longdash", "longdashdot", "5px,2px,1px,2px")
+_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "hexagon", "triangle-down", "pentagon",
+            "hourglass", "star-square")
 
 
 def _markers(n: int) -> str:
@@ -114,9 +119,9 @@ def _cursor(fig: go.Figure, x: float | None, text: str) -> None:
                       annotation_position="top left", annotation_font=dict(color=FONT, size=13))
 
 
-def race(events: list[dict], baseline: list | None = None, *, label: str | None = None,
+def race(events: list[dict], baseline: list | None = None, *, mode: str | None = None, label: str | None = None,
          baseline_label: str | None = None, cursor: int | None = None, modes: Modes = MODES) -> go.Figure:
-    """Cumulative tokens against wall time for this run and, when given, the autoregressive
+    """Cumulative tokens against wall time for this run (of `mode`) and, when given, the autoregressive
     baseline on the same axes. `baseline`: a list of (elapsed_s, new_tokens) points or of step events.
     `cursor`: a step number to mark (the one inspected)."""
     title = "Race: tokens over time"
@@ -127,7 +132,6 @@ def race(events: list[dict], baseline: list | None = None, *, label: str | None 
         if isinstance(baseline[0], Mapping):
             base_events = steps(baseline)
             base = _cumulative(base_events)
-            base_name = baseline_label or _name(infer_mode(base_events) or "", modes, base_name)
         else:
             base = [(_number(p[0]), _number(p[1]) or 0.0) for p in baseline if isinstance(p, (list, tuple)) and len(p) >= 2]
     if not events and not base:
@@ -137,7 +141,7 @@ def race(events: list[dict], baseline: list | None = None, *, label: str | None 
         fig.add_trace(go.Scatter(x=[p[0] for p in base], y=[p[1] for p in base], name=base_name,
                                  mode=_markers(len(base)), line=dict(color=base_color, width=3, dash="dash", shape="hv")))
     if events:
-        name, color = _label(events, label, modes)
+        name, color = _label(mode, label, modes)
         points = _cumulative(events)
         fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], name=name,
                                  mode=_markers(len(points)), line=dict(color=color, width=4, shape="hv")))
@@ -158,7 +162,8 @@ def race_runs(runs: Mapping[str, list[dict]], until: float | None = None, modes:
         return _empty(title, "No runs yet: compare runs one prompt through each mode in turn.")
     fig = go.Figure()
     ends = [0.0, 0.0]
-    for name, events in curves:
+    others = 0  # the curves drawn so far other than the baseline
+    for i, (name, events) in enumerate(curves):
         mode = mode_key(str(name), modes)
         points = _cumulative(events)
         timed = [p for p in points if p[0] is not None]
@@ -166,11 +171,15 @@ def race_runs(runs: Mapping[str, list[dict]], until: float | None = None, modes:
         if until is not None:
             points = [p for p in timed if p[0] <= until]
         baseline = mode == "autoregressive"
+        # Told apart without colour too: each line its own dash and marker (at most 24 markers drawn on a line).
         fig.add_trace(go.Scatter(
             x=[p[0] for p in points], y=[p[1] for p in points], name=_name(mode, modes, str(name)),
-            mode=_markers(len(points)),
-            line=dict(color=_colour(mode, modes), width=3, dash="dash" if baseline else "solid", shape="hv"),
+            mode="lines+markers",
+            line=dict(color=_colour(mode, modes), width=3, dash="dash" if baseline else _DASHES[others % len(_DASHES)],
+                      shape="hv"),
+            marker=dict(symbol=_SYMBOLS[i % len(_SYMBOLS)], size=7, maxdisplayed=24),
         ))
+        others += not baseline
     fig = _layout(fig, title, "wall time (s)", "tokens generated")
     if until is not None:
         fig.update_xaxes(range=[0, ends[0] * 1.03 or 1])
@@ -271,7 +280,7 @@ def acceptance_by_depth(events: list[dict], spec_decode: Mapping | None = None) 
     return _layout(fig, title, "draft depth (1 = first token)", "accepted, if reached")
 
 
-def throughput(events: list[dict], *, label: str | None = None, modes: Modes = MODES) -> go.Figure:
+def throughput(events: list[dict], *, mode: str | None = None, label: str | None = None, modes: Modes = MODES) -> go.Figure:
     """Running tokens per second: tokens so far / wall time so far, after each step."""
     title = "Throughput"
     events = steps(events)
@@ -279,7 +288,7 @@ def throughput(events: list[dict], *, label: str | None = None, modes: Modes = M
         return _empty(title)
     points = _cumulative(events)
     rate = [n / t if t else None for t, n in points]
-    name, color = _label(events, label, modes)
+    name, color = _label(mode, label, modes)
     fig = go.Figure(go.Scatter(x=[p[0] for p in points], y=rate, name=name, mode=_markers(len(points)),
                                line=dict(color=color, width=3)))
     fig.update_layout(showlegend=False)
@@ -362,15 +371,20 @@ def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
         end = (x_high, speed * x_high) if speed * x_high <= y_high else (y_high / speed, y_high)
         fig.add_annotation(x=end[0], y=end[1], text=f"{speed:g}×", showarrow=False, xanchor="right", yanchor="bottom",
                            font=dict(color=FONT, size=14))
-    for mode, tau, cost in points:
+    # A few points carry their names; more would write over each other: then a marker each, named in a legend beside.
+    labelled = len(points) <= 4
+    for i, (mode, tau, cost) in enumerate(points):
         name = _name(mode, modes, mode)
         fig.add_trace(go.Scatter(
-            x=[round(cost, 4)], y=[round(tau, 4)], mode="markers+text", name=name, text=[name], textposition="top center",
+            x=[round(cost, 4)], y=[round(tau, 4)], mode="markers+text" if labelled else "markers", name=name,
+            text=[name] if labelled else None, textposition="top center",
             cliponaxis=False,  # a label near the edge stays whole
-            marker=dict(color=_colour(mode, modes), size=16, line=dict(color="#ffffff", width=1)),
+            marker=dict(color=_colour(mode, modes), size=16, symbol=_SYMBOLS[i % len(_SYMBOLS)],
+                        line=dict(color="#ffffff", width=1)),
             hovertemplate=f"{name}: τ %{{y:.2f}} ÷ step %{{x:.2f}} = {tau / cost:.2f}× after the prefill<extra></extra>",
         ))
-    fig.update_layout(showlegend=False, xaxis=dict(range=[x_low, x_high]), yaxis=dict(range=[y_low, y_high]))
+    legend = {} if labelled else {"legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top")}
+    fig.update_layout(showlegend=not labelled, xaxis=dict(range=[x_low, x_high]), yaxis=dict(range=[y_low, y_high]), **legend)
     return _layout(fig, title, "step time (× autoregressive)", "τ after the prefill")
 
 
@@ -437,3 +451,57 @@ def training_loss(losses: list[float] | None, label: str = "Training") -> go.Fig
                    line=dict(color=VERIFY, width=3), hovertemplate="step %{x}: mean %{y:.4f}<extra></extra>"),
     ])
     return _layout(fig, title, "optimiser step", "loss")
+
+
+LATENCY, THROUGHPUT = "#0072B2", "#009E73"
+
+
+def load_sweep(sweep: Mapping | None, row: str | None = None) -> go.Figure:
+    """A load sweep (app/service/load.py): the speculative engine's speedup over the plain engine against the number
+    of concurrent requests N (log2 axis), per request (time per output token) and in total throughput, τ beside it
+    on its own axis, the 1× line, the crossover where speculation stops paying per request, and this project's own
+    loop at batch 1 (the only batch it runs)."""
+    from app.service import load
+
+    title = "Speedup under concurrent load"
+    points = list((sweep or {}).get("points") or []) if isinstance(sweep, Mapping) else []
+    row = row or next((p["row"] for p in points if p.get("row") != load.PLAIN), None)
+    rows = load.speedups(points, row) if row else []
+    if not rows:
+        return _empty(title, "No sweep yet: run one, or replay a recorded one.")
+    method = row.removeprefix("vllm_")
+    ns = [r["n"] for r in rows]
+    fig = go.Figure()
+    for key, name, colour in (("latency", "per request", LATENCY), ("throughput", "total throughput", THROUGHPUT)):
+        fig.add_trace(go.Scatter(
+            x=ns, y=[None if r[key] is None else round(r[key], 4) for r in rows], mode="lines+markers", name=name,
+            line=dict(color=colour, width=3), marker=dict(size=9),
+            hovertemplate=f"N = %{{x}}: %{{y:.2f}}× the plain engine ({name})<extra>{method}</extra>"))
+    fig.add_trace(go.Scatter(
+        x=ns, y=[None if r["tau"] is None else round(r["tau"], 4) for r in rows], mode="lines+markers", name="τ",
+        yaxis="y2", line=dict(color=TAU, width=2, dash="dot"), marker=dict(size=7, symbol="diamond"),
+        hovertemplate="N = %{x}: τ %{y:.2f} tokens per engine step<extra></extra>"))
+    ours = sweep.get("ours") if isinstance(sweep, Mapping) else None
+    if isinstance(ours, Mapping) and _number(ours.get("speedup")) is not None:
+        fig.add_trace(go.Scatter(
+            x=[1], y=[round(float(ours["speedup"]), 4)], mode="markers", name="this app's loop (batch 1 only)",
+            marker=dict(color=ADDED, size=14, symbol="star", line=dict(color="#ffffff", width=1)),
+            hovertemplate="this app's own loop, one request: %{y:.2f}× its autoregressive run<extra></extra>"))
+    fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
+    cross = load.crossover(rows, "latency")
+    if cross["state"] == "crosses":
+        fig.add_vline(x=cross["at"], line=dict(color=TAU, width=2, dash="dash"),
+                      annotation_text=f"stops paying at N = {cross['at']}", annotation_position="top left",
+                      annotation_font=dict(color=TAU, size=13))
+    top = max([1.5] + [v for r in rows for v in (r["latency"], r["throughput"]) if v is not None]) * 1.1
+    tau_top = max([2.0] + [r["tau"] for r in rows if r["tau"] is not None]) * 1.1
+    fig.update_layout(
+        xaxis=dict(type="log", tickvals=ns, ticktext=[str(n) for n in ns]),
+        yaxis=dict(range=[0, top]),
+        yaxis2=dict(title=dict(text="τ", font=dict(size=15, color=TAU)), overlaying="y", side="right", range=[0, tau_top],
+                    tickfont=dict(size=14, color=TAU), showgrid=False, rangemode="tozero"),
+        margin=dict(r=56))
+    out = _layout(fig, f"{title}: vLLM {method} vs plain", "concurrent requests N", "× the plain engine")
+    # plotly.js's transition path fails on a redraw that adds the τ axis ("reading 'range'" of undefined): none here.
+    out.layout.transition = None
+    return out

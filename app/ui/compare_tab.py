@@ -1,6 +1,7 @@
 """The Compare tab: one prompt through several modes, one after another, with a settings preset and greedy decoding;
 speed, tokens per target step and whether each output equals autoregressive decoding's, and the race replayed side
-by side. Handlers return {component: value}."""
+by side. Each row's speedup is over an autoregressive run on its engine kind made just before it. Handlers return
+{component: value}."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.modes import Modes
 from app.service import traces
 from app.service.api import Service
@@ -17,11 +18,12 @@ from app.service.traces import Recording
 from app.ui import charts, learn, render, settings
 from app.ui.controls import QUIET, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions
-from app.ui.streams import clock, paced, session_of, skippable, stop, stream, ticks
+from app.ui.streams import clock, paced, session_of, skippable, stop, stream, ticks, with_waiting
 
 
 def vllm_compared(modes: Modes) -> tuple[str, ...]:
-    """Where vLLM is installed, the same jobs on its engines (their speedup is over our autoregressive run)."""
+    """Where vLLM is installed, the same jobs on its engines (their speedup is over vLLM's plain engine, run just before;
+    the plain engine's own row is over this app's autoregressive run)."""
     return tuple(learn.ENGINE_PREFIX + m.name for m in modes if m.vllm_compare)
 
 
@@ -35,7 +37,8 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Mo
     doubt = parts["doubt"] if parts else None
     return {"mode": learn.label(mode, modes), "tokens_per_s": tps,
             "speedup": tps / base_tps if base_tps and not doubt else None, "doubt": doubt,
-            "step_cost": parts["step_cost"] if parts else None, "decoding_tau": parts["tau"] if parts else None,
+            "load": parts["load"] if parts else None, "step_cost": parts["step_cost"] if parts else None,
+            "decoding_tau": parts["tau"] if parts else None,
             "tau": t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,
             "identical": None if baseline is None else run.token_ids == baseline.token_ids,
             "new_tokens": t.get("new_tokens", 0), "elapsed_s": t.get("elapsed_s")}
@@ -92,7 +95,7 @@ class CompareTab:
                       show_progress="hidden", concurrency_id="generate")
         stop_btn.click(self.stop, None, self.status, queue=False, api_name="compare_stop")
         replay_btn.click(self.replay_race, self.compared, [self.race, self.status], api_name="compare_replay",
-                         show_progress="hidden", concurrency_id="replay", concurrency_limit=4)
+                         show_progress="hidden", concurrency_limit=None)
 
     def stop(self, request: gr.Request) -> str:
         return stop(self.sessions, request)
@@ -114,6 +117,7 @@ class CompareTab:
         runs: dict[str, Recording] = {}
         rows: list[dict[str, Any]] = []
         notes = []
+        last: tuple[str, Recording] | None = None  # the run made last, and its name: a baseline right before the next row
         # One request holds the CPU for at most twice the time limit (as a raced run does): no new mode after one.
         deadline = time.monotonic() + self.service.limits.time_limit_s
         for name in chosen:
@@ -129,24 +133,46 @@ class CompareTab:
             if not state["available"]:
                 notes.append(f"{learn.label(name, self.modes)} skipped: {state['reason']}")
                 continue
+            # Each row's speedup is over an autoregressive run on the same engine kind, made just before it under the
+            # same load (our loop's, or vLLM's plain engine for a vLLM row): one baseline for all would date the others.
+            base_name = (learn.ENGINE_PREFIX if on_vllm else "") + "autoregressive"
+            baseline = None
+            if mode != "autoregressive":
+                if last is not None and last[0] == base_name:
+                    baseline = last[1]
+                else:
+                    base_values = {**settings.mode_values("autoregressive", self.modes, **overrides)[1],
+                                   **({"backend": "vllm"} if on_vllm else {})}
+                    baseline = Recording(base_name)
+                    status = (f"Running {learn.label(name, self.modes)}'s baseline ({learn.label(base_name, self.modes)}, "
+                              "just before it, under the same load)…")
+                    base_data = settings.to_request("autoregressive", base_values, self.modes)
+                    yield from paced(stream(self.service, self.sessions, session, base_data, prompt, baseline),
+                                     lambda part, status=status: {self.status: with_waiting(status, part)})
+                    if baseline.end and baseline.end.get("finish_reason") == "cancelled":
+                        notes.append("⏹ Stopped.")
+                        break
+            elif name != "autoregressive":
+                baseline = runs.get("autoregressive")  # vLLM's plain engine against this app's loop
             run = runs[name] = Recording(name)
 
-            def draw(part: Recording, name=name) -> dict:
-                current = rows + [summary_row(name, part, runs.get("autoregressive") if name != "autoregressive" else None,
-                                              self.modes)]
+            def draw(part: Recording, name=name, baseline=baseline) -> dict:
+                current = rows + [summary_row(name, part, baseline, self.modes)]
                 return {self.table: render.summary_table(current), self.race: charts.race_runs(curves(runs, self.modes)),
                         self.bars: charts.compare(current), self.tau: charts.tau_vs_cost(current),
-                        self.status: f"Running {learn.label(name, self.modes)}…"}
+                        self.status: with_waiting(f"Running {learn.label(name, self.modes)}…", part)}
 
             data = settings.to_request(mode, values, self.modes)
             yield from paced(stream(self.service, self.sessions, session, data, prompt, run), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
                 notes.append("⏹ Stopped.")
                 break
-            rows.append(summary_row(name, run, runs.get("autoregressive") if name != "autoregressive" else None, self.modes))
+            rows.append(summary_row(name, run, baseline, self.modes))
+            last = (name, run)
         ran_in = next((f" in {r.dtype}" for r in runs.values() if r.dtype), "")
         done = ("Done. " + " ".join(notes) if notes
-                else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another.")
+                else f"Done: every mode ran the same prompt with the same settings{ran_in}, one after another, each right "
+                     "after an autoregressive run on its engine (its speedup's baseline).")
         records = {name: run.record() for name, run in runs.items() if run.events}
         yield {self.table: render.summary_table(rows), self.race: charts.race_runs(curves(runs, self.modes)),
                self.bars: charts.compare(rows), self.tau: charts.tau_vs_cost(rows), self.status: done, self.compared: records}

@@ -11,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.service.api import DTYPES
 
 # The options of an event that only redraws part of the page: answered at once, no spinner, not in the API.

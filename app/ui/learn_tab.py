@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import gradio as gr
 
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
-from app.ui import charts, learn, render
+from app.ui import charts, learn, load_tab, render
 from app.ui.controls import QUIET, Slider
 
 
 def example_tree() -> str:
     """Medusa's default tree, drawn as data: each node is (head depth, top-k rank)."""
-    from app.config import medusa_choices
+    from app.modes.notation import medusa_choices
     from app.decoding.tree import from_paths
 
     paths = medusa_choices("default")
@@ -44,6 +44,7 @@ class LearnTab:
                             elem_id="draft-cost")
         earn_note = gr.Markdown("", elem_id="earn-note")
         earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
+        gr.Markdown(learn.LOAD + "\n" + load_tab.shipped_notes(), elem_id="learn-load")
         for m in self.service.registry:
             with gr.Accordion(m.label, open=False):
                 gr.Markdown(learn.explain(m.name, self.service.registry))

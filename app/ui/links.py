@@ -110,11 +110,15 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
 
 
 def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, defaults: Mapping[str, Any],
-          examples: Mapping[int, str], default_mode: str, default_prompt: str, present: bool = False) -> str:
-    """The query string (without '?') that `parse` reads back as this setup: only what differs from the defaults."""
+          examples: Mapping[int, str], default_mode: str, default_prompt: str, present: bool = False,
+          replay: str | None = None) -> str:
+    """The query string (without '?') that `parse` reads back as this setup: only what differs from the defaults;
+    `replay`, a shipped recording the page shows, replayed when the link opens."""
     query: dict[str, str] = {}
     if tab and tab != TABS[0]:
         query["tab"] = tab
+    if replay:
+        query["replay"] = replay
     if mode != default_mode:
         query["mode"] = mode
     ids = {text: i for i, text in examples.items()}

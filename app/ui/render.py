@@ -17,7 +17,8 @@ Stable CSS classes, all under the root class `specdec` (tests and the browser te
     tok-engine      an engine's own token, correction or bonus (vLLM does not say which): solid box, superscript "?"
     tok-correction  replaces a rejected draft token: solid box, superscript "c"
     tok-bonus       the whole draft path was accepted: dashed box, superscript "+"
-  more-rejected   "+k": draft nodes rejected in other branches of a tree (not shown inline)
+  more-rejected   "✗k": draft nodes rejected in other branches of a tree (not shown inline)
+  sd-rejected     the <del> around a step's rejected branch (removed text for assistive technology)
   special         a special token such as <|im_end|>;  ws  a visible whitespace mark (↵ ⇥ ∅)
   sd-finish       why the generation stopped;  sd-empty  the empty state;  sd-view  the stream's root
 Step detail: sd-detail, sd-draft, sd-source, tok-root; prompt lookup context: ctx (data-pos = index
@@ -34,9 +35,11 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from app.modes import MODES
+from app.modes import MODES, Modes
 from app.service import traces
 from app.service.traces import ADDED_KINDS, is_number, steps
+from app.decoding import tree
+from app.ui import explain
 
 MAX_TREE_NODES = 64
 # Tree SVG node looks (group attributes, box attributes, label weight): the accepted path is thick,
@@ -63,6 +66,7 @@ body .specdec .tok{border-radius:3px}
 body .specdec .tok+.tok{margin-left:1px}
 body .specdec .tok-accepted,body .specdec .lg-accepted{background:var(--sd-acc-bg);border-bottom:3px solid var(--sd-acc)}
 body .specdec .tok-rejected,body .specdec .lg-rejected{background:var(--sd-rej-bg);text-decoration:line-through 2px var(--sd-rej);opacity:.75}
+body .specdec del.sd-rejected{text-decoration:none}
 body .specdec .tok-correction,body .specdec .lg-correction{background:var(--sd-cor-bg);outline:2px solid var(--sd-cor);outline-offset:-1px}
 body .specdec .tok-bonus,body .specdec .lg-bonus{background:var(--sd-bon-bg);outline:2px dashed var(--sd-bon);outline-offset:-1px}
 body .specdec .tok-correction::after,body .specdec .lg-correction::after{content:"c";font-size:.6em;vertical-align:super;font-weight:700;color:var(--sd-cor)}
@@ -112,6 +116,7 @@ LEGEND = (
     '<span class="lg-item"><span class="lg-bonus">token</span> bonus after a fully accepted draft (dashed box, +)</span>'
     '<span class="lg-item"><span class="lg-next">token</span> target\'s next token, nothing drafted (plain)</span>'
     '<span class="lg-item"><span class="lg-engine">token</span> an engine\'s own token, correction or bonus: it does not say (box, ?)</span>'
+    '<span class="lg-item"><span class="more-rejected">✗k</span> k more draft tokens rejected in other branches of a tree</span>'
     '<span class="lg-item"><span class="lg-step">&#8203;</span>step boundary and number (one target pass)</span>'
     "</div>"
 )
@@ -168,7 +173,7 @@ def _is_special(piece: str) -> bool:
     return piece.startswith("<|") and piece.endswith("|>")
 
 
-def _tok(tid: Any, texts: dict[int, str], cls: str = "", attrs: str = "", breaks: bool = False) -> str:
+def tok(tid: Any, texts: dict[int, str], cls: str = "", attrs: str = "", breaks: bool = False) -> str:
     piece = _piece(tid, texts)
     classes = "tok" + (" " + cls if cls else "") + (" special" if _is_special(piece) else "")
     return f'<span class="{classes}" data-tok="{esc(tid)}"{attrs}>{_show(piece, breaks)}</span>'
@@ -187,7 +192,7 @@ def _ms(seconds: Any) -> str:
     return f"{ms:.1f} ms" if ms < 10 else f"{ms:.0f} ms"
 
 
-def _num(value: Any, fmt: str = "{:.2f}") -> str:
+def num(value: Any, fmt: str = "{:.2f}") -> str:
     return fmt.format(value) if is_number(value) else "–"
 
 
@@ -210,34 +215,16 @@ def _parents(event: Mapping) -> tuple[list[int], list[int]]:
     return tokens, _clean_parents(list(proposed.get("parents") or []), len(tokens))
 
 
-def _children(parents: list[int]) -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        kids.setdefault(p, []).append(i)
-    return kids
-
-
-def _is_chain(parents: list[int]) -> bool:
-    return all(p == i - 1 for i, p in enumerate(parents))
-
-
-def _depths(parents: list[int]) -> list[int]:
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return depth
-
-
 def rejected_branch(parents: list[int], accepted: list[int], rejected: Iterable[int]) -> list[int]:
     """The draft nodes shown struck through inline: from the deepest accepted node (or the root),
     its first rejected child, then that child's first rejected child, and so on. For a chain this
     is every rejected node; for a tree, the drafter's best-ranked branch at the first rejection."""
     rej = set(rejected)
-    kids = _children(parents)
+    kids = tree.children(parents)  # slot 0 the root, slot i + 1 node i
     branch: list[int] = []
     node = accepted[-1] if accepted else -1
     while True:
-        nxt = next((c for c in kids.get(node, ()) if c in rej), None)
+        nxt = next((c for c in kids[node + 1] if c in rej), None)
         if nxt is None:
             return branch
         branch.append(nxt)
@@ -271,66 +258,47 @@ def _split(event: Mapping) -> tuple[list[int], list[int], str]:
 
 # ----------------------------------------------------------------------------- narration
 
-_DRAFTED_BY = {
-    "draft_target": "The draft model proposed {n} token(s), one small pass each",
-    "lookahead": "Lookahead offered {n} token(s) from its n-gram pool and Jacobi window",
-    "medusa": "Medusa's heads proposed a tree of {n} token(s) from the target's last hidden state",
-    "eagle": "EAGLE's draft layer grew a tree of {n} token(s) from the target's features",
-}
-
-
-def _quotes(ids: list[int], texts: dict[int, str], most: int = 6) -> str:
+def quotes(ids: list[int], texts: dict[int, str], most: int = 6) -> str:
     shown = "".join(_piece(t, texts) for t in ids[:most]).replace("\n", "↵")
     return f"“{shown}”" + ("…" if len(ids) > most else "")
 
 
-def _drafted(mode: str | None, source: Mapping, n: int, texts: dict[int, str]) -> str:
-    """Where this step's n draft tokens came from, in one clause."""
-    if mode == "prompt_lookup" and isinstance(source.get("match"), Mapping):
-        match = source["match"]
-        where = "the prompt" if match.get("in_prompt") else "the text written so far"
-        key = [t for t in match.get("ngram") or [] if isinstance(t, int)]
-        return f"Prompt lookup copied {n} token(s) that followed {_quotes(key, texts)} earlier in {where}"
-    if mode == "suffix" and isinstance(source.get("suffix"), Mapping):
-        key = [t for t in source["suffix"].get("match") or [] if isinstance(t, int)]
-        count = source["suffix"].get("count")
-        seen = f", seen {count - 1} time(s) before" if isinstance(count, int) and count > 1 else ""
-        return f"Suffix decoding drafted the most frequent continuation of {_quotes(key, texts)}{seen}: {n} token(s)"
-    text = _DRAFTED_BY.get(mode or "", "The drafter proposed {n} token(s)").format(n=n)
+def _drafted(mode: str | None, source: Mapping, n: int, texts: dict[int, str], modes: Modes) -> str:
+    """Where this step's n draft tokens came from, in one clause (its mode's explainer's)."""
+    text = explain.of(mode, modes).drafted(source, n, texts)
     return text + (" and prompt lookup added its copy to the tree" if isinstance(source.get("prompt_lookup"), Mapping) else "")
 
 
-def narrate(event: Mapping | None, texts: Mapping[Any, str], mode: str | None = None) -> str:
+def narrate(event: Mapping | None, texts: Mapping[Any, str], mode: str | None = None, modes: Modes = MODES) -> str:
     """One or two plain sentences on a step, from its trace alone: what was drafted and from where, what the
     target accepted, what it added, and what the pass bought. Plain text (the caller escapes it)."""
     if not event or not isinstance(event, Mapping):
         return ""
     texts = norm_texts(texts)
-    mode = mode or infer_mode([event])
     accepted, added, kind = _split(event)
     committed = len(event.get("tokens") or [])
     if event.get("kind") == "prefill":
         return (f"The target read the whole prompt in one pass and wrote its first token, "
-                f"{_quotes(added or accepted, texts)}. Nothing is drafted before the first token.")
+                f"{quotes(added or accepted, texts)}. Nothing is drafted before the first token.")
     if _engine_step(event):
-        return (f"The engine's step committed {committed} token(s), {_quotes(accepted + added, texts)}: "
+        return (f"The engine's step committed {committed} token(s), {quotes(accepted + added, texts)}: "
                 f"{len(accepted)} of its draft accepted plus the target's own. Its draft is not visible.")
     drafted = len(event.get("proposed", {}).get("tokens") or []) if isinstance(event.get("proposed"), Mapping) else 0
     tokens, _ = _parents(event)
     drafted = len(tokens) or drafted
-    own = _quotes(added, texts) if added else ""
+    own = quotes(added, texts) if added else ""
     if not drafted:
         return (f"Nothing matched, so nothing was drafted: one pass, one token, {own}." if mode != "autoregressive"
                 else f"No draft: one target pass writes one token, {own}.")
-    first = _drafted(mode, event.get("source") or {}, drafted, texts) + "."
+    first = _drafted(mode, event.get("source") or {}, drafted, texts, modes) + "."
     if accepted:
-        took = f"The target accepted {len(accepted)} of them, {_quotes(accepted, texts)}"
+        took = f"The target accepted {len(accepted)} of them, {quotes(accepted, texts)}"
     else:
         took = "The target accepted none of them"
     why = {"correction": f"and wrote {own} where the draft went wrong",
            "bonus": f"and, as every drafted token on the path held, added {own} for free",
            "next": f"and added {own}"}.get(kind, "") if added else "and the output ended there"
-    cost = "cost almost nothing" if mode in MODES and MODES[mode].drafts_free else "cost its drafting time"
+    cost = "cost almost nothing" if mode in modes and modes[mode].drafts_free else "cost its drafting time"
     gain = (f" One pass, {committed} tokens." if committed > 1 else
             f" One pass, one token: this step's draft {cost} and earned nothing.")
     return f"{first} {took}, {why}.{gain}"
@@ -370,19 +338,23 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
     for i, event in enumerate(events):
         number = event.get("step", i)
         accepted, added, kind = _split(event)
-        inner = [_tok(t, texts, "tok-accepted", breaks=True) for t in accepted]
+        inner = [tok(t, texts, "tok-accepted", breaks=True) for t in accepted]
         tokens, parents = _parents(event)
         rejected = [r for r in (event.get("rejected") or []) if isinstance(r, int) and 0 <= r < len(tokens)]
         branch = rejected_branch(parents, list(event.get("accepted") or []), rejected)
-        inner += [_tok(tokens[r], texts, "tok-rejected") for r in branch]
+        if branch:  # not output: marked as removed text, so a screen reader does not read it as the answer
+            inner.append('<del class="sd-rejected" aria-label="rejected draft">'
+                         + "".join(tok(tokens[r], texts, "tok-rejected") for r in branch) + "</del>")
         if len(rejected) > len(branch):
             more = len(rejected) - len(branch)
-            inner.append(f'<span class="more-rejected" title="{more} more draft tokens rejected in other '
-                         f'branches of the tree">+{more}</span>')
-        inner += [_tok(t, texts, f"tok-added tok-{kind}", breaks=True) for t in added]
+            said = f"{more} more draft tokens rejected in other branches of the tree"
+            inner.append(f'<span class="more-rejected" title="{said}" aria-label="{said}">✗{more}</span>')
+        inner += [tok(t, texts, f"tok-added tok-{kind}", breaks=True) for t in added]
         if not event.get("tokens") and event.get("text"):
             inner.append(f'<span class="tok tok-text">{_show(str(event["text"]), breaks=True)}</span>')
-        parts.append(f'<span class="step" data-step="{esc(number)}" title="{_step_title(event, texts, number)}">'
+        # The step's numbers for a pointer (title) and for a screen reader (aria-label): not behind a hover only.
+        said = _step_title(event, texts, number)
+        parts.append(f'<span class="step" data-step="{esc(number)}" title="{said}" role="group" aria-label="{said}">'
                      f'{"".join(inner)}</span>')
     finish = events[-1].get("finish_reason")
     if finish:
@@ -393,36 +365,12 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
 # ----------------------------------------------------------------------------- step detail
 
 
-def infer_mode(events: Iterable[Any] | Mapping | None) -> str | None:
-    """The decoding mode a trace came from, read off its `source` provenance; None if it cannot tell."""
-    if isinstance(events, Mapping):
-        events = [events]
-    saw_decode = False
-    for event in steps(events):
-        source = event.get("source") or {}
-        if "draft_probs" in source:
-            return "draft_target"
-        if "suffix" in source:
-            return "suffix"
-        if "match" in source or "matches" in source:
-            return "prompt_lookup"
-        if "candidates" in source or "window" in source:
-            return "lookahead"
-        if "tree" in source:
-            return "medusa" if "heads" in source or "paths" in (source.get("tree") or {}) else "eagle"
-        if event.get("kind") == "decode":
-            saw_decode = True
-            if (event.get("proposed") or {}).get("tokens") or source:
-                return None
-    return "autoregressive" if saw_decode else None
-
-
 def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: list[int] | None,
-                history_ids: list[int] | None, mode: str | None = None) -> str:
+                history_ids: list[int] | None, mode: str | None = None, modes: Modes = MODES) -> str:
     """One target pass in detail: the draft (chain or tree) with the accepted path and the rejected
     nodes, what was committed, and where the draft came from (per mode). `history_ids` = the output
     before this step, so the context the drafter saw is prompt_ids + history_ids. `mode`: the trace's
-    (a merged tree's name counts as its tree's); a step without one is read off its provenance."""
+    (a merged tree's name counts as its tree's); `modes` the registry that knows it."""
     texts = norm_texts(texts)
     if not event or not isinstance(event, Mapping):
         return _wrap('<div class="sd-empty">Pick a step to see its draft, what the target accepted, '
@@ -433,10 +381,11 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     accepted_nodes = [a for a in (event.get("accepted") or []) if isinstance(a, int) and 0 <= a < len(tokens)]
     accepted, added, kind = _split(event)
     source = event.get("source") or {}
-    mode = mode.partition("+")[0] if mode else infer_mode([event])
+    mode = (mode or "").partition("+")[0]
+    said = explain.of(mode, modes)
 
     out = [f"<h4>Step {esc(number)} · {esc(event.get('kind') or 'decode')}</h4>",
-           f'<p class="sd-narration">{esc(narrate(event, texts, mode))}</p>']
+           f'<p class="sd-narration">{esc(narrate(event, texts, mode, modes))}</p>']
     if _engine_step(event):
         summary = [f"accepted {len(accepted)}", f"committed {len(event.get('tokens') or [])}",
                    f"{source.get('engine')} engine step: its draft and timings are not visible"]
@@ -445,8 +394,8 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
                    f"draft {_ms(event.get('draft_time_s'))}, verify {_ms(event.get('verify_time_s'))}"]
     out.append(f'<p class="sd-summary">{esc(" · ".join(summary))}</p>')
 
-    committed = [_tok(t, texts, "tok-accepted") for t in accepted]
-    committed += [_tok(t, texts, f"tok-added tok-{kind}") for t in added]
+    committed = [tok(t, texts, "tok-accepted") for t in accepted]
+    committed += [tok(t, texts, f"tok-added tok-{kind}") for t in added]
     what = {"correction": "the target's correction replaces the first rejected draft token",
             "bonus": "every draft token on the path was accepted, so the target's next token comes free",
             "next": "the target's own next token",
@@ -467,14 +416,14 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     elif not tokens:
         out.append('<p class="sd-note">Nothing drafted this step: one target pass, one token.</p>')
     # Medusa and EAGLE keep the tree drawing (and its node scores) when pruning leaves a single path.
-    elif _is_chain(parents) and mode not in ("medusa", "eagle"):
+    elif tree.is_chain(parents) and not said.scored_tree:
         acc = set(accepted_nodes)
-        row = [_tok(root, texts, "tok-root") + " → "] if root is not None else []
-        row += [_tok(t, texts, "tok-accepted" if i in acc else "tok-rejected") for i, t in enumerate(tokens)]
+        row = [tok(root, texts, "tok-root") + " → "] if root is not None else []
+        row += [tok(t, texts, "tok-accepted" if i in acc else "tok-rejected") for i, t in enumerate(tokens)]
         out.append(f'<div class="sd-row">{"".join(row)}</div>')
     else:
-        scores = (source.get("tree") or {}).get("scores") if mode in ("medusa", "eagle") else None
-        branch = source.get("prompt_lookup") if mode in ("medusa", "eagle") else None
+        scores = (source.get("tree") or {}).get("scores") if said.scored_tree else None
+        branch = source.get("prompt_lookup") if said.scored_tree else None
         copied = (branch.get("nodes") or []) if isinstance(branch, Mapping) else []
         out.append(tree_svg(tokens, parents, accepted_nodes, texts, scores=scores, root=root, copied=copied,
                             target_p=(event.get("target") or {}).get("p")))
@@ -487,7 +436,7 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
         out.append("</section>")
 
     out.append('<section class="sd-source"><h5>Where the draft came from</h5>')
-    out.append(_source_html(mode, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
+    out.append(_source_html(said, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
     out.append("</section>")
     return _wrap("".join(out), "sd-detail")
 
@@ -509,27 +458,27 @@ def _target_html(view: Mapping, event: Mapping, texts, tokens, parents, root, so
     sampled = view.get("distribution") == "sampling"
     q = source.get("draft_probs") if sampled and isinstance(source.get("draft_probs"), list) else None
     accepted = {a for a in (event.get("accepted") or []) if isinstance(a, int)}
-    kids = _children(parents)
+    kids = tree.children(parents)  # slot 0 the root, slot i + 1 node i
     rows = []
     for d in decided:
         after = d.get("after")
         if isinstance(after, int) and 0 <= after < len(tokens):
-            where = _tok(tokens[after], texts, "tok-accepted")
+            where = tok(tokens[after], texts, "tok-accepted")
         else:
-            where = _tok(root, texts, "tok-root") if root is not None else "the root"
+            where = tok(root, texts, "tok-root") if root is not None else "the root"
         weighed = []
-        for c in kids.get(after, []) if isinstance(after, int) else []:
+        for c in kids[after + 1] if isinstance(after, int) and -1 <= after < len(parents) else []:
             pc = p[c] if c < len(p) else None
-            cell = f'{_tok(tokens[c], texts, "tok-accepted" if c in accepted else "tok-rejected")} {_p(pc)}'
+            cell = f'{tok(tokens[c], texts, "tok-accepted" if c in accepted else "tok-rejected")} {_p(pc)}'
             if q is not None and c < len(q) and isinstance(q[c], (int, float)) and q[c] > 0 and isinstance(pc, (int, float)):
                 cell += f' <span class="sd-note">q {_p(q[c])}, min(1, p/q) = {_p(min(1.0, pc / q[c]))}</span>'
             weighed.append(f'<span class="weighed">{cell}</span>')
         cells = " ".join(weighed) or '<span class="sd-note">none drafted</span>'
-        rows.append(f"<tr><td>{where}</td><td>{_tok(d.get('top'), texts)} {_p(d.get('top_p'))}</td><td>{cells}</td></tr>")
+        rows.append(f"<tr><td>{where}</td><td>{tok(d.get('top'), texts)} {_p(d.get('top_p'))}</td><td>{cells}</td></tr>")
     _, added, kind = _split(event)
     tail = ""
     if added:
-        tail = (f'<p>Added {_tok(added[0], texts, f"tok-added tok-{kind}")} ({esc(kind)}), p {_p(view.get("added_p"))}'
+        tail = (f'<p>Added {tok(added[0], texts, f"tok-added tok-{kind}")} ({esc(kind)}), p {_p(view.get("added_p"))}'
                 + (" — sampled from the target's distribution at that position" if sampled and kind == "next" else "")
                 + (" — drawn from what the rejections left of p" if sampled and kind == "correction" else "")
                 + ".</p>")
@@ -553,46 +502,18 @@ def _target_html(view: Mapping, event: Mapping, texts, tokens, parents, root, so
             f"<th>target's top token, p</th><th>draft tokens weighed there, p</th></tr>{''.join(rows)}</table>{tail}")
 
 
-def _source_html(mode, event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
+def _source_html(said: explain.Explainer, event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
     if source.get("not_visible"):
         hidden = ", ".join(str(x) for x in source["not_visible"])
         return f'<p class="sd-note">This backend does not expose: {esc(hidden)}. Only the committed tokens are known.</p>'
     if event.get("kind") == "prefill":
         return '<p class="sd-note">Prefill: no draft yet.</p>'
-    if mode == "prompt_lookup":
-        return _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents)
-    if mode == "lookahead":
-        return _lookahead_html(source, texts, context, accepted)
-    if mode == "suffix":
-        return _suffix_html(source.get("suffix"), texts, context, prompt_len, tokens, parents)
-    if mode == "draft_target":
-        return _draft_probs_html(source, texts, tokens, event)
-    if mode in ("medusa", "eagle") and isinstance(source.get("prompt_lookup"), Mapping):
+    panel = said.source_html
+    if isinstance(source.get("prompt_lookup"), Mapping):  # a merged tree: its own drafter's panel, then the copy's
         own = {k: v for k, v in source.items() if k != "prompt_lookup"}
-        return (_source_html(mode, event, own, texts, context, prompt_len, tokens, parents, accepted)
+        return (panel(event, own, texts, context, prompt_len, tokens, parents, accepted)
                 + _merged_html(source["prompt_lookup"], texts, tokens, event.get("accepted") or []))
-    if mode == "medusa":
-        heads = source.get("heads")
-        rule = ("typical acceptance: accept x if p(x) &gt; min(ε, δ·exp(−H(p))) — <b>not lossless</b>"
-                if source.get("acceptance") == "typical" else "greedy match / exact rejection sampling (lossless)")
-        return (f'<p>Medusa: {esc(heads if heads is not None else "?")} heads read the target\'s last hidden state; '
-                "a node at depth d is head d's rank-r guess for the token d places after the root (the tree "
-                "choices list these rank paths). Scores are the heads' probabilities.</p>"
-                f"{_pruning_html(source, 'the product of the heads’ probabilities along it')}"
-                f"<p>Verification: {rule}.</p>")
-    if mode == "eagle":
-        if source.get("static_nodes"):
-            shape = f"a static tree of {esc(source['static_nodes'])} rank paths"
-        else:
-            shape = (f"an EAGLE-2 dynamic tree: depth {esc(source.get('depth', '?'))}, top_k "
-                     f"{esc(source.get('top_k', '?'))}, the best {esc(source.get('total_tokens', '?'))} − 1 nodes kept")
-        return (f"<p>EAGLE: a one-layer draft model reads the target's features and grows {shape}. "
-                "A node's score is the cumulative log q of its path (the draft's confidence); "
-                "verification is greedy match or recursive rejection (lossless).</p>"
-                + _pruning_html(source, "its cumulative draft probability; a level with no such node ends the drafting"))
-    if mode == "autoregressive":
-        return '<p class="sd-note">Autoregressive: no draft; every target pass gives one token.</p>'
-    return '<p class="sd-note">No provenance for this step.</p>'
+    return panel(event, source, texts, context, prompt_len, tokens, parents, accepted)
 
 
 def _merged_html(branch: Mapping, texts, tokens, accepted_nodes) -> str:
@@ -603,13 +524,13 @@ def _merged_html(branch: Mapping, texts, tokens, accepted_nodes) -> str:
     if not isinstance(match, Mapping):
         return head + " No n-gram at the end of the text occurs earlier, so it added nothing this step.</p>"
     ngram = [t for t in (match.get("ngram") or []) if isinstance(t, int)]
-    key = "".join(_tok(t, texts, "ctx-key") for t in ngram)
+    key = "".join(tok(t, texts, "ctx-key") for t in ngram)
     where = "the prompt" if match.get("in_prompt") else "the output so far"
     nodes = [i for i in (branch.get("nodes") or []) if isinstance(i, int) and 0 <= i < len(tokens)]
     new = branch.get("new_nodes")
     shared = len(nodes) - new if isinstance(new, int) else None
     accepted = {i for i in accepted_nodes if isinstance(i, int)}
-    copied = "".join(_tok(tokens[i], texts, "tok-accepted" if i in accepted else "tok-rejected") for i in nodes)
+    copied = "".join(tok(tokens[i], texts, "tok-accepted" if i in accepted else "tok-rejected") for i in nodes)
     counts = f"{esc(new)} new node(s)" + (f", {esc(shared)} shared with the tree's own" if shared else "")
     won = [i for i in nodes if i in accepted]
     return (head + f" The last {len(ngram)} token(s), {key}, occur earlier in {where} at position "
@@ -617,147 +538,13 @@ def _merged_html(branch: Mapping, texts, tokens, accepted_nodes) -> str:
             f"{counts} (tagged PL). {esc(len(won))} of them were accepted.</p>")
 
 
-def _pruning_html(source, measure: str) -> str:
+def pruning_html(source, measure: str) -> str:
     threshold = source.get("min_path_prob")
     if not threshold:
         return ""
     return (f'<p class="sd-note">Pruned: nodes whose path probability ({esc(measure)}) is below '
             f"min_path_prob = {esc(threshold)} were not verified — fewer nodes, a cheaper target pass; "
             "verification itself is unchanged, so the output is too.</p>")
-
-
-def _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents) -> str:
-    match = source.get("match")
-    if not match:
-        return ('<p class="sd-note">No n-gram at the end of the text occurs earlier in the prompt or the '
-                "output, so nothing was drafted.</p>")
-    ngram = list(match.get("ngram") or [])
-    n, pos = len(ngram), match.get("position")
-    cont = match.get("continuation_position", (pos or 0) + n)
-    if not isinstance(pos, int) or pos < 0 or pos + n > len(context) or context[pos : pos + n] != ngram:
-        key = "".join(_tok(t, texts, "ctx-key") for t in ngram)
-        return f'<p>Matched n-gram {key} (its context is not available here).</p>'
-    if not isinstance(cont, int):
-        cont = pos + n
-    draft_len = 0  # how much of the draft's first branch copies the context after the match
-    while (draft_len < len(tokens) and cont + draft_len < len(context) and parents[draft_len] == draft_len - 1
-           and tokens[draft_len] == context[cont + draft_len]):
-        draft_len += 1
-    lo = max(0, pos - 10)
-    hi = min(len(context), max(lo + 30, cont + draft_len + 2), lo + 40)
-    size = len(context)
-    classes: dict[int, str] = {i: "ctx-key" for i in range(size - n, size)}
-    classes.update({i: "ctx-cont" for i in range(cont, cont + draft_len)})
-    classes.update({i: "ctx-ngram" for i in range(pos, pos + n)})
-    where = "the prompt" if match.get("in_prompt") else "the output so far"
-    row = ['<span class="sd-note">… </span>' if lo > 0 else ""]
-    for i in range(lo, hi):
-        cls = " ".join(c for c in ("ctx", classes.get(i), "ctx-out" if i >= prompt_len else None) if c)
-        row.append(_tok(context[i], texts, cls, f' data-pos="{i}"'))
-    if hi < size:
-        row.append('<span class="sd-note"> …</span>')
-    key = "".join(_tok(t, texts, "ctx-key") for t in context[size - n :])
-    others = [m.get("position") for m in (source.get("matches") or [])[1:] if isinstance(m, Mapping)]
-    extra = (f'<p class="sd-note">{len(others)} more match(es) at positions '
-             f'{esc(", ".join(str(p) for p in others))} were drafted as other branches.</p>') if others else ""
-    return (f"<p>Prompt lookup: the last {n} token(s) of the text, {key}, occur earlier in {where} at "
-            f"position {esc(pos)}. The draft copies the {draft_len} token(s) that followed there.</p>"
-            f'<div class="sd-row">{"".join(row)}</div>'
-            '<p class="sd-note">boxed: the matched n-gram · underlined: the continuation copied as the draft · '
-            "dashed box: the end of the text it matched</p>" + extra)
-
-
-def _suffix_html(suffix, texts, context, prompt_len, tokens, parents) -> str:
-    """Which recurring suffix the draft continues, where it occurred before and what followed it each time."""
-    if not isinstance(suffix, Mapping) or not suffix.get("match"):
-        return ('<p class="sd-note">Suffix decoding: the text\'s last token does not occur earlier with a continuation '
-                "likely enough, so nothing was drafted.</p>")
-    match = [t for t in suffix["match"] if isinstance(t, int)]
-    m, size = len(match), len(context)
-    key = "".join(_tok(t, texts, "ctx-key") for t in match)
-    earlier = [i for i in range(size - m) if context[i : i + m] == match] if context[size - m :] == match else []
-    follows: dict[int, int] = {}
-    for i in earlier:
-        follows[context[i + m]] = follows.get(context[i + m], 0) + 1
-    probs = suffix.get("probs") or []
-    shape = "tree of the most probable continuations" if suffix.get("tree") else "chain along the most frequent continuation"
-    drafted = "".join(_tok(t, texts, "ctx-cont") + (f'<sub class="sd-note">{esc(probs[i])}</sub>' if i < len(probs) else "")
-                      for i, t in enumerate(tokens))
-    rows = "".join(f"<tr><td>{_tok(t, texts, '')}</td><td>{esc(n)}</td></tr>"
-                   for t, n in sorted(follows.items(), key=lambda kv: -kv[1])[:8])
-    table = (f'<table class="sd-table"><tr><th>what followed it</th><th>times</th></tr>{rows}</table>'
-             if rows else "")
-    where = (f"at position{'s' if len(earlier) > 1 else ''} {esc(', '.join(str(i) for i in earlier[:12]))}"
-             + (" …" if len(earlier) > 12 else "")) if earlier else ""
-    return (f"<p>Suffix decoding: the last {m} token(s) of the text, {key}, occurred {esc(len(earlier))} time(s) "
-            f"before {where} (prompt: positions below {esc(prompt_len)}). The draft is a {shape}; each token's "
-            f"estimated probability is how often it followed, over how often its path occurred: {drafted}. "
-            f"Their sum, {esc(suffix.get('score'))}, was the best of the match lengths tried (a match of m tokens "
-            "drafts at most spec-factor × m).</p>" + table)
-
-
-def _lookahead_html(source, texts, context, accepted) -> str:
-    out = []
-    window = source.get("window")
-    root = context[-1] if context else None
-    if window:
-        rows = [list(r) for r in window]
-        width = max([len(rows[0]) + 1] + [level + len(r) for level, r in enumerate(rows) if level > 0])
-        head = "".join(f"<th>t+{c}</th>" for c in range(width))
-        body = []
-        for level, row in enumerate(rows):
-            offset = 1 if level == 0 else level  # level 0 starts after the root; level l at t + l
-            cells = ["<td></td>"] * width
-            if level == 0 and root is not None:
-                cells[0] = f'<td class="grid-root">{_tok(root, texts, "tok-root")}</td>'
-            for i, t in enumerate(row):
-                if offset + i < width:
-                    cells[offset + i] = f"<td>{_tok(t, texts)}</td>"
-            body.append(f"<tr><th>level {level}</th>{''.join(cells)}</tr>")
-        out.append("<p>Jacobi window: each column is a trajectory of guesses at a position; one pass "
-                   "refines every level, and each column's tokens become new n-grams for the pool.</p>"
-                   f'<table class="sd-grid"><tr><th></th>{head}</tr>{"".join(body)}</table>')
-    else:
-        out.append('<p class="sd-note">No Jacobi window in this pass (warming up, or no room left).</p>')
-    candidates = [list(c) for c in (source.get("candidates") or [])]
-    if not candidates:
-        out.append('<p class="sd-note">The n-gram pool had no candidate starting with the current token.</p>')
-        return "".join(out)
-
-    def agree(c: list[int]) -> int:
-        k = 0
-        while k < min(len(c), len(accepted)) and c[k] == accepted[k]:
-            k += 1
-        return k
-
-    best = max(range(len(candidates)), key=lambda j: (agree(candidates[j]), -j))
-    if not agree(candidates[best]):
-        best = None
-    key = _tok(root, texts, "tok-root") if root is not None else "the current token"
-    out.append(f"<p>Pool candidates verified for {key} (n-grams that followed it before):</p>")
-    for j, cand in enumerate(candidates):
-        if j == best:
-            k = agree(cand)
-            toks = [_tok(t, texts, "tok-accepted" if i < k else "tok-rejected") for i, t in enumerate(cand)]
-            out.append(f'<div class="cand cand-accepted">✓ {"".join(toks)} <span class="sd-note">'
-                       f"accepted {k} of {len(cand)}</span></div>")
-        else:
-            out.append(f'<div class="cand">· {"".join(_tok(t, texts) for t in cand)}</div>')
-    return "".join(out)
-
-
-def _draft_probs_html(source, texts, tokens, event) -> str:
-    probs = list(source.get("draft_probs") or [])
-    acc = set(event.get("accepted") or [])
-    rows = []
-    for i, t in enumerate(tokens):
-        p = probs[i] if i < len(probs) and isinstance(probs[i], (int, float)) else None
-        bar = f'<span class="bar" style="width:{max(0.0, min(1.0, p)) * 8:.2f}em"></span>' if p is not None else ""
-        cls = "tok-accepted" if i in acc else "tok-rejected"
-        rows.append(f"<tr><td>{i + 1}</td><td>{_tok(t, texts, cls)}</td><td>{bar}</td><td>{_num(p, '{:.3f}')}</td></tr>")
-    return ("<p>Draft-target: the small draft model proposed these tokens one by one; q is its probability for "
-            "each. The target accepts a token when it agrees (greedy) or with probability min(1, p/q).</p>"
-            f'<table class="sd-probs"><tr><th>#</th><th>token</th><th></th><th>q</th></tr>{"".join(rows)}</table>')
 
 
 # ----------------------------------------------------------------------------- tree SVG
@@ -804,7 +591,7 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
     kids: dict[int, list[int]] = {}
     for i in keep:
         kids.setdefault(parents[i], []).append(i)
-    depth = _depths(parents)
+    depth = tree.depths(parents)
     rows, y = _rows(kids)
 
     scores = list(scores) if scores else []
@@ -925,13 +712,16 @@ def summary_table(rows: list[dict] | None) -> str:
         best_attr = ' class="best"' if is_best else ""
         doubt = r.get("doubt")
         speed_cell = (f'<span class="doubt" title="{esc(doubt)}">load changed</span>' if isinstance(doubt, str) and speed is None
-                      else _num(speed, '{:.2f}×'))
+                      else num(speed, '{:.2f}×'))
+        load = r.get("load")
+        if isinstance(load, Mapping) and is_number(load.get("run")) and is_number(load.get("baseline")):
+            speed_cell += f' <span class="doubt" title="{esc(traces.load_said(load))}">⚠</span>'
         body.append(
             f'<tr data-mode="{esc(mode)}"{best_attr}>'
-            f"<td>{esc(label)}{' ★' if is_best else ''}</td><td>{_num(r.get('tokens_per_s'), '{:.1f}')}</td>"
-            f"<td>{speed_cell}</td><td>{_num(r.get('tau'))}</td><td>{_num(r.get('step_cost'))}</td><td>{rate_text}</td>"
-            f"<td>{mark}</td><td>{_num(r.get('new_tokens'), '{:.0f}')}</td>"
-            f"<td>{_num(r.get('elapsed_s'))}</td></tr>"
+            f"<td>{esc(label)}{' ★' if is_best else ''}</td><td>{num(r.get('tokens_per_s'), '{:.1f}')}</td>"
+            f"<td>{speed_cell}</td><td>{num(r.get('tau'))}</td><td>{num(r.get('step_cost'))}</td><td>{rate_text}</td>"
+            f"<td>{mark}</td><td>{num(r.get('new_tokens'), '{:.0f}')}</td>"
+            f"<td>{num(r.get('elapsed_s'))}</td></tr>"
         )
     return _wrap(f'<table class="sd-table">{head}{"".join(body)}</table>', "sd-compare")
 
@@ -949,8 +739,10 @@ def speedup_line(events: list[dict] | None, baseline: list[dict] | None) -> str:
     interval = f" (95 % of the step times' spread: {parts['interval'][0]:.2f}–{parts['interval'][1]:.2f}×)" if parts["interval"] else ""
     split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
              if parts["verify"] is not None else " (no draft and verify times to split it: an engine does not report them)")
+    load = parts["load"]
+    changed = f" · ⚠ {traces.load_said(load)}; read the ratio with its spread, or run both again" if load else ""
     return (f"{overall}after the prefill {parts['decoding']:.2f}×{interval} = τ {parts['tau']:.2f} ÷ a step costing "
-            f"{parts['step_cost']:.2f} autoregressive steps{split}")
+            f"{parts['step_cost']:.2f} autoregressive steps{split}{changed}")
 
 
 def totals_line(event: Mapping | None) -> str:

@@ -21,17 +21,18 @@ from typing import Any
 
 import gradio as gr
 
-from app.config import ConfigError
-from app.modes import MERGED_SUFFIX, Control, Modes
-from app.service import configs, traces
-from app.service.api import ModelError, Service
-from app.service.configs import LookaheadDecodingConfig
+from app.modes import ConfigError
+from app.modes import MERGED_SUFFIX, MODES, Control, Modes
+from app.modes import configs
+from app.service import traces
+from app.service.api import Checked, ModelError, Service
+from app.service.backends import tensorrt_llm as trt
 from app.service.traces import Recording, TraceError
-from app.ui import charts, learn, links, presenter, render, settings
+from app.ui import charts, explain, learn, links, presenter, render, settings
 from app.ui.controls import QUIET, Number, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions
-from app.ui.streams import paced, replayed, session_of, skippable, stop, stream
-from app.ui.train import artifact_choices
+from app.ui.streams import paced, replayed, session_of, skippable, stop, stream, with_waiting
+from app.ui.train_tab import artifact_choices
 
 RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
 RECORDINGS = tuple(sorted(p.stem for p in RECORDINGS_DIR.glob("*.json")))
@@ -47,6 +48,17 @@ WHY_FIRST = ("<small><b>Why this prompt:</b> the answer copies the paragraph it 
              "text that comes next in the prompt and the target accepts several tokens per pass. The counter-example "
              "asks for new text: nothing to copy, so prompt lookup drafts little, the target rejects most of it, and "
              "the run goes no faster than plain decoding.</small>")
+WHY_COUNTER = ("<small><b>Why this prompt:</b> it asks for new text (a travel blog post): nothing in the prompt to "
+               "copy, so prompt lookup drafts little, the target rejects most of it, and the run goes no faster than plain "
+               "decoding. A mode that guesses (a draft model, Medusa, EAGLE) drafts here all the same.</small>")
+
+
+def why_prompt(prompt: str, counter: str) -> str:
+    """The note beside the prompt: why the page's first prompt or the counter-example shows what it shows; nothing
+    for any other prompt (a note about another text would mislead)."""
+    return WHY_FIRST if prompt == FIRST_PROMPT else WHY_COUNTER if prompt == counter else ""
+
+
 # Copy link: the server gives the query string; the browser adds its own address (a proxy's or a Space's, which
 # the server cannot know) and copies it where the page may use the clipboard.
 COPY_LINK_JS = """(q) => {
@@ -54,26 +66,28 @@ COPY_LINK_JS = """(q) => {
   if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(url).catch(() => {});
   return url;
 }"""
-# The tour's order, one recording per mode and merged tree; what each recording shows, in one line.
-TOUR_MODES = ("autoregressive", "prompt_lookup", "suffix", "lookahead", "draft_target", "medusa", "eagle",
+# The tour's order for the shipped modes (a mode not listed follows, in the registry's order).
+TOUR_FIRST = ("autoregressive", "prompt_lookup", "suffix", "lookahead", "draft_target", "medusa", "eagle",
               "medusa+prompt_lookup", "eagle+prompt_lookup")
-RECORDING_WHY = {
-    "autoregressive": "the baseline: one target pass per token, nothing drafted.",
-    "prompt_lookup": "the answer copies its input, so matches in the prompt are accepted many tokens at a time.",
-    "suffix": "the answer repeats what it has written, and the counts pick the continuation that recurs most.",
-    "lookahead": "no draft model: the window's n-grams hit on text that repeats a pattern.",
-    "draft_target": "a one-layer draft, distilled from the target, drafts one token per small pass.",
-    "medusa": "heads on the target's last hidden state guess several positions ahead, as a tree.",
-    "eagle": "a draft layer on the target's features grows a tree per step; the target keeps the best branch.",
-    "medusa+prompt_lookup": "Medusa's tree and prompt lookup's copy verified in one pass: each wins where the other misses.",
-    "eagle+prompt_lookup": "EAGLE's tree with prompt lookup's copy merged in: the best of both in one pass.",
-}
 
 
-def tour_stops() -> list[str]:
-    """The shipped recording of each TOUR_MODES mode that has one (the first by name), in tour order."""
-    return [next(n for n in RECORDINGS if n.split("-")[0] == mode) for mode in TOUR_MODES
+def tour_modes(modes: Modes = MODES) -> list[str]:
+    """The tour's order: TOUR_FIRST, then every other mode and merged tree of `modes`."""
+    rest = [m for m in (*modes.names, *modes.merged) if m not in TOUR_FIRST]
+    return [m for m in TOUR_FIRST if m in modes.names or m in modes.merged] + rest
+
+
+def tour_stops(modes: Modes = MODES) -> list[str]:
+    """The shipped recording of each mode that has one (the first by name), in tour order."""
+    return [next(n for n in RECORDINGS if n.split("-")[0] == mode) for mode in tour_modes(modes)
             if any(n.split("-")[0] == mode for n in RECORDINGS)]
+
+
+def recording_why(name: str, modes: Modes) -> str:
+    """What a mode's shipped recording shows, in one line (its explainer's; a merged tree's is its tree's)."""
+    base, merged = modes.split(name)
+    said = explain.of(base, modes)
+    return said.recording_merged if merged else said.recording
 
 
 def recording_path(name: str | None) -> str | None:
@@ -93,7 +107,7 @@ def status_line(run: Recording, modes: Modes) -> str:
         method = (run.engine.get("speculative_config") or {}).get("method")
         label += f" on vLLM {run.engine.get('version') or ''}".rstrip() + (f" (`{method}`)" if method else "")
     if not run.events:
-        return f"{label}: loading and prefilling…"
+        return f"{label}: {run.waiting or 'loading and prefilling…'}"
     line = render.totals_line(run.events[-1])
     if run.end is None:
         return f"{label} · {line}"
@@ -130,10 +144,8 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
         return f"✓ Valid · {info['lossless']} · {engine}"
     c = request.speculative_config
     extra = ""
-    if isinstance(c, LookaheadDecodingConfig):
-        extra = f" · engine max_draft_len = (N−2) + (W−1+G)(N−1) = **{c.max_draft_len}**"
-    elif mode != "autoregressive":
-        extra = f" · verifies up to **{c.max_draft_len}** draft tokens per step"
+    if mode != "autoregressive":
+        extra = f" · {explain.of(mode, service.registry).verify_note(c)}"
         if getattr(c, "prompt_lookup", None) is not None:
             pl = c.prompt_lookup
             extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
@@ -142,7 +154,7 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     if request.backend == "transformers" and (note := service.pass_note(request.dtype)):
         extra += f" · {note}"
     if request.backend == "tensorrt_llm":  # said, not dropped silently: settings TensorRT-LLM has no field for
-        extra += "".join(f" · ⚠ {n}" for n in configs.trtllm_notes(request))
+        extra += "".join(f" · ⚠ {n}" for n in trt.trtllm_notes(request))
     return f"✓ Valid · {info['lossless']}{extra}"
 
 
@@ -151,7 +163,7 @@ class RunTab:
 
     def __init__(self, service: Service, sessions: Sessions, example_ids: dict[int, str]) -> None:
         self.service = service
-        self.modes = service.registry  # the modes it offers (app/modes.py)
+        self.modes = service.registry  # the modes it offers (app/modes/)
         self.sessions = sessions
         self.example_ids = example_ids
         self.keys = settings.keys(self.modes)
@@ -235,13 +247,29 @@ class RunTab:
         self.record = gr.State({})
         self.linked = gr.State(None)  # the recording a link asked to replay
         with gr.Row():
-            with gr.Column(scale=1, min_width=340):
+            with gr.Column(scale=1, min_width=340, elem_id="controls-col"):
                 self.prompt = gr.Textbox(label="Prompt", lines=5, value=FIRST_PROMPT, elem_id="prompt")
+                # Run right under the prompt: in the first screenful at 1280x720, beside the status it changes.
                 with gr.Row():
-                    gr.Markdown(WHY_FIRST, elem_id="prompt-why")
+                    run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                    link_btn = gr.Button("Copy link", size="sm", elem_id="copy-link")
+                link_box = gr.Textbox(label="Link to this setup (copied)", visible=False, elem_id="link", buttons=["copy"])
+                # The tour: one mode's recording per click, at the lecturer's pace (Stop skips to a replay's end).
+                self.tour_at = gr.State(0)  # the stop shown, from 1; 0 before the tour
+                with gr.Row(visible=bool(tour_stops())):
+                    # min_width 0: the three share the column's one line instead of wrapping
+                    tour_btn = gr.Button("Tour: every mode, recorded", size="sm", elem_id="tour", scale=2, min_width=0)
+                    tour_back = gr.Button("◀ previous stop", size="sm", elem_id="tour-back", scale=1, min_width=0)
+                    tour_next = gr.Button("next stop ▶", size="sm", elem_id="tour-next", scale=1, min_width=0)
+                with gr.Row():
+                    why = gr.Markdown(WHY_FIRST, elem_id="prompt-why")
                     counter_btn = gr.Button("Counter-example: nothing to copy", size="sm", elem_id="counter-example",
                                             scale=0, min_width=200)
-                example = examples_dropdown(shown_examples, "examples")
+                example = self.examples = examples_dropdown(shown_examples, "examples")
+                self._shown = {text for _, text in shown_examples}
+                counter = self.example_ids[COUNTER_EXAMPLE]
+                self.prompt.change(lambda p: why_prompt(p, counter), self.prompt, why, **QUIET)
                 self.mode = gr.Radio([(m.label, m.name) for m in modes], value=DEFAULT_MODE, label="Decoding mode", elem_id="mode")
                 note = gr.Markdown(modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
                 with gr.Row():
@@ -254,11 +282,6 @@ class RunTab:
                 self._settings_layout()
                 self.race.render()
                 self.check = gr.Markdown(check_message(service, DEFAULT_MODE, self.page_defaults()), elem_id="check")
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
-                    link_btn = gr.Button("Copy link", size="sm", elem_id="copy-link")
-                link_box = gr.Textbox(label="Link to this setup (copied)", visible=False, elem_id="link", buttons=["copy"])
                 with gr.Accordion("Replay a recorded run", open=False, elem_id="replay"):
                     gr.Markdown("<small>A trace from <b>Download the trace</b> or <code>python -m app generate "
                                 "--json</code>, drawn step by step as it ran, with the baseline it raced. No model "
@@ -272,8 +295,6 @@ class RunTab:
                         upload = gr.UploadButton("Replay a trace file (JSON)…", file_types=[".json"], type="filepath",
                                                  size="sm", elem_id="replay-upload")
                     self.paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
-                    tour_btn = gr.Button("Tour: every mode, recorded", size="sm", elem_id="tour", visible=bool(tour_stops()))
-                    self.tour_note = gr.Markdown("", elem_id="tour-note")
                 self.explain = gr.Markdown(learn.explain(DEFAULT_MODE, modes), elem_id="learn-mode")
             with gr.Column(scale=2):
                 self.present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
@@ -282,7 +303,11 @@ class RunTab:
                     back_btn = gr.Button("◀ step", size="sm", elem_id="step-back")
                     play_btn = gr.Button("play / pause", size="sm", elem_id="step-play")
                     next_btn = gr.Button("step ▶", size="sm", elem_id="step-next")
+                    # The controls column is hidden while presenting: Run here, and C (or this button) shows them.
+                    present_run = gr.Button("Run", size="sm", variant="primary", elem_id="present-run")
+                    controls_btn = gr.Button("controls (C)", size="sm", elem_id="present-controls")
                     Number(value=1.5, label="seconds per step", minimum=0.2, maximum=30, step=0.1, interactive=True, elem_id="pace")
+                self.tour_note = gr.Markdown("", elem_id="tour-note")  # beside the stop's run, above its status
                 self.status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
                 self.view = gr.HTML(render.step_view([], {}), elem_id="step-view")
                 self.step = Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
@@ -305,10 +330,10 @@ class RunTab:
         self.outputs = [self.view, self.status, self.step, self.detail, self.race_plot, self.tps_plot, self.depth_plot,
                         self.hist_plot, self.speed_plot, self.time_plot, self.record, self.baselines, self.download]
         self.settings = [self.prompt, self.mode, *self.controls.values()]  # what a replay's settings set
-        self._events(presets, example, note, run_btn, stop_btn, link_btn, link_box, recording_btn, upload, tour_btn,
-                     counter_btn, (back_btn, play_btn, next_btn))
+        self._events(presets, example, note, run_btn, stop_btn, link_btn, link_box, recording_btn, upload,
+                     (tour_btn, tour_back, tour_next), counter_btn, (back_btn, play_btn, next_btn, present_run, controls_btn))
 
-    def _events(self, presets, example, note, run_btn, stop_btn, link_btn, link_box, recording_btn, upload, tour_btn,
+    def _events(self, presets, example, note, run_btn, stop_btn, link_btn, link_box, recording_btn, upload, tour_buttons,
                 counter_btn, step_buttons) -> None:
         service, c = self.service, self.controls
         inputs = set(c.values())
@@ -336,7 +361,7 @@ class RunTab:
         stop_btn.click(self.stop, None, self.status, queue=False, api_name="stop")
         # Replays use no model: their own queue, so one never waits behind a generation.
         # First the controls the trace ran with (so Run runs it again here), then the replay.
-        replays = dict(show_progress="hidden", concurrency_id="replay", concurrency_limit=4)
+        replays = dict(show_progress="hidden", concurrency_limit=None)  # bounded by Sessions.replaying
         self.redraw(upload.upload(self.replay_settings, upload, self.settings, **QUIET)).then(
             self.replay, [upload, self.paced, self.baselines], self.outputs, api_name="replay", **replays)
         self.redraw(recording_btn.click(lambda name: self.replay_settings(recording_path(name)), self.recording,
@@ -345,16 +370,22 @@ class RunTab:
             api_name="replay_recording", **replays)
         # Only the user's moves: the run's own updates of the slider would each call inspect with the
         # record of the run before, and one answering late would blank the step the run just drew.
+        # always_last: while one answer is pending, only the latest move is sent next, so quick ← → presses end on
+        # the slider's step (answers of unqueued requests could land out of order and leave an older step shown).
         self.step.input(self.inspect, [self.step, self.record], [self.detail, self.race_plot, self.tps_plot], queue=False,
-                        show_progress="hidden", api_name="inspect")
+                        show_progress="hidden", api_name="inspect", trigger_mode="always_last")
         counter_btn.click(lambda: self.example_ids[COUNTER_EXAMPLE], None, self.prompt, **QUIET)
-        self.redraw(tour_btn.click(self.tour, [self.paced, self.baselines],
-                                   [*self.outputs, *self.settings, self.explain, self.tour_note], api_name="tour", **replays))
+        for button, handler, name in zip(tour_buttons, (self.tour_start, self.tour_back, self.tour_next),
+                                         ("tour", "tour_back", "tour_next")):
+            self.redraw(button.click(handler, [self.paced, self.baselines, self.tour_at],
+                                     [*self.outputs, *self.settings, self.explain, self.tour_note, self.tour_at],
+                                     api_name=name, **replays))
         self.present.change(None, self.present, None, js=presenter.TOGGLE_JS, **QUIET)
         for button, js in zip(step_buttons, ("() => { window.sdStep(-1); }", "() => { window.sdPlay(); }",
-                                             "() => { window.sdStep(1); }")):
+                                             "() => { window.sdStep(1); }", "() => { document.querySelector('#run').click(); }",
+                                             "() => { window.sdControls(); }")):
             button.click(None, None, None, js=js, **QUIET)
-        link_btn.click(self.link, {self.mode, self.prompt, self.present, *inputs}, link_box, **QUIET).then(
+        link_btn.click(self.link, {self.mode, self.prompt, self.present, self.record, *inputs}, link_box, **QUIET).then(
             None, link_box, link_box, js=COPY_LINK_JS, **QUIET)
         del run_evt
 
@@ -368,9 +399,9 @@ class RunTab:
         """A link opens the page set up as it says (then replays the recording it names)."""
         self.tabs, self.link_note = tabs, link_note
         self.redraw(demo.load(self.open_link, None, [tabs, *self.settings, self.present, link_note, self.recording,
-                                                     self.linked], **QUIET)).then(
+                                                     self.linked, self.examples], **QUIET)).then(
             self.replay_linked, [self.linked, self.paced, self.baselines], self.outputs, show_progress="hidden",
-            concurrency_id="replay", concurrency_limit=4, api_visibility="private")
+            concurrency_limit=None, api_visibility="private")
 
     # ------------------------------------------------------------------ the settings shown
     def verdict(self, data: dict) -> str:
@@ -394,7 +425,7 @@ class RunTab:
         baseline: Recording | None = None
         try:  # every setting checked before anything runs: a bad one is one sentence, not a bare "Error"
             base_request = settings.to_request("autoregressive", v, self.modes)
-            self.service.request(settings.to_request(mode, v, self.modes), session)
+            checked = self.service.check(settings.to_request(mode, v, self.modes), session)
         except ConfigError as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
         baselines = baselines if isinstance(baselines, dict) else {}
@@ -405,13 +436,13 @@ class RunTab:
             # while the machine got busy) made ratios of 20x and more.
             baseline = Recording("autoregressive", base_request, prompt)
             yield from paced(self._stream(session, base_request, prompt, baseline), lambda part: self.outputs_of(
-                Recording(name), part, "Racing… first the autoregressive baseline", baselines, final=False))
+                Recording(name), part, with_waiting("Racing… first the autoregressive baseline", part, ": "), baselines, final=False))
             if baseline.end and baseline.end.get("finish_reason") == "cancelled":
                 yield self.outputs_of(Recording(name), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
                 return
             baselines = {**baselines, key: baseline.record()}
         run = Recording(name, settings.to_request(mode, v, self.modes), prompt)
-        yield from paced(self._stream(session, run.request, prompt, run),
+        yield from paced(self._stream(session, checked, prompt, run),
                          lambda part: self.outputs_of(part, baseline, status_line(part, self.modes), baselines, final=False))
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
             baselines = {**baselines, key: run.record()}
@@ -421,7 +452,7 @@ class RunTab:
         trace.write_text(json.dumps(run.trace(baseline)))
         yield self.outputs_of(run, baseline, status_line(run, self.modes), baselines, final=True, trace=str(trace))
 
-    def _stream(self, session: str, data: dict[str, Any], prompt: str, run: Recording):
+    def _stream(self, session: str, data: dict[str, Any] | Checked, prompt: str, run: Recording):
         return stream(self.service, self.sessions, session, data, prompt, run)
 
     def run_request(self, request: dict[str, Any], session: gr.Request) -> Iterator[dict[str, Any]]:
@@ -440,12 +471,13 @@ class RunTab:
                 f"{m.decoding_type} = {m.name}" for m in self.modes) + "), not in 'mode'", duration=None)
         session_hash = session_of(session)
         try:
-            config = self.service.request(data, session_hash).speculative_config
+            checked = self.service.check(data, session_hash)
         except (ConfigError, ModelError) as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        config = checked.request.speculative_config
         name = config.mode + MERGED_SUFFIX if getattr(config, "prompt_lookup", None) is not None else config.mode
         run = Recording(name, data, prompt)
-        for part in self._stream(session_hash, data, prompt, run):
+        for part in self._stream(session_hash, checked, prompt, run):
             # Through JSON, as `generate --json` prints it: Gradio sends a gr.api value as it is, and refuses the
             # token texts' int keys.
             yield json.loads(json.dumps(part.trace()))
@@ -459,13 +491,14 @@ class RunTab:
         if final and baseline is not None and run.mode != "autoregressive":
             versus = render.speedup_line(events, baseline.events)
             status = f"{status}\n\n{versus}" if versus else status
-        detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history, run.mode) if events else ""
+        detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history, run.mode, self.modes) if events else ""
         out = {
             self.view: render.step_view(events, run.texts),
             self.status: status,
             self.step: gr.update(maximum=max(last, 1), value=max(last, 0), interactive=final and last > 0),
             self.detail: detail,
-            self.race_plot: charts.race(events, baseline.events if baseline else None, label=learn.label(run.mode, self.modes)),
+            self.race_plot: charts.race(events, baseline.events if baseline else None, mode=run.mode,
+                                        label=learn.label(run.mode, self.modes), modes=self.modes),
             self.tps_plot: charts.tokens_per_step(events),
             self.baselines: baselines,
             self.download: gr.update(value=trace, interactive=trace is not None),
@@ -473,7 +506,8 @@ class RunTab:
         if final:  # The browser redraws every chart it is sent, on the cores the model runs on: while generating,
             # only the race and the per-step bars are live; the rest are drawn once at the end.
             out.update({self.depth_plot: charts.acceptance_by_depth(events, run.spec_decode),
-                        self.hist_plot: charts.tokens_per_step_hist(events), self.speed_plot: charts.throughput(events),
+                        self.hist_plot: charts.tokens_per_step_hist(events),
+                        self.speed_plot: charts.throughput(events, mode=run.mode, modes=self.modes),
                         self.time_plot: charts.timing(events),
                         self.record: dict(run.record(), baseline=baseline.events if baseline else None)})
         return out
@@ -486,12 +520,13 @@ class RunTab:
         i = min(max(int(step), 0), len(events) - 1) if isinstance(step, (int, float)) and math.isfinite(step) else 0
         history = [t for e in events[:i] for t in e["tokens"]]
         try:  # a record is this session's own run or a checked trace; a shape that still slipped through gets words
-            detail = render.step_detail(events[i], record["texts"], record["prompt_ids"], history, record.get("mode"))
+            detail = render.step_detail(events[i], record["texts"], record["prompt_ids"], history, record.get("mode"), self.modes)
         except Exception as err:
             raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
         number = events[i].get("step", i)
         label = learn.label(record["mode"], self.modes) if record.get("mode") else None
-        return (detail, charts.race(events, record.get("baseline"), label=label, cursor=number),
+        return (detail, charts.race(events, record.get("baseline"), mode=record.get("mode"), label=label, cursor=number,
+                                    modes=self.modes),
                 charts.tokens_per_step(events, cursor=number))
 
     # ------------------------------------------------------------------ replay
@@ -501,16 +536,15 @@ class RunTab:
         if not path:
             return
         try:
-            run, baseline = traces.read(path)
+            run, baseline = traces.read(path, modes=self.modes)
         except (TraceError, OSError) as err:
             raise gr.Error(f"cannot replay this file: {self.service.relative(str(err))}", duration=None) from None
-        run.mode = run.mode or render.infer_mode(run.events)
         if run.mode is None:
             raise gr.Error("cannot replay this file: it does not say which mode made it", duration=None)
         try:  # parse checked every field the display reads; should a shape still slip through, say so in words
             for r in (run, baseline or run):
                 render.step_view(r.events, r.texts)
-                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None], r.mode)
+                render.step_detail(r.events[-1], r.texts, r.prompt_ids, r.token_ids[: -len(r.events[-1]["tokens"]) or None], r.mode, self.modes)
         except Exception as err:
             raise gr.Error(f"cannot replay this file: it could not be drawn ({type(err).__name__})", duration=None) from None
         with skippable(self.sessions, request) as skip:
@@ -526,7 +560,7 @@ class RunTab:
         """The prompt, mode and controls a trace ran with, so Run runs it again here; each left as it is
         where the trace does not say or the Run tab cannot express it (its replay says what is wrong)."""
         try:
-            run, _ = traces.read(path) if path else (None, None)
+            run, _ = traces.read(path, modes=self.modes) if path else (None, None)
         except (TraceError, OSError):
             return {self.prompt: gr.skip()}
         found = settings.from_request(run.request, self.modes) if run and run.request else None
@@ -543,8 +577,12 @@ class RunTab:
         return {**prompt, self.mode: mode, **{self.controls[k]: x for k, x in v.items() if k in self.controls}}
 
     def replay_recording(self, request: gr.Request, name: str | None, paced_: bool, baselines: dict):
-        """A recording shipped in assets/traces/, by its name in the menu."""
-        yield from self.replay(request, recording_path(name), paced_, baselines)
+        """A recording shipped in assets/traces/, by its name in the menu. The record shown names it, so Copy link
+        gives a link that replays it."""
+        for out in self.replay(request, recording_path(name), paced_, baselines):
+            if self.record in out:
+                out[self.record] = {**out[self.record], "recording": name}
+            yield out
 
     def replay_linked(self, request: gr.Request, name: str | None, paced_: bool, baselines: dict):
         """The recording a link named, after the page loaded; without one, every output stays as it is (an event
@@ -554,19 +592,31 @@ class RunTab:
             return
         yield from self.replay_recording(request, name, paced_, baselines)
 
-    def tour(self, request: gr.Request, paced_: bool, baselines: dict):
-        """Every mode's recording in turn (TOUR_MODES): its settings in the controls, its Learn paragraph, its replay
-        with the step narration; Stop skips the current one."""
-        stops = tour_stops()
-        for i, name in enumerate(stops, 1):
-            mode = name.split("-")[0]
-            line = (f"**Tour {i}/{len(stops)}: {learn.label(mode, self.modes)}** · "
-                    f"{recording_label(name, self.modes).split(' · ', 1)[1]} · {RECORDING_WHY.get(mode, '')}")
-            extra = {**self.replay_settings(recording_path(name)),
-                     self.explain: learn.explain(self.modes.split(mode)[0], self.modes), self.tour_note: line}
-            for out in self.replay(request, recording_path(name), paced_, baselines):
-                yield {**out, **extra}
-                extra = {}
+    def tour_start(self, request: gr.Request, paced_: bool, baselines: dict, at: Any):
+        yield from self.tour(request, paced_, baselines, at, None)
+
+    def tour_back(self, request: gr.Request, paced_: bool, baselines: dict, at: Any):
+        yield from self.tour(request, paced_, baselines, at, -1)
+
+    def tour_next(self, request: gr.Request, paced_: bool, baselines: dict, at: Any):
+        yield from self.tour(request, paced_, baselines, at, 1)
+
+    def tour(self, request: gr.Request, paced_: bool, baselines: dict, at: Any, move: int | None):
+        """One stop of the tour (tour_modes): the first (move None), or the one before or after stop `at`. Its settings
+        in the controls, its Learn paragraph, its note, its replay with the step narration."""
+        stops = tour_stops(self.modes)
+        at = at if isinstance(at, int) and 0 <= at <= len(stops) else 0
+        i = 1 if move is None or at == 0 else min(len(stops), max(1, at + move))
+        name = stops[i - 1]
+        mode = name.split("-")[0]
+        line = (f"**Tour {i}/{len(stops)}: {learn.label(mode, self.modes)}** · "
+                f"{recording_label(name, self.modes).split(' · ', 1)[1]} · {recording_why(mode, self.modes)}"
+                + (" · next stop ▶ goes on" if i < len(stops) else " · the last stop"))
+        extra = {**self.replay_settings(recording_path(name)), self.explain: learn.explain(self.modes.split(mode)[0], self.modes),
+                 self.tour_note: line, self.tour_at: i}
+        for out in self.replay_recording(request, name, paced_, baselines):
+            yield {**out, **extra}
+            extra = {}
 
     # ------------------------------------------------------------------ links
     def open_link(self, request: gr.Request) -> dict:
@@ -581,6 +631,10 @@ class RunTab:
                                  (self.mode, link.mode), (self.recording, link.replay), (self.present, link.present)):
             if value is not None and value != "":
                 out[component] = value
+        if link.replay:  # the page set up as the recording ran (mode, prompt, settings), so Run runs it again
+            out.update(self.replay_settings(recording_path(link.replay)))
+        if out.get(self.prompt) in self._shown:  # `example=241`: the menu shows which example it is
+            out[self.examples] = out[self.prompt]
         return out
 
     def _link_check(self, mode: str, values: dict[str, Any]) -> str | None:
@@ -591,7 +645,10 @@ class RunTab:
         return None
 
     def link(self, data: dict) -> Any:
-        """The query string of the Run tab's setup (the browser adds its own address and copies it)."""
+        """The query string of the Run tab's setup (the browser adds its own address and copies it); after a shipped
+        recording's replay, one that replays it."""
+        record = data[self.record] if isinstance(data[self.record], dict) else {}
+        replayed = record.get("recording") if record.get("recording") in RECORDINGS else None
         return gr.update(value=links.build("run", data[self.mode], self.values(data), data[self.prompt] or "",
                                            self.page_defaults(), self.example_ids, DEFAULT_MODE, FIRST_PROMPT,
-                                           present=bool(data[self.present])), visible=True)
+                                           present=bool(data[self.present]), replay=replayed), visible=True)

@@ -5,15 +5,45 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
+
+import gradio as gr
+
+
+MAX_REPLAYS = 4  # replays playing at once on a server (each redraws every 0.75 s for up to two minutes)
 
 
 class Sessions:
     """Session -> the one thing it runs (anything with `cancel()`: a job, a replay's skip, a training run's stop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_replays: int = MAX_REPLAYS) -> None:
         self._lock = threading.Lock()
         self._running: dict[str, Any] = {}
+        self._replays: dict[str, threading.Event] = {}  # session -> the skip flag of the replay it plays
+        self.max_replays = max_replays
+
+    @contextlib.contextmanager
+    def replaying(self, session: str) -> Iterator[threading.Event]:
+        """A replay's skip flag, the session's running job while it plays (Stop sets it). Replays have their own
+        bound, apart from generations: one per session (a newer one ends the older) and `max_replays` in all."""
+        skip = threading.Event()
+        handle = SimpleNamespace(cancel=skip.set)
+        with self._lock:
+            older = self._replays.get(session)
+            if older is not None:
+                older.set()
+            elif len(self._replays) >= self.max_replays:
+                raise gr.Error(f"{len(self._replays)} replays are playing on this server, the most it plays at once: "
+                               "try again in a minute, or untick the recorded pace to draw it at once", duration=None)
+            self._replays[session] = skip
+        try:
+            with self.running(session, handle):
+                yield skip
+        finally:
+            with self._lock:
+                if self._replays.get(session) is skip:
+                    del self._replays[session]
 
     @contextlib.contextmanager
     def running(self, session: str, handle: Any) -> Iterator[Any]:

@@ -1,4 +1,4 @@
-"""The Run tab's settings, generated from the mode registry (app/modes.py, each entry's `controls`): every control
+"""The Run tab's settings, generated from the mode registry (app/modes/, each entry's `controls`): every control
 by name, their values on a fresh page, the settings presets, and the two directions between control values and the
 service's DecodeRequest data (`to_request`, `from_request`). Functions of a registry; no components are made here
 (run_tab.py makes them from the same `Control`s).
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.config import CHOICES_DIR, ConfigError
-from app.modes import DYNAMIC, MERGED_SUFFIX, MODES, Control, Mode, Modes
-from app.service import configs
+from app.modes.notation import CHOICES_DIR, ConfigError
+from app.modes import MERGED_SUFFIX, MODES, Control, Mode, Modes
+from app.modes.shipped import DYNAMIC
+from app.modes import configs
 from app.service.training import PREFIX
 from app.ui.controls import finite
 

@@ -8,19 +8,34 @@ import bisect
 import contextlib
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
 from app.service.traces import Recording
 from app.ui.sessions import Sessions
 
 REDRAW_S = 0.75
+WAITING_S = 1.0  # how often the status counts the seconds a run waits for its engine
 REPLAY_MAX_S = 120  # a replay at the recorded pace lasts at most this long
+
+
+def preparing_note(data: Any, seconds: float) -> str:
+    """What a run waits for before its first step, in words: on vLLM its engine's start, else the model's load."""
+    request = getattr(data, "request", None)
+    backend = getattr(request, "backend", None) or (data.get("backend") if isinstance(data, dict) else None)
+    if backend == "vllm":
+        return (f"starting the vLLM engine for these settings: {seconds:.0f} s (a first start takes 1–3 minutes: "
+                "vLLM loads the model and warms it up; later runs reuse the engine)")
+    return f"loading the model and what this mode drafts with: {seconds:.0f} s"
+
+
+def with_waiting(status: str, run: Recording, joint: str = " ") -> str:
+    """A status line, and what its run waits for before its first step (stream sets `run.waiting`)."""
+    return f"{status}{joint}{run.waiting}" if run.waiting else status
 
 
 def session_of(request: gr.Request | None) -> str:
@@ -28,11 +43,43 @@ def session_of(request: gr.Request | None) -> str:
 
 
 def stream(service: Service, sessions: Sessions, session: str, data: dict[str, Any], prompt: str, run: Recording):
-    """DecodeRequest `data` run as the session's job (Stop cancels it); each batch of messages added to `run`."""
+    """DecodeRequest `data` run as the session's job (Stop cancels it); each batch of messages added to `run`. While
+    the service prepares it (a vLLM engine starting takes minutes), `run.waiting` says so, with the time so far."""
+    submitted: dict[str, Any] = {}
+    abandoned = threading.Event()  # the page went away while its run was prepared: the job it gets is cancelled
+
+    def submit() -> None:
+        try:
+            job = service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
+        except Exception as err:  # raised again on the handler's thread, below
+            submitted["error"] = err
+            return
+        submitted["job"] = job
+        if abandoned.is_set():
+            job.cancel()
+
+    preparing = threading.Thread(target=submit, daemon=True, name="submit")
+    started = time.monotonic()
+    preparing.start()
     try:
-        job = service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
-    except (ConfigError, ModelError, QueueFull) as err:
-        raise gr.Error(service.relative(str(err)), duration=None) from None
+        while True:
+            preparing.join(WAITING_S)
+            if not preparing.is_alive():
+                break
+            run.waiting = preparing_note(data, time.monotonic() - started)
+            yield run
+    finally:
+        if preparing.is_alive():  # closed while waiting (a disconnect): whichever side comes second cancels the job
+            abandoned.set()
+            if "job" in submitted:
+                submitted["job"].cancel()
+    run.waiting = None
+    if "error" in submitted:
+        err = submitted["error"]
+        if isinstance(err, (ConfigError, ModelError, QueueFull)):
+            raise gr.Error(service.relative(str(err)), duration=None) from None
+        raise err
+    job = submitted["job"]
     with sessions.running(session, job):
         try:
             for batch in job.batches(REDRAW_S):
@@ -48,8 +95,7 @@ def stream(service: Service, sessions: Sessions, session: str, data: dict[str, A
 @contextlib.contextmanager
 def skippable(sessions: Sessions, request: gr.Request | None):
     """A replay's skip flag, registered as the session's running job so Stop sets it."""
-    skip = threading.Event()
-    with sessions.running(session_of(request), SimpleNamespace(cancel=skip.set)):
+    with sessions.replaying(session_of(request)) as skip:
         yield skip
 
 

@@ -1,8 +1,8 @@
-"""The web app (Gradio 6): the Run, Compare, Train, Learn and Engines tabs assembled on one page, all through the
+"""The web app (Gradio 6): the Run, Compare, Load, Train, Learn and Engines tabs assembled on one page, all through the
 service, and its launch.
 
 Each tab is a module with a class whose `layout()` builds it and whose methods are its handlers (run_tab.py,
-compare_tab.py, train.py, learn_tab.py, engines_tab.py). Here: the page, the state the tabs share (one Stop registry
+compare_tab.py, load_tab.py, train_tab.py, learn_tab.py, engines_tab.py). Here: the page, the state the tabs share (one Stop registry
 for every session, the Spec-Bench prompts), the events that join tabs, and the CSS given once at launch. Nothing
 here touches tensors or tokenizers: the service streams JSON-like messages with token texts, `render` turns them
 into escaped HTML and `charts` into Plotly figures.
@@ -11,16 +11,26 @@ into escaped HTML and `charts` into Plotly figures.
 from __future__ import annotations
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from app.service.api import Service
+from app.service import traces
 from app.ui import presenter, render
 from app.ui.compare_tab import CompareTab
 from app.ui.controls import examples
 from app.ui.engines_tab import EnginesTab
 from app.ui.learn_tab import LearnTab
+from app.ui.load_tab import LoadTab
 from app.ui.run_tab import RunTab
 from app.ui.sessions import Sessions
-from app.ui.train import TrainTab
+from app.ui.train_tab import TrainTab
+from app.ui.unworded import WordUnworded
+
+# Pages whose state (recordings, settings) the server keeps, the least recently used forgotten first. Each is ~0.4 MB,
+# and every API call without a page is a page of its own: Gradio's default of 10,000 let a flood of calls grow the
+# server by gigabytes.
+EVENTS_PENDING = 64  # events Gradio holds before they start (each starts at once; see launch)
+PAGES_KEPT = 128
 
 # The page's own styles, given once at launch: the token view's and presenter mode's.
 CSS = render.CSS + presenter.CSS
@@ -31,12 +41,13 @@ class Studio:
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self.modes = service.registry  # the modes it offers (app/modes.py)
+        self.modes = service.registry  # the modes it offers (app/modes/)
         self.sessions = Sessions()  # what each page runs, for its Stop
         # Read once: links and the counter-example look prompts up by question id (a link's `example=`).
         example_ids = {int(r["id"]): r["text"] for r in service.examples()}
         self.run = RunTab(service, self.sessions, example_ids)
         self.compare = CompareTab(service, self.sessions)
+        self.load = LoadTab(service, self.sessions)
         self.trainer = TrainTab(service)
         self.learn = LearnTab(service)
         self.engines = EnginesTab(service, self.run)
@@ -61,6 +72,8 @@ class Studio:
                     self.run.layout(shown)
                 with gr.Tab("Compare", id="compare"):
                     self.compare.layout(shown)
+                with gr.Tab("Load", id="load"):
+                    self.load.layout()
                 with gr.Tab("Train", id="train"):
                     self.trainer.layout(self.run.artifact_pickers())
                 with gr.Tab("Learn", id="learn"):
@@ -76,6 +89,13 @@ def launch(service: Service, host: str | None = None, port: int | None = None, *
     """Serve the app; host/port None = Gradio's own defaults (GRADIO_SERVER_NAME/PORT, else 127.0.0.1:7860)."""
     studio = Studio(service)
     demo = studio.blocks()
-    demo.queue(max_size=service.limits.max_queue, default_concurrency_limit=service.limits.max_concurrency)
+    # Every handler starts at once: generations wait in the service's job queue (bounded, and per visitor, each
+    # refusal worded), replays in their own (Sessions). Gradio's queue holding them instead would let one visitor's
+    # burst, or a few slow replays, fill it for everybody ("Queue is full").
+    # Gradio's own bound is only a backstop against a flood of events: at the service's, a burst of replays on a
+    # loaded machine (events not yet started) was refused with Gradio's unworded "Queue is full".
+    demo.queue(max_size=EVENTS_PENDING, default_concurrency_limit=None)
+    # Uploads are trace files: refused while they arrive once over what a replay reads (traces.MAX_BYTES).
     return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], css=CSS,
-                       head=presenter.HEAD, **kwargs)
+                       head=presenter.HEAD, max_file_size=traces.MAX_BYTES, state_session_capacity=PAGES_KEPT,
+                       app_kwargs={"middleware": [Middleware(WordUnworded)]}, **kwargs)

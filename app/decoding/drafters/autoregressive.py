@@ -9,6 +9,10 @@ class Autoregressive:
     name = "autoregressive"
     needs_hidden = False
 
+    @classmethod
+    def from_config(cls, config, target=None, companion=None) -> Autoregressive:
+        return cls()
+
     def start(self, prompt, sampling, gen, prefill) -> None:
         pass
 

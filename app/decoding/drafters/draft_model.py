@@ -22,6 +22,11 @@ class DraftModel:
     name = "draft_target"
     needs_hidden = False
 
+    @classmethod
+    def from_config(cls, config, target, companion) -> DraftModel:
+        """From a checked DraftTargetDecodingConfig; `companion`: the draft model runner.load_companion loaded."""
+        return cls(companion.model, config.max_draft_len, d2t=companion.draft_vocab)
+
     def __init__(self, model: torch.nn.Module, max_draft_len: int = 4, d2t: torch.Tensor | None = None) -> None:
         if max_draft_len < 1:
             raise ValueError("max_draft_len must be >= 1")

@@ -133,6 +133,14 @@ class Eagle:
     name = "eagle"
     needs_hidden = True
 
+    @classmethod
+    def from_config(cls, config, target, companion) -> Eagle:
+        """From a checked EagleDecodingConfig; `target`: the target torch model; `companion`: the EAGLE module."""
+        static = None if config.use_dynamic_tree else config.paths()
+        return cls(companion, target.get_input_embeddings(), total_tokens=config.max_draft_len + 1,
+                   depth=config.num_eagle_layers, top_k=config.dynamic_tree_max_topK, static_choices=static,
+                   min_path_prob=config.pruning)
+
     def __init__(self, module, embed: torch.nn.Module, total_tokens: int = 24, depth: int = 5, top_k: int = 4,
                  static_choices: list[list[int]] | None = None, min_path_prob: float = 0.0) -> None:
         if total_tokens < 2 or depth < 1 or top_k < 1:

@@ -36,6 +36,12 @@ class Lookahead:
     name = "lookahead"
     needs_hidden = False
 
+    @classmethod
+    def from_config(cls, config, target=None, companion=None) -> Lookahead:
+        """From a checked LookaheadDecodingConfig (app/modes/configs.py)."""
+        return cls(config.max_window_size, config.max_ngram_size, config.max_verification_set_size,
+                   request=config.request, pool_from_prompt=config.pool_from_prompt)
+
     def __init__(
         self,
         max_window_size: int = 4,

@@ -6,7 +6,7 @@ r_d-th guess of head d, under the node [r0, .., r(d-1)]. A node's token depends 
 and rank, so one batched LM-head call over all heads gives every token of the tree.
 
 Greedy verification is exact (lossless). Under sampling the default is recursive rejection, also
-exact; `typical=True` asks the loop for Medusa's typical acceptance instead, which is NOT lossless
+exact; `typical_acceptance=True` asks the loop for Medusa's typical acceptance instead, which is NOT lossless
 (see acceptance.typical).
 """
 
@@ -25,6 +25,12 @@ class Medusa:
     name = "medusa"
     needs_hidden = True
 
+    @classmethod
+    def from_config(cls, config, target, companion) -> Medusa:
+        """From a checked MedusaDecodingConfig; `target`: the target torch model; `companion`: its heads."""
+        return cls(companion, target.get_output_embeddings(), config.paths(), posterior_threshold=config.posterior_threshold,
+                   posterior_alpha=config.posterior_alpha, typical_acceptance=config.typical_acceptance, min_path_prob=config.pruning)
+
     def __init__(
         self,
         heads: MedusaHeads,
@@ -32,7 +38,7 @@ class Medusa:
         medusa_choices: list[list[int]],
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
-        typical: bool = False,
+        typical_acceptance: bool = False,
         min_path_prob: float = 0.0,
     ) -> None:
         paths = sorted({tuple(int(r) for r in p) for p in medusa_choices}, key=lambda p: (len(p), p))
@@ -71,7 +77,7 @@ class Medusa:
             "posterior_threshold": float(posterior_threshold),
             "posterior_alpha": float(posterior_alpha),
         }
-        self.typical = typical
+        self.typical = typical_acceptance
 
     def start(self, prompt, sampling, gen, prefill) -> None:
         self.sampling = sampling

@@ -58,21 +58,27 @@ class PromptLookup:
     name = "prompt_lookup"
     needs_hidden = False
 
+    @classmethod
+    def from_config(cls, config, target=None, companion=None) -> PromptLookup:
+        """From a checked NGramDecodingConfig (app/modes/configs.py)."""
+        return cls(config.max_draft_len, config.max_matching_ngram_size, config.is_use_oldest, config.max_candidates,
+                   config.ngram_draft_lens)
+
     def __init__(
         self,
-        prompt_lookup_num_tokens: int = 10,
+        max_draft_len: int = 10,
         max_matching_ngram_size: int = 2,
         is_use_oldest: bool = True,
         max_candidates: int = 1,
         ngram_draft_lens: tuple[int, ...] = (2, 5),
     ) -> None:
-        if prompt_lookup_num_tokens < 1:
-            raise ValueError("prompt_lookup_num_tokens must be >= 1")
+        if max_draft_len < 1:
+            raise ValueError("max_draft_len must be >= 1")
         if max_matching_ngram_size < 1:
             raise ValueError("max_matching_ngram_size must be >= 1")
         if max_candidates < 1:
             raise ValueError("max_candidates must be >= 1")
-        self.num_tokens = prompt_lookup_num_tokens
+        self.num_tokens = max_draft_len
         self.max_ngram = max_matching_ngram_size
         self.oldest = is_use_oldest
         self.max_candidates = max_candidates

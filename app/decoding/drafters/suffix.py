@@ -1,7 +1,7 @@
 """Suffix decoding (SuffixDecoding, arXiv 2411.04975): draft what most often followed the context's
 longest recurring suffix, with counts from a suffix trie over the prompt and the text generated so far.
 
-The trie holds every substring of the sequence up to `max_tree_depth` tokens, each node with how many
+The trie holds every substring of the sequence up to `suffix_decoding_max_tree_depth` tokens, each node with how many
 times its string occurs. For each match length m (1, 2, ...) while the context's last m tokens occur in
 the trie, a draft follows the most frequent continuation (a chain, or the most probable nodes as a tree
 with `use_tree_spec`); a token's probability is its path's product of count(child) / count(parent) and
@@ -72,26 +72,32 @@ class Suffix:
     name = "suffix"
     needs_hidden = False
 
+    @classmethod
+    def from_config(cls, config, target=None, companion=None) -> Suffix:
+        """From a checked SuffixDecodingConfig (app/modes/configs.py)."""
+        return cls(config.max_draft_len, config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_spec_factor,
+                   config.suffix_decoding_min_token_prob, config.use_tree_spec)
+
     def __init__(
         self,
         max_draft_len: int = 24,
-        max_tree_depth: int = 24,
-        max_spec_factor: float = 1.0,
-        min_token_prob: float = 0.1,
+        suffix_decoding_max_tree_depth: int = 24,
+        suffix_decoding_max_spec_factor: float = 1.0,
+        suffix_decoding_min_token_prob: float = 0.1,
         use_tree_spec: bool = False,
         max_spec_offset: float = 0.0,
     ) -> None:
-        if max_draft_len < 1 or max_tree_depth < 1:
-            raise ValueError("max_draft_len and max_tree_depth must be >= 1")
-        if max_spec_factor < 0 or not 0 <= min_token_prob <= 1:
-            raise ValueError("max_spec_factor must be >= 0 and min_token_prob in [0, 1]")
+        if max_draft_len < 1 or suffix_decoding_max_tree_depth < 1:
+            raise ValueError("max_draft_len and suffix_decoding_max_tree_depth must be >= 1")
+        if suffix_decoding_max_spec_factor < 0 or not 0 <= suffix_decoding_min_token_prob <= 1:
+            raise ValueError("suffix_decoding_max_spec_factor must be >= 0 and suffix_decoding_min_token_prob in [0, 1]")
         self.max_draft_len = max_draft_len
-        self.depth = max_tree_depth
-        self.factor = max_spec_factor
+        self.depth = suffix_decoding_max_tree_depth
+        self.factor = suffix_decoding_max_spec_factor
         self.offset = max_spec_offset
-        self.min_prob = min_token_prob
+        self.min_prob = suffix_decoding_min_token_prob
         self.tree = use_tree_spec
-        self.trie = SuffixTrie(max_tree_depth)
+        self.trie = SuffixTrie(suffix_decoding_max_tree_depth)
         self.prompt_len = 0
 
     def start(self, prompt, sampling, gen, prefill) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.modes import Mode
-from app.service.configs import DecodeRequest
+from app.modes.configs import DecodeRequest
 from app.service.jobs import Limits, Work
 
 
@@ -38,7 +38,11 @@ class Backend(Protocol):
     def availability(self) -> Availability: ...
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
-        """None when this backend can run `mode` (its entry in app/modes.py) for `model`, else the reason it cannot."""
+        """None when this backend can run `mode` (its entry in app/modes/) for `model`, else the reason it cannot."""
+
+    def check(self, request: DecodeRequest) -> None:
+        """This backend's own rules for a request of a valid mode (ConfigError, one sentence); the service runs it once,
+        when it checks the request."""
 
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         """Everything that can fail before generation starts (load, encode, check the prompt against the

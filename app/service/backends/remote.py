@@ -21,11 +21,11 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from app.config import ConfigError
+from app.modes import ConfigError
 from app.models import ModelError
 from app.service.backends.base import Availability, Prompt
 from app.modes import Mode
-from app.service.configs import DecodeRequest
+from app.modes.configs import DecodeRequest
 from app.service.jobs import Limits, Work
 
 OWNER = "specdec-studio"
@@ -72,6 +72,9 @@ class RemoteBackend:
         """The models the server lists, by id."""
         data = self._get("/v1/models", timeout=5.0)
         return {m["id"]: m for m in data.get("data", [])}
+
+    def check(self, request: DecodeRequest) -> None:
+        """The remote server checks what it runs (its answer says why it refuses)."""
 
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         if not self.url:
@@ -358,7 +361,8 @@ def engine_steps(response, cancel: threading.Event, engine: Engine, prompt_ids: 
             finish = "cancelled"
             break
     reason = {"stop": "eos", "abort": "cancelled"}.get(finish, finish) or "length"
-    counters = _settled(engine, before, ids, steps) if speculates else {}
+    # Every decode step after the first committed its accepted draft tokens plus one: the counters hold at least that.
+    counters = settled(engine, before, len(ids) - steps) if speculates else {}
     totals: dict[str, Any] = dict(pending["totals"]) if pending else {"new_tokens": 0, "target_steps": 0}
     if counters:
         totals.update(drafted=counters["num_draft_tokens"], accepted=counters["num_accepted_tokens"])
@@ -369,10 +373,9 @@ def engine_steps(response, cancel: threading.Event, engine: Engine, prompt_ids: 
            "spec_decode": counters or None, "error": None}
 
 
-def _settled(engine: Engine, before: dict[str, Any], ids: list[int], steps: int) -> dict[str, Any]:
-    """The request's counters once the engine has counted every step it streamed (its stats lag the stream a little)."""
-    # Every decode step after the first committed its accepted draft tokens plus one: the counters hold at least that.
-    streamed = len(ids) - steps
+def settled(engine: Engine, before: dict[str, Any], streamed: int) -> dict[str, Any]:
+    """The counters' growth since `before`, once the engine has counted the `streamed` accepted tokens it streamed
+    (its stats lag the stream a little)."""
     deadline = time.monotonic() + 2.0
     while True:
         delta = counter_delta(before, engine.counters())

@@ -31,11 +31,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from app.config import ConfigError
-from app.service import configs
+from app.modes import ConfigError, DecodeRequest, Mode, configs
+from app.modes.configs import (AutoregressiveConfig, DraftTargetDecodingConfig, EagleDecodingConfig, LookaheadDecodingConfig,
+                               MedusaDecodingConfig, NGramDecodingConfig)
 from app.service.backends.base import Availability, Prompt
-from app.modes import Mode
-from app.service.configs import DecodeRequest
 from app.service.jobs import Limits, Work
 
 INSTALL = "pip install --extra-index-url https://pypi.nvidia.com/ tensorrt-llm==1.2.1"
@@ -69,7 +68,6 @@ def probe() -> Availability:
     return Availability(True)
 
 
-trtllm_backend = configs.trtllm_backend
 
 
 def sampling_kwargs(request: DecodeRequest) -> dict[str, Any]:
@@ -143,10 +141,13 @@ class TensorRTLLMBackend:
         return self._availability
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
-        # Which of its own backends runs which mode is the mode's entry's (app/modes.py `trtllm`).
+        # Which of its own backends runs which mode is the mode's entry's (app/modes/ `trtllm`).
         if not mode.trtllm:
             return f"TensorRT-LLM has no {mode.name} decoding: {mode.trtllm_missing or 'the mode is this app’s own'}"
         return None if self.availability().available else self.availability().reason
+
+    def check(self, request: DecodeRequest) -> None:
+        check(request)
 
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         state = self.availability()
@@ -295,3 +296,130 @@ def llm_objects(llm: dict) -> dict:
 
 def _texts(llm, ids) -> dict[int, str]:
     return {i: llm.tokenizer.decode([i]) for i in set(ids)}
+
+
+def check(request: DecodeRequest) -> None:
+    """TensorRT-LLM's rules for a request of a valid mode (its support matrix, what its configs cannot take)."""
+    c, allowed = request.speculative_config, request.entry.trtllm
+    if not allowed:
+        raise ConfigError(f"TensorRT-LLM has no {request.mode} decoding: {request.entry.trtllm_missing}")
+    flavour = request.trtllm_backend or allowed[0]
+    if flavour not in allowed:
+        raise ConfigError(f"TensorRT-LLM runs {request.mode} only on its {' or '.join(allowed)} backend, not on {flavour}")
+    if request.entry.draft_model and c.speculative_model is None:
+        raise ConfigError(f"TensorRT-LLM needs a draft model for {request.mode}: set speculative_model")
+    if isinstance(c, LookaheadDecodingConfig):
+        _positive_triples(c)
+    if getattr(c, "min_path_prob", 0):
+        raise ConfigError("min_path_prob (tree pruning) is this app's own: TensorRT-LLM has no such setting, use 0")
+    if getattr(c, "prompt_lookup", None) is not None:
+        raise ConfigError(f"merging prompt lookup into the {request.mode} tree is this app's own: TensorRT-LLM cannot, "
+                          "leave prompt_lookup unset")
+    if request.mode == "medusa" and not request.sampling.temperature == 0:
+        raise ConfigError("TensorRT-LLM's Medusa verifies by token match only: use temperature 0")
+
+
+def _positive_triples(c) -> None:
+    """TensorRT-LLM's LLM API types (W, N, G) and a request's (w, n, g) as PositiveInt (llm_args.py
+    LookaheadDecodingConfig; SamplingParams.lookahead_config is that class too), although its C++
+    executor would take G = 0 (decodingConfig.cpp): a zero is refused on that backend, not sent."""
+    for what, (w, n, g) in (("lookahead (W, N, G)", (c.max_window_size, c.max_ngram_size, c.max_verification_set_size)),
+                            ("lookahead's per-request (w, n, g)", c.request)):
+        if min(w, n, g) < 1:
+            raise ConfigError(
+                f"{what} = ({w}, {n}, {g}): TensorRT-LLM's LookaheadDecodingConfig takes positive "
+                "integers only, so a 0 cannot be sent to it; use values >= 1 on this backend, or the transformers "
+                "backend, which runs this")
+        if c.request is None:
+            break
+
+
+# ---------------------------------------------------------------- a request in TensorRT-LLM's terms (pure data)
+def trtllm_backend(request: DecodeRequest) -> str:
+    """'pytorch' or 'tensorrt': the one asked for, or the first that runs the mode (its entry's `trtllm`)."""
+    return request.trtllm_backend or request.entry.trtllm[0]
+
+
+def trtllm_notes(request: DecodeRequest) -> list[str]:
+    """What of a valid request TensorRT-LLM does not take, in words: settings of this app's own that its
+    configs have no field for (so they are not sent), and meanings that differ (llm_args.py, 1.2)."""
+    c, notes = request.speculative_config, []
+    if isinstance(c, NGramDecodingConfig) and (c.max_candidates != 1 or c.ngram_draft_lens):
+        notes.append(f"max_candidates ({c.max_candidates}) and ngram_draft_lens ({', '.join(map(str, c.ngram_draft_lens))}) "
+                     f"are this app's own: TensorRT-LLM's NGramDecodingConfig has neither and drafts one match of up to "
+                     f"{c.max_draft_len} tokens")
+    if isinstance(c, LookaheadDecodingConfig) and not c.pool_from_prompt:
+        notes.append("pool_from_prompt off is this app's own: TensorRT-LLM's LookaheadDecodingConfig has no such field "
+                     "and always seeds its n-gram pool from the prompt (lookaheadAlgorithm.cpp setup)")
+    if isinstance(c, EagleDecodingConfig):
+        depth = c.num_eagle_layers if c.eagle_choices is None else max(map(len, c.paths()))
+        notes.append(f"TensorRT-LLM's max_draft_len is the number of drafting steps, sent as {depth} (the tree's depth); "
+                     f"it sets num_eagle_layers and max_total_draft_tokens from it itself")
+        if trtllm_backend(request) == "tensorrt":
+            notes.append(f"on the engine backend its LLM API also sets the engine's build_config.max_draft_len from it "
+                         f"(BaseLlmArgs.validate_speculative_config), so the engine holds {depth} draft tokens per step, "
+                         f"not the tree's {c.max_draft_len}")
+        elif c.use_dynamic_tree:
+            notes.append(f"the dynamic tree's total tokens ({c.max_draft_len + 1}) and top-K ({c.dynamic_tree_max_topK}) are "
+                         f"not sent: TensorRT-LLM 1.2's PyTorch backend drafts a chain of {depth} tokens (its "
+                         f"validate_eagle_config sets max_total_draft_tokens to max_draft_len)")
+    return notes
+
+
+def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
+    """The `speculative_config` for TensorRT-LLM's LLM(...) / trtllm-serve YAML, as plain data; None = none.
+    Fields as TensorRT-LLM 1.2 names and means them (llm_args.py); what it has no field for is left out
+    and said by trtllm_notes. What comes from a trained artifact (Medusa's head count, EAGLE-3's capture
+    layers) is the build plan's to add (engines.trtllm_plan)."""
+    c = request.speculative_config
+    if isinstance(c, AutoregressiveConfig):
+        return None
+    if isinstance(c, LookaheadDecodingConfig):
+        return {"decoding_type": "Lookahead", "max_window_size": c.max_window_size, "max_ngram_size": c.max_ngram_size,
+                "max_verification_set_size": c.max_verification_set_size}
+    if isinstance(c, NGramDecodingConfig):
+        return {"decoding_type": "NGram", "max_draft_len": c.max_draft_len, "max_matching_ngram_size": c.max_matching_ngram_size,
+                "is_keep_all": c.is_keep_all, "is_use_oldest": c.is_use_oldest, "is_public_pool": c.is_public_pool}
+    if isinstance(c, DraftTargetDecodingConfig):
+        return {"decoding_type": "Draft_Target", "max_draft_len": c.max_draft_len, "speculative_model": c.speculative_model}
+    if isinstance(c, MedusaDecodingConfig):
+        return {"decoding_type": "Medusa", "max_draft_len": c.max_draft_len, "medusa_choices": c.paths(),
+                "num_medusa_heads": c.num_medusa_heads, "speculative_model": c.speculative_model}
+    if not isinstance(c, EagleDecodingConfig):
+        raise ConfigError(f"TensorRT-LLM has no {c.mode} decoding: {request.entry.trtllm_missing}")
+    out = {"decoding_type": "Eagle", "max_draft_len": c.num_eagle_layers, "speculative_model": c.speculative_model}
+    if c.eagle_choices is not None:
+        paths = c.paths()
+        out.update(eagle_choices=paths, max_draft_len=max(map(len, paths)))  # upstream resets it to the depth
+    elif trtllm_backend(request) == "tensorrt":  # the engine's EAGLE-2 tree; see trtllm_notes for PyTorch's
+        out.update(use_dynamic_tree=c.use_dynamic_tree, dynamic_tree_max_topK=c.dynamic_tree_max_topK)
+    if trtllm_backend(request) == "pytorch":
+        # Sampling is chosen per request: without this the one-model EAGLE-3 path samples greedily whatever
+        # the temperature (llm_args.py DecodingBaseConfig.allow_advanced_sampling).
+        out["allow_advanced_sampling"] = True
+    return out
+
+
+def trtllm_engine_draft_len(request: DecodeRequest) -> int:
+    """The engine's build_config.max_draft_len as TensorRT-LLM's LLM API sets it (llm_args.py
+    BaseLlmArgs.validate_speculative_config): the speculative config's max_draft_len, which for EAGLE is the
+    depth trtllm_speculative_config sends, not this app's node count; lookahead's is its formula."""
+    c = request.speculative_config
+    if isinstance(c, EagleDecodingConfig):
+        return trtllm_speculative_config(request)["max_draft_len"]
+    return c.max_draft_len
+
+
+def trtllm_build_plan(request: DecodeRequest, checkpoint_dir: str, output_dir: str, max_batch_size: int = 8) -> list[str]:
+    """The `trtllm-build` command for users who build TensorRT engines by hand (≤ 1.2, engine backend), with the
+    max_draft_len the LLM API would build the same engine with (trtllm_engine_draft_len)."""
+    c = request.speculative_config
+    mode = {"Lookahead": "lookahead_decoding", "Medusa": "medusa", "Eagle": "eagle",
+            "Draft_Target": "draft_tokens_external", "NGram": "draft_tokens_external"}.get(c.decoding_type)
+    cmd = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", output_dir,
+           "--max_batch_size", str(max_batch_size), "--max_beam_width", "1"]
+    if mode is not None:
+        cmd += ["--speculative_decoding_mode", mode, "--max_draft_len", str(trtllm_engine_draft_len(request))]
+    if c.decoding_type in ("Draft_Target", "NGram"):
+        cmd += ["--use_paged_context_fmha", "enable"]
+    return cmd

@@ -6,20 +6,57 @@ backend and shared read-only by every job; each generation gets its own KV cache
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from app import models, runner
-from app.config import ConfigError
 from app.models import LoadedModel
-from app.service import configs
+from app.modes import ConfigError, DecodeRequest, Mode, configs
+from app.modes.configs import AutoregressiveConfig, DraftTargetDecodingConfig, EagleDecodingConfig, NGramDecodingConfig
 from app.service.backends.base import Availability, Prompt
-from app.modes import Mode
-from app.service.configs import DecodeRequest
 from app.service.jobs import Limits, Work
+
+# What one step of the transformers backend may do, so a step stays well under a second on a 2-core CPU
+# (float32, SmolLM2-135M; measured in docs/ui.md, "Hosting publicly"): the time limit is checked between
+# steps, so bounding a step bounds how long a request can outlive it. TensorRT-LLM's engines keep their own limits.
+STEP_DRAFT_TOKENS = 96  # draft tokens one target pass verifies (every mode's tree or chain, merged branch included)
+STEP_DRAFT_MODEL_TOKENS = 32  # draft-target: sequential draft-model passes per step
+# EAGLE-2 dynamic trees (the web sliders' maxima): the draft expands top-k nodes per level, one pass per level,
+# and ranks every candidate; the verified tree is smaller than the other modes' limit.
+STEP_EAGLE_TOP_K = 10
+STEP_EAGLE_DEPTH = 8
+STEP_EAGLE_TOKENS = 63  # max_draft_len (total tokens 64)
+
+
+def check(request: DecodeRequest) -> None:
+    """The transformers backend's bounds on one step (STEP_*): each step well under a second here."""
+    c = request.speculative_config
+    nodes = 0 if isinstance(c, AutoregressiveConfig) else c.max_draft_len
+    if isinstance(c, NGramDecodingConfig):
+        nodes = c.max_draft_len * c.max_candidates
+    pl = getattr(c, "prompt_lookup", None)
+    if pl is not None:
+        nodes += pl.max_draft_len * pl.max_candidates
+    if nodes > STEP_DRAFT_TOKENS:
+        raise ConfigError(f"this {c.mode} config verifies up to {nodes} draft tokens a step; the transformers backend "
+                          f"verifies at most {STEP_DRAFT_TOKENS} (so a step stays well under a second on a CPU)")
+    if isinstance(c, DraftTargetDecodingConfig) and c.max_draft_len > STEP_DRAFT_MODEL_TOKENS:
+        raise ConfigError(f"draft-target's max_draft_len is at most {STEP_DRAFT_MODEL_TOKENS} on the transformers backend "
+                          f"(one draft-model pass per drafted token), got {c.max_draft_len}")
+    if isinstance(c, EagleDecodingConfig) and c.use_dynamic_tree and (
+            c.dynamic_tree_max_topK > STEP_EAGLE_TOP_K or c.num_eagle_layers > STEP_EAGLE_DEPTH or c.max_draft_len > STEP_EAGLE_TOKENS):
+        raise ConfigError(f"the transformers backend grows EAGLE-2 trees of top-k at most {STEP_EAGLE_TOP_K}, depth at most "
+                          f"{STEP_EAGLE_DEPTH} and max_draft_len at most {STEP_EAGLE_TOKENS}, got top-k "
+                          f"{c.dynamic_tree_max_topK}, depth {c.num_eagle_layers} and max_draft_len {c.max_draft_len}")
+    if getattr(c, "suffix_decoding_max_cached_requests", 0):
+        raise ConfigError("suffix_decoding_max_cached_requests is the vLLM engine's (a cache of earlier responses "
+                          "shared by every request): this app's loop drafts from each request's own text, use 0")
 
 
 class TransformersBackend:
@@ -82,8 +119,11 @@ class TransformersBackend:
                 self._loaded[key] = value
             return value
 
+    def check(self, request: DecodeRequest) -> None:
+        check(request)
+
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
-        cfg = configs.to_runtime(request)
+        cfg = runner.to_runtime(request)
         target = self.model(model, request.dtype)
         if prompt.messages:
             prompt_ids = target.encode_chat(prompt.messages)
@@ -92,12 +132,9 @@ class TransformersBackend:
         configs.check_prompt_limit(len(prompt_ids), limits.max_prompt_tokens)
         configs.check_context(len(prompt_ids), request.max_new_tokens, _context(target))
         companion = self.companion(target, cfg, request.modes)
-        try:
-            # What only the loaded artifact can tell (a Medusa tree deeper than its heads) fails here, not in the job.
-            # Building a drafter only validates, so this runs on the caller's thread without waiting for the workers.
-            cfg.drafter(target.model, companion)
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
+        # Built here, once: what only the loaded artifact can tell (a Medusa tree deeper than its heads) fails before
+        # the job is queued. Building is cheap, so it runs on the caller's thread without waiting for the workers.
+        drafter = runner.drafter(cfg, target.model, companion, request.modes)
 
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
             # Which pass serves this run (a fast pass that becomes ready during it serves the next one).
@@ -106,13 +143,16 @@ class TransformersBackend:
             ids: list[int] = []
             shown = ""
             last = None
-            for event in runner.run(target, cfg, prompt_ids, companion, cancel):
+            load = CpuShare()
+            for event in runner.run(target, cfg, prompt_ids, companion, cancel, drafter):
                 ids += event.tokens
                 text = target.decode(ids)
                 # A piece ending in U+FFFD is half a multi-byte character: wait for the rest before sending it.
                 delta = "" if text.endswith("\ufffd") else text[len(shown):]
                 shown += delta
                 message = event.to_dict()
+                if (share := load.share()) is not None:
+                    message["totals"]["cpu_share"] = share
                 yield {"type": "step", **message, "text": delta, "texts": _texts(target, _ids_in(message))}
                 last = event
             text = target.decode(ids)
@@ -120,6 +160,26 @@ class TransformersBackend:
                    "text_tail": text[len(shown):], "token_ids": ids, "totals": last.totals if last else {}, "error": None}
 
         return work
+
+
+class CpuShare:
+    """The share of the CPU a run asked for that it got since this was made: this process's CPU seconds over wall
+    seconds times torch's threads (at most 1). Other processes competing for the same cores lower it; a race whose
+    two runs got different shares did not run under the same load."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float]:
+        own = os.times()
+        return time.perf_counter(), own.user + own.system
+
+    def share(self) -> float | None:
+        wall, cpu = (a - b for a, b in zip(self._read(), self._start))
+        if wall <= 0:
+            return None
+        return round(min(1.0, cpu / (wall * torch.get_num_threads())), 3)
 
 
 def _context(target: LoadedModel) -> int:

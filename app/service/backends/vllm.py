@@ -11,12 +11,13 @@ import threading
 import time
 
 from app import models
-from app.config import ConfigError
-from app.service import configs, vllm
+from app.modes import ConfigError
+from app.modes import configs
+from app.service import vllm
 from app.service.backends import remote
 from app.service.backends.base import Availability, Prompt
 from app.modes import MODES, Mode
-from app.service.configs import DecodeRequest
+from app.modes.configs import DecodeRequest
 from app.service.engines import EngineError, EngineStore, Progress, spec_for
 from app.service.jobs import Limits, Work
 
@@ -40,6 +41,7 @@ class VLLMBackend:
             threading.Thread(target=self._reap_idle, name="vllm-idle", daemon=True).start()
         self.processes = vllm.Processes(store.builds, settings)
         self.started: set[str] = set()  # engines this backend started: stopped when the service closes
+        self._starting: dict[str, int] = {}  # build id -> requests starting its engine now (each holds the place)
         self._tokenizers: dict[str, object] = {}
         self._lock = threading.Lock()
 
@@ -65,21 +67,36 @@ class VLLMBackend:
     def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None, cancel=None) -> tuple[dict, str]:
         """The build of the request's engine and its running server's URL (built, started or reused)."""
         try:
-            manifest = self.store.build(spec_for(request, model, dtype=self.dtype), progress=progress)
+            spec = spec_for(request, model, dtype=self.dtype)
+            build_id = self.store.spec_id(spec)
         except EngineError as err:
             raise ConfigError(str(err)) from None
-        if self.max_started is not None and self.processes.state(manifest["id"])["state"] != "running":
-            with self._lock:
+        # The budget is checked, and a place taken, before anything is built: concurrent requests cannot both pass,
+        # and a refused one leaves no build directory behind.
+        with self._lock:
+            if self.max_started is not None and self.processes.state(build_id)["state"] != "running" \
+                    and build_id not in self._starting:
                 running = [i for i in self.started if self.processes.state(i)["state"] == "running"]
-            if len(running) >= self.max_started:
-                raise ConfigError(f"this public server runs at most {self.max_started} vLLM engine(s) started by visitors "
-                                  "at a time, besides the operator's, and that many are up: choose settings one of them "
-                                  "serves, or another backend")
-        url, started = self.processes.ensure(manifest, progress or (lambda f, m: None), cancel)
-        if started:
+                if len(running) + len(self._starting) >= self.max_started:
+                    raise ConfigError(f"this public server runs at most {self.max_started} vLLM engine(s) started by "
+                                      "visitors at a time, besides the operator's, and that many are up: choose settings "
+                                      "one of them serves, or another backend")
+            self._starting[build_id] = self._starting.get(build_id, 0) + 1
+        try:
+            try:
+                manifest = self.store.build(spec, progress=progress)
+            except EngineError as err:
+                raise ConfigError(str(err)) from None
+            url, started = self.processes.ensure(manifest, progress or (lambda f, m: None), cancel)
+            if started:
+                with self._lock:
+                    self.started.add(manifest["id"])
+                    self._last_used[manifest["id"]] = time.monotonic()
+        finally:
             with self._lock:
-                self.started.add(manifest["id"])
-                self._last_used[manifest["id"]] = time.monotonic()
+                self._starting[build_id] -= 1
+                if not self._starting[build_id]:
+                    del self._starting[build_id]
         return manifest, url
 
     def tokenizer(self, model: str):
@@ -87,6 +104,9 @@ class VLLMBackend:
             if model not in self._tokenizers:
                 self._tokenizers[model] = models.load_tokenizer(model, self.store.root)
             return self._tokenizers[model]
+
+    def check(self, request: DecodeRequest) -> None:
+        check(request)
 
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         try:
@@ -138,6 +158,13 @@ class VLLMBackend:
             started, self.started = self.started, set()
         for build_id in started:
             self.processes.stop(build_id)
+
+
+def check(request: DecodeRequest) -> None:
+    """vLLM's rule for a request of a valid mode: it has a method for it."""
+    reason = vllm.method_reason(request)
+    if reason:
+        raise ConfigError(reason)
 
 
 def encode(tok, prompt: Prompt) -> list[int]:

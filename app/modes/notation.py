@@ -1,18 +1,13 @@
-"""What every config reader shares: ConfigError, and the tree and triple notations users write.
-
-The modes are app/modes.py's; their configs and the runtime DecodingConfig app/service/configs.py's.
-"""
+"""The notations users write settings in: trees of rank paths, integer lists, W,N,G triples."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-CHOICES_DIR = Path(__file__).resolve().parent.parent / "assets" / "medusa_choices"
+from app.modes.errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """A decoding config that cannot run; the message is meant for the user, on one line."""
+CHOICES_DIR = Path(__file__).resolve().parents[2] / "assets" / "medusa_choices"
 
 
 def medusa_choices(spec: str) -> list[list[int]]:

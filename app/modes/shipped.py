@@ -1,176 +1,27 @@
-"""Every decoding mode in one place: one `Mode` entry per mode, read by the configs, the command line, the
-service, the web app's controls and charts, and the bench.
-
-A mode is its drafter (app/decoding/drafters/) and its config class (app/service/configs.py: TensorRT-LLM's or
-vLLM's field names, the defaults and bounds, and `drafter()`, which builds the drafter from a checked config);
-its entry here says everything else about it: its display name and colour, whether it is lossless, which
-backends and engines run it and under which names, the command-line flags whose names are not simply
-`--<mode>-<field>`, and its Run-tab controls (app/ui/settings.py reads them). Plain data: nothing here imports
-gradio, plotly or torch.
-"""
+"""The modes this app ships, in display order: one entry each (app/modes/registry.py says what an entry holds)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Annotated, Any, Union
+from typing import Any
 
-from pydantic import Field, create_model
+from app.modes import configs
+from app.modes.errors import ConfigError
+from app.modes.notation import int_list, parse_triple
+from app.modes.registry import Control, Flag, Mode, Modes
 
-from app.config import ConfigError, int_list, parse_triple
-from app.service import configs
+DRAFTERS = "app.decoding.drafters."  # each entry names its drafter class and explainer by module path (registry.Mode)
+EXPLAINERS = "app.ui.explain."
 
-MERGED_SUFFIX = "+prompt_lookup"  # a tree mode that also verifies prompt lookup's candidates: "eagle+prompt_lookup"
-
-
-@dataclass(frozen=True)
-class Flag:
-    """A command-line flag of a mode. `field` names the config field whose default, type and help it takes;
-    `to_fields` turns an irregular flag's value (a W,N,G triple, a count off by one) into config fields."""
-
-    name: str  # argparse dest: "eagle_total_tokens" is --eagle-total-tokens
-    field: str | None = None
-    help: str = ""
-    to_fields: Callable[[Any], dict[str, Any]] | None = None
-    default: Any = None  # for a flag with to_fields (a plain flag takes its field's default)
-    kind: type = str  # for a flag with to_fields: bool = a switch
-
-
-@dataclass(frozen=True)
-class Control:
-    """A Run-tab control of a mode. Its value is config field `field` (through `to_field` / `from_field` where the
-    two differ, e.g. EAGLE's total tokens = max_draft_len + 1); a control without a field is its mode's
-    `to_fields` / `from_fields`' (lookahead's per-request w, n, g), or a merge box."""
-
-    key: str  # its name in the Run tab's values and in links: "pl_ngram"
-    field: str | None
-    label: str
-    kind: str = "slider"  # slider, number, checkbox, text, choice, merge (the box that merges prompt lookup's tree in)
-    minimum: float = 0
-    maximum: float = 1
-    step: float = 1  # a whole step: the value is an int
-    choices: str = ""  # a choice's menu: "trees", "eagle_trees", "drafts", or an artifact (train --mode's "medusa", "eagle")
-    name: str = ""  # what a refusal calls it (default: its label)
-    row: int = 0  # controls with the same row > 0 sit side by side
-    value: Any = None  # the Run tab's start value where it is not the config's default (a smaller EAGLE tree)
-    fastest: Any = None  # its value in the "fastest here" preset, where it differs from `value`
-    to_field: Callable[[Any], Any] | None = None
-    from_field: Callable[[Any], Any] | None = None
-    elem_id: str | None = None
-
-    @property
-    def preset(self) -> bool:
-        """Whether settings presets set it: not the pickers of draft models and trained artifacts (the user's)."""
-        return self.kind != "choice" or self.choices in ("trees", "eagle_trees")
-
-
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    label: str
-    config: type  # its config class (app/service/configs.py); config.decoding_type is its TensorRT-LLM name
-    colour: str  # its charts' colour
-    lossless: str  # in words, as the Run tab says it
-    flags: tuple[Flag, ...] | None = None  # None: one flag per config field, `--<mode>-<field>`
-    trtllm: tuple[str, ...] = ()  # TensorRT-LLM's backends that run it, the default first (llm_args.py supports_backend)
-    trtllm_missing: str = ""  # why TensorRT-LLM has no such mode
-    vllm: str | None = None  # vLLM's speculative method ("" = none needed); None = vLLM cannot
-    vllm_missing: str = ""  # why vLLM cannot
-    vllm_compare: bool = False  # the Compare tab offers its run on a vLLM engine
-    artifact: str = ""  # the trained artifact it drafts with, by `train --mode`'s name (draft, medusa, eagle)
-    artifact_label: str = ""  # that artifact in words
-    mergeable: bool = False  # its tree can verify prompt lookup's candidates too (<name>+prompt_lookup)
-    merged_colour: str = ""
-    drafts_free: bool = False  # drafting costs almost nothing (no model runs): render's explanation says so
-    # The Run tab: its controls (None: one per config field, app/ui/settings.py), the line above them, and the fields
-    # the controls without a field make (to_fields: typed control values -> fields; from_fields: config -> control
-    # values, None when the Run tab cannot express it).
-    controls: tuple[Control, ...] | None = None
-    heading: str = ""
-    to_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    from_fields: Callable[[Any], dict[str, Any] | None] | None = None
-    fields_made: tuple[str, ...] = ()  # the config fields to_fields makes
-
-    @property
-    def decoding_type(self) -> str:
-        return self.config.model_fields["decoding_type"].default
-
-    @property
-    def draft_model(self) -> bool:
-        """It drafts with a model of its own (a draft model, by registry name or directory)."""
-        return self.artifact == "draft"
-
-    @property
-    def heads(self) -> bool:
-        """It drafts with a trained directory loaded beside the target (Medusa heads, an EAGLE module)."""
-        return bool(self.artifact) and not self.draft_model
-
-    @property
-    def vllm_row(self) -> str | None:
-        """The bench's row for vLLM doing this mode's job (None: vLLM has no method for it)."""
-        return None if self.vllm is None else f"vllm_{self.vllm or 'generate'}"
-
-    def cli_flags(self) -> tuple[Flag, ...]:
-        if self.flags is not None:
-            return self.flags
-        return tuple(Flag(f if f.startswith(self.name + "_") else f"{self.name}_{f}", f)
-                     for f in self.config.model_fields if f not in ("decoding_type", "prompt_lookup"))
-
-
-class Modes:
-    """A registry of modes, in display order. MODES is the app's; a test builds its own with `with_`."""
-
-    def __init__(self, *entries: Mode) -> None:
-        self.entries = entries
-        self._by_name = {m.name: m for m in entries}
-        self._by_type = {m.decoding_type: m for m in entries}
-        self.names = tuple(m.name for m in entries)
-        self.merged = tuple(m.name + MERGED_SUFFIX for m in entries if m.mergeable)
-        union = Annotated[Union[tuple(m.config for m in entries)], Field(discriminator="decoding_type")]
-        # The request type these modes validate: its speculative_config is one of their configs.
-        self.request = create_model("DecodeRequest", __base__=configs.DecodeRequest,
-                                    speculative_config=(union, Field(default_factory=configs.AutoregressiveConfig)))
-        self.request.modes = self
-
-    def with_(self, *entries: Mode) -> Modes:
-        return Modes(*self.entries, *entries)
-
-    def __iter__(self) -> Iterator[Mode]:
-        return iter(self.entries)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
-    def __getitem__(self, name: str) -> Mode:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise ConfigError(f"unknown mode '{name}': choose one of {', '.join(self.names)}") from None
-
-    def get(self, name: str) -> Mode | None:
-        return self._by_name.get(name)
-
-    def by_type(self, decoding_type: str) -> Mode:
-        return self._by_type[decoding_type]
-
-    def split(self, name: str, where: str = "") -> tuple[str, bool]:
-        """(mode, whether prompt lookup merges into its tree) of a name such as `eagle+prompt_lookup`."""
-        if name not in self.names and name not in self.merged:
-            raise ConfigError(f"unknown mode '{name}'{where}: choose one of {', '.join(self.names + self.merged)}")
-        return name.removesuffix(MERGED_SUFFIX), name in self.merged
-
-    def label(self, name: str) -> str:
-        """A mode's display name; a merged tree's (`eagle+prompt_lookup`) reads "EAGLE + prompt lookup"."""
-        base, _, extra = name.partition("+")
-        return self[base].label + (f" + {self[extra].label.lower()}" if extra else "")
-
-    def colour(self, name: str) -> str | None:
-        base, merged = self.split(name) if name in self.names or name in self.merged else (name, False)
-        entry = self._by_name.get(base)
-        return None if entry is None else entry.merged_colour if merged else entry.colour
-
-    def parse(self, data: Any) -> configs.DecodeRequest:
-        return configs.parse(data, self)
+# Each mode's provenance shapes (Mode.provenance: what a step's `source` holds; app/service/traces.py checks a replay
+# against them). NODES bounds a step's draft, as the trace reader does.
+NODES = 1024
+_MATCH = ("dict", {"ngram": ("list", "id", 64), "position": "int", "in_prompt": "bool", "continuation_position": "int"})
+_MATCHES = ("list", _MATCH, 64)
+_TREE = ("dict", {"tokens": ("list", "id", NODES), "parents": ("list", "int", NODES), "scores": ("list", "num?", NODES),
+                  "paths": ("list", ("list", "int", 64), NODES)})
+# A tree mode's merged branch (mergeable): what prompt lookup matched and which nodes it added.
+_MERGED = {"prompt_lookup": ("dict", {"match": ("opt", _MATCH), "matches": _MATCHES, "nodes": ("list", "int", NODES),
+                                      "new_nodes": "int"})}
 
 
 def _eagle_tree(choices: str | None) -> dict[str, Any]:
@@ -222,6 +73,41 @@ def _eagle_tree_values(c: configs.EagleDecodingConfig) -> dict[str, Any]:
     return {"eg_tree": DYNAMIC, "eg_prune": _unset_prune(c.min_path_prob)}
 
 
+# vLLM's counterparts (Mode.vllm_fields, Mode.vllm_ignored), by its --speculative-config field names.
+def _ngram_vllm(c: configs.NGramDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
+    return {"num_speculative_tokens": c.max_draft_len, "prompt_lookup_max": c.max_matching_ngram_size, "prompt_lookup_min": 1}
+
+
+def _ngram_vllm_ignored(c: configs.NGramDecodingConfig) -> list[str]:
+    return ([f"max_candidates {c.max_candidates} (vLLM verifies one match's continuation)"] if c.max_candidates != 1 else []) \
+        + (["ngram_draft_lens (vLLM always drafts num_speculative_tokens after a match)"] if c.ngram_draft_lens else []) \
+        + (["the newest match (vLLM picks its own match)"] if not c.is_use_oldest else [])
+
+
+def _draft_vllm(c: configs.DraftTargetDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
+    return {"model": model, "num_speculative_tokens": c.max_draft_len}
+
+
+def _medusa_vllm(c: configs.MedusaDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
+    return {"model": model, "num_speculative_tokens": c.num_medusa_heads or heads}  # one token per head
+
+
+def _medusa_vllm_ignored(c: configs.MedusaDecodingConfig) -> list[str]:
+    return ["the Medusa tree (vLLM's medusa verifies one chain: each head's top token)"] \
+        + (["typical acceptance"] if c.typical_acceptance else [])
+
+
+def _eagle_vllm(c: configs.EagleDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
+    depth = max(map(len, c.paths())) if c.eagle_choices is not None else c.num_eagle_layers
+    return {"model": model, "num_speculative_tokens": depth}  # eagle3 drafts a chain this deep
+
+
+def _suffix_vllm(c: configs.SuffixDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
+    return {"num_speculative_tokens": c.max_draft_len,
+            **{k: getattr(c, k) for k in ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
+                                          "suffix_decoding_min_token_prob", "suffix_decoding_max_cached_requests")}}
+
+
 _NGRAM = configs.NGramDecodingConfig
 _EAGLE = configs.EagleDecodingConfig
 PRUNE_HELP = ("Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower "
@@ -239,10 +125,15 @@ NGRAM_FLAGS = (
 )
 
 MODES = Modes(
-    Mode("autoregressive", "Autoregressive", configs.AutoregressiveConfig, "#999999", "the baseline", flags=(),
+    Mode("autoregressive", "Autoregressive", configs.AutoregressiveConfig, "#999999", "the baseline",
+         drafter=DRAFTERS + "autoregressive:Autoregressive", explainer=EXPLAINERS + "autoregressive",
+         flags=(),
          trtllm=("pytorch", "tensorrt"), vllm="", vllm_compare=True),
     Mode("draft_target", "Draft-target", configs.DraftTargetDecodingConfig, "#0072B2",
-         "lossless: greedy and exact speculative sampling", trtllm=("pytorch",), vllm="draft_model", vllm_compare=True,
+         "lossless: greedy and exact speculative sampling",
+         drafter=DRAFTERS + "draft_model:DraftModel", explainer=EXPLAINERS + "draft_target",
+         provenance={"draft_probs": ("list", "num?", NODES), "draft_vocab": "int"},
+         trtllm=("pytorch",), vllm="draft_model", vllm_compare=True, vllm_fields=_draft_vllm,
          artifact="draft", artifact_label="draft model",
          controls=(Control("dt_model", "speculative_model", "speculative_model (registry names only)", "choice", choices="drafts"),
                    Control("dt_len", "max_draft_len", "max_draft_len", maximum=16, minimum=1, fastest=2)),
@@ -250,7 +141,11 @@ MODES = Modes(
                      "default: the shipped distilled draft)"),
                 Flag("max_draft_len", "max_draft_len"))),
     Mode("prompt_lookup", "Prompt lookup", configs.NGramDecodingConfig, "#E69F00", "lossless: greedy and exact sampling",
-         trtllm=("pytorch",), vllm="ngram", vllm_compare=True, drafts_free=True,
+         drafter=DRAFTERS + "prompt_lookup:PromptLookup", explainer=EXPLAINERS + "prompt_lookup",
+         runtime_fields=("max_candidates", "ngram_draft_lens"),
+         provenance={"match": ("opt", _MATCH), "matches": _MATCHES},
+         trtllm=("pytorch",), vllm="ngram", vllm_compare=True, drafts_free=True, vllm_fields=_ngram_vllm,
+         vllm_ignored=_ngram_vllm_ignored,
          controls=(Control("pl_num_tokens", "max_draft_len", "max_draft_len (prompt_lookup_num_tokens)", minimum=1, maximum=32),
                    Control("pl_ngram", "max_matching_ngram_size", "max_matching_ngram_size", minimum=1, maximum=6, fastest=3),
                    Control("pl_draft_lens", "ngram_draft_lens", "draft caps after a 1-gram, 2-gram… match (empty = none)", "text",
@@ -262,6 +157,10 @@ MODES = Modes(
          heading="**Prompt lookup** (TensorRT-LLM `NGramDecodingConfig`)",
          flags=NGRAM_FLAGS),
     Mode("lookahead", "Lookahead", configs.LookaheadDecodingConfig, "#009E73", "lossless: greedy and exact sampling",
+         drafter=DRAFTERS + "lookahead:Lookahead", explainer=EXPLAINERS + "lookahead",
+         runtime_fields=("request", "pool_from_prompt"),
+         provenance={"window": ("list", ("list", "id", 256), 64),
+                     "candidates": ("list", ("list", "id", 256), 256)},
          trtllm=("tensorrt",), drafts_free=True,
          vllm_missing="vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend",
          controls=(Control("la_W", "max_window_size", "max_window_size W", minimum=1, maximum=8, row=1),
@@ -281,8 +180,14 @@ MODES = Modes(
                 Flag("no_pool_from_prompt", help="lookahead: do not seed the n-gram pool from the context", kind=bool,
                      to_fields=lambda v: {"pool_from_prompt": not v}))),
     Mode("medusa", "Medusa", configs.MedusaDecodingConfig, "#CC79A7",
-         "lossless with greedy or exact sampling; typical acceptance is NOT lossless", trtllm=("tensorrt",),
-         vllm="medusa", vllm_compare=True, artifact="medusa", artifact_label="Medusa heads", mergeable=True,
+         "lossless with greedy or exact sampling; typical acceptance is NOT lossless",
+         drafter=DRAFTERS + "medusa:Medusa", explainer=EXPLAINERS + "medusa",
+         runtime_fields=("typical_acceptance", "posterior_threshold", "posterior_alpha", "min_path_prob"),
+         provenance={"tree": _TREE, "heads": "int", "acceptance": "str", **_MERGED},
+         trtllm=("tensorrt",),
+         vllm="medusa", vllm_compare=True, vllm_fields=_medusa_vllm, vllm_ignored=_medusa_vllm_ignored,
+         artifact="medusa", artifact_label="Medusa heads",
+         artifact_loader="app.heads.medusa:load_beside", mergeable=True,
          merged_colour="#56B4E9",  # Okabe-Ito's sky blue
          controls=(Control("md_tree", "medusa_choices", "medusa_choices (tree)", "choice", choices="trees"),
                    Control("md_typical", "typical_acceptance", "typical acceptance (sampling only — NOT lossless)", "checkbox"),
@@ -300,8 +205,15 @@ MODES = Modes(
                 Flag("posterior_alpha", "posterior_alpha"),
                 Flag("min_path_prob", "min_path_prob", PRUNE_HELP))),
     Mode("eagle", "EAGLE", configs.EagleDecodingConfig, "#D55E00", "lossless: greedy and exact sampling (recursive rejection)",
+         drafter=DRAFTERS + "eagle:Eagle", explainer=EXPLAINERS + "eagle",
+         runtime_fields=("min_path_prob",),
+         provenance={"tree": _TREE, "depth": "int", "top_k": "int", "total_tokens": "int", "static_nodes": "int",
+                     **_MERGED},
          # Not in the Compare tab on vLLM: its eagle3 loads EAGLE-3 modules only, and the shipped module is not one.
-         trtllm=("pytorch", "tensorrt"), vllm="eagle3", artifact="eagle", artifact_label="EAGLE module", mergeable=True,
+         trtllm=("pytorch", "tensorrt"), vllm="eagle3", artifact="eagle", artifact_label="EAGLE module",
+         vllm_fields=_eagle_vllm,
+         vllm_ignored=lambda c: ["the dynamic tree (vLLM's eagle3 drafts a chain of num_speculative_tokens)"] if c.use_dynamic_tree else [],
+         artifact_loader="app.heads.eagle:load_beside", mergeable=True,
          merged_colour="#882255",  # Tol's wine
          controls=(Control("eg_total", "max_draft_len", "total tokens (max_draft_len + 1)", minimum=2, maximum=64, value=12,
                            fastest=24, name="total tokens", to_field=lambda total: total - 1, from_field=lambda n: n + 1),
@@ -326,7 +238,12 @@ MODES = Modes(
                 Flag("eagle_choices", help="EAGLE static tree (rank paths) instead of the dynamic tree", to_fields=_eagle_tree),
                 Flag("min_path_prob", "min_path_prob", PRUNE_HELP))),
     Mode("suffix", "Suffix", configs.SuffixDecodingConfig, "#DDCC77",  # Tol's sand: the last hue apart from the others
-         "lossless: greedy and exact sampling", vllm="suffix", vllm_compare=True, drafts_free=True,
+         "lossless: greedy and exact sampling",
+         drafter=DRAFTERS + "suffix:Suffix", explainer=EXPLAINERS + "suffix",
+         provenance={"suffix": ("opt", ("dict", {"match": ("list", "id", 256), "count": "int", "probs": ("list", "num?", NODES),
+                                                 "score": "num", "tree": "bool"}))},
+         vllm="suffix", vllm_compare=True, drafts_free=True, vllm_fields=_suffix_vllm,
+         vllm_ignored=lambda c: ["use_tree_spec (vLLM's suffix verifies one chain)"] if c.use_tree_spec else [],
          trtllm_missing="its 1.2 line has none (SADecodingConfig, a suffix automaton drafting what followed the "
                         "context's longest earlier match without counts, came later on its main branch); run suffix "
                         "decoding on the transformers or vllm backend",

@@ -1,0 +1,53 @@
+"""EAGLE in the web app: a draft layer on the target's features, a tree grown by its confidence."""
+
+from __future__ import annotations
+
+from app.ui import render
+
+RECORDING = "a draft layer on the target's features grows a tree per step; the target keeps the best branch."
+RECORDING_MERGED = "EAGLE's tree with prompt lookup's copy merged in: the best of both in one pass."
+LEARN = """\
+### EAGLE (draft on the target's features)
+A tiny draft model, one decoder layer, predicts the target's next **feature** (its final hidden
+state) from the current feature and the next token; the target's own output rows for the 8192
+tokens it writes most turn features into tokens. As in EAGLE-3, committed positions also bring the
+target's hidden states after a low, a middle and a high layer (2, 15, 27 of 30). EAGLE-2 grows
+a **dynamic tree**: for `depth` levels, expand the top_k most confident nodes; score each node by
+its path's cumulative log-probability; keep the best total_tokens − 1 nodes. One target pass verifies
+the tree.
+
+**Parameters** (TensorRT-LLM `EagleDecodingConfig` / `Eagle3DecodingConfig`): `max_draft_len` (the
+tree nodes, eagle_total_tokens − 1; > 0 and ≤ 256; the CLI's default 23, this app starts at 11),
+`num_eagle_layers` (the depth; 5 and 4; EAGLE-2 uses 7), `dynamic_tree_max_topK` (top_k; 4 and 3;
+EAGLE-2 uses 10), `use_dynamic_tree`, or a
+static tree in `eagle_choices`; `speculative_model` (the draft) is required. TensorRT-LLM's PyTorch
+backend runs EAGLE-3 checkpoints only; the engine backend runs static or dynamic trees.
+
+**Lossless:** yes: greedy match, or recursive rejection sampling with deterministic drafts.
+
+**On a 2-core CPU:** the draft layer is cheap, but it runs `depth` small passes in sequence, and 23
+verified nodes add 40–90 % to a pass with native bfloat16, more without. `min path probability`
+(this app's own setting) prunes nodes whose draft path probability is lower and stops drafting
+deeper when a level has none, so unsure steps stay cheap.
+Published GPU results: EAGLE-2 3.05–4.26×, EAGLE-3 up to 6.5×.
+
+**Merged with prompt lookup** (checkbox): prompt lookup's copies join the tree (SpecInfer's merged
+tree), verified in one pass; tagged PL.
+"""
+SCORED_TREE = True  # its tree is drawn with the draft's scores, even when pruning leaves a chain
+
+
+def drafted(source, n, texts) -> str:
+    return f"EAGLE's draft layer grew a tree of {n} token(s) from the target's features"
+
+
+def source_html(event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
+    if source.get("static_nodes"):
+        shape = f"a static tree of {render.esc(source['static_nodes'])} rank paths"
+    else:
+        shape = (f"an EAGLE-2 dynamic tree: depth {render.esc(source.get('depth', '?'))}, top_k "
+                 f"{render.esc(source.get('top_k', '?'))}, the best {render.esc(source.get('total_tokens', '?'))} − 1 nodes kept")
+    return (f"<p>EAGLE: a one-layer draft model reads the target's features and grows {shape}. "
+            "A node's score is the cumulative log q of its path (the draft's confidence); "
+            "verification is greedy match or recursive rejection (lossless).</p>"
+            + render.pruning_html(source, "its cumulative draft probability; a level with no such node ends the drafting"))

@@ -1,0 +1,99 @@
+"""The layers of app/ (docs/architecture.md): every import, at module level or inside a function, goes down or
+sideways, never up, and no modules import each other in a circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent.parent / "app"
+
+# Bottom first. A module belongs to the longest prefix listed; it may import its own layer and those below.
+LAYERS = [
+    ["app.modes"],
+    ["app.decoding", "app.decoding.drafters.base", "app.prompts"],  # the loop and the drafter interface it calls
+    ["app.heads"],
+    ["app.decoding.drafters"],
+    ["app.models"],
+    ["app.runner"],
+    ["app.training"],
+    ["app.service"],
+    ["app.bench", "app.ui"],
+    ["app.cli", "app.__main__", "app"],
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in APP.rglob("*.py"):
+        name = ".".join(path.relative_to(APP.parent).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The app modules `path` imports anywhere in it (`from a.b import c` is a.b.c when that is a module)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "app":
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                out.add(name if name in known else node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "app")
+    return {m for m in out if m in known}
+
+
+def layer(module: str) -> int:
+    best, found = -1, None
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), i
+    assert found is not None, f"{module} is in no layer: add it to LAYERS and docs/architecture.md"
+    return found
+
+
+def test_every_import_goes_down_or_sideways():
+    known = modules()
+    upward = sorted(f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})"
+                    for m, path in known.items() for d in imports(path, known) if layer(d) > layer(m))
+    assert upward == []
+
+
+def test_the_mode_model_imports_nothing_above_it():
+    known = modules()
+    for name, path in known.items():
+        if name.startswith("app.modes"):
+            assert {d for d in imports(path, known) if not d.startswith("app.modes")} == set(), name
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    known = modules()
+    graph = {m: imports(p, known) - {m} for m, p in known.items()}
+    # A package's __init__ importing its own submodules is how a package exports them, not a circle.
+    graph = {m: {d for d in ds if not (m == d.rpartition(".")[0] and (known[m].name == "__init__.py"))} for m, ds in graph.items()}
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                circles.append(path[path.index(d):] + [d])
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert circles == []
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    """The walk reads imports inside functions too (where an upward import would hide)."""
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from app.service import api\n")
+    assert imports(source, modules()) == {"app.service.api"}
+    assert layer("app.service.api") > layer("app.modes.configs")

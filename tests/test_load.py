@@ -1,0 +1,152 @@
+"""The load sweep's arithmetic, sentence and chart (pure; the sweep on real engines is in test_vllm.py)."""
+
+import json
+
+import pytest
+
+from app.service import load
+from app.ui import charts, load_tab
+
+
+def pt(row, n, tps, spt, tau=1.0, identical=1.0, at=None):
+    return {"row": row, "n": n, "tokens_per_s": tps, "seconds_per_token": spt, "ttft_s": 0.1, "tau": tau,
+            "identical_share": identical, "at_s": at if at is not None else float(n)}
+
+
+# Plain: 50 ms a token alone, 80 ms at 4, 160 ms at 8 (throughput 20 -> 50 -> 50 tok/s); ngram: τ 2 throughout, a
+# step costing 1.25, 2.4 and 3 plain steps: 1.6x, 0.83x, 0.67x per request.
+SWEEP = {"points": [pt("vllm_generate", 1, 20.0, 0.050), pt("vllm_ngram", 1, 30.0, 0.050 * 1.25 / 2, 2.0),
+                    pt("vllm_generate", 4, 50.0, 0.080), pt("vllm_ngram", 4, 45.0, 0.080 * 2.4 / 2, 2.0),
+                    pt("vllm_generate", 8, 50.0, 0.160), pt("vllm_ngram", 8, 30.0, 0.160 * 3.0 / 2, 2.0)],
+         "ours": {"speedup": 1.7, "tau": 2.3}}
+
+
+def test_speedups_split_into_tau_over_step_cost():
+    rows = load.speedups(SWEEP["points"], "vllm_ngram")
+    assert [r["n"] for r in rows] == [1, 4, 8]
+    assert [r["latency"] for r in rows] == pytest.approx([1.6, 2 / 2.4, 2 / 3])
+    assert [r["step_cost"] for r in rows] == pytest.approx([1.25, 2.4, 3.0])
+    assert all(r["latency"] == pytest.approx(r["tau"] / r["step_cost"]) for r in rows)
+    assert [r["throughput"] for r in rows] == pytest.approx([1.5, 0.9, 0.6])
+    assert load.speedups(SWEEP["points"][:1], "vllm_ngram") == []  # no speculative point: nothing to compare
+
+
+def test_crossover_states():
+    def rows(*values):
+        return [{"n": 2 ** i, "latency": v} for i, v in enumerate(values)]
+
+    assert load.crossover(rows(1.6, 1.2, 0.9, 0.7)) == {"state": "crosses", "last": 2, "at": 4}
+    assert load.crossover(rows(0.9, 0.8)) == {"state": "never_pays", "at": 1}
+    assert load.crossover(rows(1.5, 1.1)) == {"state": "always_pays", "last": 2}
+    assert load.crossover(rows(None, None)) == {"state": "unknown"}
+    # A dip under 1 followed by a recovery: the first N where it no longer paid is the crossover.
+    assert load.crossover(rows(1.3, 0.95, 1.05)) == {"state": "crosses", "last": 1, "at": 2}
+
+
+def test_note_explains_the_crossover_from_the_numbers():
+    text = load_tab.note(SWEEP)
+    assert "stops paying per request between N = 1 and N = 4" in text
+    assert "τ 2.00 tokens and costs 1.25 plain steps: 1.60× per request" in text
+    assert "costs 2.40 plain steps: 0.83× per request" in text
+    assert "throughput grew 2.5× from N = 1 to N = 8" in text
+    assert "By total throughput it stops paying at N = 4" in text
+    assert "made 1.70× at batch 1" in text
+    always = {"points": SWEEP["points"][:2]}
+    assert "still pays per request at N = 1" in load_tab.note(always)
+    never = {"points": [pt("vllm_generate", 1, 20.0, 0.05), pt("vllm_suffix", 1, 10.0, 0.08, 1.2)]}
+    assert "does not pay per request even at N = 1" in load_tab.note(never) and "vLLM suffix" in load_tab.note(never)
+    assert load_tab.note({"points": []}) == "" and load_tab.note(None) == ""
+
+
+def test_chart_draws_speedups_tau_ours_and_the_crossover():
+    fig = charts.load_sweep(SWEEP)
+    traces = {t.name: t for t in fig.data}
+    assert list(traces["per request"].x) == [1, 4, 8]
+    assert list(traces["per request"].y) == pytest.approx([1.6, 2 / 2.4, 2 / 3], abs=1e-4)
+    assert list(traces["total throughput"].y) == pytest.approx([1.5, 0.9, 0.6], abs=1e-4)
+    assert traces["τ"].yaxis == "y2" and list(traces["τ"].y) == [2.0, 2.0, 2.0]
+    assert list(traces["this app's loop (batch 1 only)"].x) == [1]
+    assert any(s.x0 == 4 for s in fig.layout.shapes)  # the crossover's line at N = 4
+    assert any("stops paying at N = 4" in a.text for a in fig.layout.annotations)
+    assert fig.layout.xaxis.type == "log" and "vLLM ngram" in fig.layout.title.text
+    json.dumps(fig.to_plotly_json(), default=str)  # what Gradio sends: plain data
+    assert "transition" not in fig.to_plotly_json()["layout"]  # plotly.js's transitions fail on the added τ axis
+    empty = charts.load_sweep({"points": SWEEP["points"][:1]})
+    assert "No sweep yet" in empty.layout.annotations[0].text and not empty.data
+
+
+def test_point_and_table_from_request_records():
+    records = [{"token_ids": [1, 2, 3, 4, 5], "chunks": 3, "first_s": 0.5, "last_s": 0.9, "finish_reason": "length"},
+               {"token_ids": [6, 7, 8], "chunks": 2, "first_s": 0.6, "last_s": 1.0, "finish_reason": "length"}]
+    p = load.point("vllm_ngram", records, 1.0, {"num_accepted_tokens": 4, "num_drafts": 2}, speculates=True)
+    assert p["n"] == 2 and p["tokens_per_s"] == 8.0
+    assert p["seconds_per_token"] == pytest.approx((0.4 / 4 + 0.4 / 2) / 2)
+    assert p["tau"] == pytest.approx(1 + 4 / 2) and p["tau_streamed"] == pytest.approx(8 / 5)
+    plain = load.point("vllm_generate", records, 1.0, {}, speculates=False)
+    assert plain["tau"] == 1.0 and plain["spec_decode"] is None
+    p["identical_share"] = 1.0
+    assert load.table([p]) == {"vllm_ngram": {"2": {"tokens_per_s": 8.0, "seconds_per_token": p["seconds_per_token"],
+                                                   "ttft_s": pytest.approx(0.55), "tau": p["tau"], "identical_share": 1.0}}}
+
+
+def test_concurrency_and_prompts_are_bounded():
+    assert load.parse_ns("4, 1,2") == [1, 2, 4] and load.parse_ns(None) == list(load.DEFAULT_N)
+    with pytest.raises(ValueError, match="between 1 and 4"):
+        load.parse_ns("1,8", allowed=4)
+    with pytest.raises(ValueError, match="comma-separated"):
+        load.parse_ns("one,two")
+    rows = [{"id": i, "category": c, "text": "x" * (2000 if i == 1 else 10)} for i, c in enumerate("aabbc")]
+    assert [r["id"] for r in load.pick_prompts(rows, 4)] == [0, 2, 4, 3]  # categories in turn, the long one left out
+    with pytest.raises(ValueError, match="only 4 prompts"):
+        load.pick_prompts(rows, 5)
+
+
+def test_a_recording_is_checked_before_it_is_drawn():
+    sweep = load.parse({**load.document({"points": [{**p, "requests": []} for p in SWEEP["points"]]}, model="m"),
+                        "ours": SWEEP["ours"]})
+    assert len(sweep["points"]) == 6 and sweep["model"] == "m" and sweep["ours"]["speedup"] == 1.7
+    assert load_tab.note(sweep) == load_tab.note(SWEEP)
+    for bad in ({"points": []}, {"kind": "load-sweep", "points": [{"row": "<b>x</b>", "n": 1, "tokens_per_s": 1}]},
+                {"kind": "load-sweep", "points": [{"row": "vllm_ngram", "n": 0, "tokens_per_s": 1}]}):
+        with pytest.raises(ValueError):
+            load.parse(bad)
+    html = load_tab.table(sweep)
+    assert html.count("<tr>") == 7 and "vllm_ngram" in html
+
+
+def test_a_sweep_file_is_read_back_or_refused_in_words(tmp_path):
+    shipped = load_tab.RECORDINGS_DIR / f"{load_tab.RECORDINGS[0]}.json"
+    assert load.read(shipped) == load.parse(json.loads(shipped.read_text()))
+    cases = {"big.json": (b" " * (load.MAX_BYTES + 1), "bytes at most"), "notes.json": (b"{not json", "not JSON"),
+             "latin.json": (b"\xff\xfe", "not JSON"), "deep.json": (b"[" * 100_000, "not JSON"),
+             "trace.json": (b'{"steps": []}', "not a recorded load sweep")}
+    for name, (body, words) in cases.items():
+        (tmp_path / name).write_bytes(body)
+        with pytest.raises(load.LoadError, match=words):
+            load.read(tmp_path / name)
+
+
+def test_shipped_recordings_parse_and_cross_over():
+    assert load_tab.RECORDINGS, "assets/load/ ships recorded sweeps"
+    for name in load_tab.RECORDINGS:
+        sweep = load.parse(json.loads((load_tab.RECORDINGS_DIR / f"{name}.json").read_text()))
+        assert {p["row"] for p in sweep["points"]} >= {"vllm_generate"} and sweep.get("cpu")
+        assert all(p["identical_share"] == 1.0 for p in sweep["points"]), name  # float32 greedy: the same outputs
+        assert load_tab.note(sweep).startswith("**vLLM "), name
+
+
+def test_public_mode_caps_a_sweep_and_a_sweep_needs_a_speculative_mode(tmp_path):
+    from app.service.api import Service
+    from app.service.policy import Policy
+
+    public, operator = Service(tmp_path, policy=Policy.for_public()), Service(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="between 1 and 4"):
+            public.load_sweep({"speculative_config": {"decoding_type": "NGram"}}, "1,8")
+        with pytest.raises(ValueError, match="between 1 and 32"):
+            operator.load_sweep({"speculative_config": {"decoding_type": "NGram"}}, "1,64")
+        with pytest.raises(ValueError, match="choose a speculative mode"):
+            operator.load_sweep({"speculative_config": {"decoding_type": "Autoregressive"}}, "1,2")
+    finally:
+        public.close()
+        operator.close()
