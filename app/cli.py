@@ -204,10 +204,10 @@ def _limits(args: argparse.Namespace, public: bool) -> dict:
 
 
 def vllm_settings(args: argparse.Namespace):
-    from app.service import vllm
+    from app.service import vllm_engines
 
-    defaults = vllm.Settings()
-    return vllm.Settings(python=Path(args.vllm_python) if getattr(args, "vllm_python", None) else defaults.python,
+    defaults = vllm_engines.Settings()
+    return vllm_engines.Settings(python=Path(args.vllm_python) if getattr(args, "vllm_python", None) else defaults.python,
                          enforce_eager=getattr(args, "vllm_eager", False),
                          reserved_cpus=getattr(args, "vllm_reserved_cpus", None),
                          intel_openmp=getattr(args, "vllm_intel_openmp", False),

@@ -235,9 +235,9 @@ def test_run_tab_request_and_mode_values():
 
 
 def test_labels_and_chart_colours_of_merged_trees():
-    from app.ui import charts, learn
+    from app.ui import charts, lessons
 
-    assert learn.label("eagle+prompt_lookup") == "EAGLE + prompt lookup" and learn.label("medusa") == "Medusa"
+    assert lessons.label("eagle+prompt_lookup") == "EAGLE + prompt lookup" and lessons.label("medusa") == "Medusa"
     assert charts.mode_key("Medusa + prompt lookup") == "medusa+prompt_lookup"
     colours = [MODES.colour(m) for m in MODES.names + MODES.merged]
     assert len(set(colours)) == len(colours)  # every mode and merged tree has its own colour

@@ -16,7 +16,7 @@ from app.decoding.types import Proposal
 from app.modes import MODES, Mode
 from app.modes import configs
 from app.modes.configs import _Config
-from app.ui import charts, learn, render
+from app.ui import charts, lessons, render
 from helpers import checked
 from app import runner
 
@@ -130,8 +130,8 @@ def test_the_charts_and_learn_texts_name_and_colour_it():
     rows = [{"mode": "autoregressive", "speedup": 1.0}, {"mode": "Repeat", "speedup": 1.2}]
     bars = charts.compare(rows, modes=TOY).data[0]
     assert list(bars.x) == ["Autoregressive", "Repeat"] and list(bars.marker.color)[1] == "#117733"
-    assert charts.mode_key("Repeat", TOY) == "repeat" and learn.label("repeat", TOY) == "Repeat"
-    assert "drafts the last token again" in learn.explain("repeat", TOY).lower()
+    assert charts.mode_key("Repeat", TOY) == "repeat" and lessons.label("repeat", TOY) == "Repeat"
+    assert "drafts the last token again" in lessons.explain("repeat", TOY).lower()
 
 
 def test_the_run_tab_offers_it(tmp_path):
@@ -229,6 +229,6 @@ def test_compare_links_and_learn_offer_it(tmp_path):
     link = links.parse({"mode": "repeat", "repeat_max_draft_len": "5"}, studio.run.page_defaults(), TOY.names, {}, (),
                        lambda mode, values: None)
     assert link.mode == "repeat" and link.values["repeat_max_draft_len"] == 5
-    assert learn.explain("repeat", TOY) == RepeatExplainer.LEARN
-    assert learn.explain("repeat", MODES.with_(Mode("repeat", "Repeat", RepeatDecodingConfig, "#117733", "x"))).startswith(
+    assert lessons.explain("repeat", TOY) == RepeatExplainer.LEARN
+    assert lessons.explain("repeat", MODES.with_(Mode("repeat", "Repeat", RepeatDecodingConfig, "#117733", "x"))).startswith(
         "### Repeat\nRepeat: drafts the last token again.")  # no explainer: its config's own description

@@ -8,7 +8,7 @@ import pytest
 
 from app.ui import charts
 from app.modes import MODES as REGISTRY
-from app.ui.learn import label
+from app.ui.lessons import label
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
@@ -277,7 +277,7 @@ def test_pass_cost_draws_one_curve_per_dtype_on_a_log_k_axis():
     assert list(fig.data[0].customdata) == [45.0, 46.1, 47.3, 50.0]  # the milliseconds, in the hover
     assert fig.layout.xaxis.type == "log" and list(fig.layout.xaxis.tickvals) == [1, 2, 4, 8]
     assert fig.layout.shapes[0].y0 == 1  # the one-token pass
-    from app.ui.learn import pass_cost_note
+    from app.ui.lessons import pass_cost_note
     note = pass_cost_note(costs)
     assert "**float32**: one-token pass 45.0 ms after 50 tokens of context" in note and "8 tokens 1.10×" in note
 
@@ -289,7 +289,7 @@ BF16_COST = {"dtype": "bfloat16", "tokens": [1, 2, 4, 8, 16, 32], "ms": [31.0, 3
 
 
 def test_expected_tokens_and_speedup_follow_leviathans_formulas():
-    from app.ui.learn import expected_speedup, expected_tokens
+    from app.ui.lessons import expected_speedup, expected_tokens
     assert expected_tokens(0.0, 4) == 1.0  # every draft rejected: the target's own token
     assert expected_tokens(1.0, 4) == 5.0  # every draft accepted, plus the bonus token
     assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
@@ -301,7 +301,7 @@ def test_expected_tokens_and_speedup_follow_leviathans_formulas():
 
 
 def test_break_even_solves_speedup_equal_one():
-    from app.ui.learn import break_even, expected_speedup
+    from app.ui.lessons import break_even, expected_speedup
     # One drafted token commits 1 + α for a pass costing `rel`: it pays from α = rel - 1.
     assert break_even(1, 1.03) == pytest.approx(0.03, abs=1e-9)
     assert break_even(1, 1.03, draft_cost=0.2) == pytest.approx(0.23, abs=1e-9)
@@ -329,7 +329,7 @@ def test_earnings_draws_one_curve_per_measured_draft_length():
 
 
 def test_earnings_note_names_break_even_rates_and_best_draft_lengths():
-    from app.ui.learn import earnings_note
+    from app.ui.lessons import earnings_note
     note = earnings_note(BF16_COST, 0.0)
     assert note.startswith("**bfloat16**, a draft costing 0.00 of a one-token pass per token")
     assert "drafting 1 token needs α ≥ 0.03, 3 tokens needs α ≥ 0.05" in note and "15 tokens needs α ≥ 0.27" in note
@@ -346,7 +346,7 @@ def test_earnings_note_names_break_even_rates_and_best_draft_lengths():
 def test_a_curve_measured_under_changing_load_says_so_instead_of_break_even_rates():
     """The walk's Learn → Measure: a 2-token pass at 0.67× the 1-token pass, and then break-even rates that contradict
     each other (7 drafted tokens needing more than 15). A wider pass does all a narrower one does."""
-    from app.ui.learn import earnings_note, pass_cost_note, unsteady
+    from app.ui.lessons import earnings_note, pass_cost_note, unsteady
 
     broken = {**BF16_COST, "relative": [1.0, 0.67, 1.2, 2.9, 2.0, 3.5], "ms": [40.0, 26.8, 48.0, 116.0, 80.0, 140.0]}
     assert "2 tokens measured 0.67×" in unsteady(broken)

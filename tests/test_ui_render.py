@@ -1,4 +1,4 @@
-"""app.ui.render and app.ui.learn: token HTML from real traces (one per mode, recorded from the
+"""app.ui.render and app.ui.lessons: token HTML from real traces (one per mode, recorded from the
 bundled model in tests/data/traces), escaping, empty and huge traces, the tree SVG."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 from app.modes import MODES as REGISTRY
 from app.service import traces
 from app.service.traces import Recording
-from app.ui import compare_tab, learn, render
+from app.ui import compare_tab, lessons, render
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
@@ -688,9 +688,9 @@ def test_totals_line(mode):
 
 
 def test_learn_texts():
-    texts = {mode: learn.explain(mode) for mode in REGISTRY.names}
+    texts = {mode: lessons.explain(mode) for mode in REGISTRY.names}
     assert set(texts) == set(MODES) and all(text.startswith("### ") for text in texts.values())
-    assert learn.label("eagle") == "EAGLE" and learn.label("draft_target") == "Draft-target"
+    assert lessons.label("eagle") == "EAGLE" and lessons.label("draft_target") == "Draft-target"
     for mode, text in texts.items():
         assert len(text.split()) < 280, mode
         assert "lossless" in text.lower(), mode
@@ -702,7 +702,7 @@ def test_learn_texts():
         assert re.search(rf"\b{budget} for\s+\({w}, {n}, {g}\)", texts["lookahead"]), (w, n, g, budget)
     assert "max_matching_ngram_size" in texts["prompt_lookup"]
     assert "medusa_choices" in texts["medusa"] and "speculative_model" in texts["eagle"]
-    assert learn.OVERVIEW.strip()
+    assert lessons.OVERVIEW.strip()
 
 
 def test_backends_that_hide_the_draft():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ui.learn import label
+from app.ui.lessons import label
 from helpers import free_port, running_server
 
 pytestmark = pytest.mark.bundled

@@ -20,7 +20,7 @@ from app.models import DTYPES, ModelError  # noqa: F401  (ModelError: what the s
 from app.prompts import load_prompts
 from app.decoding.linear import fast_bf16
 from app.modes import MODES, ConfigError, DecodeRequest, Modes, configs
-from app.service import training, vllm
+from app.service import training, vllm_engines
 from app.service.backends import tensorrt_llm as trt
 from app.service.backends.base import Availability, Prompt
 from app.service.backends.remote import RemoteBackend
@@ -51,7 +51,7 @@ class Service:
         remote_url: str | None = None,
         tensor_parallel_size: int = 1,
         limits: Limits = Limits(),
-        vllm_settings: vllm.Settings = vllm.Settings(),
+        vllm_settings: vllm_engines.Settings = vllm_engines.Settings(),
         policy: Policy = Policy(),
         modes: Modes = MODES,
         fast: str = "eager",
@@ -145,7 +145,7 @@ class Service:
         method = f"vLLM `{spec['method']}`, num_speculative_tokens {spec['num_speculative_tokens']}" if spec else "vLLM, no speculation"
         state = backend.processes.state(build.key())["state"]
         up = "its engine is running" if state == "running" else "the first Run starts its engine (1–3 minutes)"
-        ignored = vllm.ignored(request)
+        ignored = vllm_engines.ignored(request)
         return f"{method}; {up}" + (f"; vLLM has no counterpart for: {', '.join(ignored)}" if ignored else "")
 
     # ------------------------------------------------------------------ configs

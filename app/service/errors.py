@@ -1,4 +1,4 @@
-"""The errors of engine builds, apart so that the store (engines.py) and the vLLM engines it builds (vllm.py) can both
+"""The errors of engine builds, apart so that the store (engines.py) and the vLLM engines it builds (vllm_engines.py) can both
 raise them without importing each other."""
 
 

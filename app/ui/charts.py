@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from app.modes import MODES, Modes
-from app.ui.learn import earning_sizes, expected_speedup
+from app.ui.lessons import earning_sizes, expected_speedup
 from app.service.traces import is_number, steps
 
 HEIGHT = 300

@@ -15,7 +15,7 @@ from app.modes import Modes
 from app.service import traces
 from app.service.api import Service
 from app.service.traces import Recording
-from app.ui import charts, learn, render, settings
+from app.ui import charts, lessons, render, settings
 from app.ui.controls import QUIET, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions
 from app.ui.streams import clock, paced, session_of, skippable, stop, stream, ticks, with_waiting
@@ -24,7 +24,7 @@ from app.ui.streams import clock, paced, session_of, skippable, stop, stream, ti
 def vllm_compared(modes: Modes) -> tuple[str, ...]:
     """Where vLLM is installed, the same jobs on its engines (their speedup is over vLLM's plain engine, run just before;
     the plain engine's own row is over this app's autoregressive run)."""
-    return tuple(learn.ENGINE_PREFIX + m.name for m in modes if m.vllm_compare)
+    return tuple(lessons.ENGINE_PREFIX + m.name for m in modes if m.vllm_compare)
 
 
 def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Modes) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Mo
     parts = traces.speedup_parts(run.events, baseline.events) if baseline is not None else None
     # A ratio measured under other load than its baseline's is left out, and says why.
     doubt = parts["doubt"] if parts else None
-    return {"mode": learn.label(mode, modes), "tokens_per_s": tps,
+    return {"mode": lessons.label(mode, modes), "tokens_per_s": tps,
             "speedup": tps / base_tps if base_tps and not doubt else None, "doubt": doubt,
             "load": parts["load"] if parts else None, "step_cost": parts["step_cost"] if parts else None,
             "decoding_tau": parts["tau"] if parts else None,
@@ -45,7 +45,7 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Mo
 
 
 def curves(runs: dict[str, Recording], modes: Modes) -> dict[str, list[dict]]:
-    return {learn.label(m, modes): r.events for m, r in runs.items()}
+    return {lessons.label(m, modes): r.events for m, r in runs.items()}
 
 
 class CompareTab:
@@ -70,7 +70,7 @@ class CompareTab:
                 offered = [m for m in self.modes.names + self.modes.merged if m != "autoregressive"]
                 if service.backends["vllm"].availability().available:
                     offered += vllm_compared(self.modes)
-                modes = gr.CheckboxGroup([(learn.label(m, self.modes), m) for m in offered],
+                modes = gr.CheckboxGroup([(lessons.label(m, self.modes), m) for m in offered],
                                          value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                          elem_id="cmp-modes")
                 tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
@@ -122,20 +122,20 @@ class CompareTab:
         deadline = time.monotonic() + self.service.limits.time_limit_s
         for name in chosen:
             if time.monotonic() > deadline:
-                notes.append(f"⏱ {learn.label(name, self.modes)} and the rest were skipped: a comparison starts no new mode after "
+                notes.append(f"⏱ {lessons.label(name, self.modes)} and the rest were skipped: a comparison starts no new mode after "
                              f"the server's time limit ({self.service.limits.time_limit_s:g} s).")
                 break
-            on_vllm = name.startswith(learn.ENGINE_PREFIX)
-            mode, values = settings.mode_values(name.removeprefix(learn.ENGINE_PREFIX), self.modes, **overrides)
+            on_vllm = name.startswith(lessons.ENGINE_PREFIX)
+            mode, values = settings.mode_values(name.removeprefix(lessons.ENGINE_PREFIX), self.modes, **overrides)
             if on_vllm:
                 values["backend"] = "vllm"
             state = (engine if on_vllm else available)[mode]
             if not state["available"]:
-                notes.append(f"{learn.label(name, self.modes)} skipped: {state['reason']}")
+                notes.append(f"{lessons.label(name, self.modes)} skipped: {state['reason']}")
                 continue
             # Each row's speedup is over an autoregressive run on the same engine kind, made just before it under the
             # same load (our loop's, or vLLM's plain engine for a vLLM row): one baseline for all would date the others.
-            base_name = (learn.ENGINE_PREFIX if on_vllm else "") + "autoregressive"
+            base_name = (lessons.ENGINE_PREFIX if on_vllm else "") + "autoregressive"
             baseline = None
             if mode != "autoregressive":
                 if last is not None and last[0] == base_name:
@@ -144,7 +144,7 @@ class CompareTab:
                     base_values = {**settings.mode_values("autoregressive", self.modes, **overrides)[1],
                                    **({"backend": "vllm"} if on_vllm else {})}
                     baseline = Recording(base_name)
-                    status = (f"Running {learn.label(name, self.modes)}'s baseline ({learn.label(base_name, self.modes)}, "
+                    status = (f"Running {lessons.label(name, self.modes)}'s baseline ({lessons.label(base_name, self.modes)}, "
                               "just before it, under the same load)…")
                     base_data = settings.to_request("autoregressive", base_values, self.modes)
                     yield from paced(stream(self.service, self.sessions, session, base_data, prompt, baseline),
@@ -160,7 +160,7 @@ class CompareTab:
                 current = rows + [summary_row(name, part, baseline, self.modes)]
                 return {self.table: render.summary_table(current), self.race: charts.race_runs(curves(runs, self.modes)),
                         self.bars: charts.compare(current), self.tau: charts.tau_vs_cost(current),
-                        self.status: with_waiting(f"Running {learn.label(name, self.modes)}…", part)}
+                        self.status: with_waiting(f"Running {lessons.label(name, self.modes)}…", part)}
 
             data = settings.to_request(mode, values, self.modes)
             yield from paced(stream(self.service, self.sessions, session, data, prompt, run), draw)

@@ -1,4 +1,4 @@
-"""The Learn tab: how speculative decoding earns (learn.py's texts), the verify-cost curve measured on this machine,
+"""The Learn tab: how speculative decoding earns (lessons.py's texts), the verify-cost curve measured on this machine,
 what drafting can earn on it, and every mode explained."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import gradio as gr
 from app.modes import ConfigError
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
-from app.ui import charts, learn, load_tab, render
+from app.ui import charts, lessons, load_tab, render
 from app.ui.controls import QUIET, Slider
 
 
@@ -32,22 +32,22 @@ class LearnTab:
 
     def layout(self, prompt: gr.Textbox) -> None:
         """`prompt`: the Run tab's, the context the verify cost is measured with."""
-        gr.Markdown(learn.OVERVIEW)
+        gr.Markdown(lessons.OVERVIEW)
         gr.HTML(example_tree(), elem_id="learn-tree")
-        gr.Markdown(learn.PASS_COST)
+        gr.Markdown(lessons.PASS_COST)
         cost_btn = gr.Button("Measure (float32 and bfloat16)", elem_id="cost-run")
         cost_note = gr.Markdown("", elem_id="cost-note")
         cost_plot = gr.Plot(charts.pass_cost([]), label="Verify cost", elem_id="cost-plot")
         costs = gr.State([])
-        gr.Markdown(learn.EARNINGS)
+        gr.Markdown(lessons.EARNINGS)
         draft_cost = Slider(0, 0.5, value=0, step=0.01, label="draft cost per drafted token (× a one-token pass)",
                             elem_id="draft-cost")
         earn_note = gr.Markdown("", elem_id="earn-note")
         earn_plot = gr.Plot(charts.earnings(None), label="Expected speedup", elem_id="earn-plot")
-        gr.Markdown(learn.LOAD + "\n" + load_tab.shipped_notes(), elem_id="learn-load")
+        gr.Markdown(lessons.LOAD + "\n" + load_tab.shipped_notes(), elem_id="learn-load")
         for m in self.service.registry:
             with gr.Accordion(m.label, open=False):
-                gr.Markdown(learn.explain(m.name, self.service.registry))
+                gr.Markdown(lessons.explain(m.name, self.service.registry))
         cost_btn.click(self.pass_cost, prompt, [cost_plot, cost_note, costs], api_name="pass_cost",
                        concurrency_id="generate").then(self.earnings, [costs, draft_cost], [earn_plot, earn_note], **QUIET)
         draft_cost.change(self.earnings, [costs, draft_cost], [earn_plot, earn_note], **QUIET)
@@ -58,9 +58,9 @@ class LearnTab:
             costs = [self.service.pass_cost(prompt, dtype) for dtype in ("float32", "bfloat16")]
         except (ConfigError, ModelError, QueueFull) as err:
             raise gr.Error(str(err)) from None
-        return charts.pass_cost(costs), learn.pass_cost_note(costs), costs
+        return charts.pass_cost(costs), lessons.pass_cost_note(costs), costs
 
     def earnings(self, costs: list[dict], draft_cost: float):
         """What drafting can earn on the measured curve of the dtype that runs fastest here."""
         cost = next((c for c in costs or [] if c.get("dtype") == self.service.fast_dtype()), (costs or [None])[0])
-        return charts.earnings(cost, draft_cost), learn.earnings_note(cost, draft_cost)
+        return charts.earnings(cost, draft_cost), lessons.earnings_note(cost, draft_cost)

@@ -22,7 +22,7 @@ from app.modes import ConfigError, Modes
 from app.service import load
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
-from app.ui import charts, learn, settings
+from app.ui import charts, lessons, settings
 from app.ui.controls import Slider
 from app.ui.sessions import Sessions
 from app.ui.streams import REDRAW_S, session_of, skippable, stop, ticks
@@ -127,7 +127,7 @@ class LoadTab:
         with gr.Row():
             with gr.Column(scale=2):
                 first = "prompt_lookup" if "prompt_lookup" in offered else (offered or [None])[0]
-                mode = gr.Radio([(learn.label(m, self.modes), m) for m in offered], value=first,
+                mode = gr.Radio([(lessons.label(m, self.modes), m) for m in offered], value=first,
                                 label="Speculative mode on vLLM (against vLLM's plain engine)", elem_id="load-mode")
                 ns = gr.Textbox(value=",".join(str(n) for n in load.DEFAULT_N if n <= cap), elem_id="load-ns",
                                 label=f"Concurrent requests N (comma-separated, at most {cap} here)")

@@ -28,7 +28,7 @@ from app.service import traces
 from app.service.api import Checked, ModelError, Service
 from app.service.backends import tensorrt_llm as trt
 from app.service.traces import Recording, TraceError
-from app.ui import charts, explain, learn, links, presenter, render, settings
+from app.ui import charts, explain, lessons, links, presenter, render, settings
 from app.ui.controls import QUIET, Number, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions
 from app.ui.streams import paced, replayed, session_of, skippable, stop, stream, with_waiting
@@ -98,11 +98,11 @@ def recording_path(name: str | None) -> str | None:
 def recording_label(name: str, modes: Modes) -> str:
     """A shipped recording's menu entry, from its file name (mode-category-dtype)."""
     mode, category, dtype = (name.split("-") + ["", ""])[:3]
-    return f"{learn.label(mode, modes) if mode in modes else mode} · {category.replace('_', ' ')} ({dtype})"
+    return f"{lessons.label(mode, modes) if mode in modes else mode} · {category.replace('_', ' ')} ({dtype})"
 
 
 def status_line(run: Recording, modes: Modes) -> str:
-    label = f"**{learn.label(run.mode, modes)}**" + (f" ({run.dtype})" if run.dtype else "")
+    label = f"**{lessons.label(run.mode, modes)}**" + (f" ({run.dtype})" if run.dtype else "")
     if run.engine:
         method = (run.engine.get("speculative_config") or {}).get("method")
         label += f" on vLLM {run.engine.get('version') or ''}".rstrip() + (f" (`{method}`)" if method else "")
@@ -295,7 +295,7 @@ class RunTab:
                         upload = gr.UploadButton("Replay a trace file (JSON)…", file_types=[".json"], type="filepath",
                                                  size="sm", elem_id="replay-upload")
                     self.paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
-                self.explain = gr.Markdown(learn.explain(DEFAULT_MODE, modes), elem_id="learn-mode")
+                self.explain = gr.Markdown(lessons.explain(DEFAULT_MODE, modes), elem_id="learn-mode")
             with gr.Column(scale=2):
                 self.present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
                                            "space plays it)", elem_id="present")
@@ -345,7 +345,7 @@ class RunTab:
         boxes = {c[k] for k in settings.merge_boxes(self.modes).values()}
         self.shown = [(self.verdict, {self.mode, *inputs}, self.check),
                       (self.visible, {self.mode, *boxes}, set(self.groups.values())),
-                      (lambda m: learn.explain(m, self.modes), [self.mode], self.explain)]
+                      (lambda m: lessons.explain(m, self.modes), [self.mode], self.explain)]
         for fn, ins, outs in self.shown:
             gr.on([comp.input for comp in ins], fn, ins, outs, **QUIET)
         for name, button in presets.items():
@@ -498,7 +498,7 @@ class RunTab:
             self.step: gr.update(maximum=max(last, 1), value=max(last, 0), interactive=final and last > 0),
             self.detail: detail,
             self.race_plot: charts.race(events, baseline.events if baseline else None, mode=run.mode,
-                                        label=learn.label(run.mode, self.modes), modes=self.modes),
+                                        label=lessons.label(run.mode, self.modes), modes=self.modes),
             self.tps_plot: charts.tokens_per_step(events),
             self.baselines: baselines,
             self.download: gr.update(value=trace, interactive=trace is not None),
@@ -524,7 +524,7 @@ class RunTab:
         except Exception as err:
             raise gr.Error(f"step {i} cannot be drawn ({type(err).__name__})") from None
         number = events[i].get("step", i)
-        label = learn.label(record["mode"], self.modes) if record.get("mode") else None
+        label = lessons.label(record["mode"], self.modes) if record.get("mode") else None
         return (detail, charts.race(events, record.get("baseline"), mode=record.get("mode"), label=label, cursor=number,
                                     modes=self.modes),
                 charts.tokens_per_step(events, cursor=number))
@@ -609,10 +609,10 @@ class RunTab:
         i = 1 if move is None or at == 0 else min(len(stops), max(1, at + move))
         name = stops[i - 1]
         mode = name.split("-")[0]
-        line = (f"**Tour {i}/{len(stops)}: {learn.label(mode, self.modes)}** · "
+        line = (f"**Tour {i}/{len(stops)}: {lessons.label(mode, self.modes)}** · "
                 f"{recording_label(name, self.modes).split(' · ', 1)[1]} · {recording_why(mode, self.modes)}"
                 + (" · next stop ▶ goes on" if i < len(stops) else " · the last stop"))
-        extra = {**self.replay_settings(recording_path(name)), self.explain: learn.explain(self.modes.split(mode)[0], self.modes),
+        extra = {**self.replay_settings(recording_path(name)), self.explain: lessons.explain(self.modes.split(mode)[0], self.modes),
                  self.tour_note: line, self.tour_at: i}
         for out in self.replay_recording(request, name, paced_, baselines):
             yield {**out, **extra}

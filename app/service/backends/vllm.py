@@ -1,4 +1,4 @@
-"""The vllm backend: generation on a vLLM engine the service starts and keeps (app/service/vllm.py).
+"""The vllm backend: generation on a vLLM engine the service starts and keeps (app/service/vllm_engines.py).
 
 The engine is a vLLM OpenAI server; a run goes through the same streaming client as the remote
 backend's vLLM path (remote.Engine), with the prompt encoded here by the model's own tokenizer so that
@@ -13,7 +13,7 @@ import time
 from app import models
 from app.modes import ConfigError
 from app.modes import configs
-from app.service import vllm
+from app.service import vllm_engines
 from app.service.backends import remote
 from app.service.backends.base import Availability, Prompt
 from app.modes import MODES, Mode
@@ -25,7 +25,7 @@ from app.service.jobs import Limits, Work
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, store: EngineStore, dtype: str = "float32", settings: vllm.Settings = vllm.Settings(),
+    def __init__(self, store: EngineStore, dtype: str = "float32", settings: vllm_engines.Settings = vllm_engines.Settings(),
                  max_started: int | None = None, idle_s: float | None = None) -> None:
         self.store = store
         self.dtype = dtype
@@ -39,18 +39,18 @@ class VLLMBackend:
         self._closed = threading.Event()
         if idle_s is not None:
             threading.Thread(target=self._reap_idle, name="vllm-idle", daemon=True).start()
-        self.processes = vllm.Processes(store.builds, settings)
+        self.processes = vllm_engines.Processes(store.builds, settings)
         self.started: set[str] = set()  # engines this backend started: stopped when the service closes
         self._starting: dict[str, int] = {}  # build id -> requests starting its engine now (each holds the place)
         self._tokenizers: dict[str, object] = {}
         self._lock = threading.Lock()
 
     def availability(self) -> Availability:
-        reason = vllm.unavailable(self.settings)
+        reason = vllm_engines.unavailable(self.settings)
         return Availability(reason is None, reason or "")
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
-        reason = vllm.unavailable(self.settings) or vllm.missing(mode)
+        reason = vllm_engines.unavailable(self.settings) or vllm_engines.missing(mode)
         if reason:
             return reason
         spec = {"decoding_type": mode.decoding_type}
@@ -60,9 +60,9 @@ class VLLMBackend:
         artifact = models.default_artifact(model or models.BUNDLED, "eagle") if mode.name == "eagle" else None
         if mode.name == "eagle" and artifact is None:
             return f"no EAGLE-3 module for {model}: set speculative_model"
-        if mode.name == "suffix" and not vllm.has_arctic(self.settings.python):
-            return f"vLLM's suffix method needs Arctic Inference beside it: {vllm.SETUP} builds it"
-        return vllm.method_reason(request, artifact)
+        if mode.name == "suffix" and not vllm_engines.has_arctic(self.settings.python):
+            return f"vLLM's suffix method needs Arctic Inference beside it: {vllm_engines.SETUP} builds it"
+        return vllm_engines.method_reason(request, artifact)
 
     def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None, cancel=None) -> tuple[dict, str]:
         """The build of the request's engine and its running server's URL (built, started or reused)."""
@@ -111,7 +111,7 @@ class VLLMBackend:
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         try:
             manifest, url = self.engine(model, request)
-        except vllm.VLLMError as err:
+        except vllm_engines.VLLMError as err:
             raise remote.RemoteError(str(err)) from None
         tok = self.tokenizer(model)
         prompt_ids = encode(tok, prompt)
@@ -120,7 +120,7 @@ class VLLMBackend:
         engine = {"engine": "vllm", "build": manifest["id"], "version": manifest["spec"]["versions"].get("vllm"),
                   "dtype": manifest["spec"]["config"]["dtype"],
                   "speculative_config": manifest["spec"]["config"]["speculative_config"],
-                  "ignored": vllm.ignored(request)}
+                  "ignored": vllm_engines.ignored(request)}
         client = remote.Engine(url, model, texts=lambda ids: {i: tok.decode([i]) for i in set(ids)})
         work = client.work(request, prompt_ids, engine)
         build_id = manifest["id"]
@@ -162,7 +162,7 @@ class VLLMBackend:
 
 def check(request: DecodeRequest) -> None:
     """vLLM's rule for a request of a valid mode: it has a method for it."""
-    reason = vllm.method_reason(request)
+    reason = vllm_engines.method_reason(request)
     if reason:
         raise ConfigError(reason)
 
