@@ -633,8 +633,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     print(f"[compile] CPU priority: nice {os.nice(args.nice)}", file=sys.stderr, flush=True)
     info = models.build_fast_pass(args.model, args.dtype, _engines(args))
+    served = ", ".join(f"{a}..{b}" for a, b in info["widths"].values()) or "none"
     print(f"fast pass of {args.model} ({args.dtype}) for this machine ({info['isa']}, {info['threads']} threads): built in "
-          f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB")
+          f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB; the graphs serve passes of {served} tokens (measured "
+          f"against eager; others run eagerly)")
     return 0
 
 

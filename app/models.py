@@ -341,10 +341,17 @@ def _use(loaded: LoadedModel, out: Path, built_in: float | None = None) -> None:
     from app.decoding import compiled
 
     forward = compiled.load(out)
-    note = f"compiled pass, loaded in {forward.load_seconds:.1f} s"
-    if built_in is not None:
-        note = f"compiled pass, built in {built_in:.0f} s and loaded in {forward.load_seconds:.1f} s"
-    loaded.fast = {"state": "ready", "note": note, "info": forward.info, "load_seconds": forward.load_seconds}
+    info, seconds, eager = forward.info, forward.load_seconds, forward.eager_widths()
+    timing = f"loaded in {seconds:.1f} s" if built_in is None else f"built in {built_in:.0f} s and loaded in {seconds:.1f} s"
+    if not forward.widths:  # every graph measured slower than eager on this CPU: eager passes over a growing cache
+        note = f"eager pass (the compiled graphs, {timing}, measured slower than it on this CPU)"
+        forward = None
+    else:
+        note = f"compiled pass, {timing}"
+        if eager:
+            spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in eager)
+            note += f"; {spans}-token passes eager (faster on this CPU, measured at build)"
+    loaded.fast = {"state": "ready", "note": note, "info": info, "load_seconds": seconds}
     loaded.forward = forward
 
 

@@ -1,6 +1,6 @@
 """The fast pass (app/decoding/compiled.py): built once ahead of time into engines/compiled/, loaded from disk by a
 later load in seconds, every mode's greedy output on it equal to eager autoregressive, every width and slot count
-served by the same two graphs (nothing is compiled after load)."""
+served by the same two graphs or eagerly, as the build measured (nothing is compiled after load)."""
 
 import json
 import os
@@ -63,7 +63,11 @@ def test_a_later_load_reads_the_built_pass_from_disk_in_seconds(store, loaded):
     [built] = [p for p in (engines / "compiled").iterdir() if p.is_dir()]
     assert json.loads((built / "info.json").read_text()) == info and info["isa"] == compiled.machine()["isa"]
     assert {p.name for p in built.glob("*.pt2")} == {"one.pt2", "wide.pt2"} and info["bytes"] > 0
-    assert info["widths"] == {"one": [1, 1], "wide": [2, SMALL_QUERY]}  # float32: no few-row graph
+    assert info["built"] == {"one": [1, 1], "wide": [2, SMALL_QUERY]}  # float32: no few-row graph
+    # Each graph was timed against eager at its widths, and serves what that measurement allows.
+    assert {g: list(m) for g, m in info["measured"].items()} == {"one": ["1"], "wide": ["2", "4", "8", "16", "32", "64", "128"]}
+    measured = {g: {int(n): t for n, t in m.items()} for g, m in info["measured"].items()}
+    assert info["widths"] == {g: list(w) for g, w in compiled.serving(compiled.graphs(torch.float32), measured).items()}
     # Built for this machine, dtype and these weights: another dtype, or changed weights, is another package.
     assert models.fast_pass_dir(loaded, str(model_dir), engines) == built
     other = models.load(str(model_dir), dtype="bfloat16", engines=engines)
@@ -105,14 +109,16 @@ def test_every_mode_on_the_fast_pass_equals_eager_autoregressive_and_nothing_com
 
 def test_passes_of_every_width_and_slot_count_match_eager(loaded):
     """Width 1 and 2..SMALL_QUERY run the two graphs, a wider pass runs eagerly over the same slots; the slots grow
-    mid-session. Logits and every layer's hidden state agree with the eager pass (float32 rounding)."""
+    mid-session. Logits and every layer's hidden state agree with the eager pass (float32 rounding). Every width
+    each graph was built for, whichever of them the build's timing left it serving."""
     model = loaded.model
     eager, fast = TransformersTarget(model), TransformersTarget(model, forward=loaded.forward)
     for target in (eager, fast):
         target.prefill(PROMPT)
     calls = []
-    graphs = loaded.forward.runners
+    graphs, widths = loaded.forward.runners, loaded.forward.widths
     loaded.forward.runners = {g: (lambda *a, g=g: calls.append(g) or graphs[g](*a)) for g in graphs}
+    loaded.forward.widths = {g: tuple(w) for g, w in loaded.forward.info["built"].items()}
     try:
         for width in (1, 2, 3, 17, SMALL_QUERY, SMALL_QUERY + 1, 300, 1, 5):
             tokens, parents = [(7 * i) % 96 for i in range(width - 1)], [i // 2 - 1 for i in range(width - 1)]
@@ -125,7 +131,7 @@ def test_passes_of_every_width_and_slot_count_match_eager(loaded):
             for t in (eager, fast):
                 t.commit([0] if width > 1 else [])
     finally:
-        loaded.forward.runners = graphs
+        loaded.forward.runners, loaded.forward.widths = graphs, widths
     assert calls == ["one", "wide", "wide", "wide", "wide", "one", "wide"]  # 129 and 300 ran eagerly
     assert fast.capacity > len(PROMPT) + RESERVE  # the 300-token pass grew the slots
 
@@ -179,6 +185,37 @@ def test_bfloat16_products_upcast_in_the_widest_graph_only_without_native_bfloat
     assert list(compiled.graphs(torch.bfloat16)) == (["one", "few", "wide"] if linear.upcasts(torch.bfloat16)
                                                      else ["one", "wide"])
     assert compiled.graphs(torch.float32) == {"one": (1, 1), "wide": (2, SMALL_QUERY)}
+
+
+def test_a_graph_serves_the_widths_where_it_measured_no_slower_than_eager():
+    built = {"one": (1, 1), "few": (2, 4), "wide": (5, 128)}
+    fast = {"one": {1: (10.0, 20.0)}, "few": {2: (10.0, 12.0), 4: (11.0, 13.0)},
+            "wide": {n: (20.0, 30.0) for n in (5, 8, 16, 32, 64, 128)}}
+    assert compiled.serving(built, fast) == built
+    # Slower than eager from 16 rows: it serves up to the widest timed width before (8); 9-15 go with 8, eagerly.
+    slow_wide = {**fast, "wide": {**fast["wide"], 16: (40.0, 30.0), 32: (10.0, 30.0)}}
+    assert compiled.serving(built, slow_wide)["wide"] == (5, 8)
+    # Slower at its lowest width: the graph serves nothing (what native bfloat16 does to the wide graph).
+    assert "few" not in compiled.serving(built, {**fast, "few": {2: (14.0, 12.0), 4: (11.0, 13.0)}})
+    assert compiled.serving(built, {g: {n: (2.0, 1.0) for n in m} for g, m in fast.items()}) == {}
+
+
+def test_passes_no_graph_serves_are_told_and_a_pass_all_eager_keeps_the_growing_cache(store, tmp_path):
+    """What the status line says when the build measured some widths (or all) faster eagerly."""
+    model_dir, engines, _ = store
+    copy = tmp_path / "engines"
+    shutil.copytree(engines, copy)
+    [built] = [p for p in (copy / "compiled").iterdir() if p.is_dir()]
+    info = json.loads((built / "info.json").read_text())
+    (built / "info.json").write_text(json.dumps({**info, "widths": {"one": [1, 1]}}))
+    one_only = models.load(str(model_dir), engines=copy, fast="build")
+    assert one_only.forward.eager_widths() == [(2, SMALL_QUERY)]
+    assert one_only.fast["note"].endswith(f"; 2-{SMALL_QUERY}-token passes eager (faster on this CPU, measured at build)")
+    (built / "info.json").write_text(json.dumps({**info, "widths": {}}))
+    none = models.load(str(model_dir), engines=copy, fast="build")
+    assert none.forward is None and none.fast["state"] == "ready"
+    assert none.fast["note"].startswith("eager pass (the compiled graphs, loaded in ")
+    assert not TransformersTarget(none.model, forward=none.forward).slotted
 
 
 def test_a_pass_goes_to_the_graph_of_its_width():

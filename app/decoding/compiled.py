@@ -17,6 +17,12 @@ bfloat16 products cost about one row's up to FEW rows and grow fast after (bundl
 rows 30.7, 4 rows 42.9, 8 rows 76.3, 16 rows 134.6), where float32 copies of the weights (linear.widen) do better
 (8 rows 71.3, 16 rows 102.8); so passes of 2..FEW rows run a graph of bfloat16 products, wider ones the float32.
 
+Which passes a graph serves is measured, not assumed: a build times each graph against the eager pass over the same
+slots at its widths and keeps a graph only up to the widest width where it is not slower (`serving`). Where the CPU
+multiplies bfloat16 natively, oneDNN's eager products over several rows beat inductor's (AMD EPYC with AVX-512 BF16,
+bundled model, bfloat16: 16 tokens 22 ms eager against 55 ms compiled, one token 16.0 against 15.5), so there the
+wide passes stay eager; on AVX2 the graphs win at every width they take.
+
 What a package holds depends on the CPU it was built on (its vector instructions, the thread count the kernels were
 built for), the torch version, the model's weights and dtype: `key` names all of them, so a package is only ever
 loaded where it was built for.
@@ -27,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,13 +47,14 @@ from app.decoding.attention import SMALL_QUERY
 from app.decoding.kv_cache import SlotLayer
 from app.decoding.types import Forward
 
-FORMAT = 2  # what the exported signature and the graphs are; a change makes every package stale
+FORMAT = 3  # what the exported signature, the graphs and info.json are; a change makes every package stale
 # freezing: the weights are constants of the graph, packed at build time. max_autotune with the CPP backend:
 # inductor's own GEMM micro-kernels, each timed against ATEN's product for its shape.
 OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 FEW = 4  # bfloat16 without native instructions: the widest pass whose products stay in bfloat16 (module docstring)
 # A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
 EXAMPLE_SLOTS = 257
+MEASURED_CONTEXT = 128  # the committed length of the passes a build times (graph against eager)
 
 
 def machine() -> dict:
@@ -79,15 +87,15 @@ class _SlotPass(nn.Module):
         return out.logits, torch.cat(out.hidden_states)
 
 
-def _examples(model: nn.Module, n: int, kv_dtype: torch.dtype) -> tuple:
+def _examples(model: nn.Module, n: int, kv_dtype: torch.dtype, slots: int = EXAMPLE_SLOTS, at: int = 16) -> tuple:
     config = model.config.get_text_config(decoder=True)
     heads = config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv = [torch.zeros(1, heads, EXAMPLE_SLOTS, dim, dtype=kv_dtype) for _ in range(2 * config.num_hidden_layers)]
+    kv = [torch.zeros(1, heads, slots, dim, dtype=kv_dtype) for _ in range(2 * config.num_hidden_layers)]
     ids = torch.zeros(1, n, dtype=torch.long)
-    positions = torch.arange(16, 16 + n)[None]
-    mask = torch.zeros(1, 1, n, EXAMPLE_SLOTS, dtype=model.dtype)
-    return ids, positions, mask, torch.tensor(16), kv
+    positions = torch.arange(at, at + n)[None]
+    mask = torch.zeros(1, 1, n, slots, dtype=model.dtype)
+    return ids, positions, mask, torch.tensor(at), kv
 
 
 def graphs(dtype: torch.dtype) -> dict[str, tuple[int, int]]:
@@ -119,10 +127,64 @@ def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str
         with torch._inductor.config.patch(OPTIONS):
             torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}.pt2"))
         seconds[graph] = round(time.perf_counter() - t, 1)
-    info = {"seconds": round(time.perf_counter() - start, 1), "graphs": seconds,
-            "widths": graphs(model.dtype), "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
+    built = graphs(model.dtype)
+    log("timing each graph against the eager pass at its widths")
+    measured = measure(model, out, built, kv_dtype)
+    widths = serving(built, measured)
+    for graph, (low, high) in built.items():
+        times = ", ".join(f"{n}: {g:.1f} vs {e:.1f} ms" for n, (g, e) in measured[graph].items())
+        serves = f"serves {widths[graph][0]}..{widths[graph][1]}" if graph in widths else "serves none (eager is faster)"
+        log(f"graph {graph} ({low}..{high} tokens), compiled vs eager: {times}; {serves}")
+    info = {"seconds": round(time.perf_counter() - start, 1), "graphs": seconds, "built": built, "widths": widths,
+            "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
+            "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
     (out / "info.json").write_text(json.dumps(info, indent=1))
     return info
+
+
+def _widths_to_time(low: int, high: int) -> list[int]:
+    return sorted({low, high} | {1 << k for k in range(8) if low <= 1 << k <= high})
+
+
+def measure(model: nn.Module, out: Path, built: dict, kv_dtype: torch.dtype, reps: int = 5) -> dict:
+    """Each built graph's pass and the eager pass over the same slots (MEASURED_CONTEXT committed), at the graph's
+    widths: {graph: {n: (compiled ms, eager ms)}}, medians of `reps` alternating calls, so a load that changes
+    meanwhile weighs on both alike."""
+    from torch._inductor.package import load_package
+
+    eager = _SlotPass(model)
+    result = {}
+    for graph, (low, high) in built.items():
+        runner = load_package(str(out / f"{graph}.pt2"), num_runners=1)
+        result[graph] = {}
+        for n in _widths_to_time(low, high):
+            inputs = _examples(model, n, kv_dtype, slots=MEASURED_CONTEXT + max(n, 16), at=MEASURED_CONTEXT)
+            times = {"compiled": [], "eager": []}
+            with torch.inference_mode():
+                for rep in range(reps + 1):
+                    for name, run in (("compiled", runner), ("eager", eager)):
+                        t = time.perf_counter()
+                        run(*inputs)
+                        if rep:  # the first call of each warms up
+                            times[name].append(time.perf_counter() - t)
+            result[graph][n] = tuple(round(1e3 * statistics.median(times[k]), 2) for k in ("compiled", "eager"))
+    return result
+
+
+def serving(built: dict, measured: dict) -> dict[str, tuple[int, int]]:
+    """The widths each graph serves: from its lowest up to the widest width timed where neither it nor any narrower
+    timed width ran slower than eager (a width between two timed ones goes with the narrower). A graph slower at its
+    lowest width serves none: those passes run eagerly."""
+    widths = {}
+    for graph, (low, high) in built.items():
+        served = None
+        for n, (fast, eager) in sorted((int(n), t) for n, t in measured[graph].items()):
+            if fast > eager:
+                break
+            served = high if n == high else n
+        if served is not None:
+            widths[graph] = (low, served)
+    return widths
 
 
 class FastPass:
@@ -140,6 +202,18 @@ class FastPass:
     def fits(self, n: int) -> bool:
         return self.graph(n) is not None
 
+    def eager_widths(self) -> list[tuple[int, int]]:
+        """The ranges of pass widths up to SMALL_QUERY that no graph serves (measured faster eagerly at build)."""
+        ranges = []
+        for n in range(1, SMALL_QUERY + 1):
+            if self.fits(n):
+                continue
+            if ranges and ranges[-1][1] == n - 1:
+                ranges[-1] = (ranges[-1][0], n)
+            else:
+                ranges.append((n, n))
+        return ranges
+
     def __call__(self, input_ids, position_ids, mask, cache: Cache) -> Forward:
         at = cache.layers[0].cumulative_length
         kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
@@ -155,6 +229,7 @@ def load(where: Path, runners: int = 2) -> FastPass:
 
     start = time.perf_counter()
     info = json.loads((where / "info.json").read_text())
+    # Only the graphs that serve some width: a graph the build measured slower than eager everywhere stays on disk.
     loaded = {g: load_package(str(where / f"{g}.pt2"), num_runners=runners) for g in info["widths"]}
     return FastPass(where, loaded, info, round(time.perf_counter() - start, 2))
 
@@ -163,5 +238,5 @@ def built(where: Path) -> bool:
     """Whether `where` holds a complete build (its info.json is written last)."""
     if not (where / "info.json").exists():
         return False
-    widths = json.loads((where / "info.json").read_text()).get("widths") or {}
-    return bool(widths) and all((where / f"{g}.pt2").exists() for g in widths)
+    built = json.loads((where / "info.json").read_text()).get("built") or {}
+    return bool(built) and all((where / f"{g}.pt2").exists() for g in built)
