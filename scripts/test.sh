@@ -23,6 +23,19 @@ if ! command -v chromium >/dev/null 2>&1; then
         || echo "test.sh: could not install chromium; the browser tests will fail" >&2
 fi
 
+# axe-core from npm, which the browser tests inject into the page for its accessibility check (.node/, not committed).
+AXE=4.14.1
+if ! grep -qs "\"version\": \"$AXE\"" .node/node_modules/axe-core/package.json; then
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "test.sh: installing npm (Debian package) for axe-core" >&2
+        apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
+        if ((EUID != 0)); then apt=(sudo "${apt[@]}"); fi
+        "${apt[@]}" update -qq && "${apt[@]}" install -y -qq npm >/dev/null || true
+    fi
+    npm install --silent --no-audit --no-fund --prefix .node "axe-core@$AXE" >/dev/null \
+        || echo "test.sh: could not install axe-core; the accessibility test will fail" >&2
+fi
+
 export TEST_ARTIFACTS_DIR="$PWD/test-artifacts"
 mkdir -p "$TEST_ARTIFACTS_DIR"
 # Two workers on two cores: one torch thread each avoids oversubscription.

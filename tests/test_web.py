@@ -790,3 +790,36 @@ def test_browser_run_updates_do_not_call_inspect(page):
     set_number(page, "Inspect step", 1)
     page.wait_for_function("() => document.querySelector('#step-detail h4')?.innerText.startsWith('Step 1 ')")
     assert calls() >= 1
+
+
+AXE = ROOT / ".node" / "node_modules" / "axe-core" / "axe.min.js"
+# axe-core's WCAG checks on the whole page; what a test fails on: serious and critical violations, each with a few nodes.
+AXE_RUN = """async () => {
+  const result = await axe.run(document, {resultTypes: ["violations"]});
+  return result.violations.filter(v => v.impact === "serious" || v.impact === "critical")
+    .map(v => `${v.id} (${v.impact}): ${v.help}: ` + v.nodes.slice(0, 3).map(n => n.html.slice(0, 160)).join(" | "));
+}"""
+
+
+def test_browser_every_tab_has_no_serious_accessibility_violation(page):
+    """axe-core on every tab: the Run tab with a replayed run on it (tokens, legend, step view, charts), then each other
+    tab as it opens. Gradio's default contrast (white on orange buttons, pale secondary text) failed it."""
+    if not AXE.exists():
+        pytest.fail("axe-core is missing: scripts/test.sh installs it (npm) into .node/")
+    page.locator("#replay").click()
+    page.locator("#replay-paced input").uncheck()
+    page.click("#tour")
+    wait_status(page, "Replayed a recording")
+
+    def violations() -> list[str]:
+        if not page.evaluate("() => !!window.axe"):
+            page.add_script_tag(path=str(AXE))
+        return page.evaluate(AXE_RUN)
+
+    found = {"Run": violations()}
+    for tab, shown in (("Compare", "#cmp-prompt"), ("Load", "#load-run"), ("Train", "#tr-run"), ("Learn", "#draft-cost"),
+                       ("Engines", "#eng-build")):
+        page.get_by_role("tab", name=tab).click()
+        page.wait_for_selector(shown, state="visible")
+        found[tab] = violations()
+    assert found == {tab: [] for tab in found}

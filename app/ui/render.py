@@ -49,12 +49,12 @@ NODE_ON_PATH = ('class="node accepted"', 'fill="#56B4E9" fill-opacity="0.35" str
 NODE_OFF_PATH = ('class="node rejected" opacity="0.7"',
                  'fill="#8c8c8c" fill-opacity="0.12" stroke="#8c8c8c" stroke-width="1" stroke-dasharray="4 3"', "")
 
-# Okabe-Ito colours (colour-blind safe); every colour also has a non-colour cue (underline, strike,
-# box, superscript). Backgrounds are translucent tints so the text keeps the page's own colour on
+# Okabe-Ito hues (colour-blind safe; on light pages the marks darkened to 5:1 on white, WCAG AA); every colour
+# also has a non-colour cue (underline, strike, box, superscript). Backgrounds are translucent tints so the text keeps the page's own colour on
 # light and dark themes; the thin marks switch to lighter shades on dark pages. Given once, to the page (web.launch),
 # not in every fragment; every rule starts at <body>, so Gradio's scoped copy of it matches as well.
 CSS = """
-body .specdec{--sd-acc:#0072B2;--sd-rej:#D55E00;--sd-cor:#B87E00;--sd-bon:#009E73;--sd-line:rgba(128,128,128,.55);
+body .specdec{--sd-acc:#0072B2;--sd-rej:#B84F00;--sd-cor:#8A5E00;--sd-bon:#007A5A;--sd-line:rgba(128,128,128,.55);
 --sd-acc-bg:rgba(86,180,233,.28);--sd-rej-bg:rgba(213,94,0,.12);--sd-cor-bg:rgba(230,159,0,.24);--sd-bon-bg:rgba(0,158,115,.2);
 line-height:1.9;font-size:1.05em}
 body.dark .specdec,body .dark .specdec{--sd-acc:#56B4E9;--sd-rej:#F0864A;--sd-cor:#E69F00;--sd-bon:#35C79B}
@@ -76,7 +76,7 @@ body .specdec .tok-engine,body .specdec .lg-engine{outline:2px solid var(--sd-li
 body .specdec .tok-engine::after,body .specdec .lg-engine::after{content:"?";font-size:.6em;vertical-align:super;font-weight:700}
 body .specdec .special{opacity:.6;font-size:.85em}
 body .specdec .ws{opacity:.55}
-body .specdec .more-rejected{font-size:.6em;vertical-align:super;color:var(--sd-rej);opacity:.8}
+body .specdec .more-rejected{font-size:.6em;vertical-align:super;color:var(--sd-rej)}
 body .specdec .legend{display:flex;flex-wrap:wrap;gap:.3em 1.2em;font-size:.85em;margin-bottom:.5em;line-height:1.6}
 body .specdec .legend .lg-item{white-space:nowrap}
 body .specdec .legend .lg-step{border-left:1px solid var(--sd-line);padding-left:2px}
