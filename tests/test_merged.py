@@ -242,7 +242,7 @@ def test_labels_and_chart_colours_of_merged_trees():
     colours = [MODES.colour(m) for m in MODES.names + MODES.merged]
     assert len(set(colours)) == len(colours)  # every mode and merged tree has its own colour
     fig = charts.compare([{"mode": "EAGLE + prompt lookup", "speedup": 1.7}, {"mode": "EAGLE", "speedup": 1.4}])
-    assert list(fig.data[0].x) == ["EAGLE + prompt lookup", "EAGLE"]
+    assert list(fig.data[0].y) == ["EAGLE + prompt lookup", "EAGLE"]
     assert fig.data[0].marker.color[0] != fig.data[0].marker.color[1]
     assert run_settings.run_name("eagle", dict(run_settings.DEFAULTS, eg_pl=True)) == "eagle+prompt_lookup"
     assert run_settings.run_name("medusa", dict(run_settings.DEFAULTS, eg_pl=True)) == "medusa"  # the EAGLE box is EAGLE's only

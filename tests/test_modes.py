@@ -129,7 +129,7 @@ def test_config_validation_accepts_and_rejects_its_fields():
 def test_the_charts_and_learn_texts_name_and_colour_it():
     rows = [{"mode": "autoregressive", "speedup": 1.0}, {"mode": "Repeat", "speedup": 1.2}]
     bars = charts.compare(rows, modes=TOY).data[0]
-    assert list(bars.x) == ["Autoregressive", "Repeat"] and list(bars.marker.color)[1] == "#117733"
+    assert list(bars.y) == ["Autoregressive", "Repeat"] and list(bars.marker.color)[1] == "#117733"
     assert charts.mode_key("Repeat", TOY) == "repeat" and lessons.label("repeat", TOY) == "Repeat"
     assert "drafts the last token again" in lessons.explain("repeat", TOY).lower()
 

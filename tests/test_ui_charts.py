@@ -128,8 +128,9 @@ def test_timing_with_unknown_times():
     steps = load("lookahead")["steps"]
     hidden = [{**s, "draft_time_s": None, "verify_time_s": None} for s in steps]
     fig = charts.timing(hidden)
-    assert not fig.data and [a.text for a in fig.layout.annotations] == [
+    assert not fig.data and [a.text.replace("<br>", " ") for a in fig.layout.annotations] == [
         "Not reported: this engine does not say how long its steps' drafting and verifying took."]
+    assert max(len(line) for line in fig.layout.annotations[0].text.split("<br>")) <= charts.EMPTY_LINE  # not clipped
     # One step with a time is enough for the bars (the others are gaps).
     partly = hidden[:2] + [{**hidden[2], "verify_time_s": 0.01}] + hidden[3:]
     assert list(charts.timing(partly).data[1].y)[1] == pytest.approx(10.0)
@@ -141,10 +142,11 @@ def test_compare():
     fig = charts.compare(rows)
     _common(fig)
     bar = fig.data[0]
-    assert list(bar.x) == ["Autoregressive", "Prompt lookup", "Medusa"]
-    assert list(bar.y) == [1.0, 1.62, None]
+    assert list(bar.y) == ["Autoregressive", "Prompt lookup", "Medusa"] and bar.orientation == "h"
+    assert list(bar.x) == [1.0, 1.62, None]
     assert list(bar.text) == ["1.00×", "1.62×", ""]
-    assert fig.layout.shapes and fig.layout.shapes[0].y0 == 1
+    assert fig.layout.shapes and fig.layout.shapes[0].x0 == 1
+    assert fig.layout.xaxis.range[1] > 1.62  # the widest bar's label has room
 
 
 @pytest.mark.parametrize("build", STEP_CHARTS + [charts.compare, charts.pass_cost, charts.acceptance_by_depth, charts.earnings,
@@ -253,7 +255,7 @@ def test_compare_accepts_labels():
     by_key = charts.compare([{"mode": "lookahead", "speedup": 1.2}])
     by_label = charts.compare([{"mode": "Lookahead", "speedup": 1.2}])
     assert by_key.data[0].marker.color == by_label.data[0].marker.color
-    assert list(by_label.data[0].x) == ["Lookahead"]
+    assert list(by_label.data[0].y) == ["Lookahead"]
 
 
 @pytest.mark.parametrize("build", [charts.tokens_per_step_hist, charts.throughput, charts.timing, charts.acceptance_by_depth])

@@ -823,3 +823,53 @@ def test_browser_every_tab_has_no_serious_accessibility_violation(page):
         page.wait_for_selector(shown, state="visible")
         found[tab] = violations()
     assert found == {tab: [] for tab in found}
+
+
+# Every drawn chart's texts (titles, ticks, labels, legend, notes) inside its SVG, and no legend over its plot area.
+CLIPPED = """() => {
+  const found = [];
+  const inside = (r, box) => r.left >= box.left - 1 && r.right <= box.right + 1 && r.top >= box.top - 1 && r.bottom <= box.bottom + 1;
+  for (const plot of document.querySelectorAll(".js-plotly-plot")) {
+    if (!plot.offsetParent) continue;  // on a tab not shown
+    const id = plot.closest("[id]")?.id, box = plot.querySelector("svg.main-svg").getBoundingClientRect();
+    for (const text of plot.querySelectorAll("svg text")) {
+      const r = text.getBoundingClientRect();
+      if (text.textContent.trim() && r.width && !inside(r, box)) found.push(`${id}: "${text.textContent}" cut`);
+    }
+    const legend = plot.querySelector("g.legend")?.getBoundingClientRect();
+    for (const area of plot.querySelectorAll("rect.nsewdrag")) {
+      const a = area.getBoundingClientRect();
+      if (legend && legend.width && legend.left < a.right - 1 && legend.right > a.left + 1 && legend.top < a.bottom - 1
+          && legend.bottom > a.top + 1) found.push(`${id}: legend over the plot`);
+    }
+  }
+  return found;
+}"""
+
+
+def test_browser_no_chart_clips_its_text_at_1280_px_even_comparing_every_mode(page):
+    """At 1280 × 720: the Run tab's charts with a replayed run, Compare's before anything ran (their notes were cut at
+    both ends) and after comparing every mode the transformers backend runs (vertical bars cut their names, a legend
+    of every mode covered the race)."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.locator("#replay").click()
+    page.locator("#replay-paced input").uncheck()
+    page.click("#tour")
+    wait_status(page, "Replayed a recording")
+    page.wait_for_function("document.querySelectorAll('#race .scatterlayer .trace').length >= 1")
+    assert page.evaluate(CLIPPED) == []
+    page.get_by_role("tab", name="Compare").click()
+    page.wait_for_selector("#cmp-race .main-svg", state="visible")
+    assert page.evaluate(CLIPPED) == []
+    for box in page.locator("#cmp-modes label").all():
+        if "vLLM" not in box.inner_text():
+            box.locator("input").check()
+    checked = page.locator("#cmp-modes input:checked").count()
+    assert checked >= 8
+    tokens = page.locator("#cmp-tokens input[type=number]")
+    tokens.fill("8")
+    tokens.press("Enter")
+    page.click("#compare-run")
+    page.wait_for_function("/^Done/.test(document.querySelector('#cmp-status')?.innerText || '')", timeout=600_000)
+    page.wait_for_function("n => document.querySelectorAll('#cmp-race .scatterlayer .trace').length === n", arg=checked + 1)
+    assert page.evaluate(CLIPPED) == []

@@ -9,6 +9,7 @@ With no steps, a builder returns an empty figure carrying an explanatory annotat
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from app.ui.lessons import earning_sizes, expected_speedup
 from app.service.traces import is_number, steps
 
 HEIGHT = 300
+LEGEND_ROOM, LEGEND_ROW = 140, 28  # px: a chart's title and axis, and one legend entry (a legend beside the plot)
 _TEMPLATE = pio.templates["none"]  # the object: naming it makes plotly look it up and copy it per figure
 FONT = "#777777"
 GRID = "rgba(128,128,128,0.25)"
@@ -75,10 +77,14 @@ def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
     return go.Figure(data=fig.data, layout=layout)
 
 
+EMPTY_LINE = 32  # characters: an annotation does not wrap itself, and at 1280 px Compare's charts are ~400 px wide
+
+
 def _empty(title: str, message: str = EMPTY) -> go.Figure:
+    text = "<br>".join(textwrap.wrap(message, EMPTY_LINE))
     fig = go.Figure(layout=dict(
         xaxis=dict(visible=False), yaxis=dict(visible=False),
-        annotations=[dict(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16))],
+        annotations=[dict(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16))],
     ))
     return _layout(fig, title, "", "")
 
@@ -181,6 +187,9 @@ def race_runs(runs: Mapping[str, list[dict]], until: float | None = None, modes:
         ))
         others += not baseline
     fig = _layout(fig, title, "wall time (s)", "tokens generated")
+    if len(curves) > 3:  # a legend of many runs above the plot squeezed it, or covered it: a column beside it instead
+        fig.update_layout(legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"),
+                          height=max(HEIGHT, LEGEND_ROOM + LEGEND_ROW * len(curves)))  # every name shown, unscrolled
     if until is not None:
         fig.update_xaxes(range=[0, ends[0] * 1.03 or 1])
         fig.update_yaxes(range=[0, ends[1] * 1.05 or 1])
@@ -331,15 +340,18 @@ def compare(rows: list[dict], modes: Modes = MODES) -> go.Figure:
         return _empty(title, "No comparison yet: run one prompt through several modes.")
     keys = [mode_key(str(r.get("mode", "")), modes) for r in rows]
     speedup = [_number(r.get("speedup")) for r in rows]
+    # Bars along x, names down the side: eleven modes' names fit there whole, where under vertical bars they were cut.
     fig = go.Figure(go.Bar(
-        x=[_name(m, modes, m) for m in keys], y=speedup,
+        y=[_name(m, modes, m) for m in keys], x=speedup, orientation="h",
         marker=dict(color=[_colour(m, modes) for m in keys]),
         text=["" if s is None else f"{s:.2f}×" for s in speedup], textposition="outside", cliponaxis=False,
         name="speedup",
     ))
-    fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
-    fig.update_layout(showlegend=False)
-    return _layout(fig, title, "", "× autoregressive tokens/s")
+    fig.add_vline(x=1, line=dict(color=FONT, dash="dot", width=2))
+    widest = max([s for s in speedup if s is not None] + [1.0])
+    fig.update_layout(showlegend=False, height=max(HEIGHT, 90 + 26 * len(rows)),
+                      yaxis=dict(autorange="reversed"), xaxis=dict(range=[0, widest * 1.3]))
+    return _layout(fig, title, "× autoregressive tokens/s", "")
 
 
 def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
@@ -383,7 +395,8 @@ def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
                         line=dict(color="#ffffff", width=1)),
             hovertemplate=f"{name}: τ %{{y:.2f}} ÷ step %{{x:.2f}} = {tau / cost:.2f}× after the prefill<extra></extra>",
         ))
-    legend = {} if labelled else {"legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top")}
+    legend = {} if labelled else {"legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"),
+                                  "height": max(HEIGHT, LEGEND_ROOM + LEGEND_ROW * len(points))}
     fig.update_layout(showlegend=not labelled, xaxis=dict(range=[x_low, x_high]), yaxis=dict(range=[y_low, y_high]), **legend)
     return _layout(fig, title, "step time (× autoregressive)", "τ after the prefill")
 

@@ -73,7 +73,7 @@ class CompareTab:
                 modes = gr.CheckboxGroup([(lessons.label(m, self.modes), m) for m in offered],
                                          value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
                                          elem_id="cmp-modes")
-                tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens")
+                tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens", elem_id="cmp-tokens")
                 preset = gr.Radio(list(settings.PRESETS), value=settings.PRESETS[0], label="settings", elem_id="cmp-preset",
                                   info=settings.presets_note(service.fast_dtype()))
                 dtype = dtype_radio(service, "cmp-dtype")
@@ -83,8 +83,9 @@ class CompareTab:
             replay_btn = gr.Button("Replay the race side by side", elem_id="compare-replay")
         self.status = gr.Markdown("", elem_id="cmp-status")
         self.table = gr.HTML(render.summary_table([]), elem_id="cmp-table")
+        # The race gets the page's width (a legend of every mode beside it), the other two half each.
+        self.race = gr.Plot(charts.race_runs({}), label="Race", elem_id="cmp-race")
         with gr.Row():
-            self.race = gr.Plot(charts.race_runs({}), label="Race", elem_id="cmp-race")
             self.bars = gr.Plot(charts.compare([]), label="Speedup", elem_id="cmp-speedup")
             self.tau = gr.Plot(charts.tau_vs_cost([]), label="τ vs step time", elem_id="cmp-tau-cost")
 
