@@ -64,10 +64,13 @@ def test_a_later_load_reads_the_built_pass_from_disk_in_seconds(store, loaded):
     assert json.loads((built / "info.json").read_text()) == info and info["isa"] == compiled.machine()["isa"]
     assert {p.name for p in built.glob("*.pt2")} == {"one.pt2", "wide.pt2"} and info["bytes"] > 0
     assert info["built"] == {"one": [1, 1], "wide": [2, SMALL_QUERY]}  # float32: no few-row graph
-    # Each graph was timed against eager at its widths, and serves what that measurement allows.
+    # Each graph was built with every option set and timed, with eager, at its widths; the fastest build is kept and
+    # serves what its times against eager allow.
     assert {g: list(m) for g, m in info["measured"].items()} == {"one": ["1"], "wide": ["2", "4", "8", "16", "32", "64", "128"]}
-    measured = {g: {int(n): t for n, t in m.items()} for g, m in info["measured"].items()}
-    assert info["widths"] == {g: list(w) for g, w in compiled.serving(compiled.graphs(torch.float32), measured).items()}
+    assert all(set(t) == {*compiled.OPTIONS, "eager"} for m in info["measured"].values() for t in m.values())
+    assert info["options"] == {g: compiled.fastest(m) for g, m in info["measured"].items()}
+    kept = {g: {int(n): (t[info["options"][g]], t["eager"]) for n, t in m.items()} for g, m in info["measured"].items()}
+    assert info["widths"] == {g: list(w) for g, w in compiled.serving(compiled.graphs(torch.float32), kept).items()}
     # Built for this machine, dtype and these weights: another dtype, or changed weights, is another package.
     assert models.fast_pass_dir(loaded, str(model_dir), engines) == built
     other = models.load(str(model_dir), dtype="bfloat16", engines=engines)
@@ -185,6 +188,14 @@ def test_bfloat16_products_upcast_in_the_widest_graph_only_without_native_bfloat
     assert list(compiled.graphs(torch.bfloat16)) == (["one", "few", "wide"] if linear.upcasts(torch.bfloat16)
                                                      else ["one", "wide"])
     assert compiled.graphs(torch.float32) == {"one": (1, 1), "wide": (2, SMALL_QUERY)}
+
+
+def test_the_build_keeps_the_option_set_fastest_over_the_widths_timed():
+    packed, autotuned = list(compiled.OPTIONS)
+    assert compiled.fastest({1: {packed: 9.8, autotuned: 13.9, "eager": 20.0}}) == packed
+    # Summed over the widths: slower at one width, faster over all.
+    assert compiled.fastest({2: {packed: 10.0, autotuned: 9.0}, 16: {packed: 20.0, autotuned: 40.0}}) == packed
+    assert compiled.fastest({2: {packed: 10.0, autotuned: 9.0}, 16: {packed: 20.0, autotuned: 19.0}}) == autotuned
 
 
 def test_a_graph_serves_the_widths_where_it_measured_no_slower_than_eager():

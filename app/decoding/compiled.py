@@ -17,11 +17,11 @@ bfloat16 products cost about one row's up to FEW rows and grow fast after (bundl
 rows 30.7, 4 rows 42.9, 8 rows 76.3, 16 rows 134.6), where float32 copies of the weights (linear.widen) do better
 (8 rows 71.3, 16 rows 102.8); so passes of 2..FEW rows run a graph of bfloat16 products, wider ones the float32.
 
-Which passes a graph serves is measured, not assumed: a build times each graph against the eager pass over the same
-slots at its widths and keeps a graph only up to the widest width where it is not slower (`serving`). Where the CPU
-multiplies bfloat16 natively, oneDNN's eager products over several rows beat inductor's (AMD EPYC with AVX-512 BF16,
-bundled model, bfloat16: 16 tokens 22 ms eager against 55 ms compiled, one token 16.0 against 15.5), so there the
-wide passes stay eager; on AVX2 the graphs win at every width they take.
+How a graph multiplies, and which passes it serves, is measured, not assumed: a build compiles each graph with every
+option set (OPTIONS), times them against each other and the eager pass over the same slots at the graph's widths,
+keeps the fastest (`fastest`), and has it serve up to the widest width where it is not slower than eager
+(`serving`). Where the CPU multiplies bfloat16 natively, inductor's own GEMM kernels lose to oneDNN's (AMD EPYC with
+AVX-512 BF16, bundled model, bfloat16, 16 tokens: 55 ms autotuned against 22 ms eager), oneDNN's packed products win.
 
 What a package holds depends on the CPU it was built on (its vector instructions, the thread count the kernels were
 built for), the torch version, the model's weights and dtype: `key` names all of them, so a package is only ever
@@ -47,10 +47,16 @@ from app.decoding.attention import SMALL_QUERY
 from app.decoding.kv_cache import SlotLayer
 from app.decoding.types import Forward
 
-FORMAT = 3  # what the exported signature, the graphs and info.json are; a change makes every package stale
-# freezing: the weights are constants of the graph, packed at build time. max_autotune with the CPP backend:
-# inductor's own GEMM micro-kernels, each timed against ATEN's product for its shape.
-OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+FORMAT = 4  # what the exported signature, the graphs and info.json are; a change makes every package stale
+# Two ways to compile the products, each graph built both ways and the faster kept (measured at build, per CPU).
+# freezing: the weights are constants of the graph, packed at build time. "packed": oneDNN's products over packed
+# weights, those that share an input (q, k, v; gate, up) concatenated into one (AMD EPYC with AVX-512 BF16, bfloat16
+# one-token pass: 9.8 ms against 13.9 autotuned, 211 products down to 121). "autotuned": inductor's own GEMM
+# micro-kernels, each timed against ATEN's product for its shape (what won on AVX2 before packing was in reach).
+OPTIONS = {
+    "packed": {"freezing": True, "cpp.enable_concat_linear": True},
+    "autotuned": {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"},
+}
 FEW = 4  # bfloat16 without native instructions: the widest pass whose products stay in bfloat16 (module docstring)
 # A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
 EXAMPLE_SLOTS = 257
@@ -106,7 +112,8 @@ def graphs(dtype: torch.dtype) -> dict[str, tuple[int, int]]:
 
 
 def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
-    """Export and compile the graphs of `model` (packed, eval, on the CPU) into `out`; returns what it took."""
+    """Export the graphs of `model` (packed, eval, on the CPU), compile each with every option set (OPTIONS), time
+    them against each other and the eager pass, and keep in `out` the fastest of each; returns what it took."""
     from torch.export import Dim
 
     linear.widen(model, rows=FEW + 1)
@@ -114,7 +121,8 @@ def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str
     seconds = {}
     layers = 2 * model.config.get_text_config(decoder=True).num_hidden_layers
     slots = Dim("slots", min=16, max=1 << 24)
-    for graph, (low, high) in graphs(model.dtype).items():
+    built = graphs(model.dtype)
+    for graph, (low, high) in built.items():
         t = time.perf_counter()
         n = 1 if high == 1 else Dim(f"n_{graph}", min=low, max=high)
         dims = ({1: n}, {1: n}, {2: n, 3: slots}, None, [{2: slots}] * layers) if high > 1 else \
@@ -123,20 +131,26 @@ def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str
         log(f"exporting the graph of {low}..{high}-token passes")
         with torch.no_grad():
             program = torch.export.export(_SlotPass(model), example, dynamic_shapes=dims, strict=False)
-        log(f"compiling the graph of {low}..{high}-token passes (inductor, C++ kernels, autotuning each product)")
-        with torch._inductor.config.patch(OPTIONS):
-            torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}.pt2"))
+            for name, options in OPTIONS.items():
+                log(f"compiling the graph of {low}..{high}-token passes: {name} products (inductor, C++ kernels)")
+                # Under no_grad, or inductor's freezing leaves the products unpacked (plain aten::mm calls).
+                with torch._inductor.config.patch(options):
+                    torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}-{name}.pt2"))
         seconds[graph] = round(time.perf_counter() - t, 1)
-    built = graphs(model.dtype)
-    log("timing each graph against the eager pass at its widths")
+    log("timing each graph's builds against each other and the eager pass at its widths")
     measured = measure(model, out, built, kv_dtype)
-    widths = serving(built, measured)
+    chosen = {graph: fastest(times) for graph, times in measured.items()}
+    for graph, name in chosen.items():
+        (out / f"{graph}-{name}.pt2").rename(out / f"{graph}.pt2")
+        for other in out.glob(f"{graph}-*.pt2"):
+            other.unlink()
+    widths = serving(built, {g: {n: (t[chosen[g]], t["eager"]) for n, t in m.items()} for g, m in measured.items()})
     for graph, (low, high) in built.items():
-        times = ", ".join(f"{n}: {g:.1f} vs {e:.1f} ms" for n, (g, e) in measured[graph].items())
+        times = ", ".join(f"{n}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()) + " ms" for n, t in measured[graph].items())
         serves = f"serves {widths[graph][0]}..{widths[graph][1]}" if graph in widths else "serves none (eager is faster)"
-        log(f"graph {graph} ({low}..{high} tokens), compiled vs eager: {times}; {serves}")
+        log(f"graph {graph} ({low}..{high} tokens): {times}; keeps {chosen[graph]}, {serves}")
     info = {"seconds": round(time.perf_counter() - start, 1), "graphs": seconds, "built": built, "widths": widths,
-            "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
+            "options": chosen, "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
             "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
     (out / "info.json").write_text(json.dumps(info, indent=1))
     return info
@@ -147,41 +161,46 @@ def _widths_to_time(low: int, high: int) -> list[int]:
 
 
 def measure(model: nn.Module, out: Path, built: dict, kv_dtype: torch.dtype, reps: int = 5) -> dict:
-    """Each built graph's pass and the eager pass over the same slots (MEASURED_CONTEXT committed), at the graph's
-    widths: {graph: {n: (compiled ms, eager ms)}}, medians of `reps` alternating calls, so a load that changes
-    meanwhile weighs on both alike."""
+    """Each built graph's packages (`<graph>-<options>.pt2`) and the eager pass over the same slots (MEASURED_CONTEXT
+    committed), at the graph's widths: {graph: {n: {options or "eager": ms}}}, medians of `reps` rounds that call each
+    in turn, so a load that changes meanwhile weighs on all alike."""
     from torch._inductor.package import load_package
 
-    eager = _SlotPass(model)
     result = {}
     for graph, (low, high) in built.items():
-        runner = load_package(str(out / f"{graph}.pt2"), num_runners=1)
+        runs = {name: load_package(str(out / f"{graph}-{name}.pt2"), num_runners=1) for name in OPTIONS}
+        runs["eager"] = _SlotPass(model)
         result[graph] = {}
         for n in _widths_to_time(low, high):
             inputs = _examples(model, n, kv_dtype, slots=MEASURED_CONTEXT + max(n, 16), at=MEASURED_CONTEXT)
-            times = {"compiled": [], "eager": []}
+            times = {name: [] for name in runs}
             with torch.inference_mode():
                 for rep in range(reps + 1):
-                    for name, run in (("compiled", runner), ("eager", eager)):
+                    for name, run in runs.items():
                         t = time.perf_counter()
                         run(*inputs)
                         if rep:  # the first call of each warms up
                             times[name].append(time.perf_counter() - t)
-            result[graph][n] = tuple(round(1e3 * statistics.median(times[k]), 2) for k in ("compiled", "eager"))
+            result[graph][n] = {name: round(1e3 * statistics.median(t), 2) for name, t in times.items()}
     return result
 
 
+def fastest(times: dict) -> str:
+    """The option set whose package took the least time summed over the widths timed ({n: {options: ms}})."""
+    return min(OPTIONS, key=lambda name: sum(t[name] for t in times.values()))
+
+
 def serving(built: dict, measured: dict) -> dict[str, tuple[int, int]]:
-    """The widths each graph serves: from its lowest up to the widest width timed where neither it nor any narrower
-    timed width ran slower than eager (a width between two timed ones goes with the narrower). A graph slower at its
-    lowest width serves none: those passes run eagerly."""
+    """The widths each graph serves ({graph: {n: (compiled ms, eager ms)}}): from its lowest up to the widest width
+    timed where neither it nor any narrower timed width ran slower than eager (a width between two timed ones goes
+    with the narrower). A graph slower at its lowest width serves none: those passes run eagerly."""
     widths = {}
     for graph, (low, high) in built.items():
         served = None
         for n, (fast, eager) in sorted((int(n), t) for n, t in measured[graph].items()):
             if fast > eager:
                 break
-            served = high if n == high else n
+            served = n
         if served is not None:
             widths[graph] = (low, served)
     return widths
