@@ -251,6 +251,11 @@ def test_tau_vs_cost_places_each_mode_between_iso_speedup_rays():
     assert cheap.layout.xaxis.range[0] < 0.77  # a step measured cheaper than autoregressive's stays in view
 
 
+def test_compare_with_every_speedup_withheld_says_so():
+    fig = charts.compare([{"mode": "autoregressive", "speedup": None}, {"mode": "suffix", "speedup": None}])
+    assert not fig.data and "No speedup to show" in fig.layout.annotations[0].text
+
+
 def test_compare_accepts_labels():
     by_key = charts.compare([{"mode": "lookahead", "speedup": 1.2}])
     by_label = charts.compare([{"mode": "Lookahead", "speedup": 1.2}])

@@ -582,6 +582,9 @@ def test_summary_table_marks_identical_and_best():
     assert "step time (× AR)" in dom.find(tag="tr")[0].text()
     with_cost = parse(render.summary_table([{**rows[1], "step_cost": 1.17}]))
     assert "1.17" in with_cost.find(tag="tr")[1].text()
+    # Every mode slower than autoregressive: none is starred as the best.
+    slower = parse(render.summary_table([rows[0], rows[2], {**rows[1], "speedup": 0.9}]))
+    assert not [r for r in slower.find(tag="tr") if "best" in r.classes] and "★" not in slower.text()
 
 
 def _timed(kind, tokens, elapsed, draft=0.0, verify=0.0):

@@ -340,6 +340,8 @@ def compare(rows: list[dict], modes: Modes = MODES) -> go.Figure:
         return _empty(title, "No comparison yet: run one prompt through several modes.")
     keys = [mode_key(str(r.get("mode", "")), modes) for r in rows]
     speedup = [_number(r.get("speedup")) for r in rows]
+    if all(s is None for s in speedup):
+        return _empty(title, "No speedup to show: the table says why for each mode (e.g. the machine's load changed).")
     # Bars along x, names down the side: eleven modes' names fit there whole, where under vertical bars they were cut.
     fig = go.Figure(go.Bar(
         y=[_name(m, modes, m) for m in keys], x=speedup, orientation="h",

@@ -708,7 +708,7 @@ def summary_table(rows: list[dict] | None) -> str:
         rate = r.get("acceptance_rate")
         rate_text = f"{rate * 100:.0f}%" if is_number(rate) else "–"
         speed = r.get("speedup")
-        is_best = best is not None and speed == best and len(rows) > 1
+        is_best = best is not None and speed == best and best > 1 and len(rows) > 1  # no star for the least slow
         best_attr = ' class="best"' if is_best else ""
         doubt = r.get("doubt")
         speed_cell = (f'<span class="doubt" title="{esc(doubt)}">load changed</span>' if isinstance(doubt, str) and speed is None
