@@ -129,6 +129,22 @@ def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_
     assert not page.locator("#presenter-row").is_visible()
 
 
+def test_browser_presenting_scales_an_eagle_tree_to_the_space(page, app_url):
+    """At 1280x720 a replayed EAGLE run's draft tree takes the width the hidden controls leave, within the screen's
+    height; not presenting, it keeps its own size."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(f"{app_url}/?present=1&replay=eagle-roleplay-bfloat16")
+    wait_status(page, "Replayed a recording", timeout=300_000)
+    page.wait_for_selector("#step-detail .sd-tree-svg")
+    size = "e => [e.width.baseVal.value, e.getBoundingClientRect().width, e.getBoundingClientRect().height]"
+    natural, shown, tall = page.eval_on_selector("#step-detail .sd-tree-svg", size)
+    room = page.eval_on_selector("#step-detail .sd-tree", "e => e.clientWidth")
+    assert shown >= 0.95 * room and shown > natural and tall <= 0.7 * 720 + 1, (natural, shown, tall, room)
+    page.uncheck("#present input")
+    page.wait_for_function("!document.body.classList.contains('sd-presenting')")
+    assert page.eval_on_selector("#step-detail .sd-tree-svg", size)[1] == natural
+
+
 def test_browser_first_run_on_a_fresh_page_shows_speculation_earning(page):
     """The page's defaults as they are: Run, and the status line shows prompt lookup's τ and its speedup in the
     race against the autoregressive run (one run, side by side). The counter-example is one click away."""

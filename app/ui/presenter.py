@@ -3,8 +3,9 @@
 The page's own script and style, given once at launch (Gradio's `head` and `css`). The class `sd-presenting` on
 <body> turns it on (the Run tab's "Presenter mode" box, or a link's `present=1`); then the controls column hides
 with the token view's legend (C or the "controls" button shows both), → and ← move the "Inspect step" slider,
-whose change draws the step's detail and narration as a click would, and space plays the run step by step at the chosen pace, or pauses it. The inspected
-step is outlined in the token view, presenting or not.
+whose change draws the step's detail and narration as a click would, and space plays the run step by step at the
+chosen pace, or pauses it. The inspected step is outlined in the token view, presenting or not; an EAGLE or Medusa
+step's draft tree takes the width the hidden controls leave (up to 70 % of the screen's height).
 """
 
 HEAD = r"""<script>
@@ -76,6 +77,8 @@ body.sd-presenting #step-detail .sd-narration { font-size: 1.6rem; font-weight: 
   padding: .3rem .8rem; margin: .4rem 0 .8rem; }
 body.sd-presenting .specdec .tok-accepted { outline: 2px solid currentColor; }
 body.sd-presenting .specdec .tok-rejected { text-decoration-thickness: 3px; }
+body.sd-presenting .specdec .sd-tree { max-height: none; }
+body.sd-presenting .specdec .sd-tree-svg { width: 100%; height: auto; max-height: 70vh; }
 """
 
 TOGGLE_JS = "(on) => { document.body.classList.toggle('sd-presenting', !!on); }"
