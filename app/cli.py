@@ -256,7 +256,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if baseline is not None:
-        parts = traces.speedup_parts(run.events, baseline.events)
+        parts = traces.speedup_parts(run.events, baseline.events, (run.pass_note, baseline.pass_note))
         if parts and parts["doubt"]:
             print(f"[vs autoregressive] no speedup: {parts['doubt']}", file=sys.stderr)
         elif parts:

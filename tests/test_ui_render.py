@@ -656,6 +656,26 @@ def test_a_baseline_timed_under_other_load_gives_no_ratio_only_the_reason():
     assert "1.60×" in render.speedup_line(run, quiet)
 
 
+def test_a_baseline_on_the_eager_pass_and_a_run_on_the_fast_pass_give_no_ratio():
+    """The fast pass builds in the background and takes over when ready: a race whose baseline ran eagerly and whose
+    run ran on it compares two passes, not two decodings. It says so (status, Compare, CLI) instead of a ratio."""
+    base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)
+    run = _run(0.5, [(2, 0.125, 0.02, 0.1)] * 4)
+    switched = ("compiled pass, built in 240 s and loaded in 0.8 s", "eager pass while the fast pass builds (once per machine, minutes)")
+    assert traces.speedup_parts(run, base)["doubt"] is None
+    parts = traces.speedup_parts(run, base, switched)
+    assert "the baseline ran on the eager pass and this run on the compiled pass" in parts["doubt"]
+    line = render.speedup_line(run, base, switched)
+    assert line.startswith("⚠ No speedup shown") and "1.60×" not in line and "run again to race both on it" in line
+    assert traces.speedup_parts(run, base, (switched[0], switched[0]))["doubt"] is None  # one pass: a result
+    assert traces.speedup_parts(run, base, ("eager pass (--eager)", None))["doubt"] is None  # a pass unknown: as before
+    recorded = {name: Recording(name) for name in ("prompt_lookup", "autoregressive")}
+    recorded["prompt_lookup"].events, recorded["autoregressive"].events = run, base
+    recorded["prompt_lookup"].pass_note, recorded["autoregressive"].pass_note = switched
+    row = compare_tab.summary_row("prompt_lookup", recorded["prompt_lookup"], recorded["autoregressive"], REGISTRY)
+    assert row["speedup"] is None and "became ready in between" in row["doubt"]
+
+
 def test_the_interval_comes_from_the_spread_of_step_times():
     base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)
     steady = traces.speedup_parts(_run(0.5, [(2, 0.125, 0.02, 0.1)] * 4), base)

@@ -196,12 +196,19 @@ def spread(run: list[tuple[int, float]], base: list[tuple[int, float]]) -> tuple
     return ratio * math.exp(-width), ratio * math.exp(width)
 
 
-def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dict | None:
+def pass_kind(note: str | None) -> str | None:
+    """"compiled" or "eager" from the transformers backend's pass note (Recording.pass_note), else None."""
+    return next((kind for kind in ("compiled", "eager") if (note or "").startswith(f"{kind} pass")), None)
+
+
+def speedup_parts(events: list[dict] | None, baseline: list[dict] | None,
+                  passes: tuple[str | None, str | None] = (None, None)) -> dict | None:
     """Why a run is as fast as it is against the autoregressive run it raced: its decoding speedup is τ
     (tokens per target pass) divided by what a step of it cost in autoregressive steps, and that cost
     splits into the verify pass, the drafting and the loop's own work. Prefill excluded: both runs pay
     it alike (the race and `overall` include it). `interval`: the decoding speedup's 95 % interval from the
-    step times' spread; `doubt`: why the ratio is not a result (a step cheaper than the pass it contains), else None;
+    step times' spread; `doubt`: why the ratio is not a result (the two ran on different passes, `passes` being the
+    run's and the baseline's pass notes; or a step cheaper than the pass it contains), else None;
     `load`: the CPU shares of the run and its baseline when they differ by more than LOAD_CHANGED, else None."""
     run, base = decoding(events), decoding(baseline)
     if not run or not base or not base["tokens"]:
@@ -219,6 +226,10 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None) -> dic
     parts["doubt"] = (f"a step took {cheapest:.2f} of an autoregressive step, less than the one-token target pass it "
                       "contains: the machine's load changed between this run and its baseline"
                       if cheapest < IMPOSSIBLE_BELOW else None)
+    kinds = [pass_kind(p) for p in passes]
+    if None not in kinds and kinds[0] != kinds[1]:  # the fast pass, built in the background, became ready in between
+        parts["doubt"] = (f"the baseline ran on the {kinds[1]} pass and this run on the {kinds[0]} pass (the fast pass "
+                          "became ready in between): run again to race both on it")
     totals = [(steps(e)[-1].get("totals") or {}) for e in (events, baseline)]
     shares = [t.get("cpu_share") for t in totals]
     parts["load"] = None

@@ -32,7 +32,8 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Mo
     tps = t.get("new_tokens", 0) / t["elapsed_s"] if t.get("elapsed_s") else 0.0
     base = baseline.events[-1]["totals"] if baseline is not None and baseline.events else None
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
-    parts = traces.speedup_parts(run.events, baseline.events) if baseline is not None else None
+    parts = traces.speedup_parts(run.events, baseline.events, (run.pass_note, baseline.pass_note)) \
+        if baseline is not None else None
     # A ratio measured under other load than its baseline's is left out, and says why.
     doubt = parts["doubt"] if parts else None
     return {"mode": lessons.label(mode, modes), "tokens_per_s": tps,

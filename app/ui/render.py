@@ -726,15 +726,17 @@ def summary_table(rows: list[dict] | None) -> str:
     return _wrap(f'<table class="sd-table">{head}{"".join(body)}</table>', "sd-compare")
 
 
-def speedup_line(events: list[dict] | None, baseline: list[dict] | None) -> str:
+def speedup_line(events: list[dict] | None, baseline: list[dict] | None,
+                 passes: tuple[str | None, str | None] = (None, None)) -> str:
     """traces.speedup_parts in one line of Markdown for the Run tab's status ("" when there is nothing to compare); a
-    ratio measured under changing load is said to be one, not printed as a result."""
-    parts = traces.speedup_parts(events, baseline)
+    ratio measured under changing load, or against a baseline on another pass, is said to be one, not printed."""
+    parts = traces.speedup_parts(events, baseline, passes)
     if not parts:
         return ""
     if parts["doubt"]:
-        return (f"⚠ No speedup shown: {parts['doubt']}. τ {parts['tau']:.2f} tokens/pass does not depend on the clock; "
-                "run both again on a quiet machine for the ratio.")
+        again = ("" if "pass (the fast pass" in parts["doubt"]
+                 else "; run both again on a quiet machine for the ratio")
+        return f"⚠ No speedup shown: {parts['doubt']}. τ {parts['tau']:.2f} tokens/pass does not depend on the clock{again}."
     overall = f"**{parts['overall']:.2f}×** the autoregressive run's tokens/s · " if "overall" in parts else ""
     interval = f" (95 % of the step times' spread: {parts['interval'][0]:.2f}–{parts['interval'][1]:.2f}×)" if parts["interval"] else ""
     split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"

@@ -489,7 +489,7 @@ class RunTab:
         last = len(events) - 1
         history = [t for e in events[:-1] for t in e["tokens"]]
         if final and baseline is not None and run.mode != "autoregressive":
-            versus = render.speedup_line(events, baseline.events)
+            versus = render.speedup_line(events, baseline.events, (run.pass_note, baseline.pass_note))
             status = f"{status}\n\n{versus}" if versus else status
         detail = render.step_detail(events[-1], run.texts, run.prompt_ids, history, run.mode, self.modes) if events else ""
         out = {
