@@ -187,14 +187,19 @@ def test_browser_a_speedup_measured_under_load_holds_when_repeated_quietly(page)
     the same race repeated without them (or the status declines to print one, saying the load changed)."""
     page.click("text=Sampling and length")  # the page's prompt (it copies a paragraph), a shorter answer
     set_number(page, "max_new_tokens", 64)
-    busy = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 240\nwhile time.time() < end: pass"])
-            for _ in range(2)]  # bounded: they end on their own even if the test dies
-    try:
-        loaded = race(page)
-    finally:
-        for p in busy:
-            p.kill()
-    quiet = race(page)
+    for attempt in range(2):
+        busy = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 240\nwhile time.time() < end: pass"])
+                for _ in range(2)]  # bounded: they end on their own even if the test dies
+        try:
+            loaded = race(page)
+        finally:
+            for p in busy:
+                p.kill()
+        quiet = race(page)
+        # The app's fast pass builds in the background: races on two passes are not one race repeated.
+        passes = [re.search(r"(compiled|eager) pass", status).group(1) for status in (loaded, quiet)]
+        if passes[0] == passes[1]:
+            break
     if "No speedup shown" in loaded:
         assert "load changed" in loaded, loaded
         return
