@@ -224,8 +224,8 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None,
     parts["interval"] = spread(step_times(events), step_times(baseline))
     cheapest = min(cost, parts["verify"] if parts["verify"] is not None else cost)
     parts["doubt"] = (f"a step took {cheapest:.2f} of an autoregressive step, less than the one-token target pass it "
-                      "contains: the machine's load changed between this run and its baseline"
-                      if cheapest < IMPOSSIBLE_BELOW else None)
+                      "contains: the machine's load changed between this run and its baseline; run both again on a "
+                      "quiet machine for the ratio" if cheapest < IMPOSSIBLE_BELOW else None)
     kinds = [pass_kind(p) for p in passes]
     if None not in kinds and kinds[0] != kinds[1]:  # the fast pass, built in the background, became ready in between
         parts["doubt"] = (f"the baseline ran on the {kinds[1]} pass and this run on the {kinds[0]} pass (the fast pass "

@@ -734,9 +734,7 @@ def speedup_line(events: list[dict] | None, baseline: list[dict] | None,
     if not parts:
         return ""
     if parts["doubt"]:
-        again = ("" if "pass (the fast pass" in parts["doubt"]
-                 else "; run both again on a quiet machine for the ratio")
-        return f"⚠ No speedup shown: {parts['doubt']}. τ {parts['tau']:.2f} tokens/pass does not depend on the clock{again}."
+        return f"⚠ No speedup shown: {parts['doubt']}. τ {parts['tau']:.2f} tokens/pass does not depend on the clock."
     overall = f"**{parts['overall']:.2f}×** the autoregressive run's tokens/s · " if "overall" in parts else ""
     interval = f" (95 % of the step times' spread: {parts['interval'][0]:.2f}–{parts['interval'][1]:.2f}×)" if parts["interval"] else ""
     split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
