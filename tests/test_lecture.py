@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from test_web import (PROMPT, RECORDINGS, app_url, browser, page, screenshot, set_number,  # noqa: F401  (fixtures)
+from test_web import (PROMPT, RECORDINGS, app_url, browser, inspect_step, page, screenshot, set_number,  # noqa: F401  (fixtures)
                       wait_status)
 
 
@@ -115,8 +115,7 @@ def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_
     page.wait_for_function(heading, arg=settled, timeout=60_000)
     page.wait_for_timeout(1500)  # no older answer lands after it
     assert page.inner_text("#step-detail h4").startswith(f"Step {settled} ")
-    set_number(page, "Inspect step", 1)
-    page.wait_for_function(heading, arg=1)
+    inspect_step(page, 1)
     page.fill("#pace input", "0.3")  # the script reads the box as it plays
     page.click("#status")
     page.keyboard.press(" ")  # play: the steps advance on their own

@@ -31,7 +31,7 @@ from app.service.backends.base import Prompt
 from app.service.jobs import Limits
 from app.service.traces import Recording
 from helpers import free_port, running_server, eager
-from test_web import ARTIFACTS, browser, set_number, wait_status  # noqa: F401  (browser is a fixture)
+from test_web import ARTIFACTS, browser, inspect_step, set_number, wait_status  # noqa: F401  (browser is a fixture)
 
 pytestmark = [pytest.mark.bundled, pytest.mark.vllm]
 
@@ -397,8 +397,7 @@ def test_browser_runs_prompt_lookup_on_vllm_racing_vllm_autoregressive(service, 
         assert sorted(page.locator("#race .legendtext").all_text_contents()) == ["Autoregressive", "Prompt lookup"]
         page.wait_for_function("document.querySelectorAll('#acceptance-depth .bars .point').length >= 1")
         assert "engine's counters" in page.locator("#acceptance-depth .gtitle").text_content()
-        set_number(page, "Inspect step", 2)
-        page.wait_for_function("document.querySelector('#step-detail h4')?.innerText.startsWith('Step 2 ')")
+        inspect_step(page, 2)
         assert "does not expose" in page.inner_text("#step-detail")
         shots = ARTIFACTS / "screenshots"
         shots.mkdir(parents=True, exist_ok=True)

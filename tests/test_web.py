@@ -414,6 +414,26 @@ def set_number(page, label, value):
     box.press("Enter")
 
 
+def inspect_step(page, n):
+    """Type step `n` into the Inspect step box, as a user would, and wait for its detail.
+    The box is enabled by the run's final update; Gradio applies that update's props (enabled, then the value of the
+    last step) in separate ticks, so a number typed in between can be overwritten by the last step before it is sent:
+    like a user who sees that, type it again (once)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    box = page.get_by_label("number input for Inspect step", exact=True)
+    shown = "n => document.querySelector('#step-detail h4')?.innerText.startsWith(`Step ${n} `)"
+    for attempt in range(2):
+        box.fill(str(n))
+        box.press("Enter")
+        try:
+            page.wait_for_function(shown, arg=n, timeout=15_000)
+            return
+        except PlaywrightTimeout:
+            if attempt:
+                raise
+
+
 def wait_status(page, pattern, timeout=180_000):
     page.wait_for_function(
         "p => { const s = document.querySelector('#status'); return s && new RegExp(p).test(s.innerText); }",
@@ -492,8 +512,7 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
             + (+(s.querySelector('.more-rejected')?.textContent || '0').replace('✗', ''))])""")
         step, most = max(drafted, key=lambda d: d[1])
         assert most >= 2, drafted
-        set_number(page, "Inspect step", step)
-        page.wait_for_function("n => document.querySelector('#step-detail h4')?.innerText.startsWith(`Step ${n} `)", arg=step)
+        inspect_step(page, step)
         assert page.locator("#step-detail .sd-tree svg").count() == 1
         assert page.locator("#step-detail .sd-tree svg g.node").count() == most
         target = page.locator("#step-detail .sd-target-table")
@@ -505,7 +524,7 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
     if mode == "suffix":  # a step that drafted: the recurring suffix, where it occurred and what followed it
         drafted = page.eval_on_selector_all("#step-view .step", "steps => steps.filter(s => s.querySelector("
                                             "'.tok-accepted, .tok-rejected')).map(s => +s.dataset.step)")
-        set_number(page, "Inspect step", drafted[0])
+        inspect_step(page, drafted[0])
         page.wait_for_function("/Suffix decoding: the last/.test(document.querySelector('#step-detail').innerText)")
         assert "what followed it" in page.inner_text("#step-detail")
 
@@ -521,8 +540,7 @@ def test_browser_merge_box_shows_the_prompt_lookup_settings_and_runs(page):
     page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(False)
     page.click("#run")
     wait_status(page, "finished")
-    set_number(page, "Inspect step", 1)
-    page.wait_for_function("document.querySelector('#step-detail h4')?.innerText.startsWith('Step 1 ')")
+    inspect_step(page, 1)
     assert "Merged with prompt lookup" in page.inner_text("#step-detail")
     page.get_by_label("Medusa", exact=True).check()  # the EAGLE box does not apply to Medusa
     page.wait_for_function("!/more from prompt lookup/.test(document.querySelector('#check').innerText)")
@@ -787,8 +805,7 @@ def test_browser_run_updates_do_not_call_inspect(page):
     calls = lambda: sum(f'"fn_index":{fn}' in p.replace(" ", "") for p in posts)
     assert calls() == 0
     assert page.locator("#step-detail").inner_text().strip() != ""
-    set_number(page, "Inspect step", 1)
-    page.wait_for_function("() => document.querySelector('#step-detail h4')?.innerText.startsWith('Step 1 ')")
+    inspect_step(page, 1)
     assert calls() >= 1
 
 
