@@ -37,7 +37,7 @@ def _flag_kwargs(mode: Mode, flag: Flag) -> dict[str, Any]:
     else:
         info = mode.config.model_fields[flag.field]
         kind, default = _scalar(info.annotation), info.default
-    help = flag.help or (mode.config.model_fields[flag.field].description if flag.field else None) or f"{mode.name}: {flag.field}"
+    help = flag.help or (configs.help_of(mode.config, flag.field) if flag.field else "")
     if kind is bool:  # a switch: --x turns a default off on; a default on gets --no-x too
         return {"action": argparse.BooleanOptionalAction if default is True else "store_true", "help": help}
     return {"type": kind, "default": default, "help": help}

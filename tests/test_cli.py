@@ -120,7 +120,7 @@ def test_generate_race_says_why_and_carries_the_baseline(bundled):
 
 INVALID = {
     "lookahead_ngram_1_with_window": (["--mode", "lookahead", "--lookahead-config", "1,1,4"], "n-gram size of 1"),
-    "lookahead_window_0": (["--mode", "lookahead", "--lookahead-config", "0,3,4"], "W >= 1"),
+    "lookahead_window_0": (["--mode", "lookahead", "--lookahead-config", "0,3,4"], "max_window_size (W) must be in [1, 256]"),
     "lookahead_request_too_big": (
         ["--mode", "lookahead", "--lookahead-config", "4,3,4", "--lookahead-request", "5,3,4"],
         "exceeds",

@@ -112,3 +112,12 @@ def test_the_reference_check_can_fail():
     assert broken(text, DOCS) == ["../../outside.md", "app/nope.py", "engines/nope/"]
     assert broken("# see app/plain.py and `app/cli.py`", ROOT / "app", python=True) == ["app/plain.py"]
     assert [bad for bad in FORBIDDEN if bad in "see /work/main/TRTLLM.md"] == ["TRTLLM.md", "/work/"]
+
+
+def test_the_settings_reference_is_what_the_configs_say():
+    """docs/settings.md is written from the configs' field metadata; a field, bound or help changed without it fails."""
+    from app.modes import MODES
+    from app.modes.reference import markdown
+
+    assert (DOCS / "settings.md").read_text() == markdown(MODES), \
+        "docs/settings.md is stale: python -m app.modes.reference > docs/settings.md"

@@ -4,9 +4,10 @@ links, replays (its provenance kept), charts and Learn."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import pytest
+from pydantic import Field
 
 from app import cli
 from app.modes import ConfigError
@@ -15,7 +16,8 @@ from app.decoding.target import TransformersTarget
 from app.decoding.types import Proposal
 from app.modes import MODES, Mode
 from app.modes import configs
-from app.modes.configs import _Config
+from app.modes.configs import Bound, _Config
+from app.modes.reference import markdown
 from app.ui import charts, lessons, render
 from helpers import checked
 from app import runner
@@ -47,15 +49,12 @@ class RepeatLast:
 
 
 class RepeatDecodingConfig(_Config):
-    """Repeat: drafts the last token again."""
+    """Repeat: drafts the last token again. Its field's range and help are its metadata: the check, the flag's help,
+    the Run tab's slider and the settings reference read them from there."""
 
     decoding_type: Literal["Repeat"] = "Repeat"
-    max_draft_len: int = 3
+    max_draft_len: Annotated[int, Bound(1, 8)] = Field(3, description="repeat: times the last token is drafted again")
     mode: ClassVar[str] = "repeat"
-
-    def check(self) -> None:
-        if not 1 <= self.max_draft_len <= 8:
-            raise ConfigError(f"repeat's max_draft_len must be in [1, 8], got {self.max_draft_len}")
 
 
 class RepeatExplainer:
@@ -102,6 +101,7 @@ def test_the_command_line_offers_the_toy_mode_and_its_field():
     parser = cli.build_parser(TOY)
     text = parser._subparsers._group_actions[0].choices["generate"].format_help()
     assert "repeat" in text and "--repeat-max-draft-len" in text
+    assert "repeat: times the last token is drafted again (in [1, 8])" in " ".join(text.split())
     args = parser.parse_args(["generate", "--prompt", "x", "--mode", "repeat", "--repeat-max-draft-len", "5"])
     data = cli.request_data(args, "repeat", TOY)
     assert data["speculative_config"] == {"decoding_type": "Repeat", "max_draft_len": 5}
@@ -147,10 +147,31 @@ def test_the_run_tab_offers_it(tmp_path):
     # Its config's field is a control of its own group (settings generated from the registry, no web.py edit).
     control = studio.run.controls["repeat_max_draft_len"]
     assert control.label == "max_draft_len" and control.value == 3
+    assert (control.minimum, control.maximum, control.step) == (1, 8, 1)  # a slider over its field's Bound
     parents, block = [], control
     while block is not None:
         parents.append(block := block.parent)
     assert studio.run.groups["repeat"] in parents
+
+
+def test_the_settings_reference_lists_it_from_its_fields_metadata():
+    table = markdown(TOY).split("## Repeat (`Repeat`)")[1]
+    assert "| `max_draft_len` | `3` | [1, 8] | `--repeat-max-draft-len` | `repeat_max_draft_len` | repeat: times the last " \
+           "token is drafted again |" in table
+    assert "## Repeat" not in markdown(MODES)
+
+
+def test_every_number_a_shipped_mode_takes_has_its_range_in_its_fields_metadata():
+    """One place for a bound: a numeric field without one would be checked nowhere or somewhere else."""
+    for m in MODES:
+        for name, info in m.config.model_fields.items():
+            kinds = set(getattr(info.annotation, "__args__", None) or (info.annotation,)) - {type(None)}
+            if kinds <= {int, float} and kinds:
+                assert configs.bound(m.config, name) is not None, (m.name, name)
+        for c in m.run_controls():  # and a slider never offers what its field refuses
+            b = configs.bound(m.config, c.field) if c.field and c.kind == "slider" and c.to_field is None else None
+            if b is not None:
+                assert b.holds(c.minimum) and b.holds(c.maximum), (m.name, c.key)
 
 
 def test_its_field_round_trips_through_the_run_tabs_settings():

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -45,38 +46,94 @@ MAX_CACHED_REQUESTS = 100_000
 # bfloat16, side by side: 1.01x autoregressive unpruned, 1.45x pruned at 0.05; see docs/algorithms.md). Pruning keeps every mode
 # lossless: the tree stays a deterministic function of the context. TensorRT-LLM has no such setting (unset: none).
 MIN_PATH_PROB = 0.05
+PRUNE_HELP = ("Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower "
+              f"(0 = keep all; default {MIN_PATH_PROB} on the transformers backend, none on TensorRT-LLM)")
 BACKENDS = ("transformers", "tensorrt_llm", "remote", "vllm")
 
 
+@dataclass(frozen=True)
+class Bound:
+    """A numeric setting's legal range, in its field's metadata (`Annotated[int, Bound(1, 256)]`): the one place it is
+    written. `_Config.check` refuses a value outside it in one sentence; the command line's help, the Run tab's
+    sliders and docs/settings.md read it from there (`bound`)."""
+
+    low: float
+    high: float
+    low_open: bool = False  # (low, …: low itself is refused
+    high_open: bool = False
+    aka: str = ""  # its other name, said beside it: "prompt_lookup_num_tokens"
+    note: str = ""  # after the range: "(0 = off)"
+    slider: tuple[float, float] | None = None  # the Run tab's range where narrower than the legal one
+    high_text: str = ""  # the top as the sentence writes it ("2^63 - 1")
+    what: str = ""  # "a whole number": what the sentence says it must be
+
+    def holds(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def range(self) -> str:
+        def number(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+        return (f"{'(' if self.low_open else '['}{number(self.low)}, {self.high_text or number(self.high)}"
+                f"{')' if self.high_open else ']'}")
+
+    def refusal(self, name: str, value: Any) -> str:
+        what = self.what
+        named = f"{name} ({self.aka})" if self.aka else name
+        return f"{named} must be {what + ' ' if what else ''}in {self.range()}{' ' + self.note if self.note else ''}, got {_short(value)}"
+
+
+def bound(config: type[BaseModel], name: str) -> Bound | None:
+    """Field `name`'s Bound, if it has one."""
+    return next((m for m in config.model_fields[name].metadata if isinstance(m, Bound)), None)
+
+
+def help_of(config: type[BaseModel], name: str) -> str:
+    """Field `name`'s help (its description), with its range where it has one."""
+    text, b = config.model_fields[name].description or "", bound(config, name)
+    if b is None:
+        return text
+    said = "; ".join(x for x in (b.aka if b.aka and b.aka not in text else "", f"in {b.range()}") if x)
+    return f"{text} ({said})".strip()
+
+
 class _Config(BaseModel):
-    """A mode's config (its entry in app/modes/shipped.py names it); its drafter builds from a checked one (`from_config`)."""
+    """A mode's config (its entry in app/modes/shipped.py names it); its drafter builds from a checked one (`from_config`).
+    `check` refuses a field outside its Bound, then runs the config's own rules (`rules`: what binds fields together)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def check(self) -> None:
+        for name in type(self).model_fields:
+            b, value = bound(type(self), name), getattr(self, name)
+            if b is not None and value is not None and not b.holds(value):
+                raise ConfigError(b.refusal(name, value))
+        self.rules()
+
+    def rules(self) -> None:
+        pass
+
 
 class SamplingConfig(_Config):
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    beam_width: int = 1
+    temperature: Annotated[float, Bound(0, MAX_TEMPERATURE, note="(0 = greedy)", what="a number")] = Field(
+        0.0, description="0: greedy; else sample from softmax(logits / temperature)")
+    top_p: Annotated[float, Bound(0, 1, low_open=True)] = Field(1.0, description="sample from the smallest set of tokens this likely")
+    top_k: Annotated[int, Bound(0, MAX_TOP_K, note="(0 = off)")] = Field(0, description="sample from the k likeliest tokens (0: all)")
+    seed: Annotated[int | None, Bound(0, MAX_SEED, high_text="2^63 - 1", what="a whole number",
+                                      note="(or unset for a random one)")] = Field(None, description="the sampler's seed (unset: a random one)")
+    beam_width: int = Field(1, description="1 only: speculative decoding has no beam search here")
 
     @field_validator("seed", "top_k", mode="before")
     @classmethod
     def _whole(cls, v: Any) -> Any:
         return _whole(v)
 
-    def check(self) -> None:
-        if not math.isfinite(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ConfigError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {self.temperature}")
+    def rules(self) -> None:
         if 0 < self.temperature < MIN_TEMPERATURE:  # logits / 1e-308 overflow to inf, and sampling them fails
             raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature:g}")
-        if not (0 < self.top_p <= 1):
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.top_k <= MAX_TOP_K:
-            raise ConfigError(f"top_k must be in [0, {MAX_TOP_K}] (0 = off), got {_short(self.top_k)}")
-        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            raise ConfigError(f"seed must be a whole number in [0, 2^63 - 1] (or unset for a random one), got {_short(self.seed)}")
         if self.beam_width != 1:
             raise ConfigError(f"speculative decoding needs beam width 1 (TensorRT-LLM has no beam search here), got {self.beam_width}")
 
@@ -89,20 +146,19 @@ class AutoregressiveConfig(_Config):
     def max_draft_len(self) -> int:
         return 0
 
-    def check(self) -> None:
-        pass
-
-
 
 class LookaheadDecodingConfig(_Config):
     """(W, N, G): window, n-gram size, verification set; per request (w, n, g) <= (W, N, G)."""
 
     decoding_type: Literal["Lookahead"] = "Lookahead"
-    max_window_size: int = 4
-    max_ngram_size: int = 3
-    max_verification_set_size: int = 4
-    request: tuple[int, int, int] | None = None  # per-request (w, n, g); None = (W, N, G)
-    pool_from_prompt: bool = True
+    max_window_size: Annotated[int, Bound(1, MAX_LOOKAHEAD, aka="W", slider=(1, 8))] = Field(
+        4, description="the engine's window size W: Jacobi iterations decoded in parallel")
+    max_ngram_size: Annotated[int, Bound(1, MAX_LOOKAHEAD, aka="N", slider=(1, 6))] = Field(
+        3, description="the engine's n-gram size N: how far back the window reaches")
+    max_verification_set_size: Annotated[int, Bound(0, MAX_LOOKAHEAD, aka="G", slider=(0, 8))] = Field(
+        4, description="the engine's verification set size G: n-grams verified per step")
+    request: tuple[int, int, int] | None = Field(None, description="this request's (w, n, g) <= (W, N, G); unset = (W, N, G)")
+    pool_from_prompt: bool = Field(True, description="seed the n-gram pool from the context (the prompt too)")
     mode: ClassVar[str] = "lookahead"
 
     @staticmethod
@@ -130,7 +186,7 @@ class LookaheadDecodingConfig(_Config):
         if n == 1 and g != 0:
             raise ConfigError(f"{what}: an n-gram size of 1 requires a verification set size of 0 (got G={g})")
 
-    def check(self) -> None:
+    def rules(self) -> None:
         W, N, G = self.max_window_size, self.max_ngram_size, self.max_verification_set_size
         self._legal(W, N, G, "lookahead (W, N, G)")
         if self.max_draft_len > MAX_DRAFT_LEN:
@@ -150,23 +206,22 @@ class NGramDecodingConfig(_Config):
     """Prompt lookup. `max_draft_len` is the draft length (prompt_lookup_num_tokens in the engine flow)."""
 
     decoding_type: Literal["NGram"] = "NGram"
-    max_draft_len: int = 10
-    max_matching_ngram_size: int = 2
-    is_keep_all: bool = True
-    is_use_oldest: bool = True
-    is_public_pool: bool = True
+    max_draft_len: Annotated[int, Bound(1, MAX_DRAFT_LEN, aka="prompt_lookup_num_tokens", slider=(1, 32))] = Field(
+        10, description="prompt lookup: tokens copied after a match")
+    max_matching_ngram_size: Annotated[int, Bound(1, MAX_NGRAM_SIZE, slider=(1, 6))] = Field(
+        2, description="prompt lookup: the longest n-gram matched (it tries this size first, then shorter)")
+    is_keep_all: bool = Field(True, description="TensorRT-LLM's: keep every match in its pool (this app keeps all)")
+    is_use_oldest: bool = Field(True, description="copy after the earliest match (off: the latest)")
+    is_public_pool: bool = Field(True, description="TensorRT-LLM's: one pool shared by the requests of an engine")
     # Our extensions (not TensorRT-LLM's): several matches as one tree; drafts capped by match length.
-    max_candidates: int = 1
-    ngram_draft_lens: tuple[int, ...] = (2, 5)
+    max_candidates: Annotated[int, Bound(1, MAX_CANDIDATES, slider=(1, 4))] = Field(
+        1, description="prompt lookup: verify this many matches' continuations as one tree")
+    ngram_draft_lens: tuple[int, ...] = Field(
+        (2, 5), description="prompt lookup: draft at most this many tokens after a 1-gram, 2-gram, … match (empty: always "
+                            "max_draft_len)")
     mode: ClassVar[str] = "prompt_lookup"
 
-    def check(self) -> None:
-        if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
-            raise ConfigError(f"prompt lookup needs 0 < max_draft_len (prompt_lookup_num_tokens) <= {MAX_DRAFT_LEN}, got {self.max_draft_len}")
-        if not 1 <= self.max_matching_ngram_size <= MAX_NGRAM_SIZE:
-            raise ConfigError(f"max_matching_ngram_size must be in [1, {MAX_NGRAM_SIZE}], got {_short(self.max_matching_ngram_size)}")
-        if not 1 <= self.max_candidates <= MAX_CANDIDATES:
-            raise ConfigError(f"max_candidates must be in [1, {MAX_CANDIDATES}], got {_short(self.max_candidates)}")
+    def rules(self) -> None:
         if len(self.ngram_draft_lens) > MAX_DRAFT_CAPS:
             raise ConfigError(f"ngram_draft_lens has {len(self.ngram_draft_lens)} entries; at most {MAX_DRAFT_CAPS}")
         if any(k < 0 for k in self.ngram_draft_lens):
@@ -182,52 +237,48 @@ class SuffixDecodingConfig(_Config):
     Field names are vLLM's (`suffix_decoding_*`); `max_draft_len` is its num_speculative_tokens."""
 
     decoding_type: Literal["Suffix"] = "Suffix"
-    max_draft_len: int = 24
-    suffix_decoding_max_tree_depth: int = 24
-    suffix_decoding_max_spec_factor: float = 1.0
-    suffix_decoding_min_token_prob: float = 0.1
+    max_draft_len: Annotated[int, Bound(1, MAX_DRAFT_LEN, aka="num_speculative_tokens", slider=(1, 64))] = Field(
+        24, description="suffix: draft at most this many tokens")
+    suffix_decoding_max_tree_depth: Annotated[int, Bound(1, MAX_SUFFIX_DEPTH)] = Field(
+        24, description="suffix: the suffix tree's depth (match + draft)")
+    suffix_decoding_max_spec_factor: Annotated[float, Bound(0, MAX_SPEC_FACTOR, slider=(0, 4))] = Field(
+        1.0, description="suffix: draft at most this times the match length")
+    suffix_decoding_min_token_prob: Annotated[float, Bound(0, 1)] = Field(
+        0.1, description="suffix: stop drafting below this estimated probability")
     # vLLM also counts up to this many earlier requests' responses, shared by every request an engine serves:
     # 0 keeps each request's drafts its own (on a public Space, nobody's drafts come from another visitor's text).
-    suffix_decoding_max_cached_requests: int = 0
+    suffix_decoding_max_cached_requests: Annotated[int, Bound(0, MAX_CACHED_REQUESTS)] = Field(
+        0, description="suffix on vLLM: also count this many earlier requests' responses (shared by all requests; 0 = none)")
     # Ours (the transformers backend): verify the most probable continuations as a tree instead of one chain.
-    use_tree_spec: bool = False
+    use_tree_spec: bool = Field(False, description="suffix: verify the most probable continuations as a tree (transformers backend)")
     mode: ClassVar[str] = "suffix"
-
-    def check(self) -> None:
-        if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
-            raise ConfigError(f"suffix decoding needs 0 < max_draft_len (num_speculative_tokens) <= {MAX_DRAFT_LEN}, got {_short(self.max_draft_len)}")
-        if not 1 <= self.suffix_decoding_max_tree_depth <= MAX_SUFFIX_DEPTH:
-            raise ConfigError(f"suffix_decoding_max_tree_depth must be in [1, {MAX_SUFFIX_DEPTH}], got {_short(self.suffix_decoding_max_tree_depth)}")
-        if not (math.isfinite(self.suffix_decoding_max_spec_factor) and 0 <= self.suffix_decoding_max_spec_factor <= MAX_SPEC_FACTOR):
-            raise ConfigError(f"suffix_decoding_max_spec_factor must be in [0, {MAX_SPEC_FACTOR:g}], got {_short(self.suffix_decoding_max_spec_factor)}")
-        if not 0 <= self.suffix_decoding_min_token_prob <= 1:
-            raise ConfigError(f"suffix_decoding_min_token_prob must be in [0, 1], got {_short(self.suffix_decoding_min_token_prob)}")
-        if not 0 <= self.suffix_decoding_max_cached_requests <= MAX_CACHED_REQUESTS:
-            raise ConfigError(f"suffix_decoding_max_cached_requests must be in [0, {MAX_CACHED_REQUESTS}], got {_short(self.suffix_decoding_max_cached_requests)}")
 
 
 
 class DraftTargetDecodingConfig(_Config):
     decoding_type: Literal["Draft_Target"] = "Draft_Target"
-    max_draft_len: int = 4
-    speculative_model: str | None = None  # None = the target's shipped draft, when there is one
+    max_draft_len: Annotated[int, Bound(1, MAX_DRAFT_LEN, slider=(1, 16))] = Field(
+        4, description="draft-target: tokens the draft model proposes per step")
+    speculative_model: str | None = Field(
+        None, description="the draft model (same tokenizer as the target; unset: the target's shipped draft)")
     mode: ClassVar[str] = "draft_target"
-
-    def check(self) -> None:
-        if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
-            raise ConfigError(f"draft-target needs 0 < max_draft_len <= {MAX_DRAFT_LEN}, got {self.max_draft_len}")
 
 
 
 class MedusaDecodingConfig(_Config):
     decoding_type: Literal["Medusa"] = "Medusa"
-    medusa_choices: str | list[list[int]] = "default"
-    num_medusa_heads: int | None = None  # None = the checkpoint's medusa_num_heads
-    speculative_model: str | None = None  # heads directory; None = the target's shipped heads
-    typical_acceptance: bool = False  # sampling only; NOT lossless
-    posterior_threshold: float = 0.09
-    posterior_alpha: float = 0.3
-    min_path_prob: float | None = None  # ours (transformers backend): prune nodes the heads find unlikely; see MIN_PATH_PROB
+    medusa_choices: str | list[list[int]] = Field(
+        "default", description="the Medusa tree: a name in assets/medusa_choices/ or a JSON list of rank paths")
+    num_medusa_heads: Annotated[int | None, Bound(1, MAX_TREE_DEPTH)] = Field(
+        None, description="heads used (unset: the checkpoint's medusa_num_heads)")
+    speculative_model: str | None = Field(None, description="the Medusa heads directory (unset: the target's shipped heads)")
+    typical_acceptance: bool = Field(False, description="under sampling: typical acceptance (faster, NOT lossless)")
+    posterior_threshold: Annotated[float, Bound(0, 1, low_open=True, slider=(0.01, 1))] = Field(
+        0.09, description="typical acceptance: the probability a draft token always passes at")
+    posterior_alpha: Annotated[float, Bound(0, 1)] = Field(
+        0.3, description="typical acceptance: how the threshold falls with the target's entropy")
+    min_path_prob: Annotated[float | None, Bound(0, 1, high_open=True, note="(0 = no pruning)", slider=(0, 0.5))] = Field(
+        None, description=PRUNE_HELP)  # ours (transformers backend)
     prompt_lookup: NGramDecodingConfig | None = None  # ours (transformers backend): merge its candidates into the tree
     mode: ClassVar[str] = "medusa"
 
@@ -239,17 +290,12 @@ class MedusaDecodingConfig(_Config):
     def max_draft_len(self) -> int:
         return len(self.paths())
 
-    def check(self) -> None:
+    def rules(self) -> None:
         paths = self.paths()
         if self.num_medusa_heads is not None:
-            if not 1 <= self.num_medusa_heads <= MAX_TREE_DEPTH:
-                raise ConfigError(f"num_medusa_heads must be in [1, {MAX_TREE_DEPTH}], got {_short(self.num_medusa_heads)}")
             deepest = max(map(len, paths))
             if deepest > self.num_medusa_heads:
                 raise ConfigError(f"the Medusa tree is {deepest} deep but there are only {self.num_medusa_heads} heads")
-        if not 0 < self.posterior_threshold <= 1 or not 0 <= self.posterior_alpha <= 1:
-            raise ConfigError("posterior_threshold must be in (0, 1] and posterior_alpha in [0, 1]")
-        _check_min_path_prob(self.min_path_prob)
         if self.prompt_lookup is not None:
             self.prompt_lookup.check()
 
@@ -269,13 +315,18 @@ class EagleDecodingConfig(_Config):
     trtllm_speculative_config sends the depth as its max_draft_len."""
 
     decoding_type: Literal["Eagle"] = "Eagle"
-    max_draft_len: int = 23  # tree nodes verified per step (our total_tokens - 1)
-    speculative_model: str | None = None  # module directory; None = the target's shipped module
-    eagle_choices: str | list[list[int]] | None = None
-    use_dynamic_tree: bool = True
-    dynamic_tree_max_topK: int = 4
-    num_eagle_layers: int = 5  # tree depth
-    min_path_prob: float | None = None  # ours (transformers backend): prune dynamic-tree nodes the draft finds unlikely
+    max_draft_len: Annotated[int, Bound(1, MAX_DRAFT_LEN, aka="eagle_total_tokens - 1")] = Field(
+        23, description="EAGLE: tree nodes verified per step")
+    speculative_model: str | None = Field(None, description="the EAGLE module directory (unset: the target's shipped module)")
+    eagle_choices: str | list[list[int]] | None = Field(
+        None, description="a static tree (a name in assets/medusa_choices/ or JSON rank paths) instead of the dynamic one")
+    use_dynamic_tree: bool = Field(True, description="EAGLE-2's dynamic tree (off: eagle_choices)")
+    dynamic_tree_max_topK: Annotated[int, Bound(1, MAX_EAGLE_TOP_K, aka="eagle_top_k", slider=(1, 10))] = Field(
+        4, description="EAGLE dynamic tree: children expanded per node")
+    num_eagle_layers: Annotated[int, Bound(1, MAX_TREE_DEPTH, aka="the tree depth, eagle_depth", slider=(1, 8))] = Field(
+        5, description="EAGLE: drafting steps")
+    min_path_prob: Annotated[float | None, Bound(0, 1, high_open=True, note="(0 = no pruning)", slider=(0, 0.5))] = Field(
+        None, description=PRUNE_HELP)  # ours (transformers backend): the dynamic tree only
     prompt_lookup: NGramDecodingConfig | None = None  # ours (transformers backend): merge its candidates into the tree
     mode: ClassVar[str] = "eagle"
 
@@ -286,16 +337,7 @@ class EagleDecodingConfig(_Config):
         spec = self.eagle_choices
         return medusa_choices(spec if isinstance(spec, str) else _json(spec))
 
-    def check(self) -> None:
-        if not 0 < self.max_draft_len <= MAX_DRAFT_LEN:
-            raise ConfigError(
-                f"max_draft_len must be > 0 for EAGLE (and at most {MAX_DRAFT_LEN}; eagle_total_tokens = max_draft_len + 1), got {self.max_draft_len}"
-            )
-        if not 1 <= self.dynamic_tree_max_topK <= MAX_EAGLE_TOP_K:
-            raise ConfigError(f"dynamic_tree_max_topK (eagle_top_k) must be in [1, {MAX_EAGLE_TOP_K}], got {_short(self.dynamic_tree_max_topK)}")
-        if not 1 <= self.num_eagle_layers <= MAX_TREE_DEPTH:
-            raise ConfigError(f"num_eagle_layers (the tree depth, eagle_depth) must be in [1, {MAX_TREE_DEPTH}], got {_short(self.num_eagle_layers)}")
-        _check_min_path_prob(self.min_path_prob)
+    def rules(self) -> None:
         if self.min_path_prob and not self.use_dynamic_tree:
             raise ConfigError("min_path_prob prunes the dynamic tree; a static tree (eagle_choices) keeps its shape")
         if self.use_dynamic_tree == (self.eagle_choices is not None):
@@ -329,17 +371,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 24 else text[:20] + "…"
 
 
-def _check_min_path_prob(p: float | None) -> None:
-    if p is not None and not 0.0 <= p < 1.0:
-        raise ConfigError(f"min_path_prob must be in [0, 1) (0 = no pruning), got {p}")
-
-
 class DecodeRequest(_Config):
     """One generation: mode config, sampling, budget, backend (TensorRT-LLM backend flavour when it applies)."""
 
     speculative_config: Any = Field(default_factory=AutoregressiveConfig)  # one of `modes`' configs (Modes.request)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    max_new_tokens: int = 128
+    max_new_tokens: Annotated[int, Bound(1, MAX_NEW_TOKENS)] = 128
     backend: str = "transformers"
     trtllm_backend: Literal["pytorch", "tensorrt"] | None = None  # None = the one the mode needs
     # The transformers backend loads the model once per dtype; "auto" = the dtype the server was started with.
@@ -370,8 +407,7 @@ class DecodeRequest(_Config):
     def check(self, max_new_tokens_limit: int | None = None) -> None:
         self.sampling.check()
         self.speculative_config.check()
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ConfigError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {_short(self.max_new_tokens)}")
+        super().check()
         if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
             raise ConfigError(f"max_new_tokens is limited to {max_new_tokens_limit} here, got {self.max_new_tokens}")
         if self.dtype != "auto" and self.backend not in ("transformers", "vllm"):

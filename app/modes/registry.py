@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Union
 
 from pydantic import Field, create_model
@@ -39,14 +39,16 @@ class Flag:
 class Control:
     """A Run-tab control of a mode. Its value is config field `field` (through `to_field` / `from_field` where the
     two differ, e.g. EAGLE's total tokens = max_draft_len + 1); a control without a field is its mode's
-    `to_fields` / `from_fields`' (lookahead's per-request w, n, g), or a merge box."""
+    `to_fields` / `from_fields`' (lookahead's per-request w, n, g), or a merge box. What is left unset of a field's
+    control comes from the field (`Mode.run_controls`): its label is the field's name (and other name), a slider's
+    range the field's Bound (its `slider` range where narrower)."""
 
     key: str  # its name in the Run tab's values and in links: "pl_ngram"
     field: str | None
-    label: str
+    label: str = ""
     kind: str = "slider"  # slider, number, checkbox, text, choice, merge (the box that merges prompt lookup's tree in)
-    minimum: float = 0
-    maximum: float = 1
+    minimum: float | None = None
+    maximum: float | None = None
     step: float = 1  # a whole step: the value is an int
     choices: str = ""  # a choice's menu: "trees", "eagle_trees", "drafts", or an artifact (train --mode's "medusa", "eagle")
     name: str = ""  # what a refusal calls it (default: its label)
@@ -126,6 +128,37 @@ class Mode:
     def vllm_row(self) -> str | None:
         """The bench's row for vLLM doing this mode's job (None: vLLM has no method for it)."""
         return None if self.vllm is None else f"vllm_{self.vllm or 'generate'}"
+
+    def run_controls(self) -> tuple[Control, ...]:
+        """Its Run-tab controls, complete: its entry's, or one per plain config field (a bool, a number, a text), keyed
+        `<mode>_<field>`; a number with a Bound is a slider. Fields of other types get none: a request that sets them
+        is not one the Run tab can show."""
+        if self.controls is not None:
+            return tuple(self._completed(c) for c in self.controls)
+        out = []
+        for name, info in self.config.model_fields.items():
+            kinds = [k for k in (getattr(info.annotation, "__args__", None) or (info.annotation,)) if k is not type(None)]
+            if name in ("decoding_type", "prompt_lookup") or len(kinds) != 1:
+                continue
+            kind, key = kinds[0], f"{self.name}_{name}"
+            if kind is bool:
+                out.append(self._completed(Control(key, name, kind="checkbox")))
+            elif kind in (int, float):
+                step = 1 if kind is int else 0.01
+                b = configs.bound(self.config, name)
+                out.append(self._completed(Control(key, name, kind="slider" if b else "number", step=step)))
+            elif kind is str:
+                out.append(self._completed(Control(key, name, kind="text")))
+        return tuple(out)
+
+    def _completed(self, c: Control) -> Control:
+        if c.field is None:
+            return replace(c, minimum=0 if c.minimum is None else c.minimum, maximum=1 if c.maximum is None else c.maximum)
+        b = configs.bound(self.config, c.field)
+        low, high = (b.slider or (b.low, b.high)) if b else (0, 1)
+        label = c.label or c.field + (f" ({b.aka})" if b and b.aka else "")
+        return replace(c, label=label, minimum=low if c.minimum is None else c.minimum,
+                       maximum=high if c.maximum is None else c.maximum)
 
     def cli_flags(self) -> tuple[Flag, ...]:
         if self.flags is not None:

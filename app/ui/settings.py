@@ -25,27 +25,8 @@ PRESETS = ("defaults", "fastest here")
 
 
 def controls(mode: Mode) -> tuple[Control, ...]:
-    """A mode's Run-tab controls: its entry's, or one per plain config field (a bool, a number, a text), keyed
-    `<mode>_<field>`; a number with pydantic bounds (ge, le) is a slider. Other fields have no control: a request
-    that sets them is not one the Run tab can show (from_request says None)."""
-    if mode.controls is not None:
-        return mode.controls
-    out = []
-    for name, info in mode.config.model_fields.items():
-        if name in ("decoding_type", "prompt_lookup"):
-            continue
-        key, label, kind = f"{mode.name}_{name}", name + (f" ({info.description})" if info.description else ""), info.annotation
-        low = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
-        high = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
-        if kind is bool:
-            out.append(Control(key, name, label, "checkbox"))
-        elif kind in (int, float):
-            step = 1 if kind is int else 0.01
-            out.append(Control(key, name, label, "slider", low, high, step) if low is not None and high is not None
-                       else Control(key, name, label, "number", step=step))
-        elif kind is str:
-            out.append(Control(key, name, label, "text"))
-    return tuple(out)
+    """A mode's Run-tab controls, complete (app/modes/registry.py `Mode.run_controls`)."""
+    return mode.run_controls()
 
 
 def groups(modes: Modes = MODES) -> dict[str, tuple[Control, ...]]:
