@@ -27,6 +27,7 @@ from app.service.backends import transformers
 from app.service.engines import EngineError
 from app.service import traces
 from app.service.traces import Recording
+from app.training import recipes
 from app.training.export import FORMATS, ExportError
 
 
@@ -521,7 +522,6 @@ SESSION_FLAGS = ("command", "func", "resume", "time_limit", "output_dir", "engin
 def _resumed(args: argparse.Namespace) -> argparse.Namespace:
     """`args` with the settings of the run stopped in args.resume; a ConfigError when there is none, or when a flag
     given now differs from the run's (a flag left at its default is the run's)."""
-    from app.training import recipes
 
     out = Path(args.resume)
     saved_file = out / recipes.RESUME / "args.json"
@@ -542,7 +542,6 @@ def _resumed(args: argparse.Namespace) -> argparse.Namespace:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from app import models
-    from app.training import recipes
 
     started = time.monotonic()
     if args.resume:
@@ -721,7 +720,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     _add_vllm_flags(b)
     b.set_defaults(func=cmd_bench)
     t = sub.add_parser("train", help="train Medusa heads, an EAGLE module or a distilled draft on a frozen model")
-    t.add_argument("--mode", default=None, choices=["medusa", "eagle", "draft"], help="required unless --resume")
+    t.add_argument("--mode", default=None, choices=recipes.kinds(modes), help="required unless --resume")
     t.add_argument("--model", default=BUNDLED, help="the frozen base (target) model")
     t.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="dtype of the frozen base model while it writes its answers (--data-source self) and its features are extracted; pick the dtype you deploy in")

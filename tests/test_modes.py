@@ -4,9 +4,11 @@ links, replays (its provenance kept), charts and Learn."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, ClassVar, Literal
 
 import pytest
+import torch
 from pydantic import Field
 
 from app import cli
@@ -124,6 +126,30 @@ def test_config_validation_accepts_and_rejects_its_fields():
         checked({"speculative_config": {"decoding_type": "Repeat"}, "backend": "tensorrt_llm"}, TOY)
     with pytest.raises(ConfigError):  # the app's own registry does not know it
         configs.parse({"speculative_config": {"decoding_type": "Repeat"}})
+
+
+def test_an_engine_mapping_in_its_entry_is_what_tensorrt_llm_is_sent():
+    """TensorRT-LLM's field mapping, rules and engine mode are the entry's: the backend reads them from there."""
+    import dataclasses
+
+    from app.service.backends import tensorrt_llm as trt
+
+    def refuse_sampling(request):
+        if request.sampling.temperature:
+            raise ConfigError("repeat on TensorRT-LLM: greedy only")
+
+    entry = dataclasses.replace(TOY["repeat"], trtllm=("pytorch",), trtllm_missing="", trtllm_engine_mode="DRAFT_TOKENS_EXTERNAL",
+                                trtllm_fields=lambda c, backend: {"max_draft_len": c.max_draft_len},
+                                trtllm_ignored=lambda c, backend: [f"repeats on {backend}"], trtllm_check=refuse_sampling)
+    mapped = MODES.with_(entry)
+    request = checked({"speculative_config": {"decoding_type": "Repeat", "max_draft_len": 5}, "backend": "tensorrt_llm"}, mapped)
+    assert trt.trtllm_speculative_config(request) == {"decoding_type": "Repeat", "max_draft_len": 5}
+    assert trt.trtllm_notes(request) == ["repeats on pytorch"] and trt.trtllm_engine_draft_len(request) == 5
+    plan = trt.trtllm_build_plan(request, "a", "b")
+    assert plan[plan.index("--speculative_decoding_mode") + 1] == "draft_tokens_external"
+    with pytest.raises(ConfigError, match="greedy only"):
+        checked({"speculative_config": {"decoding_type": "Repeat"}, "sampling": {"temperature": 0.7},
+                 "backend": "tensorrt_llm"}, mapped)
 
 
 def test_the_charts_and_learn_texts_name_and_colour_it():
@@ -253,3 +279,55 @@ def test_compare_links_and_learn_offer_it(tmp_path):
     assert lessons.explain("repeat", TOY) == RepeatExplainer.LEARN
     assert lessons.explain("repeat", MODES.with_(Mode("repeat", "Repeat", RepeatDecodingConfig, "#117733", "x"))).startswith(
         "### Repeat\nRepeat: drafts the last token again.")  # no explainer: its config's own description
+
+
+class BiasHead(torch.nn.Module):
+    """The toy artifact: one learnt bias over the vocabulary (the unigram a draft could propose)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(vocab))
+
+
+def _bias_build(target, settings, d2t):
+    head = BiasHead(target.model.get_output_embeddings().weight.shape[0])
+
+    def loss(batch):
+        logits = head.bias.expand(*batch.ids[:, 1:].shape, -1)
+        return torch.nn.functional.cross_entropy(logits[batch.mask[:, 1:]], batch.ids[:, 1:][batch.mask[:, 1:]])
+
+    def save(directory):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps({"vocab": head.bias.numel()}))
+        torch.save(head.state_dict(), directory / "bias.pt")
+
+    return head, loss, save
+
+
+def test_a_new_artifact_kind_trains_through_its_entrys_recipe(tmp_path):
+    """A trained artifact kind is a recipe named by one entry: `train` and its --mode choices find it there."""
+    import dataclasses
+
+    from app import models
+    from app.training import recipes
+    from helpers import tiny_llama, tiny_tokenizer
+
+    recipe = recipes.Recipe(_bias_build, lambda s: 0.1, lambda p: json.loads((p / "config.json").read_text()),
+                            lambda s, c, target, p: s)
+    registry = MODES.with_(dataclasses.replace(TOY["repeat"], artifact="repeat_bias", artifact_label="repeat bias",
+                                               artifact_recipe=recipe))
+    assert recipes.kinds(registry)[-1] == "repeat_bias" and "repeat_bias" not in recipes.kinds()
+    choices = next(a for a in cli.build_parser(registry)._subparsers._group_actions[0].choices["train"]._actions
+                   if a.dest == "mode").choices
+    assert "repeat_bias" in choices
+    tiny_llama().save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    target = models.load(str(tmp_path / "model"), engines=tmp_path / "engines")
+    settings = recipes.TrainSettings(data_source="sharegpt", data_limit=12, max_len=32, epochs=3, holdout=2)
+    summary = recipes.train("repeat_bias", target, tmp_path / "out", settings, tmp_path / "engines",
+                            report=lambda *a, **k: None, modes=registry)
+    assert summary["kind"] == "repeat_bias" and summary["lr"] == 0.1 and summary["state"] == "done"
+    assert summary["last_loss"] < summary["first_loss"]
+    assert recipes.artifact_config("repeat_bias", tmp_path / "out", registry) == {"vocab": 96}
+    with pytest.raises(ValueError, match="unknown training mode 'repeat_bias'"):
+        recipes.recipe("repeat_bias")  # the app's own registry has no such kind

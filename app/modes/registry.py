@@ -85,6 +85,14 @@ class Mode:
     flags: tuple[Flag, ...] | None = None  # None: one flag per config field, `--<mode>-<field>`
     trtllm: tuple[str, ...] = ()  # TensorRT-LLM's backends that run it, the default first (llm_args.py supports_backend)
     trtllm_missing: str = ""  # why TensorRT-LLM has no such mode
+    # TensorRT-LLM's speculative_config for a checked config beside its decoding_type: trtllm_fields(config, backend)
+    # by its names (None: it runs without one), trtllm_ignored(config, backend) what of the config it has no field
+    # for, in words; trtllm_check(request) refuses what it cannot take; trtllm_engine_mode is its engine's
+    # SpeculativeDecodingMode member (BuildConfig.speculative_decoding_mode). app/modes/mappings.py has the shipped ones.
+    trtllm_fields: Callable[[Any, str], dict[str, Any]] | None = None
+    trtllm_ignored: Callable[[Any, str], list[str]] | None = None
+    trtllm_check: Callable[[Any], None] | None = None
+    trtllm_engine_mode: str = ""
     vllm: str | None = None  # vLLM's speculative method ("" = none needed); None = vLLM cannot
     vllm_missing: str = ""  # why vLLM cannot
     vllm_compare: bool = False  # the Compare tab offers its run on a vLLM engine
@@ -95,6 +103,9 @@ class Mode:
     vllm_ignored: Callable[[Any], list[str]] | None = None
     artifact: str = ""  # the trained artifact it drafts with, by `train --mode`'s name (draft, medusa, eagle)
     artifact_label: str = ""  # that artifact in words
+    # How `train --mode <artifact>` makes one, by module path ("app.training.recipes:EAGLE"; app/training/recipes.py
+    # `Recipe`); "" = this app does not train it.
+    artifact_recipe: str | Any = ""
     # Heads or a module drafting beside the target: the function that loads one for a target model, by module path
     # ("app.heads.eagle:load_beside"; `load_beside(directory, target_model)`).
     artifact_loader: str | Callable[..., Any] = ""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.modes import configs
+from app.modes import configs, mappings as mp
 from app.modes.errors import ConfigError
 from app.modes.notation import int_list, parse_triple
 from app.modes.registry import Control, Flag, Mode, Modes
 
 DRAFTERS = "app.decoding.drafters."  # each entry names its drafter class and explainer by module path (registry.Mode)
 EXPLAINERS = "app.ui.explain."
+RECIPES = "app.training.recipes:"  # and each trained artifact's recipe
 
 # Each mode's provenance shapes (Mode.provenance: what a step's `source` holds; app/service/traces.py checks a replay
 # against them). NODES bounds a step's draft, as the trace reader does.
@@ -73,41 +74,6 @@ def _eagle_tree_values(c: configs.EagleDecodingConfig) -> dict[str, Any]:
     return {"eg_tree": DYNAMIC, "eg_prune": _unset_prune(c.min_path_prob)}
 
 
-# vLLM's counterparts (Mode.vllm_fields, Mode.vllm_ignored), by its --speculative-config field names.
-def _ngram_vllm(c: configs.NGramDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
-    return {"num_speculative_tokens": c.max_draft_len, "prompt_lookup_max": c.max_matching_ngram_size, "prompt_lookup_min": 1}
-
-
-def _ngram_vllm_ignored(c: configs.NGramDecodingConfig) -> list[str]:
-    return ([f"max_candidates {c.max_candidates} (vLLM verifies one match's continuation)"] if c.max_candidates != 1 else []) \
-        + (["ngram_draft_lens (vLLM always drafts num_speculative_tokens after a match)"] if c.ngram_draft_lens else []) \
-        + (["the newest match (vLLM picks its own match)"] if not c.is_use_oldest else [])
-
-
-def _draft_vllm(c: configs.DraftTargetDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
-    return {"model": model, "num_speculative_tokens": c.max_draft_len}
-
-
-def _medusa_vllm(c: configs.MedusaDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
-    return {"model": model, "num_speculative_tokens": c.num_medusa_heads or heads}  # one token per head
-
-
-def _medusa_vllm_ignored(c: configs.MedusaDecodingConfig) -> list[str]:
-    return ["the Medusa tree (vLLM's medusa verifies one chain: each head's top token)"] \
-        + (["typical acceptance"] if c.typical_acceptance else [])
-
-
-def _eagle_vllm(c: configs.EagleDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
-    depth = max(map(len, c.paths())) if c.eagle_choices is not None else c.num_eagle_layers
-    return {"model": model, "num_speculative_tokens": depth}  # eagle3 drafts a chain this deep
-
-
-def _suffix_vllm(c: configs.SuffixDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
-    return {"num_speculative_tokens": c.max_draft_len,
-            **{k: getattr(c, k) for k in ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
-                                          "suffix_decoding_min_token_prob", "suffix_decoding_max_cached_requests")}}
-
-
 _NGRAM = configs.NGramDecodingConfig
 _EAGLE = configs.EagleDecodingConfig
 _EAGLE_PRUNE = configs.bound(_EAGLE, "min_path_prob")  # the Run tab's pruning slider sets it through eg_tree's fields
@@ -132,8 +98,9 @@ MODES = Modes(
          "lossless: greedy and exact speculative sampling",
          drafter=DRAFTERS + "draft_model:DraftModel", explainer=EXPLAINERS + "draft_target",
          provenance={"draft_probs": ("list", "num?", NODES), "draft_vocab": "int"},
-         trtllm=("pytorch",), vllm="draft_model", vllm_compare=True, vllm_fields=_draft_vllm,
-         artifact="draft", artifact_label="draft model",
+         trtllm=("pytorch",), trtllm_fields=mp.draft_trtllm, trtllm_engine_mode="DRAFT_TOKENS_EXTERNAL",
+         vllm="draft_model", vllm_compare=True, vllm_fields=mp.draft_vllm,
+         artifact="draft", artifact_label="draft model", artifact_recipe=RECIPES + "DRAFT",
          controls=(Control("dt_model", "speculative_model", "speculative_model (registry names only)", "choice", choices="drafts"),
                    Control("dt_len", "max_draft_len", fastest=2)),
          flags=(Flag("draft_model", "speculative_model"), Flag("max_draft_len", "max_draft_len"))),
@@ -141,8 +108,9 @@ MODES = Modes(
          drafter=DRAFTERS + "prompt_lookup:PromptLookup", explainer=EXPLAINERS + "prompt_lookup",
          runtime_fields=("max_candidates", "ngram_draft_lens"),
          provenance={"match": ("opt", _MATCH), "matches": _MATCHES},
-         trtllm=("pytorch",), vllm="ngram", vllm_compare=True, drafts_free=True, vllm_fields=_ngram_vllm,
-         vllm_ignored=_ngram_vllm_ignored,
+         trtllm=("pytorch",), trtllm_fields=mp.ngram_trtllm, trtllm_ignored=mp.ngram_trtllm_ignored,
+         trtllm_engine_mode="DRAFT_TOKENS_EXTERNAL",
+         vllm="ngram", vllm_compare=True, drafts_free=True, vllm_fields=mp.ngram_vllm, vllm_ignored=mp.ngram_vllm_ignored,
          controls=(Control("pl_num_tokens", "max_draft_len"),
                    Control("pl_ngram", "max_matching_ngram_size", fastest=3),
                    Control("pl_draft_lens", "ngram_draft_lens", "draft caps after a 1-gram, 2-gram… match (empty = none)", "text",
@@ -158,7 +126,8 @@ MODES = Modes(
          runtime_fields=("request", "pool_from_prompt"),
          provenance={"window": ("list", ("list", "id", 256), 64),
                      "candidates": ("list", ("list", "id", 256), 256)},
-         trtllm=("tensorrt",), drafts_free=True,
+         trtllm=("tensorrt",), trtllm_fields=mp.lookahead_trtllm, trtllm_ignored=mp.lookahead_trtllm_ignored,
+         trtllm_check=mp.lookahead_trtllm_check, trtllm_engine_mode="LOOKAHEAD_DECODING", drafts_free=True,
          vllm_missing="vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend",
          controls=(Control("la_W", "max_window_size", "max_window_size W", row=1),
                    Control("la_N", "max_ngram_size", "max_ngram_size N", row=1),
@@ -181,9 +150,10 @@ MODES = Modes(
          drafter=DRAFTERS + "medusa:Medusa", explainer=EXPLAINERS + "medusa",
          runtime_fields=("typical_acceptance", "posterior_threshold", "posterior_alpha", "min_path_prob"),
          provenance={"tree": _TREE, "heads": "int", "acceptance": "str", **_MERGED},
-         trtllm=("tensorrt",),
-         vllm="medusa", vllm_compare=True, vllm_fields=_medusa_vllm, vllm_ignored=_medusa_vllm_ignored,
-         artifact="medusa", artifact_label="Medusa heads",
+         trtllm=("tensorrt",), trtllm_fields=mp.medusa_trtllm, trtllm_check=mp.medusa_trtllm_check,
+         trtllm_engine_mode="MEDUSA",
+         vllm="medusa", vllm_compare=True, vllm_fields=mp.medusa_vllm, vllm_ignored=mp.medusa_vllm_ignored,
+         artifact="medusa", artifact_label="Medusa heads", artifact_recipe=RECIPES + "MEDUSA",
          artifact_loader="app.heads.medusa:load_beside", mergeable=True,
          merged_colour="#56B4E9",  # Okabe-Ito's sky blue
          controls=(Control("md_tree", "medusa_choices", "medusa_choices (tree)", "choice", choices="trees"),
@@ -204,8 +174,9 @@ MODES = Modes(
          provenance={"tree": _TREE, "depth": "int", "top_k": "int", "total_tokens": "int", "static_nodes": "int",
                      **_MERGED},
          # Not in the Compare tab on vLLM: its eagle3 loads EAGLE-3 modules only, and the shipped module is not one.
-         trtllm=("pytorch", "tensorrt"), vllm="eagle3", artifact="eagle", artifact_label="EAGLE module",
-         vllm_fields=_eagle_vllm,
+         trtllm=("pytorch", "tensorrt"), trtllm_fields=mp.eagle_trtllm, trtllm_ignored=mp.eagle_trtllm_ignored,
+         trtllm_engine_mode="EAGLE",
+         vllm="eagle3", artifact="eagle", artifact_label="EAGLE module", artifact_recipe=RECIPES + "EAGLE", vllm_fields=mp.eagle_vllm,
          vllm_ignored=lambda c: ["the dynamic tree (vLLM's eagle3 drafts a chain of num_speculative_tokens)"] if c.use_dynamic_tree else [],
          artifact_loader="app.heads.eagle:load_beside", mergeable=True,
          merged_colour="#882255",  # Tol's wine
@@ -235,7 +206,7 @@ MODES = Modes(
          drafter=DRAFTERS + "suffix:Suffix", explainer=EXPLAINERS + "suffix",
          provenance={"suffix": ("opt", ("dict", {"match": ("list", "id", 256), "count": "int", "probs": ("list", "num?", NODES),
                                                  "score": "num", "tree": "bool"}))},
-         vllm="suffix", vllm_compare=True, drafts_free=True, vllm_fields=_suffix_vllm,
+         vllm="suffix", vllm_compare=True, drafts_free=True, vllm_fields=mp.suffix_vllm,
          vllm_ignored=lambda c: ["use_tree_spec (vLLM's suffix verifies one chain)"] if c.use_tree_spec else [],
          trtllm_missing="its 1.2 line has none (SADecodingConfig, a suffix automaton drafting what followed the "
                         "context's longest earlier match without counts, came later on its main branch); run suffix "

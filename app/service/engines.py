@@ -521,9 +521,8 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
                             "prepare": prepare, "llm": llm, "save": None, "trtllm_build": None, "notes": notes,
                             "cannot_run": cannot_run}
     if flavour == "tensorrt":
-        decoding_type = request.speculative_config.decoding_type
         build = {**TRT_BUILD_DEFAULTS, **spec.config.get("build_config", {}),
-                 "speculative_decoding_mode": trt.ENGINE_MODES.get(decoding_type, "NONE"),
+                 "speculative_decoding_mode": request.entry.trtllm_engine_mode or "NONE",
                  "max_draft_len": trt.trtllm_engine_draft_len(request)}
         llm["build_config"] = build
         plan["save"] = "{build_dir}/engine"

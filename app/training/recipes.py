@@ -23,7 +23,6 @@ from app.models import LoadedModel
 from app.training.data import FeatureSet, cached_features, print_progress, self_distilled_sequences
 from app.training.trainer import Stopped, fit
 
-KINDS = ("medusa", "eagle", "draft")
 DATA_SOURCES = ("self", "sharegpt")
 
 
@@ -62,10 +61,50 @@ class TrainSettings:
     init_from: str | None = None
 
 
-DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "draft": 3e-4}
 # EAGLE-3 learns from the token loss alone, a weaker signal than EAGLE-1's feature regression: one epoch
 # on 1000 conversations reached τ 1.39 at 5e-4 and 1.51 at 2e-3 (assets/defaults/README.md).
 EAGLE3_LR = 2e-3
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one kind of trained artifact is made, for `train` and `evaluate`. A registry entry names its kind's recipe by
+    module path (`Mode.artifact`, `Mode.artifact_recipe`: "app.training.recipes:EAGLE"), so a new artifact kind is a
+    recipe and an entry, nothing else here."""
+
+    # build(target, settings, d2t) -> (module to train, loss_fn(batch), save(directory)); d2t: the draft vocabulary
+    # (the target's most frequent tokens of the training data, vocab.py)
+    build: Callable[[LoadedModel, TrainSettings, torch.Tensor], tuple[torch.nn.Module, Callable, Callable]]
+    lr: Callable[[TrainSettings], float]  # the learning rate when --lr is unset
+    config: Callable[[Path], dict]  # an artifact's config.json; a ValueError saying why when the path holds none
+    # settings with the architecture fields of an artifact to go on from (its config)
+    architecture: Callable[[TrainSettings, dict, LoadedModel, Path], TrainSettings]
+    fuses_layers: bool = False  # it reads the target's other layers' features too (EAGLE-3), not the last only
+    # evaluate's companion: the trained directory loaded beside the target (None: the mode's own loader)
+    companion: Callable[[LoadedModel, Path], LoadedModel] | None = None
+
+
+def kinds(modes=None) -> tuple[str, ...]:
+    """The artifact kinds `train --mode` makes: those with a recipe in the registry's entries."""
+    from app.modes import MODES
+
+    return tuple(m.artifact for m in (modes or MODES) if m.artifact and m.artifact_recipe)
+
+
+def entry_of(kind: str, modes=None):
+    """The registry entry that drafts with `kind` artifacts and names their recipe; ValueError for an unknown kind."""
+    from app.modes import MODES
+
+    entry = next((m for m in (modes or MODES) if m.artifact == kind and m.artifact_recipe), None)
+    if entry is None:
+        raise ValueError(f"unknown training mode '{kind}': choose one of {', '.join(kinds(modes))}")
+    return entry
+
+
+def recipe(kind: str, modes=None) -> Recipe:
+    from app.modes.registry import resolve
+
+    return resolve(entry_of(kind, modes).artifact_recipe)
 
 
 # report(stage, done, total, loss=None): how far a run is. Stages in order: "self-distil" (answers generated),
@@ -112,7 +151,7 @@ def jsonl_report(stream=None) -> Report:
 
 def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings, engines: Path,
           report: Report | None = None, *, time_limit: float | None = None, resume: bool = False,
-          clock: Callable[[], float] = time.monotonic) -> dict:
+          clock: Callable[[], float] = time.monotonic, modes=None) -> dict:
     """Train one artifact into `out_dir`; returns a summary (losses, sizes, times) also written as train.json.
 
     `time_limit`: seconds (by `clock`) this session may run; training stops at the first step past it, with its
@@ -129,12 +168,11 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     before = json.loads((out_dir / "train.json").read_text()) if resume and (out_dir / "train.json").is_file() else {}
     if resume and before.get("state") != STOPPED:
         raise ValueError(f"{out_dir}/train.json does not record a run stopped at its time limit")
-    if kind not in KINDS:
-        raise ValueError(f"unknown training mode '{kind}': choose one of {', '.join(KINDS)}")
+    how = recipe(kind, modes)
     if settings.data_source not in DATA_SOURCES:
         raise ValueError(f"unknown data source '{settings.data_source}': choose one of {', '.join(DATA_SOURCES)}")
     if settings.init_from:
-        settings = _architecture_of(kind, settings, target)
+        settings = how.architecture(settings, how.config(Path(settings.init_from)), target, Path(settings.init_from))
     t0 = time.perf_counter()
     sequences = None
     if settings.data_source == "self":
@@ -147,15 +185,17 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
         aux_layers=settings.eagle_aux_layers,
     )
     t_data = time.perf_counter() - t0
-    if kind != "eagle":
-        features = FeatureSet(features.ids, features.hidden)  # only EAGLE fuses the other layers
+    if not how.fuses_layers:
+        features = FeatureSet(features.ids, features.hidden)
     train_set, eval_set = features.split(min(settings.holdout, len(features) // 5))
-    model = target.model
-    lm_head = model.get_output_embeddings()
-    lr = settings.lr or (EAGLE3_LR if kind == "eagle" and settings.eagle3 else DEFAULT_LR[kind])
+    lm_head = target.model.get_output_embeddings()
+    lr = settings.lr or how.lr(settings)
     # New weights drawn from the seed: the same run in any process, and the run a resumed session continues.
     torch.manual_seed(settings.seed)
-    module, loss_fn, save = _recipe(kind, target, train_set, settings)
+    # Every kind ranks the target's most frequent tokens of the training data (vocab.py).
+    d2t = vocab.from_counts(train_set.token_counts(lm_head.weight.shape[0]), settings.draft_vocab_size,
+                            include=target.eos_token_ids)
+    module, loss_fn, save = how.build(target, settings, d2t)
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume and (before.get("kind"), before.get("settings")) != (kind, json.loads(json.dumps(asdict(settings)))):
         raise ValueError(f"{out_dir} holds a run of other settings: resume it with its own (train.json)")
@@ -204,36 +244,9 @@ def _sessions(before: dict, losses: list[float], seconds: float) -> list[dict]:
                                           "mean_loss": round(sum(mine) / max(1, len(mine)), 4)}]
 
 
-def artifact_config(kind: str, path: str | Path) -> dict:
+def artifact_config(kind: str, path: str | Path, modes=None) -> dict:
     """The config.json of a `kind` artifact written by `train`; a ValueError saying why when `path` holds none."""
-    if kind == "eagle":
-        from app.heads import eagle
-
-        return eagle.load_config(path)
-    if kind == "medusa":
-        from app.heads import medusa
-
-        return medusa.load_config(path)
-    from app.heads.draft import read_layers
-
-    return read_layers(Path(path))[0]
-
-
-def _architecture_of(kind: str, settings: TrainSettings, target: LoadedModel) -> TrainSettings:
-    """`settings` with the architecture fields of the artifact in settings.init_from."""
-    c = artifact_config(kind, settings.init_from)
-    vocab_size = target.model.get_output_embeddings().weight.shape[0]
-    if kind == "eagle":
-        return replace(settings, eagle_num_layers=int(c["eagle_num_layers"]), eagle_aux_layers=tuple(c.get("aux_layers") or ()),
-                       eagle_train_head=not c.get("lm_head_from_target", False), draft_vocab_size=int(c["draft_vocab_size"]),
-                       eagle3=bool(c.get("eagle3", False)))
-    if kind == "medusa":
-        return replace(settings, medusa_num_heads=int(c["medusa_num_heads"]), medusa_num_layers=int(c["medusa_num_layers"]),
-                       draft_vocab_size=int(c.get("draft_vocab_size") or vocab_size))
-    from app.heads.draft import read_layers
-
-    d2t = read_layers(Path(settings.init_from))[2]
-    return replace(settings, draft_layers=len(c["kept_layers"]), draft_vocab_size=len(d2t) if d2t is not None else vocab_size)
+    return recipe(kind, modes).config(Path(path))
 
 
 def resolve_aux_layers(layers: tuple[int, ...] | None, model: torch.nn.Module) -> tuple[int, ...]:
@@ -259,42 +272,85 @@ def _mean_loss(loss_fn, features, settings: TrainSettings) -> float:
     return sum(values) / max(1, len(values))
 
 
-def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
-    """(module to train, loss_fn(batch), save(directory))."""
-    model = target.model
-    lm_head = model.get_output_embeddings()
-    # Every kind ranks the target's most frequent tokens of the training data (vocab.py).
-    d2t = vocab.from_counts(features.token_counts(lm_head.weight.shape[0]), s.draft_vocab_size, include=target.eos_token_ids)
-    if kind == "draft":
-        from app.training.draft import distill_loss
-        from app.heads.draft import make_draft, read_layers, rebuild, save_layers
+# The shipped kinds' recipes (named by app/modes/shipped.py's entries).
+def _draft_config(path: Path) -> dict:
+    from app.heads.draft import read_layers
 
-        if s.init_from:
-            draft, d2t = rebuild(model, Path(s.init_from)), read_layers(Path(s.init_from))[2]
-        else:
-            draft = make_draft(model, s.draft_layers)
-        return (
-            draft,
-            lambda b: distill_loss(draft, lm_head, b.ids, b.hidden, b.mask, d2t=d2t),
-            lambda d: save_layers(draft, d, target.name, d2t),
-        )
-    if kind == "medusa":
-        from app.heads import medusa
+    return read_layers(path)[0]
 
-        if s.init_from:
-            heads = medusa.load(s.init_from)
-            medusa.check_compatible(heads, model)
-        else:
-            config = medusa.MedusaConfig(model.config.hidden_size, lm_head.weight.shape[0], s.medusa_num_heads,
-                                         s.medusa_num_layers, draft_vocab_size=len(d2t))
-            heads = medusa.MedusaHeads(config, d2t)
-        return (
-            heads,
-            lambda b: medusa.medusa_loss(heads, lm_head, b.ids, b.hidden, b.mask, max_positions=s.max_positions),
-            lambda d: medusa.save(heads, d, target.name),
-        )
+
+def _draft_architecture(s: TrainSettings, c: dict, target: LoadedModel, path: Path) -> TrainSettings:
+    from app.heads.draft import read_layers
+
+    d2t = read_layers(path)[2]
+    vocab_size = target.model.get_output_embeddings().weight.shape[0]
+    return replace(s, draft_layers=len(c["kept_layers"]), draft_vocab_size=len(d2t) if d2t is not None else vocab_size)
+
+
+def _draft_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
+    from app.training.draft import distill_loss
+    from app.heads.draft import make_draft, read_layers, rebuild, save_layers
+
+    model, lm_head = target.model, target.model.get_output_embeddings()
+    if s.init_from:
+        draft, d2t = rebuild(model, Path(s.init_from)), read_layers(Path(s.init_from))[2]
+    else:
+        draft = make_draft(model, s.draft_layers)
+    return (draft, lambda b: distill_loss(draft, lm_head, b.ids, b.hidden, b.mask, d2t=d2t),
+            lambda d: save_layers(draft, d, target.name, d2t))
+
+
+def _draft_companion(target: LoadedModel, out_dir: Path) -> LoadedModel:
+    """The draft's kept layers rebuilt over the target's (a draft artifact is layers, not a model of its own)."""
+    from app.heads.draft import read_layers, rebuild
+
+    return LoadedModel(name=str(out_dir), model=rebuild(target.model, out_dir).to(target.model.dtype),
+                       tokenizer=target.tokenizer, dtype=target.dtype, draft_vocab=read_layers(out_dir)[2])
+
+
+def _medusa_config(path: Path) -> dict:
+    from app.heads import medusa
+
+    return medusa.load_config(path)
+
+
+def _medusa_architecture(s: TrainSettings, c: dict, target: LoadedModel, path: Path) -> TrainSettings:
+    vocab_size = target.model.get_output_embeddings().weight.shape[0]
+    return replace(s, medusa_num_heads=int(c["medusa_num_heads"]), medusa_num_layers=int(c["medusa_num_layers"]),
+                   draft_vocab_size=int(c.get("draft_vocab_size") or vocab_size))
+
+
+def _medusa_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
+    from app.heads import medusa
+
+    model, lm_head = target.model, target.model.get_output_embeddings()
+    if s.init_from:
+        heads = medusa.load(s.init_from)
+        medusa.check_compatible(heads, model)
+    else:
+        config = medusa.MedusaConfig(model.config.hidden_size, lm_head.weight.shape[0], s.medusa_num_heads,
+                                     s.medusa_num_layers, draft_vocab_size=len(d2t))
+        heads = medusa.MedusaHeads(config, d2t)
+    return (heads, lambda b: medusa.medusa_loss(heads, lm_head, b.ids, b.hidden, b.mask, max_positions=s.max_positions),
+            lambda d: medusa.save(heads, d, target.name))
+
+
+def _eagle_config(path: Path) -> dict:
     from app.heads import eagle
 
+    return eagle.load_config(path)
+
+
+def _eagle_architecture(s: TrainSettings, c: dict, target: LoadedModel, path: Path) -> TrainSettings:
+    return replace(s, eagle_num_layers=int(c["eagle_num_layers"]), eagle_aux_layers=tuple(c.get("aux_layers") or ()),
+                   eagle_train_head=not c.get("lm_head_from_target", False), draft_vocab_size=int(c["draft_vocab_size"]),
+                   eagle3=bool(c.get("eagle3", False)))
+
+
+def _eagle_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
+    from app.heads import eagle
+
+    model, lm_head = target.model, target.model.get_output_embeddings()
     if s.init_from:
         module = eagle.load(s.init_from, target_lm_head=lm_head)
         eagle.check_compatible(module, model)
@@ -306,33 +362,31 @@ def _recipe(kind: str, target: LoadedModel, features, s: TrainSettings):
         eagle.init_lm_head(module, lm_head)  # the target's own rows for the draft vocabulary (a warm start when trained)
     module.lm_head.requires_grad_(s.eagle_train_head)
     embed = model.get_input_embeddings()
-    return (
-        module,
-        lambda b: eagle.eagle_loss(module, embed, lm_head, b.ids, b.hidden, b.mask, ce_weight=s.eagle_ce_weight,
-                                   steps=s.eagle_steps, aux=b.aux),
-        lambda d: eagle.save(module, d, target.name),
-    )
+    return (module, lambda b: eagle.eagle_loss(module, embed, lm_head, b.ids, b.hidden, b.mask, ce_weight=s.eagle_ce_weight,
+                                               steps=s.eagle_steps, aux=b.aux),
+            lambda d: eagle.save(module, d, target.name))
+
+
+DRAFT = Recipe(_draft_build, lambda s: 3e-4, _draft_config, _draft_architecture, companion=_draft_companion)
+MEDUSA = Recipe(_medusa_build, lambda s: 1e-3, _medusa_config, _medusa_architecture)
+EAGLE = Recipe(_eagle_build, lambda s: EAGLE3_LR if s.eagle3 else 5e-4, _eagle_config, _eagle_architecture, fuses_layers=True)
 
 
 def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engines: Path, max_new_tokens: int = 64,
-             report: Report | None = None) -> dict:
+             report: Report | None = None, modes=None) -> dict:
     """Mean accepted tokens per target step (τ) of the trained artifact, greedy, on the first
-    Spec-Bench prompt of each category (up to `n_prompts` prompts)."""
+    Spec-Bench prompt of each category (up to `n_prompts` prompts), in the mode that drafts with it."""
     from app.prompts import load_prompts
-    from app.modes import MODES
     from app.runner import DecodingConfig
     from app.runner import load_companion, run
 
     prompts = load_prompts(None, None, 1)[:n_prompts]
-    if kind == "draft":
-        from app.heads.draft import read_layers, rebuild
-
-        draft = rebuild(target.model, out_dir).to(target.model.dtype)
-        cfg = DecodingConfig(MODES["draft_target"].config(), max_new_tokens=max_new_tokens)
-        companion = LoadedModel(name=str(out_dir), model=draft, tokenizer=target.tokenizer, dtype=target.dtype,
-                                draft_vocab=read_layers(out_dir)[2])
+    entry, how = entry_of(kind, modes), recipe(kind, modes)
+    if how.companion is not None:
+        cfg = DecodingConfig(entry.config(), max_new_tokens=max_new_tokens)
+        companion = how.companion(target, out_dir)
     else:
-        cfg = DecodingConfig(MODES[kind].config(speculative_model=str(out_dir)), max_new_tokens=max_new_tokens)
+        cfg = DecodingConfig(entry.config(speculative_model=str(out_dir)), max_new_tokens=max_new_tokens)
         companion = load_companion(cfg, target, engines)
     tokens = steps = 0
     per_category = {}

@@ -32,8 +32,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from app.modes import ConfigError, DecodeRequest, Mode, configs
-from app.modes.configs import (AutoregressiveConfig, DraftTargetDecodingConfig, EagleDecodingConfig, LookaheadDecodingConfig,
-                               MedusaDecodingConfig, NGramDecodingConfig)
 from app.service.backends.base import Availability, Prompt
 from app.service.jobs import Limits, Work
 
@@ -41,16 +39,11 @@ INSTALL = "pip install --extra-index-url https://pypi.nvidia.com/ tensorrt-llm==
 NOT_VISIBLE = ["draft tree", "rejected draft tokens", "draft and verify time"]
 REUSED = "TensorRT-LLM engine of this configuration, reused"
 LLM_CLASSES = {"pytorch": "tensorrt_llm.LLM", "tensorrt": "tensorrt_llm._tensorrt_engine.LLM"}
-CONFIG_CLASSES = {  # decoding_type -> class in tensorrt_llm.llmapi
-    "Lookahead": "LookaheadDecodingConfig",
-    "NGram": "NGramDecodingConfig",
-    "Draft_Target": "DraftTargetDecodingConfig",
-    "Medusa": "MedusaDecodingConfig",
-    "Eagle": "EagleDecodingConfig",
-}
-# decoding_type -> BuildConfig.speculative_decoding_mode (the SpeculativeDecodingMode member name).
-ENGINE_MODES = {"Lookahead": "LOOKAHEAD_DECODING", "Medusa": "MEDUSA", "Eagle": "EAGLE",
-                "Draft_Target": "DRAFT_TOKENS_EXTERNAL", "NGram": "DRAFT_TOKENS_EXTERNAL"}
+
+
+def config_class(decoding_type: str) -> str:
+    """Its class in tensorrt_llm.llmapi: "Draft_Target" is DraftTargetDecodingConfig."""
+    return decoding_type.replace("_", "") + "DecodingConfig"
 
 
 def probe() -> Availability:
@@ -273,7 +266,7 @@ def llm_objects(llm: dict) -> dict:
     kwargs = dict(llm)
     if "speculative_config" in kwargs:
         data = {k: v for k, v in kwargs["speculative_config"].items() if v is not None}
-        cls = getattr(llmapi, CONFIG_CLASSES[data.pop("decoding_type")])
+        cls = getattr(llmapi, config_class(data.pop("decoding_type")))
         fields = {name: (f.alias or name) for name, f in cls.model_fields.items()}
         names = set(fields) | set(fields.values())
         if "speculative_model" in data and "speculative_model" not in names and "speculative_model_dir" in names:
@@ -299,39 +292,23 @@ def _texts(llm, ids) -> dict[int, str]:
 
 
 def check(request: DecodeRequest) -> None:
-    """TensorRT-LLM's rules for a request of a valid mode (its support matrix, what its configs cannot take)."""
-    c, allowed = request.speculative_config, request.entry.trtllm
-    if not allowed:
-        raise ConfigError(f"TensorRT-LLM has no {request.mode} decoding: {request.entry.trtllm_missing}")
-    flavour = request.trtllm_backend or allowed[0]
-    if flavour not in allowed:
-        raise ConfigError(f"TensorRT-LLM runs {request.mode} only on its {' or '.join(allowed)} backend, not on {flavour}")
-    if request.entry.draft_model and c.speculative_model is None:
+    """TensorRT-LLM's rules for a request of a valid mode: its support matrix (the entry's `trtllm`), what none of its
+    configs take, and what the mode's own config cannot take there (the entry's `trtllm_check`)."""
+    c, entry = request.speculative_config, request.entry
+    if not entry.trtllm:
+        raise ConfigError(f"TensorRT-LLM has no {request.mode} decoding: {entry.trtllm_missing}")
+    flavour = request.trtllm_backend or entry.trtllm[0]
+    if flavour not in entry.trtllm:
+        raise ConfigError(f"TensorRT-LLM runs {request.mode} only on its {' or '.join(entry.trtllm)} backend, not on {flavour}")
+    if entry.draft_model and c.speculative_model is None:
         raise ConfigError(f"TensorRT-LLM needs a draft model for {request.mode}: set speculative_model")
-    if isinstance(c, LookaheadDecodingConfig):
-        _positive_triples(c)
     if getattr(c, "min_path_prob", 0):
         raise ConfigError("min_path_prob (tree pruning) is this app's own: TensorRT-LLM has no such setting, use 0")
     if getattr(c, "prompt_lookup", None) is not None:
         raise ConfigError(f"merging prompt lookup into the {request.mode} tree is this app's own: TensorRT-LLM cannot, "
                           "leave prompt_lookup unset")
-    if request.mode == "medusa" and not request.sampling.temperature == 0:
-        raise ConfigError("TensorRT-LLM's Medusa verifies by token match only: use temperature 0")
-
-
-def _positive_triples(c) -> None:
-    """TensorRT-LLM's LLM API types (W, N, G) and a request's (w, n, g) as PositiveInt (llm_args.py
-    LookaheadDecodingConfig; SamplingParams.lookahead_config is that class too), although its C++
-    executor would take G = 0 (decodingConfig.cpp): a zero is refused on that backend, not sent."""
-    for what, (w, n, g) in (("lookahead (W, N, G)", (c.max_window_size, c.max_ngram_size, c.max_verification_set_size)),
-                            ("lookahead's per-request (w, n, g)", c.request)):
-        if min(w, n, g) < 1:
-            raise ConfigError(
-                f"{what} = ({w}, {n}, {g}): TensorRT-LLM's LookaheadDecodingConfig takes positive "
-                "integers only, so a 0 cannot be sent to it; use values >= 1 on this backend, or the transformers "
-                "backend, which runs this")
-        if c.request is None:
-            break
+    if entry.trtllm_check is not None:
+        entry.trtllm_check(request)
 
 
 # ---------------------------------------------------------------- a request in TensorRT-LLM's terms (pure data)
@@ -341,85 +318,41 @@ def trtllm_backend(request: DecodeRequest) -> str:
 
 
 def trtllm_notes(request: DecodeRequest) -> list[str]:
-    """What of a valid request TensorRT-LLM does not take, in words: settings of this app's own that its
-    configs have no field for (so they are not sent), and meanings that differ (llm_args.py, 1.2)."""
-    c, notes = request.speculative_config, []
-    if isinstance(c, NGramDecodingConfig) and (c.max_candidates != 1 or c.ngram_draft_lens):
-        notes.append(f"max_candidates ({c.max_candidates}) and ngram_draft_lens ({', '.join(map(str, c.ngram_draft_lens))}) "
-                     f"are this app's own: TensorRT-LLM's NGramDecodingConfig has neither and drafts one match of up to "
-                     f"{c.max_draft_len} tokens")
-    if isinstance(c, LookaheadDecodingConfig) and not c.pool_from_prompt:
-        notes.append("pool_from_prompt off is this app's own: TensorRT-LLM's LookaheadDecodingConfig has no such field "
-                     "and always seeds its n-gram pool from the prompt (lookaheadAlgorithm.cpp setup)")
-    if isinstance(c, EagleDecodingConfig):
-        depth = c.num_eagle_layers if c.eagle_choices is None else max(map(len, c.paths()))
-        notes.append(f"TensorRT-LLM's max_draft_len is the number of drafting steps, sent as {depth} (the tree's depth); "
-                     f"it sets num_eagle_layers and max_total_draft_tokens from it itself")
-        if trtllm_backend(request) == "tensorrt":
-            notes.append(f"on the engine backend its LLM API also sets the engine's build_config.max_draft_len from it "
-                         f"(BaseLlmArgs.validate_speculative_config), so the engine holds {depth} draft tokens per step, "
-                         f"not the tree's {c.max_draft_len}")
-        elif c.use_dynamic_tree:
-            notes.append(f"the dynamic tree's total tokens ({c.max_draft_len + 1}) and top-K ({c.dynamic_tree_max_topK}) are "
-                         f"not sent: TensorRT-LLM 1.2's PyTorch backend drafts a chain of {depth} tokens (its "
-                         f"validate_eagle_config sets max_total_draft_tokens to max_draft_len)")
-    return notes
+    """What of a valid request TensorRT-LLM does not take, in words (the entry's `trtllm_ignored`): settings of this
+    app's own that its configs have no field for (so they are not sent), and meanings that differ."""
+    ignored = request.entry.trtllm_ignored
+    return [] if ignored is None else ignored(request.speculative_config, trtllm_backend(request))
 
 
 def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
     """The `speculative_config` for TensorRT-LLM's LLM(...) / trtllm-serve YAML, as plain data; None = none.
-    Fields as TensorRT-LLM 1.2 names and means them (llm_args.py); what it has no field for is left out
-    and said by trtllm_notes. What comes from a trained artifact (Medusa's head count, EAGLE-3's capture
-    layers) is the build plan's to add (engines.trtllm_plan)."""
-    c = request.speculative_config
-    if isinstance(c, AutoregressiveConfig):
+    Fields as TensorRT-LLM 1.2 names and means them (the entry's `trtllm_fields`, app/modes/mappings.py); what it has
+    no field for is left out and said by trtllm_notes. What comes from a trained artifact (Medusa's head count,
+    EAGLE-3's capture layers) is the build plan's to add (engines.trtllm_plan)."""
+    entry, c = request.entry, request.speculative_config
+    if not entry.trtllm:
+        raise ConfigError(f"TensorRT-LLM has no {c.mode} decoding: {entry.trtllm_missing}")
+    if entry.trtllm_fields is None:
         return None
-    if isinstance(c, LookaheadDecodingConfig):
-        return {"decoding_type": "Lookahead", "max_window_size": c.max_window_size, "max_ngram_size": c.max_ngram_size,
-                "max_verification_set_size": c.max_verification_set_size}
-    if isinstance(c, NGramDecodingConfig):
-        return {"decoding_type": "NGram", "max_draft_len": c.max_draft_len, "max_matching_ngram_size": c.max_matching_ngram_size,
-                "is_keep_all": c.is_keep_all, "is_use_oldest": c.is_use_oldest, "is_public_pool": c.is_public_pool}
-    if isinstance(c, DraftTargetDecodingConfig):
-        return {"decoding_type": "Draft_Target", "max_draft_len": c.max_draft_len, "speculative_model": c.speculative_model}
-    if isinstance(c, MedusaDecodingConfig):
-        return {"decoding_type": "Medusa", "max_draft_len": c.max_draft_len, "medusa_choices": c.paths(),
-                "num_medusa_heads": c.num_medusa_heads, "speculative_model": c.speculative_model}
-    if not isinstance(c, EagleDecodingConfig):
-        raise ConfigError(f"TensorRT-LLM has no {c.mode} decoding: {request.entry.trtllm_missing}")
-    out = {"decoding_type": "Eagle", "max_draft_len": c.num_eagle_layers, "speculative_model": c.speculative_model}
-    if c.eagle_choices is not None:
-        paths = c.paths()
-        out.update(eagle_choices=paths, max_draft_len=max(map(len, paths)))  # upstream resets it to the depth
-    elif trtllm_backend(request) == "tensorrt":  # the engine's EAGLE-2 tree; see trtllm_notes for PyTorch's
-        out.update(use_dynamic_tree=c.use_dynamic_tree, dynamic_tree_max_topK=c.dynamic_tree_max_topK)
-    if trtllm_backend(request) == "pytorch":
-        # Sampling is chosen per request: without this the one-model EAGLE-3 path samples greedily whatever
-        # the temperature (llm_args.py DecodingBaseConfig.allow_advanced_sampling).
-        out["allow_advanced_sampling"] = True
-    return out
+    return {"decoding_type": c.decoding_type, **entry.trtllm_fields(c, trtllm_backend(request))}
 
 
 def trtllm_engine_draft_len(request: DecodeRequest) -> int:
     """The engine's build_config.max_draft_len as TensorRT-LLM's LLM API sets it (llm_args.py
-    BaseLlmArgs.validate_speculative_config): the speculative config's max_draft_len, which for EAGLE is the
-    depth trtllm_speculative_config sends, not this app's node count; lookahead's is its formula."""
-    c = request.speculative_config
-    if isinstance(c, EagleDecodingConfig):
-        return trtllm_speculative_config(request)["max_draft_len"]
-    return c.max_draft_len
+    BaseLlmArgs.validate_speculative_config): the speculative config's max_draft_len (for EAGLE the depth
+    trtllm_speculative_config sends, not this app's node count); lookahead's, which sends none, its formula."""
+    spec = trtllm_speculative_config(request) or {}
+    return spec.get("max_draft_len", request.speculative_config.max_draft_len)
 
 
 def trtllm_build_plan(request: DecodeRequest, checkpoint_dir: str, output_dir: str, max_batch_size: int = 8) -> list[str]:
     """The `trtllm-build` command for users who build TensorRT engines by hand (≤ 1.2, engine backend), with the
     max_draft_len the LLM API would build the same engine with (trtllm_engine_draft_len)."""
-    c = request.speculative_config
-    mode = {"Lookahead": "lookahead_decoding", "Medusa": "medusa", "Eagle": "eagle",
-            "Draft_Target": "draft_tokens_external", "NGram": "draft_tokens_external"}.get(c.decoding_type)
+    mode = request.entry.trtllm_engine_mode  # trtllm-build's flag takes the member's name in lower case
     cmd = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", output_dir,
            "--max_batch_size", str(max_batch_size), "--max_beam_width", "1"]
-    if mode is not None:
-        cmd += ["--speculative_decoding_mode", mode, "--max_draft_len", str(trtllm_engine_draft_len(request))]
-    if c.decoding_type in ("Draft_Target", "NGram"):
+    if mode:
+        cmd += ["--speculative_decoding_mode", mode.lower(), "--max_draft_len", str(trtllm_engine_draft_len(request))]
+    if mode == "DRAFT_TOKENS_EXTERNAL":  # its draft tokens come from outside the engine, into a paged context
         cmd += ["--use_paged_context_fmha", "enable"]
     return cmd
