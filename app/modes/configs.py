@@ -42,9 +42,9 @@ MAX_SUFFIX_DEPTH = 64  # suffix_decoding_max_tree_depth: the suffix tree holds u
 MAX_SPEC_FACTOR = 64.0
 MAX_CACHED_REQUESTS = 100_000
 # The transformers backend's tree pruning when a request leaves min_path_prob unset: on a CPU every verified node
-# costs target compute, and an unpruned 24-node EAGLE step costs about two one-token passes (through the service,
-# bfloat16, side by side: 1.01x autoregressive unpruned, 1.45x pruned at 0.05; see docs/algorithms.md). Pruning keeps every mode
-# lossless: the tree stays a deterministic function of the context. TensorRT-LLM has no such setting (unset: none).
+# costs target compute, so nodes the draft finds unlikely cost more than they bring (measured in docs/algorithms.md,
+# "Pruning trees by path probability"). Pruning keeps every mode lossless: the tree stays a deterministic function of
+# the context. TensorRT-LLM has no such setting (unset: none).
 MIN_PATH_PROB = 0.05
 PRUNE_HELP = ("Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower "
               f"(0 = keep all; default {MIN_PATH_PROB} on the transformers backend, none on TensorRT-LLM)")

@@ -37,8 +37,7 @@ from app.ui.train_tab import artifact_choices
 RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
 RECORDINGS = tuple(sorted(p.stem for p in RECORDINGS_DIR.glob("*.json")))
 DEFAULT_MODE = "prompt_lookup"  # the Run tab's mode on a fresh page
-# A fresh page's prompt: its answer copies the prompt, so the first Run shows prompt lookup earning (measured on a
-# 2-core CPU, float32, five fresh pages: τ 3.50 tokens/pass, 2.2-3.0× the autoregressive run's tokens/s). The counter-example
+# A fresh page's prompt: its answer copies the prompt, so the first Run shows prompt lookup earning. The counter-example
 # is Spec-Bench's writing prompt: a new text, nothing to copy, nothing gained.
 FIRST_PROMPT = ("Correct the spelling mistakes in this paragraph and return the whole corrected paragraph: The quick "
                 "brown fox jumpd over the lazy dog. The dog was not amused, and it barkd loudly at the fox, who ran "
@@ -181,7 +180,7 @@ class RunTab:
         """The controls' values on a fresh page (the registry's defaults, with the choices only the server knows)."""
         drafts = self.service.drafts()
         return dict(self.defaults, **{c.key: drafts[0] if drafts else None for c in self._pickers("drafts")},
-                    backend=self.service.default_backend("lookahead"))
+                    backend=self.service.default_backend(DEFAULT_MODE))
 
     def _pickers(self, *kinds: str) -> list[Control]:
         return [c for cs in settings.groups(self.modes).values() for c in cs
@@ -271,7 +270,7 @@ class RunTab:
                 counter = self.example_ids[COUNTER_EXAMPLE]
                 self.prompt.change(lambda p: why_prompt(p, counter), self.prompt, why, **QUIET)
                 self.mode = gr.Radio([(m.label, m.name) for m in modes], value=DEFAULT_MODE, label="Decoding mode", elem_id="mode")
-                note = gr.Markdown(modes_note(service, service.default_backend("lookahead")), elem_id="modes-note")
+                note = gr.Markdown(modes_note(service, service.default_backend(DEFAULT_MODE)), elem_id="modes-note")
                 with gr.Row():
                     presets = {name: gr.Button(f"Settings: {name}", size="sm", elem_id=f"preset-{name.split()[0]}")
                                for name in settings.PRESETS}

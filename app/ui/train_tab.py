@@ -20,7 +20,7 @@ import gradio as gr
 
 from app.modes import MODES, ConfigError
 from app.service.api import TRAINING_OFF, ModelError, Service, TrainingTimeout
-from app.service.training import PREFIX, STAGES, TrainConfig
+from app.service.training import KINDS, PREFIX, STAGES, TrainConfig
 from app.ui import charts
 from app.ui.controls import QUIET, Number, Slider, finite
 from app.ui.sessions import Sessions
@@ -29,7 +29,7 @@ from app.ui.settings import SHIPPED
 # The tab's controls, by TrainConfig field, in the order they are made (the one the /train endpoint takes).
 FIELDS = ("kind", "init_from", "data_source", "data_offset", "data_limit", "epochs", "lr", "eval_prompts",
           "medusa_num_heads", "medusa_num_layers", "eagle_steps", "eagle3", "max_len", "answer_tokens", "dtype")
-KIND_LABELS = {m.artifact: m.artifact_label for m in MODES if m.heads}  # what each kind of training run makes
+KIND_LABELS = {m.artifact: m.artifact_label for m in MODES if m.artifact in KINDS}  # what each kind of training run makes
 # A CPU answers about one ShareGPT prompt a second at 256 new tokens, batched (assets/defaults/README.md: ~17 min
 # per 1000): said before a run that must generate, so nobody waits blind.
 ANSWER_S = 1.0 / 256
