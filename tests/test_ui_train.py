@@ -76,3 +76,17 @@ def test_a_run_starts_from_the_shipped_heads_new_ones_or_a_finished_run_of_its_k
     service = Service(engines=tmp_path)
     assert [v for _, v in train_tab.start_choices(service, "medusa")] == ["shipped", "scratch"]
     assert service.training_run("trained:" + "0" * 16) is None and service.training_run("../x") is None
+
+
+def test_a_new_kind_keeps_the_start_the_user_picked_and_drops_one_of_the_other_kind(tmp_path):
+    """The kind's answer must not undo a start picked while it was on its way (shipped and scratch suit every kind);
+    a finished run of the other kind is no start for this one."""
+    from types import SimpleNamespace
+
+    tab = train_tab.TrainTab(Service(engines=tmp_path))
+    tab.controls = {k: k for k in VALUES}  # a handler's {component: value}, keyed here by the field itself
+    request = SimpleNamespace(username=None, session_hash="s", headers={}, client=None)
+    kept, _ = tab.kind_changed(dict(VALUES, kind="eagle", init_from="scratch"), request)
+    assert "value" not in kept and [v for _, v in kept["choices"]] == ["shipped", "scratch"]
+    reset, _ = tab.kind_changed(dict(VALUES, kind="eagle", init_from="trained:" + "a" * 16), request)
+    assert reset["value"] == "shipped"

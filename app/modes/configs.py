@@ -107,10 +107,11 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def check(self) -> None:
+        mode = getattr(type(self), "mode", None)  # a mode's config names its mode: `bench --modes a,b` says whose
         for name in type(self).model_fields:
             b, value = bound(type(self), name), getattr(self, name)
             if b is not None and value is not None and not b.holds(value):
-                raise ConfigError(b.refusal(name, value))
+                raise ConfigError((f"{mode}: " if isinstance(mode, str) else "") + b.refusal(name, value))
         self.rules()
 
     def rules(self) -> None:

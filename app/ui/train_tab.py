@@ -245,9 +245,14 @@ class TrainTab:
         return check_message(self.service, self.values(data), visitor_of(request))
 
     def kind_changed(self, data: dict, request: gr.Request):
-        v, visitor = {**self.values(data), "init_from": SHIPPED}, visitor_of(request)
-        return (gr.update(choices=start_choices(self.service, v["kind"], visitor), value=SHIPPED),
-                check_message(self.service, v, visitor))
+        """The starts a run of the new kind may take. The start is set back only when it was a run of the other kind:
+        sent always, it would undo a start the user picked while this answer was on its way."""
+        v, visitor = self.values(data), visitor_of(request)
+        choices = start_choices(self.service, v["kind"], visitor)
+        if v.get("init_from") in [value for _, value in choices]:
+            return gr.update(choices=choices), check_message(self.service, v, visitor)
+        v["init_from"] = SHIPPED
+        return gr.update(choices=choices, value=SHIPPED), check_message(self.service, v, visitor)
 
     def show_run(self, event: gr.SelectData, request: gr.Request):
         """A row of the runs' table picked: that run's result and loss curve."""
