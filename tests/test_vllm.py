@@ -309,8 +309,10 @@ def test_a_load_sweep_equals_the_plain_engine_and_its_tau_is_the_streams(service
 
 
 def test_a_cancelled_sweep_stops_all_its_requests(service):
-    url = service.engine_build(request(AR))["server"]["url"]  # N = 4 goes to the plain engine first
     job = service.load_sweep({"speculative_config": NGRAM, "sampling": {"temperature": 0.0}}, "4", 1024)
+    # N = 4 goes to the plain engine first. Its address is read after the sweep started its engines: starting the
+    # n-gram one may have stopped the plain one (the service keeps a bounded number running) and restarted it elsewhere.
+    url = service.engine_build(request(AR))["server"]["url"]
     # All four at the engine (running, or waiting for the scheduler): its first requests can be slow on a loaded CPU.
     at_engine = lambda: sum(load.running(url, models.BUNDLED).values())  # noqa: E731
     deadline = time.monotonic() + 300

@@ -132,3 +132,15 @@ def test_the_verdict_on_tensorrt_llm_says_what_it_does_not_take(tmp_path, monkey
         assert pl.startswith("✓ Valid") and "⚠ max_candidates" in pl and "TensorRT-LLM's NGramDecodingConfig has neither" in pl
         assert "⚠" not in check_message(s, "prompt_lookup", dict(values, backend="transformers"))
         s.close()
+
+
+def test_a_move_made_while_a_verdict_is_on_its_way_is_answered_not_dropped(tmp_path):
+    """The verdict, the groups shown and the explanation follow every move: Gradio's default for .input ("once")
+    drops a move made while the answer to the one before is pending, leaving a verdict on settings no longer shown."""
+    from app.service.api import Service
+    from app.ui.web import Studio
+
+    demo = Studio(Service(engines=tmp_path)).blocks()
+    fns = [d for d in demo.config["dependencies"] if d.get("api_visibility", "private") == "private"
+           and any(t[1] == "input" for t in d["targets"]) and d.get("backend_fn")]
+    assert fns and all(d["trigger_mode"] == "always_last" for d in fns), [(d["targets"][:2], d["trigger_mode"]) for d in fns]

@@ -345,8 +345,10 @@ class RunTab:
         self.shown = [(self.verdict, {self.mode, *inputs}, self.check),
                       (self.visible, {self.mode, *boxes}, set(self.groups.values())),
                       (lambda m: lessons.explain(m, self.modes), [self.mode], self.explain)]
+        # always_last: a move made while the answer to the one before is on its way is sent after it (Gradio's
+        # default for .input, "once", drops it, and the verdict shown would be on settings no longer there).
         for fn, ins, outs in self.shown:
-            gr.on([comp.input for comp in ins], fn, ins, outs, **QUIET)
+            gr.on([comp.input for comp in ins], fn, ins, outs, trigger_mode="always_last", **QUIET)
         for name, button in presets.items():
             self.redraw(button.click(lambda name=name: self.preset(name), None,
                                      {c[k] for k in settings.preset_keys(self.modes)}, **QUIET))

@@ -225,10 +225,12 @@ class TrainTab:
         # A set: the handlers receive {component: value}; the /train endpoint takes them in FIELDS order (their
         # creation order).
         inputs = set(c.values())
-        gr.on([comp.input for comp in inputs if comp is not c["kind"]], self.verdict, inputs, check, **QUIET)
+        # always_last: a move made while the last verdict is on its way is answered after it, not dropped (run_tab.py).
+        gr.on([comp.input for comp in inputs if comp is not c["kind"]], self.verdict, inputs, check,
+              trigger_mode="always_last", **QUIET)
         # Another kind starts from its own shipped heads: the choices and the verdict in one answer, so the
         # verdict never speaks of a start the other kind had.
-        c["kind"].input(self.kind_changed, inputs, [c["init_from"], check], **QUIET)
+        c["kind"].input(self.kind_changed, inputs, [c["init_from"], check], trigger_mode="always_last", **QUIET)
         table.select(self.show_run, None, [status, plot, picked], **QUIET)
         export.click(self.export, picked, download, api_name="train_export", show_progress="minimal", concurrency_id="train",
                      concurrency_limit=None)
