@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import time
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ def _flag_kwargs(mode: Mode, flag: Flag) -> dict[str, Any]:
 
 def _scalar(annotation: Any) -> type:
     """int, float, bool or str: the type of a field's flag (a field of int | None takes an int)."""
-    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    kinds = configs.kinds_of(annotation)
     return next((k for k in kinds if k in (bool, int, float)), str)
 
 

@@ -91,6 +91,11 @@ def bound(config: type[BaseModel], name: str) -> Bound | None:
     return next((m for m in config.model_fields[name].metadata if isinstance(m, Bound)), None)
 
 
+def kinds_of(annotation: Any) -> list[type]:
+    """The types a field takes besides None: [int] for `int | None`."""
+    return [k for k in (getattr(annotation, "__args__", None) or (annotation,)) if k is not type(None)]
+
+
 def help_of(config: type[BaseModel], name: str) -> str:
     """Field `name`'s help (its description), with its range where it has one."""
     text, b = config.model_fields[name].description or "", bound(config, name)

@@ -148,7 +148,7 @@ class Mode:
             return tuple(self._completed(c) for c in self.controls)
         out = []
         for name, info in self.config.model_fields.items():
-            kinds = [k for k in (getattr(info.annotation, "__args__", None) or (info.annotation,)) if k is not type(None)]
+            kinds = configs.kinds_of(info.annotation)
             if name in ("decoding_type", "prompt_lookup") or len(kinds) != 1:
                 continue
             kind, key = kinds[0], f"{self.name}_{name}"
