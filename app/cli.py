@@ -627,14 +627,25 @@ def cmd_ship_data(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from app import models
+    from app import models, runner
 
     print(f"[compile] CPU priority: nice {os.nice(args.nice)}", file=sys.stderr, flush=True)
-    info = models.build_fast_pass(args.model, args.dtype, _engines(args))
+    engines = _engines(args)
+    info = models.build_fast_pass(args.model, args.dtype, engines)
     served = ", ".join(f"{a}..{b}" for a, b in info["widths"].values()) or "none"
     print(f"fast pass of {args.model} ({args.dtype}) for this machine ({info['isa']}, {info['threads']} threads): built in "
           f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB; the graphs serve passes of {served} tokens (measured "
           f"against eager; others run eagerly)")
+    # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them.
+    shipped = [(e, path) for e in args.registry if e.artifact_pass and (path := models.default_artifact(args.model, e.artifact))]
+    if shipped:
+        target = models.load(args.model, dtype=args.dtype, engines=engines, fast="build")
+        for entry, path in shipped:
+            t = time.perf_counter()
+            module = runner.load_artifact(entry, path, target, engines)
+            print(f"compiled pass of the shipped {entry.artifact_label} ({path.name}): "
+                  f"{'ready' if module.fast is not None else 'measured slower than eager, not used'}, "
+                  f"{time.perf_counter() - t:.0f} s")
     return 0
 
 
@@ -781,7 +792,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     c.add_argument("--engines-dir", default=None)
     c.add_argument("--nice", type=int, default=0, help="lower this build's CPU priority by N (the app's background build: "
                    "19, so the runs it serves meanwhile keep the cores)")
-    c.set_defaults(func=cmd_compile)
+    c.set_defaults(func=cmd_compile, registry=modes)
     d = sub.add_parser("ship-data", help="copy the self-distilled training answers cached in engines/ into assets/ "
                        "(compressed), so later training runs, here or on a fresh clone, start from them")
     d.add_argument("--model", default=BUNDLED, help="the model whose answers to ship (its tokenizer rebuilds the prompts)")

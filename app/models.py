@@ -370,6 +370,35 @@ def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> d
     return json.loads((out / "info.json").read_text())
 
 
+def companion_pass_dir(target: LoadedModel, artifact: Path, engines: Path) -> Path | None:
+    """Where the compiled pass of an artifact drafting beside `target` (in its dtype) lives for this machine, or None
+    where there is none: the target runs eagerly."""
+    from app.decoding import compiled
+
+    if target.forward is None:
+        return None
+    return engines / "compiled" / compiled.key("artifact:" + _weights_id(str(artifact)), target.dtype)
+
+
+def attach_companion_pass(module: torch.nn.Module, artifact: Path, target: LoadedModel, engines: Path, exported) -> None:
+    """Give `module` (loaded from `artifact` beside `target`) its compiled pass (`module.fast`) where the target runs
+    its own: loaded from disk, or built first in this process (about a minute, once per artifact, dtype and machine;
+    `python -m app compile` builds the shipped ones beside the target's). `exported(module, kv_dtype)` says what is
+    compiled (compiled.Exported)."""
+    from app.decoding import compiled
+    from app.decoding.attention import kv_dtype
+
+    out = companion_pass_dir(target, artifact, engines)
+    if out is None:
+        return
+    if not compiled.built(out):
+        print(f"[models] compiling the pass of {artifact} for this machine once (about a minute) ...", file=sys.stderr, flush=True)
+        kv = kv_dtype(target.model.config) or target.model.dtype
+        _build_once(out, lambda: compiled.built(out), lambda tmp: compiled.build_exported(exported(module, kv), tmp, log=_say))
+    fast = compiled.load(out)
+    module.fast = fast if fast.widths else None  # every width measured faster eagerly: it stays eager
+
+
 def _say(text: str) -> None:
     print(f"[compile] {text}", file=sys.stderr, flush=True)
 

@@ -64,7 +64,7 @@ def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = mod
             f"no {kind} artifact for model '{target.name}': train one (python -m app train --mode {kind}) "
             f"and pass --{kind}-model DIR"
         )
-    return _load_heads(entry, Path(path), target)
+    return load_artifact(entry, Path(path), target, engines)
 
 
 def default_draft(target_name: str) -> str:
@@ -77,8 +77,9 @@ def default_draft(target_name: str) -> str:
     )
 
 
-def _load_heads(entry, path: Path, target: LoadedModel):
-    """The heads or module `entry` drafts with, loaded beside the target by its entry's loader."""
+def load_artifact(entry, path: Path, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES):
+    """The heads or module `entry` drafts with, loaded beside the target by its entry's loader, with its compiled
+    pass where the entry has one and the target runs its own."""
     kind = entry.artifact
     if not (path / "config.json").exists():
         raise ModelError(f"--{kind}-model '{path}' is not a directory written by `python -m app train --mode {kind}`")
@@ -88,6 +89,8 @@ def _load_heads(entry, path: Path, target: LoadedModel):
         raise ModelError(str(err)) from err
     module = module.to(target.model.dtype).eval().requires_grad_(False)
     linear.pack(module)
+    if entry.artifact_pass:
+        models.attach_companion_pass(module, path, target, engines, resolve(entry.artifact_pass))
     return module
 
 

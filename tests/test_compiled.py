@@ -60,7 +60,8 @@ def test_a_later_load_reads_the_built_pass_from_disk_in_seconds(store, loaded):
     model_dir, engines, info = store
     assert loaded.fast["state"] == "ready" and loaded.forward is not None
     assert loaded.fast["note"].startswith("compiled pass, loaded in ") and loaded.forward.load_seconds < 10
-    [built] = [p for p in (engines / "compiled").iterdir() if p.is_dir()]
+    built = models.fast_pass_dir(loaded, str(model_dir), engines)
+    assert built.parent == engines / "compiled" and built.is_dir()
     assert json.loads((built / "info.json").read_text()) == info and info["isa"] == compiled.machine()["isa"]
     assert {p.name for p in built.glob("*.pt2")} == {"one.pt2", "wide.pt2"} and info["bytes"] > 0
     assert info["built"] == {"one": [1, 1], "wide": [2, SMALL_QUERY]}  # float32: no few-row graph
@@ -72,7 +73,6 @@ def test_a_later_load_reads_the_built_pass_from_disk_in_seconds(store, loaded):
     kept = {g: {int(n): (t[info["options"][g]], t["eager"]) for n, t in m.items()} for g, m in info["measured"].items()}
     assert info["widths"] == {g: list(w) for g, w in compiled.serving(compiled.graphs(torch.float32), kept).items()}
     # Built for this machine, dtype and these weights: another dtype, or changed weights, is another package.
-    assert models.fast_pass_dir(loaded, str(model_dir), engines) == built
     other = models.load(str(model_dir), dtype="bfloat16", engines=engines)
     assert models.fast_pass_dir(other, str(model_dir), engines) != built
 
@@ -137,6 +137,71 @@ def test_passes_of_every_width_and_slot_count_match_eager(loaded):
         loaded.forward.runners, loaded.forward.widths = graphs, widths
     assert calls == ["one", "wide", "wide", "wide", "wide", "one", "wide"]  # 129 and 300 ran eagerly
     assert fast.capacity > len(PROMPT) + RESERVE  # the 300-token pass grew the slots
+
+
+@pytest.fixture(scope="module")
+def eagle_artifacts(store, loaded, tmp_path_factory):
+    """Two EAGLE modules saved as artifacts of the tiny target (the earlier design with fused layers, and EAGLE-3,
+    with a reduced draft vocabulary), each loaded by the runner beside the target, which builds its compiled pass
+    into the store once."""
+    from app import runner
+    from app.heads import eagle
+    from app.modes import MODES
+
+    model_dir, engines, _ = store
+    root = tmp_path_factory.mktemp("eagle-artifacts")
+    made = {}
+    for name, module in {"hybrid": make_module(loaded.model, seed=4, aux=[1, 2]),
+                         "eagle3": make_module(loaded.model, seed=5, draft_vocab=50, aux=[0, 1, 2], eagle3=True)}.items():
+        eagle.save(module, root / name, str(model_dir))
+        with torch._inductor.config.patch(compile_threads=1):
+            made[name] = (root / name, runner.load_artifact(MODES["eagle"], root / name, loaded, engines))
+    return made
+
+
+def test_an_eagle_module_runs_its_compiled_pass_equal_to_its_eager_one(eagle_artifacts, loaded):
+    """The drafter's passes (the prompt's catch-up eagerly, then each step's catch-up and tree levels) go to the
+    module's graph; its outputs and log q match the eager module's over the same slots, so the drafts are the same
+    and the output equals autoregressive. Nothing is compiled after load."""
+    reference, _ = _run(loaded.model, Autoregressive())
+    before = counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"]
+    embed = loaded.model.get_input_embeddings()
+    for name, (_, module) in eagle_artifacts.items():
+        fast = module.fast
+        assert fast is not None and fast.info["built"] == {"draft": [1, SMALL_QUERY]}, name
+        calls, runners = [], fast.runners
+        fast.runners = {g: (lambda *a, g=g: calls.append(a[0].shape[1]) or runners[g](*a)) for g in runners}
+        try:
+            runs = {}
+            for with_fast in (False, True):
+                module.fast = fast if with_fast else None
+                drafter = Eagle(module, embed, total_tokens=12, depth=4, top_k=3)
+                target = TransformersTarget(loaded.model, hidden_states=True, forward=loaded.forward)
+                events = list(generate(target, drafter, PROMPT, max_new_tokens=NEW))
+                runs[with_fast] = (output_of(events), [e.proposed for e in events])
+        finally:
+            fast.runners, module.fast = runners, fast
+        assert runs[True][0] == runs[False][0] == reference, name
+        assert runs[True][1] == runs[False][1], f"{name}: the compiled pass drafted other trees"
+        assert calls and len(calls) > len(runs[True][1]), name  # every step: its catch-up and its tree's levels
+    assert counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"] == before
+
+
+def test_an_eagle_modules_pass_is_built_once_per_artifact_and_read_from_disk_after(eagle_artifacts, store, loaded):
+    from app import runner
+    from app.modes import MODES
+
+    _, engines, _ = store
+    for name, (path, module) in eagle_artifacts.items():
+        where = models.companion_pass_dir(loaded, path, engines)
+        assert compiled.built(where) and module.fast.where == where, name
+        again = runner.load_artifact(MODES["eagle"], path, loaded, engines)
+        assert again.fast is not None and again.fast.load_seconds < 10 and again.fast.where == where
+    # Eager targets keep eager modules: no build for them.
+    eager = models.load(str(store[0]), engines=engines, fast="eager")
+    path, _ = eagle_artifacts["eagle3"]
+    assert models.companion_pass_dir(eager, path, engines) is None
+    assert runner.load_artifact(MODES["eagle"], path, eager, engines).fast is None
 
 
 def test_two_sessions_at_once_share_the_fast_pass(loaded):
@@ -216,7 +281,7 @@ def test_passes_no_graph_serves_are_told_and_a_pass_all_eager_keeps_the_growing_
     model_dir, engines, _ = store
     copy = tmp_path / "engines"
     shutil.copytree(engines, copy)
-    [built] = [p for p in (copy / "compiled").iterdir() if p.is_dir()]
+    built = models.fast_pass_dir(models.load(str(model_dir), engines=copy), str(model_dir), copy)
     info = json.loads((built / "info.json").read_text())
     (built / "info.json").write_text(json.dumps({**info, "widths": {"one": [1, 1]}}))
     one_only = models.load(str(model_dir), engines=copy, fast="build")

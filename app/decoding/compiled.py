@@ -36,6 +36,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -93,15 +94,70 @@ class _SlotPass(nn.Module):
         return out.logits, torch.cat(out.hidden_states)
 
 
-def _examples(model: nn.Module, n: int, kv_dtype: torch.dtype, slots: int = EXAMPLE_SLOTS, at: int = 16) -> tuple:
-    config = model.config.get_text_config(decoder=True)
+class _DraftPass(nn.Module):
+    """An EAGLE module's pass exported the same way (heads/eagle.py `decode`): the target's embeddings of the tokens
+    and the stream beside them (`stream`) in; the draft's outputs and their log q over the draft vocabulary out."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, embeds, stream, position_ids, mask, at, kv: list[torch.Tensor]):
+        layers = [SlotLayer.over(kv[i], kv[i + 1], at) for i in range(0, len(kv), 2)]
+        hidden = self.module.decode(embeds, stream, Cache(layers=layers), position_ids, mask)
+        return hidden, self.module.head(hidden).float().log_softmax(-1)
+
+
+@dataclass
+class Exported:
+    """What a build exports and times: a pass over a slot cache (`module`, called with `examples(n, slots, at)`), the
+    dynamic dimensions of those inputs for a graph of n-token passes (`dims(n, slots)`: n is 1 or a Dim) and the
+    graphs with the widths each is built for."""
+
+    module: nn.Module
+    examples: Callable[[int, int, int], tuple]
+    dims: Callable[[object, object], tuple]
+    graphs: dict[str, tuple[int, int]]
+
+
+def _kv(config, kv_dtype: torch.dtype, slots: int) -> list[torch.Tensor]:
     heads = config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv = [torch.zeros(1, heads, slots, dim, dtype=kv_dtype) for _ in range(2 * config.num_hidden_layers)]
-    ids = torch.zeros(1, n, dtype=torch.long)
-    positions = torch.arange(at, at + n)[None]
-    mask = torch.zeros(1, 1, n, slots, dtype=model.dtype)
-    return ids, positions, mask, torch.tensor(at), kv
+    return [torch.zeros(1, heads, slots, dim, dtype=kv_dtype) for _ in range(2 * config.num_hidden_layers)]
+
+
+def target_pass(model: nn.Module, kv_dtype: torch.dtype) -> Exported:
+    """A target model's pass (what TransformersTarget runs)."""
+    config = model.config.get_text_config(decoder=True)
+    layers = 2 * config.num_hidden_layers
+
+    def examples(n: int, slots: int, at: int) -> tuple:
+        mask = torch.zeros(1, 1, n, slots, dtype=model.dtype)
+        return torch.zeros(1, n, dtype=torch.long), torch.arange(at, at + n)[None], mask, torch.tensor(at), \
+            _kv(config, kv_dtype, slots)
+
+    def dims(n, slots) -> tuple:
+        if n == 1:
+            return None, None, {3: slots}, None, [{2: slots}] * layers
+        return {1: n}, {1: n}, {2: n, 3: slots}, None, [{2: slots}] * layers
+
+    return Exported(_SlotPass(model), examples, dims, graphs(model.dtype))
+
+
+def draft_pass(module: nn.Module, kv_dtype: torch.dtype) -> Exported:
+    """An EAGLE module's pass (what the EAGLE drafter runs): one graph for every width, its own products being few."""
+    config = module.llama_config
+    dtype, h = module.fc.weight.dtype, config.hidden_size
+
+    def examples(n: int, slots: int, at: int) -> tuple:
+        mask = torch.zeros(1, 1, n, slots, dtype=dtype)
+        return torch.zeros(1, n, h, dtype=dtype), torch.zeros(1, n, h, dtype=dtype), torch.arange(at, at + n)[None], \
+            mask, torch.tensor(at), _kv(config, kv_dtype, slots)
+
+    def dims(n, slots) -> tuple:
+        return {1: n}, {1: n}, {1: n}, {2: n, 3: slots}, None, [{2: slots}] * (2 * config.num_hidden_layers)
+
+    return Exported(_DraftPass(module), examples, dims, {"draft": (1, SMALL_QUERY)})
 
 
 def graphs(dtype: torch.dtype) -> dict[str, tuple[int, int]]:
@@ -112,25 +168,31 @@ def graphs(dtype: torch.dtype) -> dict[str, tuple[int, int]]:
 
 
 def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
-    """Export the graphs of `model` (packed, eval, on the CPU), compile each with every option set (OPTIONS), time
-    them against each other and the eager pass, and keep in `out` the fastest of each; returns what it took."""
+    """Export the graphs of a target `model` (packed, eval, on the CPU), compile each with every option set (OPTIONS),
+    time them against each other and the eager pass, and keep in `out` the fastest of each; returns what it took."""
+    linear.widen(model, rows=FEW + 1)
+    return build_exported(target_pass(model, kv_dtype), out, log)
+
+
+def build_draft(module: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
+    """The same for an EAGLE module's pass (`draft_pass`)."""
+    return build_exported(draft_pass(module, kv_dtype), out, log)
+
+
+def build_exported(exported: Exported, out: Path, log: Callable[[str], None] = print) -> dict:
     from torch.export import Dim
 
-    linear.widen(model, rows=FEW + 1)
     start = time.perf_counter()
     seconds = {}
-    layers = 2 * model.config.get_text_config(decoder=True).num_hidden_layers
     slots = Dim("slots", min=16, max=1 << 24)
-    built = graphs(model.dtype)
-    for graph, (low, high) in built.items():
+    for graph, (low, high) in exported.graphs.items():
         t = time.perf_counter()
         n = 1 if high == 1 else Dim(f"n_{graph}", min=low, max=high)
-        dims = ({1: n}, {1: n}, {2: n, 3: slots}, None, [{2: slots}] * layers) if high > 1 else \
-            (None, None, {3: slots}, None, [{2: slots}] * layers)
-        example = _examples(model, low if high == 1 else min(low + 1, high), kv_dtype)
+        # A width inside the range, not at its ends (export would specialize an example of width 1).
+        example = exported.examples(low if high == 1 else min(max(low + 1, 2), high), EXAMPLE_SLOTS, 16)
         log(f"exporting the graph of {low}..{high}-token passes")
         with torch.no_grad():
-            program = torch.export.export(_SlotPass(model), example, dynamic_shapes=dims, strict=False)
+            program = torch.export.export(exported.module, example, dynamic_shapes=exported.dims(n, slots), strict=False)
             for name, options in OPTIONS.items():
                 log(f"compiling the graph of {low}..{high}-token passes: {name} products (inductor, C++ kernels)")
                 # Under no_grad, or inductor's freezing leaves the products unpacked (plain aten::mm calls).
@@ -138,19 +200,19 @@ def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str
                     torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}-{name}.pt2"))
         seconds[graph] = round(time.perf_counter() - t, 1)
     log("timing each graph's builds against each other and the eager pass at its widths")
-    measured = measure(model, out, built, kv_dtype)
+    measured = measure(exported, out)
     chosen = {graph: fastest(times) for graph, times in measured.items()}
     for graph, name in chosen.items():
         (out / f"{graph}-{name}.pt2").rename(out / f"{graph}.pt2")
         for other in out.glob(f"{graph}-*.pt2"):
             other.unlink()
-    widths = serving(built, {g: {n: (t[chosen[g]], t["eager"]) for n, t in m.items()} for g, m in measured.items()})
-    for graph, (low, high) in built.items():
+    widths = serving(exported.graphs, {g: {n: (t[chosen[g]], t["eager"]) for n, t in m.items()} for g, m in measured.items()})
+    for graph, (low, high) in exported.graphs.items():
         times = ", ".join(f"{n}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()) + " ms" for n, t in measured[graph].items())
         serves = f"serves {widths[graph][0]}..{widths[graph][1]}" if graph in widths else "serves none (eager is faster)"
         log(f"graph {graph} ({low}..{high} tokens): {times}; keeps {chosen[graph]}, {serves}")
-    info = {"seconds": round(time.perf_counter() - start, 1), "graphs": seconds, "built": built, "widths": widths,
-            "options": chosen, "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
+    info = {"seconds": round(time.perf_counter() - start, 1), "graphs": seconds, "built": exported.graphs,
+            "widths": widths, "options": chosen, "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
             "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
     (out / "info.json").write_text(json.dumps(info, indent=1))
     return info
@@ -160,19 +222,19 @@ def _widths_to_time(low: int, high: int) -> list[int]:
     return sorted({low, high} | {1 << k for k in range(8) if low <= 1 << k <= high})
 
 
-def measure(model: nn.Module, out: Path, built: dict, kv_dtype: torch.dtype, reps: int = 5) -> dict:
+def measure(exported: Exported, out: Path, reps: int = 5) -> dict:
     """Each built graph's packages (`<graph>-<options>.pt2`) and the eager pass over the same slots (MEASURED_CONTEXT
     committed), at the graph's widths: {graph: {n: {options or "eager": ms}}}, medians of `reps` rounds that call each
     in turn, so a load that changes meanwhile weighs on all alike."""
     from torch._inductor.package import load_package
 
     result = {}
-    for graph, (low, high) in built.items():
+    for graph, (low, high) in exported.graphs.items():
         runs = {name: load_package(str(out / f"{graph}-{name}.pt2"), num_runners=1) for name in OPTIONS}
-        runs["eager"] = _SlotPass(model)
+        runs["eager"] = exported.module
         result[graph] = {}
         for n in _widths_to_time(low, high):
-            inputs = _examples(model, n, kv_dtype, slots=MEASURED_CONTEXT + max(n, 16), at=MEASURED_CONTEXT)
+            inputs = exported.examples(n, MEASURED_CONTEXT + max(n, 16), MEASURED_CONTEXT)
             times = {name: [] for name in runs}
             with torch.inference_mode():
                 for rep in range(reps + 1):
@@ -233,11 +295,16 @@ class FastPass:
                 ranges.append((n, n))
         return ranges
 
-    def __call__(self, input_ids, position_ids, mask, cache: Cache) -> Forward:
+    def run(self, n: int, cache: Cache, *inputs):
+        """The outputs of the graph serving n-token passes on `inputs` over `cache`, written at its layers' slot."""
         at = cache.layers[0].cumulative_length
         kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
         # `at` is read, not advanced: each layer of the graph advances a copy of its own (SlotLayer.over).
-        logits, hidden = self.runners[self.graph(input_ids.shape[1])](input_ids, position_ids, mask, at, kv)
+        return self.runners[self.graph(n)](*inputs, at, kv)
+
+    def __call__(self, input_ids, position_ids, mask, cache: Cache) -> Forward:
+        """A target's pass (`target_pass`)."""
+        logits, hidden = self.run(input_ids.shape[1], cache, input_ids, position_ids, mask)
         layers = tuple(hidden)
         return Forward(logits[0], layers[-1], layers)
 

@@ -188,6 +188,9 @@ class EagleModule(nn.Module):
         self.register_buffer("d2t", d2t.clone())
         _check_d2t(self.d2t, config)
         self.base_model: str | None = None  # the target it was trained for, when loaded from disk
+        # Its compiled pass for this machine (decoding/compiled.py `draft_pass`), once loaded beside a target that runs
+        # its own; None: the drafter runs the module eagerly.
+        self.fast = None
 
     @property
     def target_ids(self) -> torch.Tensor:
@@ -208,16 +211,25 @@ class EagleModule(nn.Module):
         EAGLE-1/2: the output is after the final norm, in the space of the target's final normed hidden
         state, which is the feature of a committed position. EAGLE-3: a committed position's feature is
         fc(aux) (`features` unused), a drafted one's its parent's output before the final norm."""
+        return self.decode(embeds, self.stream(features, aux), past_key_values, position_ids, attention_mask)
+
+    def stream(self, features: torch.Tensor, aux: torch.Tensor | None = None) -> torch.Tensor:
+        """What enters the draft layer beside the embeddings: for a committed position (aux given) the target's
+        features, fused with its other layers (EAGLE-3: fc of them alone); for a drafted one its parent's output.
+        Split from `decode` so that the compiled pass (decoding/compiled.py) takes one input for both."""
         dtype = self.fc.weight.dtype
         if self.config.eagle3:
-            return self._eagle3(embeds.to(dtype), self.fc(aux.to(dtype)) if aux is not None else features.to(dtype),
-                                past_key_values, position_ids, attention_mask)
+            return self.fc(aux.to(dtype)) if aux is not None else features.to(dtype)
         features = features.to(dtype)
-        if aux is not None:
-            features = features + self.fc_aux(aux.to(dtype))
-        x = self.fc(torch.cat([embeds.to(dtype), features], dim=-1))
+        return features + self.fc_aux(aux.to(dtype)) if aux is not None else features
+
+    def decode(self, embeds, stream, past_key_values=None, position_ids=None, attention_mask=None) -> torch.Tensor:
+        """`hidden_states` after `stream`: the draft layer(s) over the embeddings and the stream."""
+        embeds = embeds.to(self.fc.weight.dtype)
+        if self.config.eagle3:
+            return self._eagle3(embeds, stream, past_key_values, position_ids, attention_mask)
         out = self.model(
-            inputs_embeds=x,
+            inputs_embeds=self.fc(torch.cat([embeds, stream], dim=-1)),
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,

@@ -109,6 +109,10 @@ class Mode:
     # Heads or a module drafting beside the target: the function that loads one for a target model, by module path
     # ("app.heads.eagle:load_beside"; `load_beside(directory, target_model)`).
     artifact_loader: str | Callable[..., Any] = ""
+    # Where the target runs its fast pass, the loaded artifact's own compiled pass: the function describing what is
+    # exported ("app.decoding.compiled:draft_pass"; `(module, kv_dtype) -> compiled.Exported`), built once per artifact,
+    # dtype and machine; the artifact takes it as `module.fast`. "" = it runs eagerly.
+    artifact_pass: str | Callable[..., Any] = ""
     mergeable: bool = False  # its tree can verify prompt lookup's candidates too (<name>+prompt_lookup)
     merged_colour: str = ""
     drafts_free: bool = False  # drafting costs almost nothing (no model runs): render's explanation says so

@@ -178,7 +178,7 @@ MODES = Modes(
          trtllm_engine_mode="EAGLE",
          vllm="eagle3", artifact="eagle", artifact_label="EAGLE module", artifact_recipe=RECIPES + "EAGLE", vllm_fields=mp.eagle_vllm,
          vllm_ignored=lambda c: ["the dynamic tree (vLLM's eagle3 drafts a chain of num_speculative_tokens)"] if c.use_dynamic_tree else [],
-         artifact_loader="app.heads.eagle:load_beside", mergeable=True,
+         artifact_loader="app.heads.eagle:load_beside", artifact_pass="app.decoding.compiled:draft_pass", mergeable=True,
          merged_colour="#882255",  # Tol's wine
          controls=(Control("eg_total", "max_draft_len", "total tokens (max_draft_len + 1)", minimum=2, maximum=64, value=12,
                            fastest=24, name="total tokens", to_field=lambda total: total - 1, from_field=lambda n: n + 1),

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from app.decoding.attention import additive, kv_dtype
-from app.decoding.kv_cache import new_cache
+from app.decoding.kv_cache import slot_cache, write_at
+from app.decoding.target import RESERVE
 from app.decoding.tree import depths, from_paths
 from app.decoding.types import Proposal
 
@@ -128,7 +129,9 @@ class Eagle:
     `static_choices` (rank paths) the tree shape is fixed instead and total_tokens/top_k are unused.
     Drafts are deterministic top-k picks, so Proposal.q stays None (recursive rejection, lossless).
 
-    The draft's cache grows in place, and the tree's entries are cropped after each proposal."""
+    The draft's cache is slots (kv_cache.SlotLayer), like the target's with a fast pass: committed entries first, a
+    proposal's tree entries after them, each pass under a mask of what it sees; so every pass has the shapes the
+    module's compiled pass takes (`module.fast`, decoding/compiled.py `draft_pass`), or runs eagerly without one."""
 
     name = "eagle"
     needs_hidden = True
@@ -161,8 +164,9 @@ class Eagle:
     @torch.inference_mode()  # as every pass is
     def start(self, prompt, sampling, gen, prefill) -> None:
         config = self.module.llama_config
-        self.cache = new_cache(config, kv_dtype(config))
-        self.committed = 0  # draft entries in the cache (positions 0 .. committed-1)
+        self.capacity = len(prompt) + RESERVE
+        self.cache = slot_cache(config, self.capacity, kv_dtype(config))
+        self.committed = 0  # draft entries in the cache (slots 0 .. committed-1)
         # Target features (final hidden, fused layers) of positions whose next token was not known yet.
         self.pending = [(prefill.hidden, self.module.aux_of(prefill.layers))]
 
@@ -170,43 +174,56 @@ class Eagle:
         x = torch.tensor([target_ids], device=self.embed.weight.device)
         return self.embed(x).to(self.module.fc.weight.device)
 
-    def _catch_up(self, context: list[int]) -> torch.Tensor:
+    def _catch_up(self, context: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed the pending features with their next tokens (the last one is the root); return the
-        draft's output at the root's entry."""
+        draft's output at the root's entry and its log q."""
         device = self.module.fc.weight.device
         features = torch.cat([h for h, _ in self.pending]).to(device)
         aux = torch.cat([a for _, a in self.pending]).to(device)[None] if self.module.config.aux_layers else None
         n, start = features.shape[0], self.committed
         if start + n != len(context) - 1:
             raise RuntimeError(f"EAGLE drafter out of step: {start} + {n} entries for a context of {len(context)}")
-        positions = torch.arange(start, start + n, device=features.device)[None]
-        hidden = self._pass(self._embed(context[start + 1 :]), features[None], positions, start, None, aux)
+        self._room(start, n)
+        allowed = torch.zeros(n, self.capacity, dtype=torch.bool)
+        allowed[:, : start + n] = torch.ones(n, start + n, dtype=torch.bool).tril(start)  # causal after the cache
+        positions = torch.arange(start, start + n, device=device)[None]
+        # The first catch-up is the prompt's: it runs eagerly, like the target's prefill.
+        hidden, logq = self._pass(self._embed(context[start + 1 :]), self.module.stream(features[None], aux), positions,
+                                  allowed, last=True, eager=start == 0)
         self.committed += n
         self.pending = []
-        return hidden[-1]
+        return hidden[-1], logq[-1]
 
-    def _pass(self, embeds, features, positions, at: int, allowed: torch.Tensor | None, aux=None) -> torch.Tensor:
-        """The draft's outputs (n, H) for n entries written at cache entry `at` onward. allowed: (n, at + n) the
-        entries each one sees, or None: causal (all before it)."""
-        module = self.module
-        dtype, device = module.fc.weight.dtype, module.fc.weight.device
-        # The growing cache holds exactly `at` entries; no mask is the model's own causal one.
-        mask = None if allowed is None else additive(allowed, dtype).to(device)[None, None]
-        return module.hidden_states(embeds, features, self.cache, positions, mask, aux)[0]
+    def _room(self, at: int, n: int) -> None:
+        """Point the cache at slot `at` for n entries (more slots first when they do not hold them)."""
+        self.capacity = write_at(self.cache, at, n, self.capacity)
+
+    def _pass(self, embeds, stream, positions, allowed: torch.Tensor, last: bool = False, eager: bool = False):
+        """The draft's outputs (n, H) for n entries written at the cache's slot, and their log q over the draft
+        vocabulary (only the last row's when `last`); allowed: (n, slots) the slots each one sees."""
+        module, n = self.module, embeds.shape[1]
+        mask = additive(allowed, module.fc.weight.dtype).to(module.fc.weight.device)[None, None]
+        fast = module.fast
+        if fast is not None and not eager and fast.fits(n):
+            hidden, logq = fast.run(n, self.cache, embeds, stream, positions, mask)
+            return hidden[0], logq[0]
+        hidden = module.decode(embeds, stream, self.cache, positions, mask)[0]
+        return hidden, module.head(hidden[-1:] if last else hidden).float().log_softmax(-1)
 
     @torch.inference_mode()
     def propose(self, context: list[int], room: int) -> Proposal:
         if room <= 0:
             return Proposal(source=self._source(DraftTree(), []))
         module = self.module
-        root_hidden = self._catch_up(context)
+        root_hidden, root_logq = self._catch_up(context)
         target_ids = module.target_ids
-        fed: dict[int, tuple[int, torch.Tensor]] = {}  # node -> (speculative cache slot, draft output)
+        fed: dict[int, tuple[int, torch.Tensor]] = {}  # node -> (speculative slot after the committed ones, draft output)
 
         def expand(tree: DraftTree, nodes: list[int]) -> torch.Tensor:
             c, n_spec, k = self.committed, len(fed), len(nodes)
+            self._room(c + n_spec, k)
             level = depths(tree.parents)
-            allowed = torch.zeros(k, c + n_spec + k, dtype=torch.bool)
+            allowed = torch.zeros(k, self.capacity, dtype=torch.bool)
             allowed[:, :c] = True
             for j, x in enumerate(nodes):
                 a = tree.parents[x]
@@ -217,19 +234,18 @@ class Eagle:
             features = torch.stack([fed[tree.parents[x]][1] if tree.parents[x] >= 0 else root_hidden for x in nodes])
             positions = torch.tensor([[c - 1 + level[x] for x in nodes]], device=module.fc.weight.device)
             tokens = target_ids[[tree.tokens[x] for x in nodes]].tolist()
-            hidden = self._pass(self._embed(tokens), features[None], positions, c + n_spec, allowed)
+            hidden, logq = self._pass(self._embed(tokens), module.stream(features[None]), positions, allowed)
             for j, x in enumerate(nodes):
                 fed[x] = (n_spec + j, hidden[j])
-            return module.head(hidden).float().log_softmax(-1)
+            return logq
 
-        root_logq = module.head(root_hidden).float().log_softmax(-1)
         if self.static is not None:
             tree = static_tree(root_logq, expand, self.static, room)
         else:
             tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.total_tokens - 1, room),
                                 min_score=math.log(self.min_path_prob) if self.min_path_prob else float("-inf"))
-        if fed:
-            self.cache.crop(-len(fed))  # the tree's entries were drafts on drafted features: drop them
+        # The tree's entries (drafts on drafted features) stay in slots past the committed ones, where the next pass
+        # overwrites them and no mask lets an entry see them.
         tokens = target_ids[tree.tokens].tolist() if tree.tokens else []
         return Proposal(tokens, tree.parents, source=self._source(tree, tokens))
 
