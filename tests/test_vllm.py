@@ -322,7 +322,12 @@ def test_a_cancelled_sweep_stops_all_its_requests(service):
     deadline = time.monotonic() + 300
     while at_engine() < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert at_engine() == 4, load.running(url, models.BUNDLED)
+    if at_engine() < 4:  # what the sweep was doing instead (issue 47: seen only in whole-suite runs)
+        job.cancel()
+        engines = [(m["id"], m["spec"]["config"].get("speculative_config"), m.get("server")) for m in service.engine_list()]
+        pytest.fail(f"the sweep's four requests did not reach {url} in 300 s: job {job.status} {job.error}; its messages "
+                    f"{list(job.messages(timeout=5))[-3:]}; the engine's gauges {load.running(url, models.BUNDLED)}; "
+                    f"engines {engines}")
     job.cancel()
     messages = list(job.messages())
     assert messages[-1]["finish_reason"] == "cancelled" and messages[-1]["sweep"]["points"] == []
