@@ -342,6 +342,20 @@ def test_generate_runs_the_built_pass_by_default_and_eagerly_with_eager(store):
     assert runs[False]["token_ids"] == runs[True]["token_ids"] and len(runs[True]["token_ids"]) == 40
 
 
+def test_generate_says_an_eagle_module_runs_compiled_beside_the_compiled_target(store, eagle_artifacts):
+    """The trace's pass note names the module's pass too (its build is in the store: loaded, not built)."""
+    model_dir, engines, _ = store
+    path, _ = eagle_artifacts["eagle3"]
+    args = ["generate", "--model", str(model_dir), "--engines-dir", str(engines), "--prompt", "t1 t2 t3 t1 t2 t3 t1",
+            "--json", "--max-new-tokens", "20", "--mode", "eagle", "--eagle-model", str(path)]
+    proc = subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(torch.get_num_threads())})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "compiling the pass of" not in proc.stderr
+    note = json.loads(proc.stdout)["pass"]
+    assert note.startswith("compiled pass, loaded in ") and note.endswith("; its EAGLE module compiled too"), note
+
+
 def test_a_build_killed_halfway_leaves_nothing_the_next_build_keeps(tmp_path):
     """A fast pass is GBs: a build process killed mid-way leaves its temporary folder, and the next build of the same
     target (holding the lock, so nobody else is building) removes it before it starts."""

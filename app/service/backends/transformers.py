@@ -101,7 +101,10 @@ class TransformersBackend:
 
     def companion(self, target: LoadedModel, cfg, modes) -> Any:
         """What the mode drafts with (`modes`: the request's registry, whose entry names its artifact)."""
-        key = ("companion", target.name, target.dtype, cfg.mode, getattr(cfg.speculative_config, "speculative_model", None))
+        # Once per pass of the target too: an artifact loaded while the target ran eagerly has no compiled pass of its
+        # own, and gets one when loaded again beside the target's (runner.load_artifact).
+        key = ("companion", target.name, target.dtype, cfg.mode, getattr(cfg.speculative_config, "speculative_model", None),
+               target.forward is not None)
         return self._once(key, lambda: runner.load_companion(cfg, target, self.engines, modes))
 
     def _once(self, key: tuple, load):
@@ -139,7 +142,8 @@ class TransformersBackend:
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
             # Which pass serves this run (a fast pass that becomes ready during it serves the next one).
             yield {"type": "start", "backend": self.name, "model": model, "mode": cfg.mode, "dtype": target.dtype,
-                   "pass": target.fast["note"], "prompt_ids": prompt_ids, "texts": _texts(target, prompt_ids)}
+                   "pass": target.fast["note"] + _artifact_pass(request.entry, companion, target), "prompt_ids": prompt_ids,
+                   "texts": _texts(target, prompt_ids)}
             ids: list[int] = []
             shown = ""
             last = None
@@ -160,6 +164,13 @@ class TransformersBackend:
                    "text_tail": text[len(shown):], "token_ids": ids, "totals": last.totals if last else {}, "error": None}
 
         return work
+
+
+def _artifact_pass(entry, companion, target: LoadedModel) -> str:
+    """What the pass note adds beside a compiled target for an artifact that can run compiled (`Mode.artifact_pass`)."""
+    if not entry.artifact_pass or companion is None or target.forward is None:
+        return ""
+    return f"; its {entry.artifact_label} {'compiled too' if companion.fast is not None else 'eager'}"
 
 
 class CpuShare:
