@@ -308,34 +308,35 @@ def test_a_load_sweep_equals_the_plain_engine_and_its_tau_is_the_streams(service
     assert load.crossover(load.speedups(points, "vllm_ngram"))["state"] != "unknown"
 
 
-# Passes alone and in its module; in the whole suite (three fresh-clone runs, 2026-11-28) none of the sweep's four
-# requests reached the plain engine within 300 s. Not understood yet (issue 47 stays open on it); it still runs and
-# reports XPASS when it passes.
-@pytest.mark.xfail(reason="in the whole suite the sweep's requests do not reach the engine (issue 47)", strict=False)
 def test_a_cancelled_sweep_stops_all_its_requests(service):
-    job = service.load_sweep({"speculative_config": NGRAM, "sampling": {"temperature": 0.0}}, "4", 1024)
-    # N = 4 goes to the plain engine first. Its address is read after the sweep started its engines: starting the
-    # n-gram one may have stopped the plain one (the service keeps a bounded number running) and restarted it elsewhere.
+    # Both engines up first (the n-gram one first: the sweep finds them running and starts neither), and the plain
+    # one's address read before the sweep runs.
+    service.engine_build(request(NGRAM))
     url = service.engine_build(request(AR))["server"]["url"]
-    # All four at the engine (running, or waiting for the scheduler): its first requests can be slow on a loaded CPU.
-    at_engine = lambda: sum(load.running(url, models.BUNDLED).values())  # noqa: E731
+    generated = lambda: load.generated(url, models.BUNDLED)  # noqa: E731
+    gauges = lambda: load.running(url, models.BUNDLED)  # noqa: E731
+    before = generated()
+    job = service.load_sweep({"speculative_config": NGRAM, "sampling": {"temperature": 0.0}}, "4", 1024)
+    # N = 4 goes to the plain engine first. Cancelled once the four are generating there: its token counter has grown
+    # past what the warm-up request makes (4 tokens). Not read off the running-requests gauge: whole-suite runs, on a
+    # loaded CPU, never saw four (nor two) there at once while the sweep ran to its end.
     deadline = time.monotonic() + 300
-    while at_engine() < 4 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if at_engine() < 4:  # what the sweep was doing instead (issue 47: seen only in whole-suite runs)
-        job.cancel()
-        engines = [(m["id"], m["spec"]["config"].get("speculative_config"), m.get("server")) for m in service.engine_list()]
-        pytest.fail(f"the sweep's four requests did not reach {url} in 300 s: job {job.status} {job.error}; its messages "
-                    f"{list(job.messages(timeout=5))[-3:]}; the engine's gauges {load.running(url, models.BUNDLED)}; "
-                    f"engines {engines}")
+    while generated() - before < 64 and not job.done.is_set() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert generated() - before >= 64 and not job.done.is_set(), (job.status, job.error, generated() - before, gauges())
     job.cancel()
     messages = list(job.messages())
-    assert messages[-1]["finish_reason"] == "cancelled" and messages[-1]["sweep"]["points"] == []
-    assert not any(m["type"] == "point" for m in messages)
+    assert messages[-1]["finish_reason"] == "cancelled" and messages[-1]["sweep"]["points"] == [], messages[-1]
+    assert not any(m["type"] == "point" for m in messages), messages
     deadline = time.monotonic() + 30
-    while load.running(url, models.BUNDLED) != {"running": 0.0, "waiting": 0.0} and time.monotonic() < deadline:
+    while gauges() != {"running": 0.0, "waiting": 0.0} and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert load.running(url, models.BUNDLED) == {"running": 0.0, "waiting": 0.0}  # the engine aborted all four
+    assert gauges() == {"running": 0.0, "waiting": 0.0}, (gauges(), generated() - before)
+    # The engine stopped generating for them: its counter stands still, short of the 2216 tokens the four answers
+    # take in full (two of them 1024 tokens long; float32 greedy, the same every run).
+    settled = generated()
+    time.sleep(3)
+    assert generated() == settled and settled - before < 2216 + 4, settled - before
 
 
 def test_bench_concurrency_json_contract(store, tmp_path):

@@ -227,13 +227,23 @@ def run(plain: Target, speculative: Sequence[Target], prompts: list[list[int]], 
 
 def running(url: str, model: str) -> dict[str, float]:
     """The engine's requests running and waiting now (vLLM's gauges): 0 and 0 once a cancelled sweep is gone."""
-    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10.0) as r:
-        text = r.read().decode()
     out = {"running": 0.0, "waiting": 0.0}
-    for name, labels, value in re.findall(r"^vllm:num_requests_(running|waiting)\{([^}]*)\}\s+([0-9.eE+-]+)$", text, re.M):
+    for name, labels, value in re.findall(r"^vllm:num_requests_(running|waiting)\{([^}]*)\}\s+([0-9.eE+-]+)$",
+                                          _metrics(url), re.M):
         if f'model_name="{model}"' in labels:
             out[name] += float(value)
     return out
+
+
+def generated(url: str, model: str) -> float:
+    """The tokens the engine has generated since it started (vLLM's counter): it stands still once nothing runs."""
+    found = re.findall(r"^vllm:generation_tokens_total\{([^}]*)\}\s+([0-9.eE+-]+)$", _metrics(url), re.M)
+    return sum(float(value) for labels, value in found if f'model_name="{model}"' in labels)
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10.0) as r:
+        return r.read().decode()
 
 
 # ----------------------------------------------------------------------------- reading a sweep (pure)
