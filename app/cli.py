@@ -638,8 +638,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
           f"against eager; others run eagerly)")
     # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them.
     shipped = [(e, path) for e in args.registry if e.artifact_pass and (path := models.default_artifact(args.model, e.artifact))]
-    if shipped:
-        target = models.load(args.model, dtype=args.dtype, engines=engines, fast="build")
+    target = models.load(args.model, dtype=args.dtype, engines=engines, fast="build") if shipped else None
+    if target is not None and target.forward is not None:  # else every pass of the target runs eagerly: so do they
         for entry, path in shipped:
             t = time.perf_counter()
             module = runner.load_artifact(entry, path, target, engines)

@@ -377,7 +377,9 @@ def companion_pass_dir(target: LoadedModel, artifact: Path, engines: Path) -> Pa
 
     if target.forward is None:
         return None
-    return engines / "compiled" / compiled.key("artifact:" + _weights_id(str(artifact)), target.dtype)
+    # The target's build names its weights too: a module may freeze some of them (EAGLE's shared LM head rows).
+    return engines / "compiled" / compiled.key(f"artifact:{_weights_id(str(artifact))}:{target.forward.where.name}",
+                                               target.dtype)
 
 
 def attach_companion_pass(module: torch.nn.Module, artifact: Path, target: LoadedModel, engines: Path, exported) -> None:
