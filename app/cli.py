@@ -525,8 +525,8 @@ def _resumed(args: argparse.Namespace) -> argparse.Namespace:
     out = Path(args.resume)
     saved_file = out / recipes.RESUME / "args.json"
     if not recipes.stopped(out) or not saved_file.is_file():
-        raise ConfigError(f"--resume: {out} holds no run stopped by --time-limit (no {recipes.RESUME}/state.pt and "
-                          f"{recipes.RESUME}/args.json there)")
+        raise ConfigError(f"--resume: {out} holds no run stopped by --time-limit or saved while running (no "
+                          f"{recipes.RESUME}/state.pt and {recipes.RESUME}/args.json there)")
     saved = json.loads(saved_file.read_text())
     defaults = vars(build_parser().parse_args(["train"]))
     given = vars(args)
@@ -579,13 +579,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"{out} holds a run stopped by --time-limit: continue it with --resume {out}, "
                           f"or remove {out / recipes.RESUME} to start over")
     target = models.load(args.model, dtype=args.dtype, engines=engines)
+    # What --resume reads, written before the run: a session killed after a periodic save continues too.
+    (out / recipes.RESUME).mkdir(parents=True, exist_ok=True)
+    (out / recipes.RESUME / "args.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k not in SESSION_FLAGS}, indent=2))
     report = recipes.jsonl_report() if args.progress_jsonl else recipes.stderr_report(args.mode)
     summary = recipes.train(args.mode, target, out, settings, engines, report=report,
                             time_limit=None if args.time_limit is None else args.time_limit - (time.monotonic() - started),
-                            resume=bool(args.resume))
+                            resume=bool(args.resume), save_every=recipes.SAVE_EVERY)
     if summary["state"] == recipes.STOPPED:
-        run = {k: v for k, v in vars(args).items() if k not in SESSION_FLAGS}
-        (out / recipes.RESUME / "args.json").write_text(json.dumps(run, indent=2))
         json.dump(summary, sys.stdout, indent=2)
         print(f"\nstopped at the time limit after step {summary['step']} of {summary['total_steps']}: continue with "
               f"`python -m app train --resume {out}`", file=sys.stderr)
@@ -774,8 +775,9 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
                    help="stop training at the first step after this many seconds of this session, keeping what "
                         "the run needs to continue in OUT/resume/ and its progress in OUT/train.json")
     t.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the run --time-limit stopped in output dir DIR, with that run's settings; it ends "
-                        "exactly as one uninterrupted run (--time-limit may stop it again)")
+                   help="continue the run --time-limit stopped in output dir DIR (or a run killed after its state's "
+                        "last save, written every 10 minutes), with that run's settings; it ends exactly as one "
+                        "uninterrupted run (--time-limit may stop it again)")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("export", help="write a trained artifact in the layout engines (vLLM, TensorRT-LLM, SGLang) load")
     e.add_argument("source", help="a directory written by `train` (an EAGLE-3 module, Medusa heads or a distilled draft)")

@@ -9,6 +9,7 @@ import torch
 
 from app.decoding import attention
 from app.training import data as data_mod
+from app.training import recipes
 from app.training.data import FeatureSet, compute_features, sharegpt_conversations
 from app.training.draft import distill_loss
 from app.heads.draft import make_draft, pick_layers, read_layers, rebuild, save_layers
@@ -301,6 +302,26 @@ def test_every_part_of_the_saved_state_matters(probe_features, uninterrupted, tm
     assert not all(torch.equal(a, b) for a, b in zip(uninterrupted[0].parameters(), module.parameters()))
 
 
+def test_a_run_killed_after_a_periodic_save_resumes_as_one_uninterrupted_run(probe_features, uninterrupted, tmp_path):
+    """`save_every` writes the state while the run goes on (a clock ticking once per call: every few steps); a
+    session that dies between two saves (here at step 7) continues from the last one to the uninterrupted result."""
+    state = tmp_path / "resume" / "state.pt"
+    module, loss_fn = noisy_probe()
+    tick, saves = itertools.count(), []
+
+    def dies(step, total, loss):
+        if step == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(module, loss_fn, probe_features, state=state, save_every=3, saved=lambda step, *_: saves.append(step),
+            progress=dies, clock=lambda: next(tick), **FIT)
+    assert saves == [3, 6] and torch.load(state, weights_only=True)["step"] == 6
+    fresh, loss_fn = noisy_probe(init_seed=42)  # resuming restores the weights
+    assert fit(fresh, loss_fn, probe_features, state=state, **FIT) == uninterrupted[1]
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted[0].parameters(), fresh.parameters()))
+
+
 def test_a_state_continues_only_the_run_that_saved_it(probe_features, tmp_path):
     state = tmp_path / "state.pt"
     module, loss_fn = noisy_probe()
@@ -309,7 +330,7 @@ def test_a_state_continues_only_the_run_that_saved_it(probe_features, tmp_path):
         fit(module, loss_fn, probe_features, time_limit=2, state=state, clock=lambda: next(tick), **FIT)
     with pytest.raises(ValueError, match=r"holds another run \(its total, lr, batch_size differ\)"):
         fit(module, loss_fn, probe_features, state=state, **{**FIT, "lr": 1e-3, "batch_size": 4})
-    with pytest.raises(ValueError, match="a time limit needs a state file"):
+    with pytest.raises(ValueError, match="a time limit or periodic saves need a state file"):
         fit(module, loss_fn, probe_features, time_limit=5, **FIT)
 
 
@@ -344,6 +365,40 @@ def test_train_cli_stopped_by_time_limit_and_resumed_writes_the_uninterrupted_ar
     a, b = json.loads((one / "train.json").read_text()), json.loads((two / "train.json").read_text())
     assert a["losses"] == b["losses"] and b["state"] == "done" and [s["steps"] for s in b["sessions"]] == [1, 1, 1, 1]
     assert a["settings"] == b["settings"]
+
+
+def test_train_cli_killed_after_a_save_resumes_to_the_uninterrupted_artifact(tmp_path, monkeypatch):
+    """`train` saves its state while it runs (here after every step); a session killed at step 3 (out of memory, a
+    closed terminal) leaves train.json "saved while running" at step 2, and `--resume` ends as one uninterrupted run."""
+    from app import cli
+    from helpers import tiny_tokenizer
+
+    tiny_llama().save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    engines = ["--engines-dir", str(tmp_path / "engines")]
+    run = ["train", "--mode", "eagle", "--model", str(tmp_path / "model"), "--data-source", "sharegpt", "--data-limit", "12",
+           "--max-len", "32", "--epochs", "2", "--eval-prompts", "0", *engines]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert cli.main([*run, "--output-dir", str(one)]) == 0
+
+    def killed_at_step_3(kind):
+        def report(stage, done, total, loss=None):
+            if stage == "train" and done == 3:
+                raise KeyboardInterrupt
+        return report
+
+    with monkeypatch.context() as m:
+        m.setattr(recipes, "SAVE_EVERY", 0.0)
+        m.setattr(recipes, "stderr_report", killed_at_step_3)
+        with pytest.raises(KeyboardInterrupt):
+            cli.main([*run, "--output-dir", str(two)])
+    progress = json.loads((two / "train.json").read_text())
+    assert (progress["state"], progress["step"], progress["total_steps"]) == (recipes.SAVED, 2, 4)
+    assert recipes.stopped(two) and not (two / "model.safetensors").exists()
+    assert cli.main(["train", "--resume", str(two), *engines]) == 0
+    assert (two / "model.safetensors").read_bytes() == (one / "model.safetensors").read_bytes()
+    a, b = json.loads((one / "train.json").read_text()), json.loads((two / "train.json").read_text())
+    assert a["losses"] == b["losses"] and b["state"] == "done" and not (two / "resume").exists()
 
 
 def test_resume_refuses_a_directory_without_a_stopped_run(tmp_path, capsys):

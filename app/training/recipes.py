@@ -20,7 +20,7 @@ import torch
 from app.heads import vocab
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
-from app.training.data import FeatureSet, cached_features, print_progress, self_distilled_sequences
+from app.training.data import FeatureSet, atomic_write, cached_features, print_progress, self_distilled_sequences
 from app.training.trainer import Stopped, fit
 
 DATA_SOURCES = ("self", "sharegpt")
@@ -115,11 +115,14 @@ STAGES = ("self-distil", "features", "train", "eval")
 # A run stopped by its time limit keeps what it needs to continue in <out>/resume/ (trainer.fit's state.pt);
 # train.json's "state" says which it is.
 RESUME = "resume"
-STOPPED, DONE = "stopped at time limit", "done"
+# SAVED: the state a running session writes every SAVE_EVERY seconds; what a session killed before its end leaves.
+STOPPED, SAVED, DONE = "stopped at time limit", "saved while running", "done"
+SAVE_EVERY = 600.0
 
 
 def stopped(out_dir: Path) -> bool:
-    """Whether `out_dir` holds a run stopped by its time limit (one `train(..., resume=True)` continues)."""
+    """Whether `out_dir` holds a run stopped by its time limit, or killed after a save (one `train(..., resume=True)`
+    continues)."""
     return (out_dir / RESUME / "state.pt").is_file()
 
 
@@ -151,12 +154,15 @@ def jsonl_report(stream=None) -> Report:
 
 def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings, engines: Path,
           report: Report | None = None, *, time_limit: float | None = None, resume: bool = False,
-          clock: Callable[[], float] = time.monotonic, modes=None) -> dict:
+          save_every: float | None = None, clock: Callable[[], float] = time.monotonic, modes=None) -> dict:
     """Train one artifact into `out_dir`; returns a summary (losses, sizes, times) also written as train.json.
 
     `time_limit`: seconds (by `clock`) this session may run; training stops at the first step past it, with its
     state saved in `out_dir`/resume/ and its progress in train.json (state "stopped at time limit"), and
     `resume=True` with the same settings continues it. The run that ends writes what an uninterrupted one would.
+    `save_every`: seconds between saves of that state while the run goes on (train.json's state "saved while
+    running"), so a session killed before its end continues from the last save the same way (`train` saves every
+    SAVE_EVERY seconds).
     """
     session_start = clock()
     report = report or stderr_report(kind)
@@ -166,8 +172,8 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     if not resume and stopped(out_dir):
         raise ValueError(f"{out_dir} holds a run stopped at its time limit: resume it, or remove {state.parent} to start over")
     before = json.loads((out_dir / "train.json").read_text()) if resume and (out_dir / "train.json").is_file() else {}
-    if resume and before.get("state") != STOPPED:
-        raise ValueError(f"{out_dir}/train.json does not record a run stopped at its time limit")
+    if resume and before.get("state") not in (STOPPED, SAVED):
+        raise ValueError(f"{out_dir}/train.json does not record a run stopped at its time limit or saved while running")
     how = recipe(kind, modes)
     if settings.data_source not in DATA_SOURCES:
         raise ValueError(f"unknown data source '{settings.data_source}': choose one of {', '.join(DATA_SOURCES)}")
@@ -200,24 +206,29 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     if resume and (before.get("kind"), before.get("settings")) != (kind, json.loads(json.dumps(asdict(settings)))):
         raise ValueError(f"{out_dir} holds a run of other settings: resume it with its own (train.json)")
     t1 = time.perf_counter()
+
+    def progress(state_name: str, step: int, total: int, losses: list[float]) -> dict:
+        sessions = _sessions(before, losses, time.perf_counter() - t1)
+        record = {
+            "state": state_name, "kind": kind, "base_model": target.name, "out_dir": str(out_dir), "settings": asdict(settings),
+            "lr": lr, "step": step, "total_steps": total, "last_loss": losses[-1],
+            "losses": [round(x, 4) for x in losses], "sessions": sessions,
+            "train_seconds": round(sum(s["train_seconds"] for s in sessions), 1),
+        }
+        atomic_write(out_dir / "train.json", lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2)))
+        return record
+
     try:
         losses = fit(
             module, loss_fn, train_set, epochs=settings.epochs, lr=lr, batch_size=settings.batch_size,
             seq_len=settings.max_len, seed=settings.seed, bf16=fast_bf16(), save_steps=settings.save_steps,
             save_fn=lambda step: save(out_dir / f"checkpoint-{step}"),
             progress=lambda step, total, loss: report("train", step, total, loss=loss),
-            time_limit=None if time_limit is None else time_limit - (clock() - session_start), state=state, clock=clock,
+            time_limit=None if time_limit is None else time_limit - (clock() - session_start), state=state,
+            save_every=save_every, saved=lambda step, total, losses: progress(SAVED, step, total, losses), clock=clock,
         )
     except Stopped as stop:
-        sessions = _sessions(before, stop.losses, time.perf_counter() - t1)
-        progress = {
-            "state": STOPPED, "kind": kind, "base_model": target.name, "out_dir": str(out_dir), "settings": asdict(settings),
-            "lr": lr, "step": stop.step, "total_steps": stop.total, "last_loss": stop.losses[-1],
-            "losses": [round(x, 4) for x in stop.losses], "sessions": sessions,
-            "train_seconds": round(sum(s["train_seconds"] for s in sessions), 1),
-        }
-        (out_dir / "train.json").write_text(json.dumps(progress, indent=2))
-        return progress
+        return progress(STOPPED, stop.step, stop.total, stop.losses)
     sessions = _sessions(before, losses, time.perf_counter() - t1)
     save(out_dir)
     with torch.no_grad():

@@ -43,6 +43,8 @@ def fit(
     progress: Callable[[int, int, float], None] | None = None,
     time_limit: float | None = None,
     state: Path | None = None,
+    save_every: float | None = None,
+    saved: Callable[[int, int, list[float]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[float]:
     """AdamW with linear warm-up and cosine decay over the module's trainable parameters.
@@ -54,10 +56,13 @@ def fit(
     `time_limit`: seconds (by `clock`) this call may train. The step that reaches it is the last: everything
     the rest of the run depends on is written to the file `state` and Stopped is raised. When `state` exists,
     fit continues from it, and the module ends exactly as one uninterrupted run leaves it.
+
+    `save_every`: seconds (by `clock`) between writes of `state` while the run goes on, so a run killed between them
+    (out of memory, a session's end) continues from the last one; `saved(step, total, losses)` is told of each.
     """
     start = clock()
-    if time_limit is not None and state is None:
-        raise ValueError("a time limit needs a state file to save the run in")
+    if (time_limit is not None or save_every is not None) and state is None:
+        raise ValueError("a time limit or periodic saves need a state file to save the run in")
     torch.manual_seed(seed)
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
@@ -86,6 +91,14 @@ def fit(
         sched.load_state_dict(saved["scheduler"])
         torch.set_rng_state(saved["rng"])  # loss functions draw noise and positions from torch's global RNG
         step, epoch, position, losses = saved["step"], saved["epoch"], saved["position"], list(saved["losses"])
+    def keep() -> None:
+        state.parent.mkdir(parents=True, exist_ok=True)
+        kept = {"run": run, "params": {n: p.detach().clone() for n, p in named}, "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "rng": torch.get_rng_state(), "step": step, "epoch": epoch,
+                "position": position, "losses": losses}
+        atomic_write(state, lambda tmp: torch.save(kept, tmp))  # a session killed meanwhile keeps the last state
+
+    last_kept = clock() if save_every is not None else 0.0  # a clock read only when saving (tests tick it)
     module.train()
     while step < total:
         # An epoch's batch order depends on its seed alone, so skipping the batches done resumes it.
@@ -108,13 +121,14 @@ def fit(
             if step >= total:
                 break
             if time_limit is not None and clock() - start >= time_limit:
-                state.parent.mkdir(parents=True, exist_ok=True)
-                saved = {"run": run, "params": {n: p.detach().clone() for n, p in named}, "optimizer": opt.state_dict(),
-                         "scheduler": sched.state_dict(), "rng": torch.get_rng_state(), "step": step, "epoch": epoch,
-                         "position": position, "losses": losses}
-                atomic_write(state, lambda tmp: torch.save(saved, tmp))  # a session killed meanwhile keeps the last state
+                keep()
                 module.eval()
                 raise Stopped(step, total, losses)
+            if save_every is not None and clock() - last_kept >= save_every:
+                keep()
+                last_kept = clock() if save_every is not None else 0.0  # a clock read only when saving (tests tick it)
+                if saved is not None:
+                    saved(step, total, losses)
         epoch, position = epoch + 1, 0
     module.eval()
     return losses
