@@ -334,17 +334,23 @@ def test_a_state_continues_only_the_run_that_saved_it(probe_features, tmp_path):
         fit(module, loss_fn, probe_features, time_limit=5, **FIT)
 
 
-def test_train_cli_stopped_by_time_limit_and_resumed_writes_the_uninterrupted_artifact(tmp_path, capsys):
-    """`train --time-limit 0` stops after each step (the limit is checked after a step); `--resume` with only the
-    session's flags continues until the run ends, and the artifact is the one a single run writes."""
-    from app import cli
+def tiny_train_run(tmp_path):
+    """(`train` arguments of a two-epoch EAGLE run on a tiny model saved under tmp_path, its --engines-dir flag)."""
     from helpers import tiny_tokenizer
 
     tiny_llama().save_pretrained(tmp_path / "model")
     tiny_tokenizer().save_pretrained(tmp_path / "model")
     engines = ["--engines-dir", str(tmp_path / "engines")]
-    run = ["train", "--mode", "eagle", "--model", str(tmp_path / "model"), "--data-source", "sharegpt", "--data-limit", "12",
-           "--max-len", "32", "--epochs", "2", "--eval-prompts", "0", *engines]
+    return ["train", "--mode", "eagle", "--model", str(tmp_path / "model"), "--data-source", "sharegpt", "--data-limit",
+            "12", "--max-len", "32", "--epochs", "2", "--eval-prompts", "0", *engines], engines
+
+
+def test_train_cli_stopped_by_time_limit_and_resumed_writes_the_uninterrupted_artifact(tmp_path, capsys):
+    """`train --time-limit 0` stops after each step (the limit is checked after a step); `--resume` with only the
+    session's flags continues until the run ends, and the artifact is the one a single run writes."""
+    from app import cli
+
+    run, engines = tiny_train_run(tmp_path)
     one, two = tmp_path / "one", tmp_path / "two"
     assert cli.main([*run, "--output-dir", str(one)]) == 0
     assert cli.main([*run, "--output-dir", str(two), "--time-limit", "0"]) == 0
@@ -371,13 +377,8 @@ def test_train_cli_killed_after_a_save_resumes_to_the_uninterrupted_artifact(tmp
     """`train` saves its state while it runs (here after every step); a session killed at step 3 (out of memory, a
     closed terminal) leaves train.json "saved while running" at step 2, and `--resume` ends as one uninterrupted run."""
     from app import cli
-    from helpers import tiny_tokenizer
 
-    tiny_llama().save_pretrained(tmp_path / "model")
-    tiny_tokenizer().save_pretrained(tmp_path / "model")
-    engines = ["--engines-dir", str(tmp_path / "engines")]
-    run = ["train", "--mode", "eagle", "--model", str(tmp_path / "model"), "--data-source", "sharegpt", "--data-limit", "12",
-           "--max-len", "32", "--epochs", "2", "--eval-prompts", "0", *engines]
+    run, engines = tiny_train_run(tmp_path)
     one, two = tmp_path / "one", tmp_path / "two"
     assert cli.main([*run, "--output-dir", str(one)]) == 0
 
