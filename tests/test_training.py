@@ -345,6 +345,35 @@ def tiny_train_run(tmp_path):
             "12", "--max-len", "32", "--epochs", "2", "--eval-prompts", "0", *engines], engines
 
 
+def test_data_slices_cut_a_range_at_multiples_of_the_slice():
+    assert data_mod.data_slices(6000, 5000) == [(6000 + 1000 * k, 1000) for k in range(5)]
+    assert data_mod.data_slices(995, 1010) == [(995, 5), (1000, 1000), (2000, 5)]
+    assert data_mod.data_slices(0, 800) == [(0, 800)] and data_mod.data_slices(6128, 128) == [(6128, 128)]
+    assert data_mod.data_slices(7, 5, size=4) == [(7, 1), (8, 4)]
+
+
+def test_a_training_range_reuses_the_data_of_the_slices_it_spans(tmp_path):
+    """A run over conversations 995-1005 caches its features as two slices, 995-1000 and 1000-1005; a later run
+    over 1000-1005 computes nothing and trains on the same sequences."""
+    from app import cli
+
+    run, engines = tiny_train_run(tmp_path)
+    assert cli.main([*run, "--data-offset", "995", "--data-limit", "10", "--output-dir", str(tmp_path / "a")]) == 0
+    caches = sorted((tmp_path / "engines" / "data").glob("*/key.json"))
+    assert sorted((k["offset"], k["limit"]) for k in map(lambda p: json.loads(p.read_text()), caches)) == [(995, 5), (1000, 5)]
+    shards = {p: p.stat().st_mtime_ns for p in (tmp_path / "engines" / "data").rglob("shard-*")}
+    assert json.loads((tmp_path / "a" / "train.json").read_text())["train_sequences"] == 8  # 10 less 2 held out
+    assert cli.main([*run, "--data-offset", "1000", "--data-limit", "5", "--output-dir", str(tmp_path / "b")]) == 0
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "engines" / "data").rglob("shard-*")} == shards
+    from helpers import tiny_tokenizer
+
+    tok, other = tiny_tokenizer(), tmp_path / "other"
+    whole = data_mod.cached_features("t", tiny_llama(), tok, other, offset=995, limit=10, max_len=32)
+    pieces = [data_mod.cached_features("t", tiny_llama(), tok, other, offset=a, limit=n, max_len=32)
+              for a, n in data_mod.data_slices(995, 10)]
+    assert [x.tolist() for x in whole.ids] == [x.tolist() for p in pieces for x in p.ids]
+
+
 def test_train_cli_stopped_by_time_limit_and_resumed_writes_the_uninterrupted_artifact(tmp_path, capsys):
     """`train --time-limit 0` stops after each step (the limit is checked after a step); `--resume` with only the
     session's flags continues until the run ends, and the artifact is the one a single run writes."""

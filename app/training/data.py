@@ -42,6 +42,8 @@ SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 # Self-distilled answers committed with the code (`python -m app ship-data`): generating them is the
 # slowest part of training on this CPU, and a fresh clone (or a CI run) starts from these instead.
 SHIPPED_DATA = Path(__file__).resolve().parents[2] / "assets" / "training_data"
+# Conversations per cached piece of a training range (data_slices).
+SLICE = 1000
 
 
 def sharegpt_conversations(offset: int = 0, limit: int | None = None) -> list[list[dict]]:
@@ -382,11 +384,25 @@ def _shipped_shard(shipped: Path, key: dict, start: int, count: int, shard: int)
     return None
 
 
+def data_slices(offset: int, limit: int, size: int = SLICE) -> list[tuple[int, int]]:
+    """[offset, offset + limit) cut at multiples of `size`, as (offset, limit) pairs: each piece is cached on its
+    own, so a run over 6000-11000 reuses what runs over 7000-8000 and 10000-11000 generated and extracted."""
+    cuts = [offset, *range((offset // size + 1) * size, offset + limit, size), offset + limit]
+    return [(a, b - a) for a, b in zip(cuts, cuts[1:])]
+
+
 def answers_to_generate(engines: Path, model_name: str, dtype: torch.dtype, *, offset: int, limit: int, max_len: int,
                         max_new_tokens: int, shard: int = 128, shipped: Path | None = SHIPPED_DATA) -> int:
-    """How many of the slice's answers `self_distilled_sequences` would have to generate: those neither cached
-    under engines/data/ nor shipped (by file names and keys alone; a shipped shard whose prompts turn out to
-    differ is generated after all)."""
+    """How many of the range's answers `self_distilled_sequences` would have to generate, slice by slice
+    (data_slices): those neither cached under engines/data/ nor shipped (by file names and keys alone; a shipped
+    shard whose prompts turn out to differ is generated after all)."""
+    return sum(_answers_to_generate(engines, model_name, dtype, offset=a, limit=n, max_len=max_len,
+                                    max_new_tokens=max_new_tokens, shard=shard, shipped=shipped)
+               for a, n in data_slices(offset, limit))
+
+
+def _answers_to_generate(engines: Path, model_name: str, dtype: torch.dtype, *, offset: int, limit: int, max_len: int,
+                         max_new_tokens: int, shard: int, shipped: Path | None) -> int:
     key = _self_key(model_name, dtype, offset, limit, max_len, max_new_tokens)
     root = engines / "data" / _cache_name("self", key)
     missing = 0
