@@ -266,8 +266,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"[vs autoregressive] {overall}after the prefill "
                   f"{parts['decoding']:.2f}x = tau {parts['tau']:.2f} / a step of {parts['step_cost']:.2f} autoregressive "
                   f"steps{split}", file=sys.stderr)
-            if parts["load"]:
-                print(f"[vs autoregressive] {traces.load_said(parts['load'])}", file=sys.stderr)
+            for said in (parts["overall_doubt"], parts["load"] and traces.load_said(parts["load"])):
+                if said:
+                    print(f"[vs autoregressive] {said}", file=sys.stderr)
     return 0
 
 
@@ -557,6 +558,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--eagle3 fuses target layers: give --eagle-aux-layers auto or a list, not none")
     if args.eagle_ce_weight < 0:
         raise ConfigError(f"--eagle-ce-weight must be >= 0, got {args.eagle_ce_weight}")
+    try:
+        recipes.check_slice(args.data_offset, args.data_limit)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     settings = recipes.TrainSettings(
         data_source=args.data_source, answer_tokens=args.answer_tokens,
         data_offset=args.data_offset, data_limit=args.data_limit, max_len=args.max_len, epochs=args.epochs,

@@ -27,6 +27,7 @@ def test_sharegpt_slice_is_fixed_and_well_formed():
     for conv in first:
         assert [m["role"] for m in conv] == ["user", "assistant"]
         assert all(m["content"].strip() for m in conv)
+    assert len(sharegpt_conversations(data_mod.CONVERSATIONS - 2, 10)) == 2  # the last two there are
 
 
 def random_sequences(n, vocab, seed=0, lo=5, hi=30):
@@ -372,6 +373,15 @@ def test_a_training_range_reuses_the_data_of_the_slices_it_spans(tmp_path):
     pieces = [data_mod.cached_features("t", tiny_llama(), tok, other, offset=a, limit=n, max_len=32)
               for a, n in data_mod.data_slices(995, 10)]
     assert [x.tolist() for x in whole.ids] == [x.tolist() for p in pieces for x in p.ids]
+
+
+def test_train_refuses_a_slice_past_the_end_of_the_dataset(tmp_path, capsys):
+    from app import cli
+
+    run, _ = tiny_train_run(tmp_path)
+    assert cli.main([*run, "--data-offset", "11000", "--data-limit", "1000", "--output-dir", str(tmp_path / "a")]) == 2
+    assert "conversations 11000-12000 are not a slice of the dataset: it has 11128" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
 
 
 def test_train_cli_stopped_by_time_limit_and_resumed_writes_the_uninterrupted_artifact(tmp_path, capsys):

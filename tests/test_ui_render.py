@@ -676,6 +676,20 @@ def test_a_baseline_on_the_eager_pass_and_a_run_on_the_fast_pass_give_no_ratio()
     assert row["speedup"] is None and "became ready in between" in row["doubt"]
 
 
+def test_a_whole_run_ratio_above_tau_is_not_shown():
+    """Equal prefills keep the whole run's ratio at most τ; a baseline whose prefill was the first, cold one (2 s
+    against 0.5) would make the run read 2.80× at τ 2. That ratio is declined with the reason; the one after the
+    prefill, which the cold pass does not touch, stays."""
+    cold = _run(2.0, [(1, 0.1, 0.0, 0.1)] * 8)
+    run = _run(0.5, [(2, 0.125, 0.02, 0.1)] * 4)
+    parts = traces.speedup_parts(run, cold)
+    assert "overall" not in parts and parts["doubt"] is None and parts["decoding"] == pytest.approx(1.6)
+    assert "2.80× the autoregressive run's tokens/s is more than τ 2.00 allows" in parts["overall_doubt"]
+    line = render.speedup_line(run, cold)
+    assert line.startswith("⚠ the whole run's 2.80×") and "after the prefill 1.60×" in line and "**" not in line
+    assert traces.speedup_parts(run, _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8))["overall_doubt"] is None
+
+
 def test_the_interval_comes_from_the_spread_of_step_times():
     base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)
     steady = traces.speedup_parts(_run(0.5, [(2, 0.125, 0.02, 0.1)] * 4), base)

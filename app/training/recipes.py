@@ -20,7 +20,7 @@ import torch
 from app.heads import vocab
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
-from app.training.data import (FeatureSet, atomic_write, cached_features, data_slices, print_progress,
+from app.training.data import (CONVERSATIONS, FeatureSet, atomic_write, cached_features, data_slices, print_progress,
                                 self_distilled_sequences)
 from app.training.trainer import Stopped, fit
 
@@ -178,6 +178,7 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     how = recipe(kind, modes)
     if settings.data_source not in DATA_SOURCES:
         raise ValueError(f"unknown data source '{settings.data_source}': choose one of {', '.join(DATA_SOURCES)}")
+    check_slice(settings.data_offset, settings.data_limit)
     if settings.init_from:
         settings = how.architecture(settings, how.config(Path(settings.init_from)), target, Path(settings.init_from))
     t0 = time.perf_counter()
@@ -252,6 +253,13 @@ def train(kind: str, target: LoadedModel, out_dir: Path, settings: TrainSettings
     (out_dir / "train.json").write_text(json.dumps(summary, indent=2))
     shutil.rmtree(state.parent, ignore_errors=True)
     return summary
+
+
+def check_slice(offset: int, limit: int) -> None:
+    """A ValueError saying why unless conversations [offset, offset + limit) are a slice of the dataset."""
+    if not 0 <= offset < offset + limit <= CONVERSATIONS:
+        raise ValueError(f"conversations {offset}-{offset + limit} are not a slice of the dataset: it has {CONVERSATIONS} "
+                         "(--data-offset from 0, --data-limit at least 1)")
 
 
 def _sessions(before: dict, losses: list[float], seconds: float) -> list[dict]:

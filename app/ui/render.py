@@ -736,6 +736,8 @@ def speedup_line(events: list[dict] | None, baseline: list[dict] | None,
     if parts["doubt"]:
         return f"⚠ No speedup shown: {parts['doubt']}. τ {parts['tau']:.2f} tokens/pass does not depend on the clock."
     overall = f"**{parts['overall']:.2f}×** the autoregressive run's tokens/s · " if "overall" in parts else ""
+    if parts["overall_doubt"]:
+        overall = f"⚠ {parts['overall_doubt']} · "
     interval = f" (95 % of the step times' spread: {parts['interval'][0]:.2f}–{parts['interval'][1]:.2f}×)" if parts["interval"] else ""
     split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
              if parts["verify"] is not None else " (no draft and verify times to split it: an engine does not report them)")
