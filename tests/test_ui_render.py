@@ -688,6 +688,10 @@ def test_a_whole_run_ratio_above_tau_is_not_shown():
     line = render.speedup_line(run, cold)
     assert line.startswith("⚠ the whole run's 2.80×") and "after the prefill 1.60×" in line and "**" not in line
     assert traces.speedup_parts(run, _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8))["overall_doubt"] is None
+    recorded = {name: Recording(name) for name in ("prompt_lookup", "autoregressive")}
+    recorded["prompt_lookup"].events, recorded["autoregressive"].events = run, cold
+    row = compare_tab.summary_row("prompt_lookup", recorded["prompt_lookup"], recorded["autoregressive"], REGISTRY)
+    assert row["speedup"] is None and "more than τ 2.00 allows" in row["doubt"]  # Compare's ratio is the whole run's
 
 
 def test_the_interval_comes_from_the_spread_of_step_times():

@@ -34,8 +34,8 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Mo
     base_tps = base["new_tokens"] / base["elapsed_s"] if base and base.get("elapsed_s") else None
     parts = traces.speedup_parts(run.events, baseline.events, (run.pass_note, baseline.pass_note)) \
         if baseline is not None else None
-    # A ratio measured under other load than its baseline's is left out, and says why.
-    doubt = parts["doubt"] if parts else None
+    # A ratio measured under other load than its baseline's, or above what its τ allows, is left out, and says why.
+    doubt = (parts["doubt"] or parts["overall_doubt"]) if parts else None
     return {"mode": lessons.label(mode, modes), "tokens_per_s": tps,
             "speedup": tps / base_tps if base_tps and not doubt else None, "doubt": doubt,
             "load": parts["load"] if parts else None, "step_cost": parts["step_cost"] if parts else None,
