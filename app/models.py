@@ -264,6 +264,10 @@ def _load_eager(name: str, dtype: str, device: str, engines: Path) -> tuple[Load
     tokenizer = _tokenizer(where)
     model.to(resolve_device(device)).eval().requires_grad_(False)
     linear.pack(model)
+    # One pass now: the first one touches every weight and sets the kernels up (seconds on a 2-core CPU), and a race
+    # whose baseline paid that in its prefill read as a speedup of several times.
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=model.device))
     from app.heads.draft import read_draft_vocab
 
     draft_vocab = read_draft_vocab(Path(where)) if Path(where).is_dir() else None

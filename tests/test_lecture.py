@@ -152,16 +152,17 @@ def test_browser_first_run_on_a_fresh_page_shows_speculation_earning(page):
         status = wait_status(page, "finished")
         status = wait_status(page, VERDICT)  # the race's verdict comes with the end
         # When the suite's other worker changes the load between the baseline and the run, the status declines to
-        # give a ratio (it says so); Run races again, as a lecturer would.
-        if "No speedup shown" not in status:
+        # give a ratio, or the whole run's (it says so); Run races again, as a lecturer would.
+        if "No speedup shown" not in status and "allows: its prefill" not in status:
             break
     tau = float(re.search(r"τ (\d+\.\d+) tokens/pass", status).group(1))
     assert tau >= 1.5, status
     if "No speedup shown" in status:  # five races, each under another load: what it says instead must be why
         assert "load changed" in status, status
-    else:
-        speedup = float(re.search(r"(\d+\.\d+)× the autoregressive run's tokens/s", status).group(1))
-        assert speedup > 1.2, status
+    else:  # the whole run's ratio, or, where that was declined, the one after the prefill
+        found = re.search(r"(\d+\.\d+)× the autoregressive run's tokens/s", status) if "allows: its prefill" not in status \
+            else re.search(r"after the prefill (\d+\.\d+)×", status)
+        assert float(found.group(1)) > 1.2, status
     assert "copies the paragraph" in page.inner_text("#prompt-why")
     page.click("#counter-example")  # the note follows the prompt: the counter-example's, then none for another text
     page.wait_for_function("/nothing in the prompt to copy/.test(document.querySelector('#prompt-why').innerText)")
@@ -206,9 +207,9 @@ def test_browser_a_speedup_measured_under_load_holds_when_repeated_quietly(page)
     if "No speedup shown" in loaded:
         assert "load changed" in loaded, loaded
         return
-    figure = r"(\d+\.\d+)× the autoregressive run's tokens/s · after the prefill (\d+\.\d+)× \(95 % of the step times' spread: (\d+\.\d+)–(\d+\.\d+)×\)"
-    low, high = map(float, re.search(figure, loaded).group(3, 4))
-    decoding = float(re.search(figure, quiet).group(2))  # the interval is the after-prefill ratio's, not the overall one's
+    figure = r"after the prefill (\d+\.\d+)× \(95 % of the step times' spread: (\d+\.\d+)–(\d+\.\d+)×\)"
+    low, high = map(float, re.search(figure, loaded).group(2, 3))
+    decoding = float(re.search(figure, quiet).group(1))  # the interval is the after-prefill ratio's, not the overall one's
     # The interval is the step times' spread, not the load's systematic effect: under two busy processes a several-token
     # verify pass slows more than a one-token pass, so the loaded figure sits lower (measured: 2.69 against a quiet
     # 3.59). What it must not do is what it did (21× loaded, 2.3× quiet): within a factor 1.5 of the interval.

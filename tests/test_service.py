@@ -285,6 +285,25 @@ def test_a_request_chooses_its_dtype_and_each_dtype_loads_once(service, bundled)
 
 
 @pytest.mark.bundled
+def test_a_model_runs_one_pass_when_it_loads(tmp_path, monkeypatch):
+    """The first pass of a loaded model touches every weight and sets the kernels up (seconds): models.load runs it,
+    so that a race's baseline, the first run after a load, does not pay it in its prefill."""
+    from helpers import tiny_llama, tiny_tokenizer
+    from transformers import LlamaForCausalLM
+
+    tiny_llama().save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    calls, real = [], LlamaForCausalLM.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(tuple(kwargs["input_ids"].shape))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", counted)
+    models.load(str(tmp_path / "m"), engines=tmp_path / "engines")
+    assert calls == [(1, 8)]
+
+
 def test_models_load_and_drafters_compute_on_the_job_workers_only(monkeypatch):
     # PyTorch's OpenMP runtime keeps a thread team per thread that ran a parallel op; a second team made every
     # pass ~1.7x slower on 2 cores. So the service computes (loads, gathers head rows, generates) on its workers;
