@@ -452,12 +452,14 @@ def test_browser_load_sweep_draws_the_chart_and_its_sentence(service, browser, a
         note = page.inner_text("#load-note")
         assert re.search(r"vLLM ngram (stops paying|still pays|does not pay) per request", note), note
         assert "plain steps" in note
-        legend = page.locator("#load-plot .legendtext").all_text_contents()
-        assert {"per request", "total throughput", "τ"} <= set(legend), legend
+        # Plotly draws after the status arrives (on a loaded machine, a while after): wait for the chart's legend.
+        drawn = "n => [...document.querySelectorAll('#load-plot .legendtext')].map(e => e.textContent).includes(n)"
+        for name in ("per request", "total throughput", "τ"):
+            page.wait_for_function(drawn, arg=name, timeout=60_000)
         assert page.locator("#load-table tr").count() == 3  # a header and two engines at N = 1
         page.click("#load-replay")
         wait_text(page, "#load-status", "Replayed", timeout=180_000)
-        assert "this app's loop (batch 1 only)" in page.locator("#load-plot .legendtext").all_text_contents()
+        page.wait_for_function(drawn, arg="this app's loop (batch 1 only)", timeout=60_000)
         assert "per request" in page.inner_text("#load-note")
         shots = ARTIFACTS / "screenshots"
         shots.mkdir(parents=True, exist_ok=True)
