@@ -181,9 +181,9 @@ MODES = Modes(
          artifact_loader="app.heads.eagle:load_beside", artifact_pass="app.decoding.compiled:draft_pass", mergeable=True,
          merged_colour="#882255",  # Tol's wine
          controls=(Control("eg_total", "max_draft_len", "total tokens (max_draft_len + 1)", minimum=2, maximum=64, value=12,
-                           fastest=24, name="total tokens", to_field=lambda total: total - 1, from_field=lambda n: n + 1),
-                   Control("eg_depth", "num_eagle_layers", "depth (num_eagle_layers)", value=4, fastest=5, name="depth"),
-                   Control("eg_topk", "dynamic_tree_max_topK", "top-k (dynamic_tree_max_topK)", value=3, fastest=4,
+                           fastest=8, name="total tokens", to_field=lambda total: total - 1, from_field=lambda n: n + 1),
+                   Control("eg_depth", "num_eagle_layers", "depth (num_eagle_layers)", value=4, fastest=4, name="depth"),
+                   Control("eg_topk", "dynamic_tree_max_topK", "top-k (dynamic_tree_max_topK)", value=3, fastest=2,
                            name="top-k"),
                    Control("eg_tree", None, "tree (eagle_choices)", "choice", choices="eagle_trees"),
                    Control("eg_prune", None, PRUNE_LABEL + ", dynamic tree", maximum=_EAGLE_PRUNE.slider[1], step=0.01,

@@ -77,7 +77,7 @@ def preset(name: str, fast_dtype: str, modes: Modes = MODES) -> dict[str, Any]:
 
 def presets_note(fast_dtype: str) -> str:
     return ("defaults: small trees, the server's dtype. fastest here: what the README's bench ran — prompt lookup "
-            "max_matching_ngram_size 3, the latest match, 2 matches verified together; EAGLE 24 tokens, depth 5, top-k 4; "
+            "max_matching_ngram_size 3, the latest match, 2 matches verified together; EAGLE 8 tokens, depth 4, top-k 2; "
             f"draft-target max_draft_len 2; {fast_dtype} (this CPU's fastest dtype).")
 
 
