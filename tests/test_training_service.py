@@ -198,6 +198,17 @@ def test_a_slice_finds_its_answers_in_any_shipped_slice_that_holds_them_as_one_s
     assert data.answers_to_generate(tmp_path, offset=5872, limit=128, **count) == 128
 
 
+def test_the_shipped_ranges_merge_adjacent_slices(tmp_path):
+    shipped = tmp_path / "shipped"
+    for name, offset in (("self-a", 7000), ("self-b", 0), ("self-c", 6000), ("self-d", 11000)):
+        _shipped_key(shipped, name, offset, 1000 if offset < 11000 else 128)
+    assert data.shipped_ranges(shipped) == [(0, 1000), (6000, 8000), (11000, 11128)]
+    assert data.shipped_ranges(tmp_path / "none") == []
+    # What ships with the code: the Train tab names it.
+    assert training.shipped_answers() == " and ".join(f"{a}–{b}" for a, b in data.shipped_ranges())
+    assert any(a <= 6000 and 7000 <= b for a, b in data.shipped_ranges())  # the Train tab's default slice
+
+
 @pytest.mark.bundled
 def test_a_sub_slice_of_the_shipped_answers_needs_no_generation(tmp_path):
     """The Train tab's default slice (128 conversations from 6000) reads the first shard of the committed

@@ -27,7 +27,7 @@ from app import models
 from app.modes import MODES, ConfigError
 from app.modes.configs import validated
 from app.service.engines import BuildError, BuildSpec, Builder, EngineStore, Progress, tree_sha256
-from app.training.data import CONVERSATIONS
+from app.training.data import CONVERSATIONS, shipped_ranges
 from app.training.recipes import STAGES  # the order a run goes through
 
 # What the Train tab trains: the kinds drafting beside the target (heads, a module) that have a recipe; a draft model
@@ -36,6 +36,13 @@ KINDS = tuple(m.artifact for m in MODES if m.heads and m.artifact_recipe)
 PREFIX = "trained:"
 ROOT = Path(__file__).resolve().parents[2]
 STARTS = ("shipped", "scratch")
+
+
+def shipped_answers() -> str:
+    """The conversations whose self-distilled answers ship with the app, in words ("0–3000 and 6000–11128")."""
+    return " and ".join(f"{a}–{b}" for a, b in shipped_ranges()) or "none"
+
+
 Events = Callable[[dict[str, Any]], None]
 
 

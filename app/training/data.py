@@ -387,6 +387,19 @@ def _shipped_shard(shipped: Path, key: dict, start: int, count: int, shard: int)
     return None
 
 
+def shipped_ranges(shipped: Path = SHIPPED_DATA) -> list[tuple[int, int]]:
+    """The conversations whose answers ship under `shipped`, as merged [start, end) ranges."""
+    spans = sorted((k["offset"], k["offset"] + k["limit"])
+                   for k in (json.loads(p.read_text()) for p in shipped.glob("self-*/key.json")))
+    merged: list[tuple[int, int]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
 def data_slices(offset: int, limit: int, size: int = SLICE) -> list[tuple[int, int]]:
     """[offset, offset + limit) cut at multiples of `size`, as (offset, limit) pairs: each piece is cached on its
     own, so a run over 6000-11000 reuses what runs over 7000-8000 and 10000-11000 generated and extracted."""

@@ -20,7 +20,7 @@ import gradio as gr
 
 from app.modes import MODES, ConfigError
 from app.service.api import TRAINING_OFF, ModelError, Service, TrainingTimeout
-from app.service.training import KINDS, PREFIX, STAGES, TrainConfig
+from app.service.training import KINDS, PREFIX, STAGES, TrainConfig, shipped_answers
 from app.ui import charts
 from app.ui.controls import QUIET, Number, Slider, finite
 from app.ui.sessions import Sessions
@@ -38,7 +38,7 @@ INTRO = """\
 ### Train draft heads on the frozen model (the seed workflow)
 ModelOpt's speculative-decoding example at this model's scale. The target model stays **frozen**:
 1. **Answers**: it answers ShareGPT prompts itself (*self-distillation*: the heads learn the text the model
-   really writes). The answers to conversations 6000–9000 ship with the app: that slice needs no generation.
+   really writes). The answers to conversations {shipped} ship with the app: those need no generation.
 2. **Reads**: it reads every conversation once; its hidden states are cached under `engines/data/`.
 3. **Trains**: the heads learn to predict its next tokens from those states. Medusa: one small head per
    position ahead. EAGLE: one decoder layer that predicts the next hidden state, then the token.
@@ -96,7 +96,7 @@ def check_message(service: Service, values: dict[str, Any], visitor: str | None 
     if plan["generate"]:
         minutes = plan["generate"] * int(values.get("answer_tokens") or 256) * ANSWER_S / 60
         return (f"✓ Valid · the model first writes **{plan['generate']}** answers for this slice (about {minutes:.0f} min "
-                "on a 2-core CPU; conversations 6000–9000 ship theirs)")
+                f"on a 2-core CPU; conversations {shipped_answers()} ship theirs)")
     return "✓ Valid · the answers for this slice are at hand: it starts with reading the conversations"
 
 
@@ -173,7 +173,7 @@ class TrainTab:
         whose choices a finished run refreshes."""
         d = TrainConfig.model_fields
         fast = self.service.fast_dtype()
-        gr.Markdown(INTRO)
+        gr.Markdown(INTRO.format(shipped=shipped_answers()))
         if self.service.policy.public:
             gr.Markdown(public_note(self.service), elem_id="tr-public")
         c: dict[str, Any] = {}
