@@ -430,6 +430,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             _write_json(args.json, result)
         return 0
     configs = {m: _config(args, m) for m in modes}
+    configs.update(_versus_configs(args, modes))
     target = _load(args, args.model)
     companions = _companions(args, target, configs)
     draft = companions.get("draft_target")
@@ -460,6 +461,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, result)
     return 0
+
+
+def _versus_configs(args: argparse.Namespace, modes: list[str]) -> dict[str, DecodingConfig]:
+    """--versus-model MODE=DIR: MODE's config again with DIR as its speculative_model, as the row MODE@<DIR's name>,
+    so two trained artifacts meet the same prompts in one interleaved run."""
+    out = {}
+    for spec in args.versus_model:
+        mode, sep, path = spec.partition("=")
+        if not sep or not path or mode not in modes:
+            raise ConfigError(f"--versus-model takes MODE=DIR with MODE one of --modes ({', '.join(modes)}), got '{spec}'")
+        flag = next((f for f in MODES[MODES.split(mode)[0]].cli_flags() if f.field == "speculative_model"), None)
+        if flag is None:
+            raise ConfigError(f"--versus-model: {mode} runs no trained artifact (speculative_model)")
+        out[f"{mode}@{Path(path).name}"] = _config(argparse.Namespace(**{**vars(args), flag.name: path}), mode)
+    return out
 
 
 def _vllm_peers(args: argparse.Namespace, service, modes: list[str]) -> dict:
@@ -725,6 +741,10 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     b.add_argument("--peers", action="store_true", help="also run transformers' generate() variants and, where vLLM "
                    "is installed (.venv-vllm), vLLM engines doing the same jobs (vllm_generate, vllm_ngram, vllm_draft_model)")
     b.add_argument("--json", default=None, metavar="OUT", help="write summary and per-run records here")
+    b.add_argument("--versus-model", action="append", default=[], metavar="MODE=DIR",
+                   help="also run MODE (one of --modes that runs a trained artifact: draft_target, medusa, eagle) with the "
+                   "artifact DIR instead, as the row MODE@<DIR's name>, interleaved prompt by prompt: two artifacts compared "
+                   "in one run (repeatable)")
     b.add_argument("--concurrency", default=None, metavar="N,N,...",
                    help="with --peers and vLLM: also sweep N concurrent requests (e.g. 1,2,4,8) to vllm_generate and every "
                    "speculative vLLM row that runs (the JSON's `load`: load[row][N] = tokens_per_s, seconds_per_token, tau, "

@@ -164,6 +164,38 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     assert all(r["ci"] is None for r in result["versus"]) and "no interval under 3 prompts" in proc.stdout
 
 
+@pytest.mark.bundled
+def test_versus_model_runs_a_second_artifact_as_a_row_of_its_own(bundled, tmp_path):
+    from app import models
+
+    shipped = models.default_artifact(models.BUNDLED, "eagle")
+    copy = tmp_path / "another-module"  # the same weights under another name: the rows must agree step for step
+    copy.mkdir()
+    for f in shipped.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    out = tmp_path / "bench.json"
+    proc = run_cli("bench", "--categories", "qa,coding", "--limit", "1", "--modes", "eagle", "--versus-model",
+                   f"eagle={copy}", "--max-new-tokens", "12", "--dtype", "float32", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert list(result["summary"]) == ["autoregressive", "eagle", "eagle@another-module"]
+    configs = result["settings"]["configs"]
+    assert configs["eagle"]["speculative_config"]["speculative_model"] is None  # the shipped module
+    assert configs["eagle@another-module"]["speculative_config"]["speculative_model"] == str(copy)
+    rows = {m: [r for r in result["runs"] if r["mode"] == m] for m in ("eagle", "eagle@another-module")}
+    assert [r["target_steps"] for r in rows["eagle"]] == [r["target_steps"] for r in rows["eagle@another-module"]]
+    assert all(r["identical"] for rs in rows.values() for r in rs)
+    assert "eagle@another-module" in proc.stdout
+
+
+@pytest.mark.parametrize("spec, message", [("medusa=x", "one of --modes"), ("eagle", "MODE=DIR"),
+                                           ("prompt_lookup=x", "no trained artifact")])
+def test_versus_model_refuses_what_it_cannot_run(spec, message):
+    modes = "eagle,prompt_lookup"
+    proc = run_cli("bench", "--modes", modes, "--versus-model", spec, "--limit", "1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and message in proc.stderr, proc.stderr
+
+
 def test_bench_rejects_an_invalid_config_with_status_2():
     proc = run_cli("bench", "--modes", "lookahead", "--lookahead-config", "0,3,2", "--limit", "1")
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
