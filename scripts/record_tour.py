@@ -1,7 +1,7 @@
 """Record the tour's runs: for each mode without a shipped recording, its best Spec-Bench first turn among a few
 categories (by τ), raced against the autoregressive run, saved as assets/traces/<mode>-<category>-<dtype>.json.
 
-    python scripts/record_tour.py [--dtype float32] [--max-new-tokens 128] [--modes suffix,medusa]
+    python scripts/record_tour.py [--dtype float32] [--max-new-tokens 128] [--modes suffix,medusa] [--categories roleplay]
 
 Runs through the service as the web app does (the Run tab's "fastest here" settings), on a quiet machine.
 """
@@ -43,11 +43,12 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--modes", default=",".join(run_tab.tour_modes()))
+    parser.add_argument("--categories", default=",".join(CANDIDATES), help="where to look for each mode's best run")
     args = parser.parse_args()
     service = Service()
     values = {**settings.defaults(), **settings.preset("fastest here", args.dtype), "max_new_tokens": args.max_new_tokens,
               "backend": "transformers"}
-    prompts = {r["category"]: r["text"] for r in load_prompts(None, list(CANDIDATES), 1)}
+    prompts = {r["category"]: r["text"] for r in load_prompts(None, args.categories.split(","), 1)}
     have = {n.split("-")[0] for n in run_tab.RECORDINGS}
     baselines = {}
     for mode in args.modes.split(","):
