@@ -58,37 +58,41 @@ def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], d
     return out[0, len(ids) :].tolist(), counter.calls
 
 
-def _engine_run(engine, ids: list[int]) -> tuple[list[int], int]:
-    """A vLLM peer: its output and engine steps (one streamed chunk each), the stream read to its last step."""
+def _engine_run(engine, ids: list[int]) -> tuple[list[int], int, float, dict | None]:
+    """A vLLM peer: its output, engine steps (one streamed chunk each), when its last step arrived, and the engine's
+    spec-decode counters for the request (read after that step: not the peer's time)."""
     client, request, info = engine
-    out, steps = [], 0
+    out, steps, done, counters = [], 0, None, None
     for message in client.work(request, ids, info)(threading.Event()):
         if message["type"] == "step":
             out += message["tokens"]
             steps += 1
             if message["finish_reason"]:
-                break  # the engine's counters are read after this; they are not the peer's time
-    return out, steps
+                done = time.perf_counter()
+        elif message["type"] == "end":
+            counters = message.get("spec_decode")
+    return out, steps, done or time.perf_counter(), counters
 
 
 def _one(name, target, configs, ids, draft, companions, engines=None):
-    """(output ids, target passes, seconds, and for our modes where the decoding steps' time went)."""
+    """(output ids, target passes, seconds, and for our modes where the decoding steps' time went; for a vLLM peer
+    its spec-decode counters)."""
     t0 = time.perf_counter()
     split = None
     if name in (engines or {}):
-        out, steps = _engine_run(engines[name], ids)
-    elif name in PEERS:
+        out, steps, done, counters = _engine_run(engines[name], ids)
+        return out, steps, done - t0, {"spec_decode": counters} if counters else None
+    if name in PEERS:
         base = configs.get("prompt_lookup") or configs["autoregressive"]
         out, steps = _peer(name, target, base, ids, draft)
-    else:
-        events = list(run_mode(target, configs[name], ids, companions.get(name)))
-        out, steps = output_ids(events), events[-1].totals["target_steps"]
+        return out, steps, time.perf_counter() - t0, None
+    events = list(run_mode(target, configs[name], ids, companions.get(name)))
+    out, steps = output_ids(events), events[-1].totals["target_steps"]
     elapsed = time.perf_counter() - t0
-    if name not in PEERS and name not in (engines or {}):
-        decoding = traces.decoding([e.to_dict() for e in events])  # the Run tab's split of a step, by the loop's clock
-        if decoding:
-            split = {"prefill_s": events[0].verify_time_s, "decode_steps": decoding["steps"], "decode_s": decoding["seconds"],
-                     "draft_s": decoding["draft_s"], "verify_s": decoding["verify_s"]}
+    decoding = traces.decoding([e.to_dict() for e in events])  # the Run tab's split of a step, by the loop's clock
+    if decoding:
+        split = {"prefill_s": events[0].verify_time_s, "decode_steps": decoding["steps"], "decode_s": decoding["seconds"],
+                 "draft_s": decoding["draft_s"], "verify_s": decoding["verify_s"]}
     return out, steps, elapsed, split
 
 
@@ -199,6 +203,8 @@ def summarize(runs: list[dict]) -> dict:
             # how far outputs agree with autoregressive before they part (bfloat16 rounding differs by batch shape)
             "identical_prefix_share": sum(r["identical_prefix"] for r in rs) / max(1, sum(r["new_tokens"] for r in rs)),
             "prompts": len(rs),
+            # a vLLM peer's own count: 1 + accepted / drafts over its requests (vLLM's mean acceptance length)
+            "engine_tau": _engine_tau(rs),
         }
 
     table = {key: stats(rs) for key, rs in groups.items()}
@@ -215,6 +221,12 @@ def summarize(runs: list[dict]) -> dict:
         else:
             summary[mode].setdefault("categories", {})[cat] = s
     return dict(summary)
+
+
+def _engine_tau(runs: list[dict]) -> float | None:
+    counted = [r["spec_decode"] for r in runs if r.get("spec_decode")]
+    drafts = sum(c["num_drafts"] for c in counted)
+    return 1 + sum(c["num_accepted_tokens"] for c in counted) / drafts if drafts else None
 
 
 def _step_time(runs: list[dict]) -> dict | None:
@@ -276,13 +288,18 @@ VERSUS = (("autoregressive", "hf_generate"), ("prompt_lookup", "hf_prompt_lookup
 
 
 def versus(runs: list[dict]) -> list[dict]:
-    """Our modes against their transformers peers where both ran: ratio of mean tokens/s and its 95% interval."""
+    """Our modes against their peers where both ran: ratio of mean tokens/s and its 95% interval; against a
+    speculating vLLM peer also both τ, ours (tokens per target pass) beside vLLM's from its counters."""
     rows = []
     for ours, peer in VERSUS:
         ratio = ratio_ci(runs, ours, peer)
         if ratio:
-            rows.append({"mode": ours, "peer": peer, "ratio": ratio[0],
-                         "ci": [ratio[1], ratio[2]] if ratio[1] is not None else None})
+            row = {"mode": ours, "peer": peer, "ratio": ratio[0], "ci": [ratio[1], ratio[2]] if ratio[1] is not None else None}
+            peer_tau = _engine_tau([r for r in runs if r["mode"] == peer])
+            if peer_tau is not None:
+                mine = [r for r in runs if r["mode"] == ours and r["target_steps"]]
+                row.update(tau=sum(r["new_tokens"] for r in mine) / sum(r["target_steps"] for r in mine), peer_tau=peer_tau)
+            rows.append(row)
     return rows
 
 
@@ -321,4 +338,7 @@ def format_versus(rows: list[dict]) -> str:
         return (f"95% CI {ci[0]:.2f}-{ci[1]:.2f}, bootstrap over prompts" if ci
                 else f"no interval under {MIN_PAIRS} prompts")
 
-    return "\n".join(f"{r['mode']} / {r['peer']}: {r['ratio']:.2f}x tokens/s ({interval(r['ci'])})" for r in rows)
+    def taus(r):
+        return f"; tau {r['tau']:.3f} ours, {r['peer_tau']:.3f} by the engine's counters" if "peer_tau" in r else ""
+
+    return "\n".join(f"{r['mode']} / {r['peer']}: {r['ratio']:.2f}x tokens/s ({interval(r['ci'])}){taus(r)}" for r in rows)

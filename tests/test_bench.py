@@ -121,6 +121,24 @@ def run_cli(*args, timeout=900):
     return subprocess.run([sys.executable, "-m", "app", *eager(args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def test_a_speculating_engine_peer_is_measured_by_its_own_counters():
+    """vLLM's τ is 1 + accepted ÷ drafts summed over its requests (its counters), set beside ours in `versus`."""
+    def engine(prompt, accepted, drafts):
+        r = record("vllm_eagle3", "qa", 20.0, 8, 5)
+        return {**r, "prompt_id": prompt, "spec_decode": {"num_drafts": drafts, "num_draft_tokens": 3 * drafts,
+                                                          "num_accepted_tokens": accepted}}
+
+    runs = [{**record("eagle", "qa", 30.0, 8, 4), "prompt_id": 1}, {**record("eagle", "qa", 30.0, 12, 4), "prompt_id": 2},
+            engine(1, 4, 4), engine(2, 8, 4)]
+    summary = bench.summarize(runs)
+    assert summary["vllm_eagle3"]["engine_tau"] == 1 + 12 / 8 and summary["eagle"]["engine_tau"] is None
+    (row,) = bench.versus(runs)
+    assert (row["mode"], row["peer"], row["tau"], row["peer_tau"]) == ("eagle", "vllm_eagle3", 20 / 8, 2.5)
+    assert "tau 2.500 ours, 2.500 by the engine's counters" in bench.format_versus([row])
+    plain = [r for r in runs if r["mode"] == "eagle"] + [{**record("vllm_eagle3", "qa", 20.0, 8, 8), "prompt_id": 1}]
+    assert "peer_tau" not in bench.versus(plain)[0]  # no counters, no engine τ
+
+
 @pytest.mark.bundled
 def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     out = tmp_path / "results" / "bench.json"  # a folder that does not exist yet

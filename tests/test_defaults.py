@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from helpers import eager
 from app import models
+from app.training import data
 from app.modes import MODES
 from app.runner import DecodingConfig
 from app.runner import load_companion, output_ids, run
@@ -113,12 +114,28 @@ def run_cli(*args, timeout=900):
 
 
 @pytest.mark.bundled
-def test_the_shipped_eagle_module_is_the_earlier_design_and_its_export_says_so(tmp_path):
+def test_the_shipped_eagle_module_is_eagle3_and_exports_what_vllm_loads(tmp_path):
+    """The default EAGLE module is EAGLE-3 (issue 44): its export is vLLM's `eagle3` checkpoint (tests/test_vllm.py
+    runs one in a live engine), and it reads back as the same drafter."""
+    from app.heads import eagle
+
     shipped = models.default_artifact(models.BUNDLED, "eagle")
-    proc = run_cli("export", str(shipped), "--output-dir", str(tmp_path / "out"), timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "earlier design" in proc.stderr and "no engine loads" in proc.stderr and "--eagle3" in proc.stderr
-    assert not (tmp_path / "out").exists()
+    assert eagle.read_config(shipped).eagle3
+    out = tmp_path / "out"
+    proc = run_cli("export", str(shipped), "--output-dir", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 8192
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert config["specdec"]["base_model"] == models.BUNDLED
+    # How it was made: one run of the chain of stages, on the shipped answers of every conversation.
+    made = json.loads((shipped / "train.json").read_text())
+    settings = made["settings"]
+    assert settings["eagle3"] and settings["data_offset"] == 0 and settings["data_limit"] == data.CONVERSATIONS
+    # and its answers ship: the next run over them, on a fresh machine, generates none
+    assert data.answers_to_generate(tmp_path, made["base_model"], torch.bfloat16, offset=0, limit=data.CONVERSATIONS,
+                                    max_len=settings["max_len"], max_new_tokens=settings["answer_tokens"]) == 0
+    assert made["eval"]["mean_accepted_tokens"] > 1.9
 
 
 @pytest.mark.bundled

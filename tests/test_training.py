@@ -529,32 +529,3 @@ def test_distillation_brings_the_draft_closer_and_round_trips(tmp_path):
     (tmp_path / "e" / "config.json").write_text(json.dumps({"architecture": "medusa"}))
     with pytest.raises(ValueError, match="not a 'layer_draft' draft"):
         read_layers(tmp_path / "e")
-
-
-def test_the_committed_work_in_progress_is_a_run_the_next_session_goes_on_from(tmp_path):
-    """assets/wip/ holds an EAGLE-3 run of several sessions (issue 44): either stopped at its time limit (`train
-    --resume DIR` finds its state and settings) or a finished stage whose module the next stage starts from
-    (`--init-from DIR`), EAGLE-3 on the shipped answers (no session generates them again)."""
-    from pathlib import Path
-
-    from app.heads import eagle
-    from app.training import recipes
-
-    wip = Path(__file__).resolve().parent.parent / "assets" / "wip" / "eagle3-smollm2-135m-instruct"
-    progress = json.loads((wip / "train.json").read_text())
-    settings = progress["settings"]
-    assert progress["kind"] == "eagle3" or settings.get("eagle3"), progress["kind"]
-    assert settings["data_source"] == "self"
-    # Its slice's answers ship: a fresh machine (nothing under engines/) generates none of them.
-    assert data_mod.answers_to_generate(tmp_path, progress["base_model"], torch.bfloat16, offset=settings["data_offset"],
-                                        limit=settings["data_limit"], max_len=settings["max_len"],
-                                        max_new_tokens=settings["answer_tokens"]) == 0
-    if progress["state"] == recipes.STOPPED:
-        assert recipes.stopped(wip) and 0 < progress["step"] < progress["total_steps"]
-        args = json.loads((wip / recipes.RESUME / "args.json").read_text())
-        assert args["dtype"] == "bfloat16"
-    else:
-        assert progress["state"] == recipes.DONE and progress["eval"]["mean_accepted_tokens"] > 1.0
-        assert (wip / "config.json").exists() and (wip / "model.safetensors").exists()
-        config = eagle.read_config(wip)  # a module the next stage starts from (loaded with its target)
-        assert config.eagle3 and config.draft_vocab_size == 8192

@@ -356,6 +356,9 @@ def test_bench_concurrency_json_contract(store, tmp_path):
             assert figures["tokens_per_s"] > 0 and figures["seconds_per_token"] > 0 and figures["tau"] >= 1.0
             assert figures["identical_share"] == 1.0, (row, n)  # float32 greedy
     assert "vllm_ngram / vllm_generate at N=2: " in proc.stdout and "vllm_ngram: " in proc.stdout
+    (row,) = [r for r in result["versus"] if r["peer"] == "vllm_ngram"]
+    assert row["peer_tau"] >= 1.0 and result["summary"]["vllm_ngram"]["engine_tau"] == row["peer_tau"]
+    assert "prompt_lookup / vllm_ngram: " in proc.stdout and "by the engine's counters" in proc.stdout
 
 
 @pytest.fixture(scope="module")

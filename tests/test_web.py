@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -346,9 +347,12 @@ def test_api_train_keeps_a_run_that_the_run_tab_then_decodes_with(client):
 
     with pytest.raises(AppError, match="data_limit must be in"):
         client.predict(*[{**values, "data_limit": 2}[k] for k in FIELDS], api_name="/train")
-    # It went on from the shipped module, the earlier design: the export says so instead of writing what no engine loads.
-    with pytest.raises(AppError, match="earlier design.*--eagle3"):
-        client.predict(name, api_name="/train_export")
+    # It went on from the shipped module, EAGLE-3 (the checkbox is for a start from scratch): the export is the
+    # checkpoint vLLM loads as eagle3, zipped for download.
+    with zipfile.ZipFile(client.predict(name, api_name="/train_export")) as z:
+        (config,) = [n for n in z.namelist() if n.endswith("/config.json")]
+        assert json.loads(z.read(config))["architectures"] == ["LlamaForCausalLMEagle3"]
+        assert any(n.endswith("/model.safetensors") for n in z.namelist())
     with pytest.raises(AppError, match="no finished training run"):
         client.predict("trained:0123456789abcdef", api_name="/train_export")
 

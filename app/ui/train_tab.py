@@ -265,9 +265,9 @@ class TrainTab:
         return finished_line(manifest), charts.training_loss((manifest.get("source") or {}).get("losses")), name
 
     def export(self, picked: str | None, request: gr.Request) -> str:
-        picked = (picked or "").strip()
         """The picked run exported for engines, as a zip to download (a copy in the temporary directory, which
         Gradio serves from; the store may be anywhere)."""
+        picked = (picked or "").strip()
         if not picked:
             raise gr.Error("Pick a finished run in the table first.", duration=None)
         try:

@@ -8,10 +8,10 @@ RECORDING = "a draft layer on the target's features grows a tree per step; the t
 RECORDING_MERGED = "EAGLE's tree with prompt lookup's copy merged in: the best of both in one pass."
 LEARN = """\
 ### EAGLE (draft on the target's features)
-A tiny draft model, one decoder layer, predicts the target's next **feature** (its final hidden
-state) from the current feature and the next token; the target's own output rows for the 8192
-tokens it writes most turn features into tokens. As in EAGLE-3, committed positions also bring the
-target's hidden states after a low, a middle and a high layer (2, 15, 27 of 30). EAGLE-2 grows
+A tiny draft model, one decoder layer, reads the target's **features** (hidden states after
+layers 2, 15 and 27 of 30, fused) with the next token and predicts the token after; the target's
+output rows for its 8192 most written tokens score the guesses (EAGLE-3). Deeper in the tree it
+reads its own output, as trained. EAGLE-2 grows
 a **dynamic tree**: for `depth` levels, expand the top_k most confident nodes; score each node by
 its path's cumulative log-probability; keep the best total_tokens − 1 nodes. One target pass verifies
 the tree.
