@@ -6,6 +6,7 @@ Kept free of pytest fixtures so test modules can import it directly (`import hel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import subprocess
@@ -320,3 +321,14 @@ def checked(data, modes=None):
     own = {"transformers": transformers.check, "tensorrt_llm": tensorrt_llm.check, "vllm": vllm.check}
     own.get(request.backend, lambda r: None)(request)  # remote: the server it talks to checks
     return request
+
+
+def earlier_design(directory: Path) -> Path:
+    """An EAGLE module of the project's earlier design (fc over the embedding and the final hidden state plus the
+    fused layers) with the bundled model's sizes and random weights: no engine loads that design."""
+    from app import models
+    from app.heads import eagle
+
+    config = dataclasses.replace(eagle.read_config(models.default_artifact(models.BUNDLED, "eagle")), eagle3=False)
+    eagle.save(eagle.EagleModule(config), directory, base_model=models.BUNDLED)
+    return directory

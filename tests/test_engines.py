@@ -32,7 +32,7 @@ from app.service.engines import (
     tree_sha256,
     trtllm_serve_kwargs,
 )
-from helpers import tiny_llama, trtllm_stand_in
+from helpers import earlier_design, tiny_llama, trtllm_stand_in
 
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 SPEC = BuildSpec("tiny", "autoregressive", versions={"test": "1"})
@@ -400,7 +400,7 @@ def test_eagle_and_pytorch_backend_plans():
     assert custom["trtllm_build"]["command"][custom["trtllm_build"]["command"].index("--max_batch_size") + 1] == "4"
 
 
-def test_eagle_plans_pass_what_tensorrt_llm_1_2_means():
+def test_eagle_plans_pass_what_tensorrt_llm_1_2_means(tmp_path):
     """llm_args.py EagleDecodingConfig: max_draft_len is the drafting steps (validate_eagle_config derives
     num_eagle_layers and max_total_draft_tokens from it); EAGLE-3 reads the target layers eagle3_layers_to_capture."""
     shipped = str(models.default_artifact(models.BUNDLED, "eagle"))
@@ -412,8 +412,11 @@ def test_eagle_plans_pass_what_tensorrt_llm_1_2_means():
     assert sc["eagle3_layers_to_capture"] == [1, 14, 26] and sc["allow_advanced_sampling"] is True
     assert plan["prepare"] == [{"step": "export_eagle", "from": shipped, "to": "{build_dir}/eagle"}]
     assert sc["speculative_model"] == "{build_dir}/eagle"
-    # It is not yet an EAGLE-3 checkpoint, and the plan says so instead of pretending.
-    (why,) = plan["cannot_run"]
+    assert plan["cannot_run"] == []  # the shipped module is EAGLE-3: exported on the way, it is what 1.2 loads
+    # A module of the earlier design is not an EAGLE-3 checkpoint, and the plan says so instead of pretending.
+    older = trt_plan(request({"decoding_type": "Eagle", "speculative_model": str(earlier_design(tmp_path / "old"))},
+                             backend="tensorrt_llm"))
+    (why,) = older["cannot_run"]
     assert "not an EAGLE-3 checkpoint" in why and "[1152 → 576]" in why and "--eagle3" in why
     engine = trt_plan(request({"decoding_type": "Eagle", "num_eagle_layers": 4}, backend="tensorrt_llm", trtllm_backend="tensorrt"))
     esc = engine["llm"]["speculative_config"]
@@ -437,7 +440,8 @@ def test_medusa_plan_takes_the_head_count_from_the_artifact():
 
 def test_a_build_tensorrt_llm_would_refuse_stops_first_and_says_why(tmp_path):
     store = EngineStore(tmp_path)
-    spec = spec_for(request({"decoding_type": "Eagle"}, backend="tensorrt_llm"), models.BUNDLED)
+    old = earlier_design(tmp_path / "old")
+    spec = spec_for(request({"decoding_type": "Eagle", "speculative_model": str(old)}, backend="tensorrt_llm"), models.BUNDLED)
     with pytest.raises(BuildError, match="TensorRT-LLM would refuse this build: the EAGLE module at .* not an EAGLE-3 checkpoint"):
         store.build(spec)
     assert store.list() == [] and "plan.json" in store.get(spec.key())["files"]

@@ -30,7 +30,7 @@ from app.service.backends import remote
 from app.service.backends.base import Prompt
 from app.service.jobs import Limits
 from app.service.traces import Recording
-from helpers import free_port, running_server, eager
+from helpers import earlier_design, free_port, running_server, eager
 from test_web import ARTIFACTS, browser, inspect_step, set_number, wait_status  # noqa: F401  (browser is a fixture)
 
 pytestmark = [pytest.mark.bundled, pytest.mark.vllm]
@@ -495,15 +495,17 @@ def test_engines_rm_stops_and_removes(service, store):
 # ----------------------------------------------------------------------------- no engine needed
 
 
-def test_modes_without_a_vllm_counterpart_are_refused_in_words(service):
+def test_modes_without_a_vllm_counterpart_are_refused_in_words(service, tmp_path):
+    earlier = str(earlier_design(tmp_path / "earlier"))  # the shipped module is EAGLE-3; this design no engine loads
     for spec, words in (({"decoding_type": "Lookahead"}, "no lookahead"),
-                        ({"decoding_type": "Eagle"}, "EAGLE-3"),
+                        ({"decoding_type": "Eagle", "speculative_model": earlier}, "EAGLE-3.*earlier design"),
                         ({"decoding_type": "Medusa", "num_medusa_heads": 9}, "heads"),
                         ({"decoding_type": "Eagle", "prompt_lookup": {}}, "merging prompt lookup")):
         with pytest.raises(ValueError, match=words):
             service.engine_build(request(spec))
     modes = {m["mode"]: m for m in service.modes(backend="vllm")}
     assert modes["prompt_lookup"]["available"] and modes["draft_target"]["available"] and modes["medusa"]["available"]
+    assert modes["eagle"]["available"]  # the shipped module is EAGLE-3
     assert not modes["lookahead"]["available"] and "lookahead" in modes["lookahead"]["reason"]
 
 

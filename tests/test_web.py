@@ -349,7 +349,7 @@ def test_api_train_keeps_a_run_that_the_run_tab_then_decodes_with(client):
         client.predict(*[{**values, "data_limit": 2}[k] for k in FIELDS], api_name="/train")
     # It went on from the shipped module, EAGLE-3 (the checkbox is for a start from scratch): the export is the
     # checkpoint vLLM loads as eagle3, zipped for download.
-    with zipfile.ZipFile(client.predict(name, api_name="/train_export")) as z:
+    with zipfile.ZipFile(client.predict(name, api_name="/train_export")["path"]) as z:  # a File's data
         (config,) = [n for n in z.namelist() if n.endswith("/config.json")]
         assert json.loads(z.read(config))["architectures"] == ["LlamaForCausalLMEagle3"]
         assert any(n.endswith("/model.safetensors") for n in z.namelist())
