@@ -195,10 +195,9 @@ def summarize(runs: list[dict]) -> dict:
         groups[(r["mode"], "overall")].append(r)
 
     def stats(rs):
-        steps = [r["target_steps"] for r in rs if r["target_steps"]]
         return {
             "tokens_per_s": sum(r["tokens_per_s"] for r in rs) / len(rs),
-            "mean_accepted_tokens": sum(r["new_tokens"] for r in rs if r["target_steps"]) / sum(steps) if steps else None,
+            "mean_accepted_tokens": _tau(rs),
             "identical_share": sum(r["identical"] for r in rs) / len(rs),
             # how far outputs agree with autoregressive before they part (bfloat16 rounding differs by batch shape)
             "identical_prefix_share": sum(r["identical_prefix"] for r in rs) / max(1, sum(r["new_tokens"] for r in rs)),
@@ -221,6 +220,12 @@ def summarize(runs: list[dict]) -> dict:
         else:
             summary[mode].setdefault("categories", {})[cat] = s
     return dict(summary)
+
+
+def _tau(runs: list[dict]) -> float | None:
+    """Tokens per target pass over the runs that counted their passes."""
+    counted = [r for r in runs if r["target_steps"]]
+    return sum(r["new_tokens"] for r in counted) / sum(r["target_steps"] for r in counted) if counted else None
 
 
 def _engine_tau(runs: list[dict]) -> float | None:
@@ -297,8 +302,7 @@ def versus(runs: list[dict]) -> list[dict]:
             row = {"mode": ours, "peer": peer, "ratio": ratio[0], "ci": [ratio[1], ratio[2]] if ratio[1] is not None else None}
             peer_tau = _engine_tau([r for r in runs if r["mode"] == peer])
             if peer_tau is not None:
-                mine = [r for r in runs if r["mode"] == ours and r["target_steps"]]
-                row.update(tau=sum(r["new_tokens"] for r in mine) / sum(r["target_steps"] for r in mine), peer_tau=peer_tau)
+                row.update(tau=_tau([r for r in runs if r["mode"] == ours]), peer_tau=peer_tau)
             rows.append(row)
     return rows
 

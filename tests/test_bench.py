@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -187,10 +188,8 @@ def test_versus_model_runs_a_second_artifact_as_a_row_of_its_own(bundled, tmp_pa
     from app import models
 
     shipped = models.default_artifact(models.BUNDLED, "eagle")
-    copy = tmp_path / "another-module"  # the same weights under another name: the rows must agree step for step
-    copy.mkdir()
-    for f in shipped.iterdir():
-        (copy / f.name).write_bytes(f.read_bytes())
+    # the same weights under another name: the rows must agree step for step
+    copy = shutil.copytree(shipped, tmp_path / "another-module")
     out = tmp_path / "bench.json"
     proc = run_cli("bench", "--categories", "qa,coding", "--limit", "1", "--modes", "eagle", "--versus-model",
                    f"eagle={copy}", "--max-new-tokens", "12", "--dtype", "float32", "--json", str(out))
