@@ -10,10 +10,7 @@ ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
     PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
-    GRADIO_ANALYTICS_ENABLED=False \
-    # Inside a container the app must listen on all interfaces to be reachable through -p / the Space proxy.
-    GRADIO_SERVER_NAME=0.0.0.0 \
-    GRADIO_SERVER_PORT=7860
+    GRADIO_ANALYTICS_ENABLED=False
 
 RUN useradd --create-home --uid 1000 app
 WORKDIR /home/app/specdec-studio
@@ -26,5 +23,10 @@ RUN bash scripts/setup.sh \
 
 EXPOSE 7860
 # On a Hugging Face Space the platform sets SPACE_ID, which starts the app in public mode (README: Hosting publicly);
-# elsewhere pass --public for anonymous visitors.
-CMD [".venv/bin/python", "-m", "app"]
+# elsewhere pass --public for anonymous visitors. Inside a container the app listens on all interfaces, to be reachable
+# through -p / the Space's proxy. That proxy is on a private network and appends the address it saw to
+# X-Forwarded-For, so a client is the rightmost address there that is not a private one (docs/ui.md: Hosting publicly).
+# Not "*": with every hop trusted, uvicorn takes the leftmost entry, which the client writes itself. Run elsewhere with
+# no proxy in front, a private peer's forged header would count: override the CMD without --forwarded-allow-ips.
+CMD [".venv/bin/python", "-m", "app", "--host", "0.0.0.0", "--port", "7860", \
+     "--forwarded-allow-ips", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16"]

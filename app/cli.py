@@ -24,6 +24,7 @@ from app.decoding.linear import fast_bf16
 from app.models import BUNDLED, DTYPES, ModelError
 from app.service.backends import transformers
 from app.service.engines import EngineError
+from app.service.http import HttpSettings
 from app.service import traces
 from app.service.traces import Recording
 from app.training import recipes
@@ -105,6 +106,19 @@ def _add_public_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-time-limit", type=float, default=None,
                    help="seconds a training run may take before it is stopped (default: none; 240 in public mode, where 0 "
                    "turns training off)")
+    p.add_argument("--forwarded-allow-ips", type=_proxies, default=(), metavar="ADDRESSES",
+                   help="trust X-Forwarded-For only from these proxy addresses or networks (comma-separated; e.g. a "
+                   "Space's proxy): otherwise the connection's own address identifies a client")
+
+
+def _proxies(text: str) -> tuple[str, ...]:
+    """--forwarded-allow-ips: "10.0.0.0/8, 192.168.0.1" as its entries, each an address, a network or "*"."""
+    proxies = tuple(entry.strip() for entry in text.split(",") if entry.strip())
+    try:
+        HttpSettings(forwarded_allow_ips=proxies)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return proxies
 
 
 def _fields(args: argparse.Namespace, flags) -> dict[str, Any]:
@@ -327,7 +341,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)
         service.backends["transformers"].model(args.model)  # fail here, not on the first click
     try:
-        web.launch(service, host=args.host, port=args.port)
+        web.launch(service, host=args.host, port=args.port,
+                   http=HttpSettings(forwarded_allow_ips=args.forwarded_allow_ips))
     finally:
         service.close()
     return 0
@@ -345,7 +360,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service.backends["transformers"].model(args.model)  # load before the first request, and fail here if it cannot
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1 (default mode {args.mode})", file=sys.stderr, flush=True)
     try:
-        serve(service, host=args.host, port=args.port, default=data)
+        serve(service, host=args.host, port=args.port, default=data,
+              http_settings=HttpSettings(forwarded_allow_ips=args.forwarded_allow_ips))
     finally:
         service.close()
     return 0
@@ -679,8 +695,8 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m app", description="SpecDec Studio")
     sub = parser.add_subparsers(dest="command", required=True)
     u = sub.add_parser("ui", help="the web app (the default command: `python -m app` starts it)")
-    u.add_argument("--host", default=None, help="address to bind (default: GRADIO_SERVER_NAME, else 127.0.0.1)")
-    u.add_argument("--port", type=int, default=None, help="port (default: GRADIO_SERVER_PORT, else 7860)")
+    u.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    u.add_argument("--port", type=int, default=7860)
     u.add_argument("--model", default=BUNDLED, help=f"registry name, local directory or hub id (default {BUNDLED})")
     u.add_argument("--dtype", default="float32", choices=["auto", *DTYPES], help=DTYPE_HELP)
     u.add_argument("--eager", action="store_true", help=EAGER_HELP + "; the web app serves eager passes while it builds")

@@ -6,6 +6,7 @@ and cached as safetensors + tokenizer under `engines/models/`, so later loads ta
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -277,12 +279,34 @@ def _load_eager(name: str, dtype: str, device: str, engines: Path) -> tuple[Load
 def fast_pass_dir(loaded: LoadedModel, where: str, engines: Path) -> Path | None:
     """Where this model's fast pass for this machine lives, or None where there is none to build: not on a CPU, or
     a model with sliding-window layers (its cache cannot be slots)."""
+    if loaded.model.device.type != "cpu":
+        return None
+    return _fast_dir(where, loaded.dtype, loaded.model.config, engines)
+
+
+def _fast_dir(where: str, dtype: str, config, engines: Path) -> Path | None:
     from app.decoding import compiled
     from app.decoding.kv_cache import full_attention
 
-    if loaded.model.device.type != "cpu" or not full_attention(loaded.model.config):
+    if not full_attention(config):
         return None
-    return engines / "compiled" / compiled.key(_weights_id(where), loaded.dtype)
+    return engines / "compiled" / compiled.key(_weights_id(where), dtype)
+
+
+@contextlib.contextmanager
+def _one_builder(engines: Path) -> Iterator[None]:
+    """One fast-pass build at a time on this store, whatever its model and dtype: a build holds its model, the
+    graphs and inductor's workers (GBs), and every process that serves a model starts a builder of its own. A builder
+    waits here before it loads anything, saying so once."""
+    root = engines / "compiled"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".builder.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say("another process is building a fast pass on this machine: waiting for it before loading anything")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _weights_id(where: str) -> str:
@@ -365,12 +389,27 @@ def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> d
     from app.decoding import compiled
     from app.decoding.attention import kv_dtype
 
-    loaded, where = _load_eager(name, dtype, "cpu", engines)
-    out = fast_pass_dir(loaded, where, engines)
+    from transformers import AutoConfig
+
+    if dtype not in DTYPES:
+        raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
+    where = locate(name, engines)
+    try:
+        config = AutoConfig.from_pretrained(where, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"unknown model '{name}': {str(err).splitlines()[0]}") from err
+    out = _fast_dir(where, dtype, config, engines)
     if out is None:
         raise ModelError(f"'{name}' has no fast pass: it has layers that do not attend to the whole context")
-    kv = kv_dtype(loaded.model.config) or loaded.model.dtype
-    _build_once(out, lambda: compiled.built(out), lambda tmp: compiled.build(loaded.model, tmp, kv, log=_say))
+
+    def build(tmp: Path) -> None:  # the model is loaded by the one process that builds, under the lock
+        loaded, _ = _load_eager(name, dtype, "cpu", engines)
+        kv = kv_dtype(loaded.model.config) or loaded.model.dtype
+        compiled.build(loaded.model, tmp, kv, log=_say)
+
+    if not compiled.built(out):
+        with _one_builder(engines):
+            _build_once(out, lambda: compiled.built(out), build)
     return json.loads((out / "info.json").read_text())
 
 
@@ -386,21 +425,25 @@ def companion_pass_dir(target: LoadedModel, artifact: Path, engines: Path) -> Pa
                                                target.dtype)
 
 
-def attach_companion_pass(module: torch.nn.Module, artifact: Path, target: LoadedModel, engines: Path, exported) -> None:
+def attach_companion_pass(module: torch.nn.Module, artifact: Path, target: LoadedModel, engines: Path, exported,
+                          build: bool = True) -> None:
     """Give `module` (loaded from `artifact` beside `target`) its compiled pass (`module.fast`) where the target runs
     its own: loaded from disk, or built first in this process (about a minute, once per artifact, dtype and machine;
     `python -m app compile` builds the shipped ones beside the target's). `exported(module, kv_dtype)` says what is
-    compiled (compiled.Exported)."""
+    compiled (compiled.Exported). `build` False (a public server): only a pass already built is used, else it stays eager."""
     from app.decoding import compiled
     from app.decoding.attention import kv_dtype
 
     out = companion_pass_dir(target, artifact, engines)
     if out is None:
         return
+    if not compiled.built(out) and not build:
+        return
     if not compiled.built(out):
         print(f"[models] compiling the pass of {artifact} for this machine once (about a minute) ...", file=sys.stderr, flush=True)
         kv = kv_dtype(target.model.config) or target.model.dtype
-        _build_once(out, lambda: compiled.built(out), lambda tmp: compiled.build_exported(exported(module, kv), tmp, log=_say))
+        with _one_builder(engines):
+            _build_once(out, lambda: compiled.built(out), lambda tmp: compiled.build_exported(exported(module, kv), tmp, log=_say))
     fast = compiled.load(out)
     module.fast = fast if fast.widths else None  # every width measured faster eagerly: it stays eager
 

@@ -46,9 +46,9 @@ def to_runtime(request: DecodeRequest) -> DecodingConfig:
 
 
 def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES,
-                   modes: Modes | None = None):
+                   modes: Modes | None = None, build: bool = True):
     """What cfg.mode drafts with (its entry's `artifact` in `modes`, default the app's registry), or None. Explicit
-    paths/names win; otherwise the model's shipped default."""
+    paths/names win; otherwise the model's shipped default. `build` False: a compiled pass not yet built stays unbuilt."""
     entry = (modes or MODES).get(cfg.mode)
     if entry is None or not entry.artifact:
         return None
@@ -64,7 +64,7 @@ def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = mod
             f"no {kind} artifact for model '{target.name}': train one (python -m app train --mode {kind}) "
             f"and pass --{kind}-model DIR"
         )
-    return load_artifact(entry, Path(path), target, engines)
+    return load_artifact(entry, Path(path), target, engines, build)
 
 
 def default_draft(target_name: str) -> str:
@@ -77,7 +77,7 @@ def default_draft(target_name: str) -> str:
     )
 
 
-def load_artifact(entry, path: Path, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES):
+def load_artifact(entry, path: Path, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES, build: bool = True):
     """The heads or module `entry` drafts with, loaded beside the target by its entry's loader, with its compiled
     pass where the entry has one and the target runs its own."""
     kind = entry.artifact
@@ -90,7 +90,7 @@ def load_artifact(entry, path: Path, target: LoadedModel, engines: Path = models
     module = module.to(target.model.dtype).eval().requires_grad_(False)
     linear.pack(module)
     if entry.artifact_pass:
-        models.attach_companion_pass(module, path, target, engines, resolve(entry.artifact_pass))
+        models.attach_companion_pass(module, path, target, engines, resolve(entry.artifact_pass), build)
     return module
 
 

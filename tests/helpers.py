@@ -285,6 +285,48 @@ def running_server(args: list[str], ready_path: str, port: int, log: Path, env: 
             proc.kill()
 
 
+def serve_engines(tmp: Path) -> Path:
+    """An engines store for a `serve` under test: its own builds, the shared dequantized models."""
+    from app import models
+
+    engines = tmp / "engines"
+    engines.mkdir()
+    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
+    models.locate(models.BUNDLED)
+    return engines
+
+
+def soak(attack, other, sample, calls: int = 200, at_once: int = 4):
+    """`attack(i)` for each i < `calls`, `at_once` at a time, while `other()` (another visitor's request, timed by the
+    caller) runs again and again in a thread of its own; `sample()` (the server's memory) every 20 calls and at the
+    end. Returns (the attacks' answers, the samples)."""
+    import concurrent.futures
+    import threading
+
+    done, samples = threading.Event(), []
+
+    def again():
+        while not done.is_set():
+            other()
+            done.wait(0.2)
+
+    def one(i):
+        if i % 20 == 0:
+            samples.append(sample())
+        return attack(i)
+
+    watcher = threading.Thread(target=again)
+    watcher.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+            answers = list(pool.map(one, range(calls)))
+    finally:
+        done.set()
+        watcher.join(60)
+    samples.append(sample())
+    return answers, samples
+
+
 def tiny_tokenizer(vocab: int = 96):
     """A word-level fast tokenizer of `vocab` single-character tokens ("t0".. as text), savable with
     save_pretrained, so tiny models can be written as complete model directories."""

@@ -21,7 +21,7 @@ from app.service.policy import Policy, relative
 from app.service.traces import TraceError
 from app.ui import render
 from helpers import checked
-from helpers import free_port, running_server
+from helpers import free_port, running_server, serve_engines, soak
 
 # ----------------------------------------------------------------------------- configs: every number bounded
 
@@ -221,13 +221,8 @@ def test_a_mangled_trace_is_refused_in_words_or_draws(data):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from app import models
-
     tmp = tmp_path_factory.mktemp("serve")
-    engines = tmp / "engines"
-    engines.mkdir()
-    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
-    models.locate(models.BUNDLED)
+    engines = serve_engines(tmp)
     port = free_port()
     with running_server(["serve", "--port", str(port), "--public", "--max-new-tokens", "4", "--engines-dir", str(engines)],
                         "/v1/models", port, tmp / "serve.log") as url:
@@ -281,6 +276,16 @@ def completion(prompt="Say hi.", **fields):
     (completion(max_tokens=10**30), "max_new_tokens"),
     (completion("x" * 200_000), "characters; this server takes at most"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content must be text"),
+    (completion(user={"a": 1}), "user must be a string"),  # vLLM 0.32 answers 400 too (tests/test_vllm.py)
+    # A tree names a shipped preset, never a path: one sentence whether such a file exists or not.
+    (completion(specdec={"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "../../../../../../etc/os-release"}}),
+     "unknown tree '../../../../../../etc/os-release': use one of"),
+    (completion(specdec={"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "../../../../../../etc/nothing"}}),
+     "unknown tree '../../../../../../etc/nothing': use one of"),
+    (completion(specdec={"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "max_draft_len": 6,
+                                                "eagle_choices": "../../engines/models/x/tokenizer"}}), "unknown tree"),
+    # No visitor starts one-time work: a second dtype would load the model again and build its fast pass.
+    (completion(specdec={"dtype": "bfloat16"}), "this public server runs float32 only"),
 ])
 def test_http_refuses_each_bad_request_with_400_and_the_reason(server, body, fragment):
     chat = "messages" in body
@@ -347,3 +352,63 @@ def test_a_model_name_the_file_system_cannot_take_is_refused_in_words_in_any_mod
     for policy in (Policy(), Policy.for_public()):
         with pytest.raises(ConfigError):
             policy.check_model_name(name, ())
+
+
+def post_from(url, path, body, source="127.0.0.1", headers=None, raw: bytes | None = None):
+    """POST from the loopback address `source` (another address is another client) with any `headers`: (status, JSON)."""
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120, source_address=(source, 0))
+    try:
+        data = raw if raw is not None else json.dumps(body, allow_nan=True).encode()
+        conn.request("POST", path, data, {"Content-Type": "application/json", **(headers or {})})
+        answer = conn.getresponse()
+        text = answer.read()
+        try:
+            return answer.status, json.loads(text)
+        except ValueError:
+            return answer.status, text.decode(errors="replace")
+    finally:
+        conn.close()
+
+
+@pytest.mark.bundled
+def test_http_soak_of_forged_identities_leaves_another_client_served_and_nothing_behind(server):
+    """200 hostile and normal requests from one address under 20 forged X-Forwarded-For identities, four at a time,
+    while another client (another loopback address) asks for a short completion every few seconds: each of its
+    answers comes within 10 s, the forged identities share one address's bound, the server's memory levels off, and
+    afterwards nothing runs."""
+    import time
+
+    import psutil
+
+    port = int(server.rsplit(":", 1)[1])
+    pid = next(c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN")
+    proc = psutil.Process(pid)
+    hostile = [completion(max_tokens=float("nan")), completion(user={"a": 1}), completion(specdec={"dtype": "bfloat16"}),
+               completion(specdec={"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "../../../etc/x"}}),
+               completion(specdec={"speculative_config": {"decoding_type": "Draft_Target", "speculative_model": "/etc"}}),
+               completion("x" * 200_000), completion(), completion(stream=True), completion("Count to three.")]
+    waits = []
+
+    def other_client():
+        start = time.monotonic()
+        status, body = post_from(server, "/v1/completions", completion(), source="127.0.0.2")
+        waits.append((round(time.monotonic() - start, 1), status, body if status != 200 else ""))
+
+    answers, samples = soak(lambda i: post_from(server, "/v1/completions", hostile[i % len(hostile)],
+                                                headers={"X-Forwarded-For": f"203.0.113.{i % 20}"}),
+                            other_client, lambda: proc.memory_info().rss / 2**20)
+    print(f"serve --public: the other client's answers (s): {[w[0] for w in waits]}; RSS {[round(x) for x in samples]}")
+    assert all(status in (200, 400, 429) for status, _ in answers), sorted({s for s, _ in answers})
+    assert all((isinstance(body, dict) and ("error" in body) == (status != 200))
+               or (status == 200 and body.endswith("data: [DONE]\n\n")) for status, body in answers)  # a stream
+    busy = [b["error"]["message"] for s, b in answers if s == 429]
+    assert all("already ha" in m or "busy" in m for m in busy), busy[:3]
+    assert len(waits) >= 2 and all(w[1] == 200 and w[0] <= 10 for w in waits), waits
+    assert samples[-1] - samples[2] <= 64, samples
+    deadline = time.monotonic() + 30
+    while proc.cpu_percent(1.0) > 20 and time.monotonic() < deadline:
+        pass
+    assert proc.cpu_percent(1.0) <= 20  # nothing left running

@@ -20,7 +20,7 @@ from app import models
 from app.modes import ConfigError
 from app.service.api import Service
 from app.service.policy import Policy
-from helpers import free_port, running_server
+from helpers import free_port, running_server, soak
 
 pytestmark = pytest.mark.bundled
 
@@ -187,25 +187,34 @@ def refusal(client, *args, api_name):
     return message
 
 
-def raw_call(url, api_name, args):
+def raw_call(url, api_name, args, source="127.0.0.1", headers=None):
     """One call of Gradio's REST API (POST /gradio_api/call/<name>, then its event stream), with whatever JSON a
-    hostile client may send (NaN, Infinity, lone surrogates: gradio_client cannot). ("complete", outputs) or
-    ("error", the message, None when the app did not word it)."""
+    hostile client may send (NaN, Infinity, lone surrogates: gradio_client cannot), from the loopback address `source`
+    (another address is another visitor) with any `headers` (a forged X-Forwarded-For). ("complete", outputs) or
+    ("error", the message, None when the app did not word it); a call refused before it starts (4xx) is an error too."""
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"data": args}, allow_nan=True).encode()  # ensure_ascii: a lone surrogate goes as \\ud800
-    request = urllib.request.Request(f"{url}/gradio_api/call/{api_name}", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as r:
-        event_id = json.load(r)["event_id"]
-    event, last = None, None
-    with urllib.request.urlopen(f"{url}/gradio_api/call/{api_name}/{event_id}", timeout=300) as r:
-        for line in r:
+    conn = http.client.HTTPConnection(host, int(port), timeout=300, source_address=(source, 0))
+    try:
+        conn.request("POST", f"/gradio_api/call/{api_name}", body, {"Content-Type": "application/json", **(headers or {})})
+        answer = conn.getresponse()
+        data = json.loads(answer.read() or b"null")
+        if answer.status >= 400:
+            return "error", data.get("error") if isinstance(data, dict) else None
+        conn.request("GET", f"/gradio_api/call/{api_name}/{data['event_id']}", headers=headers or {})
+        event, last = None, None
+        for line in conn.getresponse():
             line = line.decode().rstrip("\n")
             if line.startswith("event: "):
                 event = line[7:]
             elif line.startswith("data: ") and event in ("complete", "error"):
                 data = json.loads(line[6:])
                 last = (event, data.get("error") if event == "error" and isinstance(data, dict) else data)
-    return last
+        return last
+    finally:
+        conn.close()
 
 
 def raw_refusal(url, args, api_name="run_controls"):
@@ -332,19 +341,20 @@ def test_api_one_visitor_holds_at_most_two_generations(app_url):
 def test_api_replays_have_their_own_bounded_queue_and_never_block_a_run(app_url, client, tmp_path):
     from gradio_client.exceptions import AppError
 
-    # A recording 100 s long, replayed at its pace by 12 visitors: 4 play, the rest are refused in words at once.
+    # A recording 100 s long, replayed at its pace by 12 pages of one address: one plays, the rest are refused in
+    # words at once (four session hashes of one client held all four of the server's places before).
     slow = {"mode": "prompt_lookup", "steps": steps({}, totals={"new_tokens": 2, "elapsed_s": 100.0}), "texts": {"1": "a", "2": "b"}}
     visitors = [client_for(app_url[0]) for _ in range(12)]
     jobs = [v.submit(trace_file(tmp_path, f"slow{i}", slow), True, {}, api_name="/replay") for i, v in enumerate(visitors)]
     deadline = time.monotonic() + 120
-    while sum(j.done() for j in jobs) < 8 and time.monotonic() < deadline:
+    while sum(j.done() for j in jobs) < 11 and time.monotonic() < deadline:
         time.sleep(0.2)
     refused = []
     for job in (j for j in jobs if j.done()):
         with pytest.raises(AppError) as err:
             job.result()
         refused.append(str(err.value))
-    assert len(refused) == 8 and all("replays are playing on this server" in r for r in refused), refused
+    assert len(refused) == 11 and all("your address already plays 1 replay(s)" in r for r in refused), refused
     # Meanwhile a generation runs (the replays fill no queue of its).
     assert "finished" in client.predict(*run_args(), api_name="/run_controls")[1]
     for visitor, job in zip(visitors, jobs):
@@ -375,8 +385,10 @@ def test_api_inputs_gradio_cannot_read_are_refused_in_words(app_url):
     from app.ui.unworded import MESSAGE
 
     url = app_url[0]
+    shipped = str(next((Path(__file__).parent.parent / "assets" / "traces").glob("*.json")))  # a trace, by its path
     for name, args in (("replay", ["/etc/passwd", False]), ("run", []), ("run_controls", []),
-                       ("load_replay_file", [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}])):
+                       ("load_replay_file", [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}]),
+                       ("load_replay_file", [{"path": shipped, "meta": {"_type": "gradio.FileData"}}])):
         assert raw_refusal(url, args, name) == MESSAGE, name
     request = urllib.request.Request(url + "/gradio_api/run/run", data=b'{"data": []}', method="POST",
                                      headers={"Content-Type": "application/json"})
@@ -427,6 +439,131 @@ def test_api_soak_of_200_mixed_requests_levels_off(app_url, tmp_path):
     # Levelled off once the server keeps as many pages as it may (web.PAGES_KEPT, each call being one): the last 50
     # calls add at most 8 MB (with every page kept they added ~20 MB).
     assert samples[-1] - samples[15] <= 8, samples
+
+
+# ----------------------------------------------------------------------------- identities a client cannot forge
+
+
+FORGED = [{"X-Forwarded-For": f"203.0.113.{i}"} for i in range(20)]  # what a client may write: no proxy is trusted
+
+
+def test_api_forged_session_hashes_and_forwarded_headers_share_one_addresss_bound(app_url):
+    """Twenty pages (session hashes) from one address, each with a forged X-Forwarded-For: one address's three places."""
+    import concurrent.futures
+
+    args = run_args(prompt="Count from one to fifty, one number per line.", max_new_tokens=48)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda h: raw_call(app_url[0], "run_controls", args, headers=h), FORGED[:8]))
+    finished = [o for o in outcomes if o[0] == "complete"]
+    refused = [o[1] for o in outcomes if o[0] == "error"]
+    assert 1 <= len(finished) <= 3 + 2, outcomes  # three places; a run that ends frees its place for a later call
+    assert len(refused) >= 3 and all("your address already has 3 generation(s)" in r for r in refused), refused
+
+
+def test_api_three_measures_from_one_visitor_the_third_is_refused(app_url):
+    visitor = client_for(app_url[0])  # one page: one session
+    prompt = "The quick brown fox jumps over the lazy dog. " * 40  # about 400 tokens: each Measure takes seconds
+    jobs = [visitor.submit(prompt, api_name="/pass_cost") for _ in range(3)]
+    outcomes = []
+    for job in jobs:
+        try:
+            outcomes.append(job.result(timeout=300) and "measured")
+        except Exception as err:
+            outcomes.append(str(err))
+    assert outcomes.count("measured") == 2, outcomes
+    assert any("you already have 2 generation(s) running or waiting" in o for o in outcomes), outcomes
+    assert "this server takes at most 512" in raw_refusal(app_url[0], ["word " * 700], "pass_cost")
+
+
+def test_api_inputs_of_the_wrong_type_and_unknown_endpoints_are_refused_in_words(app_url):
+    url = app_url[0]
+    assert raw_call(url, "run_controls", run_args(prompt=["a"]))[1] == "input 1 (Prompt) must be text, got [\"a\"]"
+    assert "must be true or false" in raw_call(url, "run_controls", run_args(race="yes"))[1]
+    request = urllib.request.Request(url + "/gradio_api/call/nonexistent_api", data=b'{"data": []}', method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=60)
+    assert err.value.code == 404 and "there is no endpoint 'nonexistent_api' here" in json.loads(err.value.read())["error"]
+
+
+def test_api_a_tree_path_gets_the_same_sentence_whether_the_file_exists_or_not(app_url, tmp_path):
+    (tmp_path / "tree.json").write_text("[[0],[0,0]]")
+    said = []
+    for name in (str(tmp_path / "tree"), str(tmp_path / "missing"), "../../../../../../" + str(tmp_path / "tree").lstrip("/")):
+        request = {"prompt": "Hi", "max_new_tokens": 4, "speculative_config": {"decoding_type": "Medusa", "medusa_choices": name}}
+        message = raw_refusal(app_url[0], [request], "run")
+        said.append(message.replace(name[:60], "NAME"))
+    assert len(set(said)) == 1 and "unknown tree 'NAME': use one of" in said[0], said
+
+
+def test_api_the_load_tab_in_public_mode_refuses_before_it_starts_an_engine(app_url):
+    import psutil
+
+    pid = listening_pid(app_url[0])
+    message = raw_refusal(app_url[0], ["prompt_lookup", "1,2", 8, False], "load_sweep")
+    assert "a load sweep needs the vLLM engines of prompt_lookup and of plain decoding; 2 of them are not running" in message
+    assert not [p for p in psutil.Process(pid).children(recursive=True) if "vllm" in " ".join(p.cmdline())]
+
+
+def upload(url, size, source):
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"t.json\"\r\n"
+            b"Content-Type: application/json\r\n\r\n" + b"x" * size + b"\r\n--b--\r\n")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120, source_address=(source, 0))
+    try:
+        conn.request("POST", "/gradio_api/upload", body, {"Content-Type": "multipart/form-data; boundary=b"})
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read() or b"null")
+    finally:
+        conn.close()
+
+
+def test_api_an_upload_flood_from_one_address_meets_its_cap(app_url, gradio_dir):
+    """25 uploads of 8,000,000 bytes, five at a time, from one address (not the other tests' own): three are stored."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        answers = list(pool.map(lambda _: upload(app_url[0], 8_000_000, "127.0.0.3"), range(25)))
+    stored = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] == 429]
+    assert len(stored) == 3 and len(refused) == 22, [a[0] for a in answers]
+    assert all("your address has uploaded" in a[1]["error"] and "at most 26 MB per address" in a[1]["error"]
+               for a in refused), refused[0]
+    big = [f for f in gradio_dir.rglob("*") if f.is_file() and f.stat().st_size >= 8_000_000]
+    assert len(big) <= 3  # nothing refused was stored
+
+
+def test_api_soak_of_forged_identities_leaves_another_visitor_served_and_nothing_behind(app_url, tmp_path):
+    """200 hostile and normal calls from one address under 20 forged identities (session hashes, X-Forwarded-For),
+    four at a time, while another visitor (another loopback address) runs a small generation every few seconds:
+    each of theirs is answered within 10 s, the server's memory levels off, and afterwards nothing runs."""
+    import psutil
+
+    url, pid = app_url[0], listening_pid(app_url[0])
+    hostile = [("run_controls", run_args("eagle", max_new_tokens=math.nan)), ("run_controls", run_args(prompt=["a"])),
+               ("run", [{"prompt": "Hi", "speculative_config": {"decoding_type": "Medusa", "medusa_choices": "../../../etc/x"}}]), ("pass_cost", [None]),
+               ("load_sweep", ["prompt_lookup", "1,2", 8, False]), ("nonexistent", []), ("inspect", ["x"]),
+               ("run_controls", run_args(max_new_tokens=4)), ("run_controls", run_args(max_new_tokens=8))]
+    waits = []
+
+    def other_visitor():
+        start = time.monotonic()
+        event, answer = raw_call(url, "run_controls", run_args(max_new_tokens=4), source="127.0.0.2")
+        waits.append((time.monotonic() - start, event, answer if event != "complete" else answer[1][:60]))
+
+    answers, samples = soak(lambda i: raw_call(url, *hostile[i % len(hostile)], headers=FORGED[i % 20]), other_visitor,
+                            lambda: rss_mb(pid))
+    assert all(a is not None and a[0] in ("complete", "error") and BARE not in str(a[1]) for a in answers)
+    print(f"the other visitor's runs during the soak (s): {[round(w[0], 1) for w in waits]}; RSS {[round(x) for x in samples]}")
+    assert len(waits) >= 2 and all(w[1] == "complete" and w[0] <= 10 for w in waits), waits
+    assert samples[-1] - samples[2] <= 64, samples  # levels off: each call is a page, and pages kept are bounded
+    deadline = time.monotonic() + 30
+    while psutil.Process(pid).cpu_percent(1.0) > 20 and time.monotonic() < deadline:
+        pass
+    assert psutil.Process(pid).cpu_percent(1.0) <= 20  # nothing left running
+    assert not [p for p in psutil.Process(pid).children(recursive=True) if "vllm" in " ".join(p.cmdline())]
 
 
 def rss_mb(pid: int) -> float:
@@ -521,16 +658,11 @@ def test_browser_two_visitors_builds_are_their_own_and_training_is_bounded(brows
         context_b.close()
 
 
-def test_public_mode_runs_float32_where_bfloat16_is_emulated(tmp_path):
-    from app.decoding.linear import fast_bf16
-
-    service = Service(engines=tmp_path, policy=Policy.for_public())
+def test_public_mode_runs_its_operators_dtype_where_bfloat16_is_emulated_too(tmp_path):
+    service = Service(engines=tmp_path, policy=Policy.for_public())  # float32: the operator's --dtype
     try:
-        if fast_bf16():
-            assert service.request({"dtype": "bfloat16"}).dtype == "bfloat16"
-        else:
-            with pytest.raises(ConfigError, match="no native bfloat16, where speculative decoding earns less"):
-                service.request({"dtype": "bfloat16"})
+        with pytest.raises(ConfigError, match="this public server runs float32 only"):
+            service.request({"dtype": "bfloat16"})
         assert service.request({"dtype": "float32"}).dtype == "float32"
     finally:
         service.close()

@@ -577,6 +577,7 @@ def test_public_mode_bounds_the_engines_requests_start_and_stops_idle_ones(store
 def test_a_visitors_run_that_starts_an_engine_makes_it_theirs(tmp_path):
     """Public mode: a vLLM engine a visitor's run (or load sweep) started is theirs in Engines, as one they built
     there is; another visitor does not see it, and an engine that was ready before stays the operator's."""
+    from app.modes import ConfigError
     from app.service.policy import Policy
 
     engines = tmp_path / "engines"
@@ -613,6 +614,13 @@ def test_a_visitors_run_that_starts_an_engine_makes_it_theirs(tmp_path):
     service.backends["vllm"].processes = operator.backends["vllm"].processes = processes
     try:
         service.submit(request(DRAFT, max_new_tokens=4), "Hello", visitor="a").cancel()
+        # `serve --public` (another process on the same store): its clients decode on the operator's engines only,
+        # not on one a web visitor started, running as it is.
+        serve = Service(engines, vllm_settings=SETTINGS, policy=Policy.for_public())
+        serve.backends["vllm"].processes = processes
+        with pytest.raises(ConfigError, match="only on engines its operator started"):
+            serve.submit(request(DRAFT, max_new_tokens=4), "Hello")
+        serve.close()
         (mine,) = service.engine_list("a")
         assert mine["spec"]["mode"] == "draft_target" and service.engine_removable("a") == [mine["id"]]
         assert service.engine_list("b") == []
@@ -679,6 +687,7 @@ def test_openai_fields_are_answered_as_vllms_own_server_answers_them(service):
         "logit_bias": (text, {**count, "logit_bias": {"1": 5}}, 200, 400),
         "response_format json": (chat, {**hi, "response_format": {"type": "json_object"}}, 200, 400),
         "frobnicate (an unknown field)": (text, {**count, "frobnicate": 1}, 200, 400),
+        "user object": (text, {**count, "user": {"a": 1}}, 400, 400),
     }
     answers = {}
     for name, (path, body, theirs, mine) in cases.items():

@@ -16,11 +16,12 @@ def medusa_choices(spec: str) -> list[list[int]]:
     if len(text) > 65536:
         raise ConfigError(f"a tree is at most 65,536 characters of JSON; got {len(text):,}")
     if not text.startswith("["):
-        path = CHOICES_DIR / f"{text}.json"
-        names = sorted(p.stem for p in CHOICES_DIR.glob("*.json"))
-        if not path.exists():
-            raise ConfigError(f"unknown tree '{spec}': use one of {', '.join(names)} or a JSON list of paths")
-        text = path.read_text()
+        # A name is looked up among the shipped files, never joined into a path: '../x' or an absolute path names no
+        # preset, and the refusal is the same whether such a file exists or not.
+        presets = {p.stem: p for p in CHOICES_DIR.glob("*.json")}
+        if text not in presets:
+            raise ConfigError(f"unknown tree '{spec[:60]}': use one of {', '.join(sorted(presets))} or a JSON list of paths")
+        text = presets[text].read_text()
     try:
         paths = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, a number of thousands of digits, nested too deep

@@ -29,7 +29,7 @@ from app.service.backends.transformers import TransformersBackend
 from app.service.backends.vllm import VLLMBackend
 from app.service.engines import BuildError, BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
 from app.service.jobs import Job, JobManager, Limits
-from app.service.policy import Policy, relative
+from app.service.policy import Policy, address_of, relative
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,8 @@ class Service:
         # Where this server keeps files, as a response may show it (relative; see policy.relative).
         self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
         self.backends = {
-            "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call, fast=fast),
+            "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call, fast=fast,
+                                               build_companions=not policy.public),
             "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
             "vllm": VLLMBackend(self.store, dtype, vllm_settings, max_started=policy.visitor_engines if policy.public else None,
@@ -115,8 +116,14 @@ class Service:
     def fast_dtype(self) -> str:
         """The dtype the Run tab's "fastest here" preset picks: bfloat16 where the CPU has it natively. Without, a
         one-token pass is faster in bfloat16 (models.fast_dtype, `--dtype auto`) but speculation earns more in float32,
-        and public mode refuses emulated bfloat16 (policy.py)."""
+        and public mode runs its operator's dtype only (_check_dtype)."""
+        if self.policy.public:
+            return self.dtype
         return "bfloat16" if fast_bf16() else "float32"
+
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes a request may run the transformers backend in: every one, or in public mode the server's."""
+        return (self.dtype,) if self.policy.public else tuple(DTYPES)
 
     def dtype_note(self, dtype: str) -> str:
         """What a user should know about running this server's transformers backend in `dtype` ("auto" = the server's)."""
@@ -164,14 +171,16 @@ class Service:
             data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
         request = self._trained(configs.parse(data, self.registry, self.limits.max_new_tokens), visitor)
         self.backends[request.backend].check(request)
-        if (self.policy.public and request.backend == "transformers" and request.dtype == "bfloat16"
-                and self.dtype != "bfloat16" and not fast_bf16()):
-            # Without native bfloat16 a one-token pass is cheap and a wide one is not (linear.py), so speculation
-            # loses to autoregressive there: a public demo of speculation runs float32. The operator may still
-            # serve in bfloat16 (--dtype).
-            raise ConfigError("this public server's CPU has no native bfloat16, where speculative decoding earns less "
-                              "than autoregressive: choose auto or float32")
+        self._check_dtype(request.dtype)
         return request
+
+    def _check_dtype(self, dtype: str) -> None:
+        """Public mode runs the dtype its operator started it with: another would load a second copy of the model
+        (gigabytes, the transformers backend) or start an engine, and build a fast pass (a CPU's half hour) that no
+        visitor should start on a shared machine."""
+        if self.policy.public and dtype not in ("auto", self.dtype):
+            raise ConfigError(f"this public server runs {self.dtype} only (its operator's --dtype): another dtype would "
+                              "load a second copy of the model and build its fast pass; choose auto")
 
     def _trained(self, request: DecodeRequest, visitor: str | None = None) -> DecodeRequest:
         """The request with a trained artifact named `trained:<id>` replaced by its directory in the store; any
@@ -220,23 +229,28 @@ class Service:
             self._check_operators_engine(request, model or self.model)
         # A visitor's run on vLLM may start its engine (prepare): the engine is then theirs, as one built in Engines is.
         claims = self.policy.public and visitor is not None and request.backend == "vllm"
-        engine = self._engine_id(request, model or self.model) if claims else None
+        engine = self.engine_id(request, model or self.model) if claims else None
         existed = engine is not None and self._ready(engine)
         work = backend.prepare(model or self.model, request, prompt, self.limits)
         if engine is not None and not existed:  # a run on another's engine uses it; it does not make it theirs
             self._claim(engine, visitor, existed)
-        return self.jobs.submit(work, visitor or client, self.policy.visitor_jobs)
+        return self.queue(work, visitor or client)
+
+    def queue(self, work: Any, who: str | None) -> Job:
+        """Queue a job of `who` (a visitor key or an HTTP client's address; policy.visitor) against the policy's bounds
+        per visitor and per address. Raises QueueFull / TooMany in words."""
+        return self.jobs.submit(work, who, self.policy.visitor_jobs, address_of(who), self.policy.address_jobs)
 
     def vllm_engine(self, request: DecodeRequest, model: str, progress: Progress | None = None,
                     visitor: str | None = None) -> tuple[dict[str, Any], str]:
         """The request's vLLM build and its running server's URL (built, started or reused); the visitor's when this
         made it (engine_build: also when they re-made another visitor's)."""
-        existed = self._ready(self._engine_id(request, model))
+        existed = self._ready(self.engine_id(request, model))
         manifest, url = self.backends["vllm"].engine(model, request, progress)
         self._claim(manifest["id"], visitor, existed)
         return manifest, url
 
-    def _engine_id(self, request: DecodeRequest, model: str) -> str:
+    def engine_id(self, request: DecodeRequest, model: str) -> str:
         """The id of the build each engine backend makes of the request (VLLMBackend.engine, _trtllm_kwargs)."""
         try:
             spec = (spec_for(request, model, dtype=self.dtype) if request.backend == "vllm"
@@ -250,11 +264,13 @@ class Service:
         operator started (running), else it is refused before anything is built."""
         if request.backend not in ("vllm", "tensorrt_llm"):
             return
-        build_id = self._engine_id(request, model)
+        build_id = self.engine_id(request, model)
         if request.backend == "vllm":
             up = self.backends["vllm"].processes.state(build_id)["state"] == "running"
         else:
             up = self._ready(build_id)
+        if up and not self.visible(build_id, None):  # a web visitor's engine is theirs, not the operator's
+            up = False
         if not up:
             raise ConfigError(f"this public server's clients decode only on engines its operator started, and no "
                               f"{request.backend} engine for these settings is running: use the transformers backend")
@@ -278,17 +294,18 @@ class Service:
         return [name for name, (base, _) in models.DRAFT_ALIASES.items() if base == self.model]
 
     # ------------------------------------------------------------------ the machine
-    def pass_cost(self, prompt: str, dtype: str = "auto", repeats: int = 3) -> dict[str, Any]:
+    def pass_cost(self, prompt: str, dtype: str = "auto", repeats: int = 3, visitor: str | None = None) -> dict[str, Any]:
         """What one target pass over k tokens costs after `prompt` on this machine, in milliseconds and relative
         to a one-token pass (runner.verify_cost), on the transformers backend in `dtype`. A speculative step that
         verifies k tokens pays only when it commits more than that relative cost. Queued like a generation,
-        so it never times a CPU another job is using."""
+        so it never times a CPU another job is using, and counted against `visitor`'s bounds as one."""
         if dtype not in ("auto", *DTYPES):
             raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got '{dtype}'")
+        self._check_dtype(dtype)
         self._require_text([prompt])
         target = self.backends["transformers"].model(self.model, dtype)
         ids = target.encode(prompt)
-        configs.check_prompt_limit(len(ids), self.limits.max_prompt_tokens)
+        configs.check_prompt_limit(len(ids), min(self.limits.max_prompt_tokens, self.policy.measure_prompt_tokens or math.inf))
 
         def work(cancel):
             note = target.fast["note"]  # which pass is timed: the one runs use
@@ -299,7 +316,7 @@ class Service:
             yield {"type": "cost", "dtype": target.dtype, "pass": note, **cost}
             yield {"type": "end", "finish_reason": "length", "error": None}
 
-        messages = list(self.jobs.submit(work).messages())
+        messages = list(self.queue(work, visitor).messages())
         if messages[-1].get("error"):
             raise RuntimeError(messages[-1]["error"])
         return next({k: v for k, v in m.items() if k != "type"} for m in messages if m["type"] == "cost")

@@ -41,9 +41,10 @@ class Limits:
 
 
 class Job:
-    def __init__(self, job_id: str, work: Work, time_limit_s: float, owner: str | None = None) -> None:
+    def __init__(self, job_id: str, work: Work, time_limit_s: float, owner: str | None = None,
+                 group: str | None = None) -> None:
         self.id = job_id
-        self.owner = owner
+        self.owner, self.group = owner, group
         self.cancel_event = threading.Event()
         self.status = "queued"  # queued | running | done | cancelled | timeout | failed
         self.error: str | None = None
@@ -55,6 +56,11 @@ class Job:
 
     def cancel(self) -> None:
         self.cancel_event.set()
+
+    def holds_place(self) -> bool:
+        """Whether it counts against the bounds: unfinished, and running or waiting uncancelled (a cancelled running
+        job still holds its worker until its next step)."""
+        return not self.done.is_set() and (self.status == "running" or not self.cancel_event.is_set())
 
     @property
     def timed_out(self) -> bool:
@@ -135,31 +141,61 @@ class JobManager:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._jobs: dict[str, Job] = {}
+        # Jobs not yet handed to a worker, and when each group (address) was last served: a free worker takes the
+        # first job of the group served longest ago, so one address's burst waits behind everyone else's next job
+        # instead of in front of it.
+        self._waiting: list[Job] = []
+        self._served: dict[str | None, int] = {}
+        self._turns = itertools.count()
 
-    def submit(self, work: Work, owner: str | None = None, per_owner: int | None = None) -> Job:
-        """Queue `work`. `owner` (a visitor, a client address) may have at most `per_owner` jobs running or waiting,
-        so no one fills the queue for everybody else."""
+    def submit(self, work: Work, owner: str | None = None, per_owner: int | None = None,
+               group: str | None = None, per_group: int | None = None) -> Job:
+        """Queue `work`. `owner` (a visitor, a client address) may have at most `per_owner` jobs running or waiting, and
+        the owners of one `group` (an address) at most `per_group` together, so no one fills the queue for everybody else."""
         with self._lock:
-            # Counted from unfinished jobs, not from status == "queued": a job just handed to a free worker is still
-            # "queued" until that thread starts it, and a burst of submits must not be refused for that.
-            active = sum(not j.done.is_set() for j in self._jobs.values())
+            # Counted from jobs that still hold a place: unfinished, and not cancelled while they wait (such a job ends
+            # as soon as a worker reaches it, so it leaves the queue at once). Not from status == "queued": a job just
+            # handed to a free worker is still "queued" until that thread starts it, and a burst must not be refused.
+            held = [j for j in self._jobs.values() if j.holds_place()]
             if owner is not None and per_owner is not None:
-                mine = sum(j.owner == owner and not j.done.is_set() for j in self._jobs.values())
+                mine = sum(j.owner == owner for j in held)
                 if mine >= per_owner:
                     raise TooMany(f"you already have {mine} generation(s) running or waiting on this server, the most one "
                                   "visitor may: wait for one to finish (or stop it)")
-            waiting = max(0, active - self.limits.max_concurrency)
+            if group is not None and per_group is not None:
+                ours = sum(j.group == group for j in held)
+                if ours >= per_group:
+                    raise TooMany(f"your address already has {ours} generation(s) running or waiting on this server, the "
+                                  "most one address may (however many pages or sessions it opens): wait for one to finish")
+            waiting = max(0, len(held) - self.limits.max_concurrency)
             if waiting >= self.limits.max_queue:
                 raise QueueFull(
                     f"the server is busy: {waiting} generations are already waiting (limit {self.limits.max_queue}); "
                     "try again in a moment"
                 )
-            job = Job(f"job-{next(self._ids)}", work, self.limits.time_limit_s, owner)
+            job = Job(f"job-{next(self._ids)}", work, self.limits.time_limit_s, owner, group)
             self._jobs[job.id] = job
+            self._waiting.append(job)
             # Finished jobs are forgotten: only queued and running ones count or can be cancelled by id.
             for old in [k for k, j in self._jobs.items() if j.done.is_set()]:
                 del self._jobs[old]
-        self._pool.submit(job._run)
+        self._pool.submit(self._run_next)  # one worker turn per job: each runs once, in the order _next picks
+        return job
+
+    def _run_next(self) -> None:
+        with self._lock:
+            job = self._next()
+        job._run()
+
+    def _next(self) -> Job:
+        """The waiting job to run now: one cancelled while it waited (it ends at once), else the first of the group
+        served longest ago (a group never served first), in submission order within a group."""
+        best = min(range(len(self._waiting)), key=lambda i: (not self._waiting[i].cancel_event.is_set(),
+                                                             self._served.get(self._waiting[i].group, -1), i))
+        job = self._waiting.pop(best)
+        self._served[job.group] = next(self._turns)
+        if len(self._served) > 1024:  # forget the groups with nothing waiting: the map stays small
+            self._served = {j.group: self._served.get(j.group, -1) for j in self._waiting}
         return job
 
     def _mark_worker(self) -> None:

@@ -403,8 +403,26 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
     if reason := backend.supports(request.entry, service.model):
         raise LoadError(reason)
     model = service.model
-    manifest, url = service.vllm_engine(request, model, progress, visitor)
-    plain_manifest, plain_url = service.vllm_engine(plain_request, model, progress, visitor)
+    # Public mode: a sweep runs on engines that are up, or starts only as many as visitors may start now (checked
+    # before anything starts, so a refused sweep leaves no engine behind); what it starts it stops when it ends.
+    ids = [service.engine_id(r, model) for r in (request, plain_request)]
+    missing = [i for i in dict.fromkeys(ids) if not backend.running(i)] if service.policy.public else []
+    room = backend.room()
+    if missing and room is not None and len(missing) > room:
+        raise LoadError(f"a load sweep needs the vLLM engines of {request.mode} and of plain decoding; {len(missing)} of "
+                        f"them {'is' if len(missing) == 1 else 'are'} not running and visitors may start {room} more on "
+                        "this public server now: try when the operator has started them, or later")
+
+    def release() -> None:
+        for build_id in missing:
+            backend.stop(build_id)
+
+    try:
+        manifest, url = service.vllm_engine(request, model, progress, visitor)
+        plain_manifest, plain_url = service.vllm_engine(plain_request, model, progress, visitor)
+    except BaseException:
+        release()
+        raise
     speculative = manifest["spec"]["config"]["speculative_config"]
     tok = backend.tokenizer(model)
     chosen = pick_prompts(load_prompts(None, categories, None), max(ns))
@@ -431,7 +449,14 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
         yield {"type": "end", "finish_reason": finish, "error": None,
                "sweep": document(sweep, **about, **({"ours": mine} if mine else {}))}
 
-    return service.jobs.submit(work, visitor, service.policy.visitor_jobs)
+    try:
+        job = service.queue(work, visitor)
+    except BaseException:
+        release()
+        raise
+    if missing:  # however the job ends (finished, stopped, or cancelled before a worker reached it)
+        threading.Thread(target=lambda: (job.done.wait(), release()), name="sweep-engines", daemon=True).start()
+    return job
 
 
 def our_point(service, data: dict[str, Any], prompt: str, cancel: threading.Event) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ from app.models import ModelError
 from app.service.api import Service
 from app.service.backends.base import Prompt
 from app.service.backends.remote import OWNER
+from app.service.http import HttpSettings, serve as serve_http
 from app.service.jobs import QueueFull
 
 # OpenAI's finish reasons. The time limit and a cancel end the output early as max_tokens does, so they read "length";
@@ -73,6 +74,8 @@ def options(body: dict[str, Any], chat: bool) -> Options:
         value = body.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ConfigError(f"{key} must be a number, got {_shown(value)}")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise ConfigError(f"user must be a string (an end user's id), got {_shown(body['user'])}")
     if not chat and body.get("logprobs") is not None and (isinstance(body["logprobs"], bool) or not isinstance(body["logprobs"], int)):
         raise ConfigError(f"logprobs must be an integer, got {_shown(body['logprobs'])}")
     for key in ("echo",) + (("logprobs",) if chat else ()):
@@ -397,9 +400,9 @@ def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
 
 
-def serve(service: Service, host: str = "127.0.0.1", port: int = 8000, default: dict[str, Any] | None = None) -> None:
-    import uvicorn
-
-    # On SIGTERM, requests still open after a moment are cancelled, and with them their jobs (at their next step):
-    # the process exits within seconds instead of finishing every generation first.
-    uvicorn.run(create_app(service, default), host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+def serve(service: Service, host: str = "127.0.0.1", port: int = 8000, default: dict[str, Any] | None = None,
+          http_settings: HttpSettings = HttpSettings()) -> None:
+    # On SIGTERM, requests still open after `shutdown_grace_s` are cancelled, and with them their jobs (at their
+    # next step), and answered in OpenAI's error shape: the process exits within seconds instead of finishing every
+    # generation first. Client addresses, read deadlines: app/service/http.py.
+    serve_http(create_app(service, default), host, port, http_settings)

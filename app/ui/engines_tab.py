@@ -13,7 +13,7 @@ from app.modes import ConfigError
 from app.service.api import ModelError, Service
 from app.ui import settings
 from app.ui.run_tab import RunTab
-from app.ui.train_tab import visitor_of
+from app.ui.sessions import visitor_of
 
 
 class EnginesTab:

@@ -10,6 +10,7 @@ from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
 from app.ui import charts, lessons, load_tab, render
 from app.ui.controls import QUIET, Slider
+from app.ui.sessions import visitor_of
 
 
 def example_tree() -> str:
@@ -52,10 +53,11 @@ class LearnTab:
                        concurrency_id="generate").then(self.earnings, [costs, draft_cost], [earn_plot, earn_note], **QUIET)
         draft_cost.change(self.earnings, [costs, draft_cost], [earn_plot, earn_note], **QUIET)
 
-    def pass_cost(self, prompt: str):
-        """The verify-cost curve of this machine in both dtypes, with the Run tab's prompt as the context."""
+    def pass_cost(self, prompt: str, request: gr.Request):
+        """The verify-cost curve of this machine in each dtype the server runs, with the Run tab's prompt as the context
+        (counted against this visitor's bounds: each curve is a job)."""
         try:
-            costs = [self.service.pass_cost(prompt, dtype) for dtype in ("float32", "bfloat16")]
+            costs = [self.service.pass_cost(prompt, dtype, visitor=visitor_of(request)) for dtype in self.service.dtypes()]
         except (ConfigError, ModelError, QueueFull) as err:
             raise gr.Error(str(err)) from None
         return charts.pass_cost(costs), lessons.pass_cost_note(costs), costs

@@ -16,7 +16,7 @@ from app.modes import ConfigError
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
 from app.service.traces import Recording
-from app.ui.sessions import Sessions
+from app.ui.sessions import Sessions, session_of
 
 REDRAW_S = 0.75
 WAITING_S = 1.0  # how often the status counts the seconds a run waits for its engine
@@ -36,10 +36,6 @@ def preparing_note(data: Any, seconds: float) -> str:
 def with_waiting(status: str, run: Recording, joint: str = " ") -> str:
     """A status line, and what its run waits for before its first step (stream sets `run.waiting`)."""
     return f"{status}{joint}{run.waiting}" if run.waiting else status
-
-
-def session_of(request: gr.Request | None) -> str:
-    return request.session_hash if request is not None else "local"
 
 
 def stream(service: Service, sessions: Sessions, session: str, data: dict[str, Any], prompt: str, run: Recording):

@@ -23,7 +23,7 @@ from app.service.api import TRAINING_OFF, ModelError, Service, TrainingTimeout
 from app.service.training import KINDS, PREFIX, STAGES, TrainConfig, shipped_answers
 from app.ui import charts
 from app.ui.controls import QUIET, Number, Slider, finite
-from app.ui.sessions import Sessions
+from app.ui.sessions import Sessions, session_of, visitor_of
 from app.ui.settings import SHIPPED
 
 # The tab's controls, by TrainConfig field, in the order they are made (the one the /train endpoint takes).
@@ -287,7 +287,7 @@ class TrainTab:
             self.service.train_config(config, visitor)
         except (ConfigError, ModelError, ValueError) as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
-        session = request.session_hash if request is not None else "local"
+        session = session_of(request)
         cancel = threading.Event()
         events: list[dict] = []
         result: dict[str, Any] = {}
@@ -329,15 +329,12 @@ class TrainTab:
                **{picker: gr.update(choices=artifact_choices(self.service, k, visitor)) for k, picker in self.run_heads.items()}}
 
     def stop(self, request: gr.Request) -> Any:
-        if self.sessions.cancel(request.session_hash) is None:
+        if self.sessions.cancel(session_of(request)) is None:
             return "No training run of yours is under way."
         return gr.skip()  # the run says itself that it stopped
 
     def visitor_left(self, request: gr.Request) -> None:
         """The page closed (Gradio's unload): its run, if any, stops and frees the CPU."""
-        self.sessions.cancel(request.session_hash)
+        self.sessions.cancel(session_of(request))
 
 
-def visitor_of(request: gr.Request | None) -> str | None:
-    """Who is asking: the page load's session (a visitor in public mode), None without one."""
-    return getattr(request, "session_hash", None) or None

@@ -10,21 +10,29 @@ into escaped HTML and `charts` into Plotly figures.
 
 from __future__ import annotations
 
+import threading
+import time
+
+import fastapi
 import gradio as gr
 from starlette.middleware import Middleware
 
 from app.service.api import Service
+from app.service.http import HttpSettings, serve as serve_http
+from app.service.policy import UPLOAD_WINDOW_S
 from app.service import traces
 from app.ui import presenter, render
 from app.ui.compare_tab import CompareTab
 from app.ui.controls import examples
 from app.ui.engines_tab import EnginesTab
+from app.ui.inputs import InputTypes, endpoints_of
 from app.ui.learn_tab import LearnTab
 from app.ui.load_tab import LoadTab
 from app.ui.run_tab import RunTab
-from app.ui.sessions import Sessions
+from app.ui.sessions import Sessions, session_of
 from app.ui.train_tab import TrainTab
 from app.ui.unworded import WordUnworded
+from app.ui.uploads import Ledger, UploadQuota
 
 # Pages whose state (recordings, settings) the server keeps, the least recently used forgotten first. Each is ~0.4 MB,
 # and every API call without a page is a page of its own: Gradio's default of 10,000 let a flood of calls grow the
@@ -60,7 +68,7 @@ class Studio:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.modes = service.registry  # the modes it offers (app/modes/)
-        self.sessions = Sessions()  # what each page runs, for its Stop
+        self.sessions = Sessions(per_address=service.policy.address_replays)  # what each page runs, for its Stop
         # Read once: links and the counter-example look prompts up by question id (a link's `example=`).
         example_ids = {int(r["id"]): r["text"] for r in service.examples()}
         self.run = RunTab(service, self.sessions, example_ids)
@@ -69,10 +77,26 @@ class Studio:
         self.trainer = TrainTab(service)
         self.learn = LearnTab(service)
         self.engines = EnginesTab(service, self.run)
+        # Public mode: uploads bounded per address and in all, and removed after their window (uploads.py).
+        policy = service.policy
+        self.uploads = (Ledger(policy.address_upload_bytes, policy.upload_bytes, UPLOAD_WINDOW_S)
+                        if policy.address_upload_bytes is not None or policy.upload_bytes is not None else None)
+        if self.uploads is not None:
+            threading.Thread(target=self._sweep_uploads, name="uploads", daemon=True).start()
+
+    def _sweep_uploads(self) -> None:
+        while True:
+            time.sleep(UPLOAD_WINDOW_S / 10)
+            self.uploads.sweep()
+
+    def middleware(self, demo: gr.Blocks) -> list[Middleware]:
+        """The ASGI middleware around the Gradio app, outermost first: worded errors, the upload quota, the inputs' types."""
+        return [Middleware(WordUnworded), Middleware(UploadQuota, ledger=self.uploads),
+                Middleware(InputTypes, endpoints=endpoints_of(demo))]
 
     def visitor_left(self, request: gr.Request) -> None:
         """The page closed (Gradio's unload): what it runs stops, so nobody's work outlives their visit."""
-        self.sessions.cancel(request.session_hash)
+        self.sessions.cancel(session_of(request))
         self.trainer.visitor_left(request)
 
     def blocks(self) -> gr.Blocks:
@@ -103,8 +127,9 @@ class Studio:
         return demo
 
 
-def launch(service: Service, host: str | None = None, port: int | None = None, **kwargs):
-    """Serve the app; host/port None = Gradio's own defaults (GRADIO_SERVER_NAME/PORT, else 127.0.0.1:7860)."""
+def launch(service: Service, host: str = "127.0.0.1", port: int = 7860, http: HttpSettings = HttpSettings()) -> None:
+    """Serve the app on host:port until SIGINT or SIGTERM, on the HTTP layer `serve` runs on too (app/service/http.py:
+    client addresses, read deadlines, answers at shutdown) instead of Gradio's own server thread."""
     studio = Studio(service)
     demo = studio.blocks()
     # Every handler starts at once: generations wait in the service's job queue (bounded, and per visitor, each
@@ -113,7 +138,16 @@ def launch(service: Service, host: str | None = None, port: int | None = None, *
     # Gradio's own bound is only a backstop against a flood of events: at the service's, a burst of replays on a
     # loaded machine (events not yet started) was refused with Gradio's unworded "Queue is full".
     demo.queue(max_size=EVENTS_PENDING, default_concurrency_limit=None)
+    # Read by Gradio's state holder when the app is made (Blocks.launch sets it the same way).
+    demo.state_session_capacity = PAGES_KEPT
     # Uploads are trace files: refused while they arrive once over what a replay reads (traces.MAX_BYTES).
-    return demo.launch(server_name=host, server_port=port, footer_links=["api", "gradio"], css=CSS, theme=theme(),
-                       head=presenter.HEAD + EMPTY_ROLE, max_file_size=traces.MAX_BYTES, state_session_capacity=PAGES_KEPT,
-                       app_kwargs={"middleware": [Middleware(WordUnworded)]}, **kwargs)
+    # show_error=False is launch's default (mounting's is True): an unexpected exception's text stays on the server.
+    app = gr.mount_gradio_app(
+        fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None), demo, path="/", server_name=host,
+        server_port=port, footer_links=["api", "gradio"], css=CSS, theme=theme(), head=presenter.HEAD + EMPTY_ROLE,
+        max_file_size=traces.MAX_BYTES, show_error=False, app_kwargs={"middleware": studio.middleware(demo)})
+    # Blocks.launch sets it once its server runs; mounting does not, and without it Gradio skips its check that a file
+    # named in a request was uploaded (a visitor could have a replay read any file of the server's).
+    demo.has_launched = True
+    print(f"* Running on local URL:  http://{host}:{port}", flush=True)
+    serve_http(app, host, port, http)

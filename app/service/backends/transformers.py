@@ -63,9 +63,13 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, engines: Path = models.DEFAULT_ENGINES, dtype: str = "float32",
-                 compute: Callable[[Callable[[], Any]], Any] = lambda load: load(), fast: str = "eager") -> None:
+                 compute: Callable[[Callable[[], Any]], Any] = lambda load: load(), fast: str = "eager",
+                 build_companions: bool = True) -> None:
         self.engines = engines
         self.fast = fast  # how each target model gets its fast pass when it loads (models.load)
+        # Whether a request may build a trained module's compiled pass (a minute of both cores); a public server's
+        # visitors may not: their modules run eagerly unless the operator built the pass (`python -m app compile`).
+        self.build_companions = build_companions
         self.dtype = dtype
         self._compute = compute  # runs a load where the generations run (JobManager.call says why)
         self._lock = threading.Lock()
@@ -105,7 +109,7 @@ class TransformersBackend:
         # own, and gets one when loaded again beside the target's (runner.load_artifact).
         key = ("companion", target.name, target.dtype, cfg.mode, getattr(cfg.speculative_config, "speculative_model", None),
                target.forward is not None)
-        return self._once(key, lambda: runner.load_companion(cfg, target, self.engines, modes))
+        return self._once(key, lambda: runner.load_companion(cfg, target, self.engines, modes, self.build_companions))
 
     def _once(self, key: tuple, load):
         """Load what `key` names once, even when several jobs ask at the same time."""

@@ -152,6 +152,25 @@ class VLLMBackend:
         while not self._closed.wait(min(30.0, self.idle_s)):
             self.reap()
 
+    def running(self, build_id: str) -> bool:
+        return self.processes.state(build_id)["state"] == "running"
+
+    def room(self) -> int | None:
+        """How many more engines requests may start now (None: no bound)."""
+        if self.max_started is None:
+            return None
+        with self._lock:
+            running = sum(self.running(i) for i in self.started)
+            return max(0, self.max_started - running - len(self._starting))
+
+    def stop(self, build_id: str) -> None:
+        """Stop an engine this backend started (a load sweep's, when it ends); the operator's are left alone."""
+        with self._lock:
+            if build_id not in self.started:
+                return
+            self.started.discard(build_id)
+        self.processes.stop(build_id)
+
     def stop_started(self) -> None:
         self._closed.set()
         with self._lock:
