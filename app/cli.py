@@ -669,11 +669,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     print(f"[compile] CPU priority: nice {os.nice(args.nice)}", file=sys.stderr, flush=True)
     engines = _engines(args)
+    if args.recheck:
+        info = models.recheck_fast_pass(args.model, args.dtype, engines, only_provisional=args.recheck == "provisional")
+        served = ", ".join(f"{a}..{b}" for a, b in info["widths"].values()) or "none"
+        state = f"still provisional ({info['provisional']})" if info.get("provisional") else "final"
+        print(f"fast pass of {args.model} ({args.dtype}) rechecked: the graphs serve passes of {served} tokens, options "
+              f"{info['options']}; {state}")
+        return 0
     info = models.build_fast_pass(args.model, args.dtype, engines)
     served = ", ".join(f"{a}..{b}" for a, b in info["widths"].values()) or "none"
     print(f"fast pass of {args.model} ({args.dtype}) for this machine ({info['isa']}, {info['threads']} threads): built in "
           f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB; the graphs serve passes of {served} tokens (measured "
-          f"against eager; others run eagerly)")
+          f"against eager; others run eagerly)" + (f"; provisional: {info['provisional']}" if info.get("provisional") else ""))
     # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them.
     shipped = [(e, path) for e in args.registry if e.artifact_pass and (path := models.default_artifact(args.model, e.artifact))]
     target = models.load(args.model, dtype=args.dtype, engines=engines, fast="build") if shipped else None
@@ -835,6 +842,9 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     c.add_argument("--engines-dir", default=None)
     c.add_argument("--nice", type=int, default=0, help="lower this build's CPU priority by N (the app's background build: "
                    "19, so the runs it serves meanwhile keep the cores)")
+    c.add_argument("--recheck", nargs="?", const="always", choices=["always", "provisional"], default=None,
+                   help="measure a built pass's choices again without rebuilding (provisional: only when they were "
+                   "measured under load; the app starts that when it loads such a pass)")
     c.set_defaults(func=cmd_compile, registry=modes)
     d = sub.add_parser("ship-data", help="copy the self-distilled training answers cached in engines/ into assets/ "
                        "(compressed), so later training runs, here or on a fresh clone, start from them")

@@ -332,37 +332,69 @@ def attach_fast_pass(loaded: LoadedModel, where: str, engines: Path, wait: bool)
     if out is None:
         loaded.fast = {"state": "eager", "note": "eager pass (no fast pass for this device or model)"}
         return
+    command = [sys.executable, "-m", "app", "compile", "--model", loaded.name, "--dtype", loaded.dtype,
+               "--engines-dir", str(engines), "--nice", "19"]
     if compiled.built(out):
         _use(loaded, out)
+        if not wait and loaded.fast.get("provisional"):  # measured under load: measured again, behind the runs
+            threading.Thread(target=_recheck, args=(command + ["--recheck", "provisional"], out), name="fast-pass-recheck",
+                             daemon=True).start()
         return
-    command = [sys.executable, "-m", "app", "compile", "--model", loaded.name, "--dtype", loaded.dtype,
-               "--engines-dir", str(engines)]
-    if not wait:  # behind the runs it serves meanwhile: on 2 cores an equal-priority build made them 5-8x slower
-        command += ["--nice", "19"]
+    if wait:
+        command = command[:-2]  # a command waits for it: at the priority of the command
+    # else behind the runs it serves meanwhile: on 2 cores an equal-priority build made them 5-8x slower
     log = out.parent / f"{out.name}.log"
     started = time.monotonic()
 
     def build() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as f:
-            done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if done.returncode or not compiled.built(out):
+            child = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            said = ""
+            while child.poll() is None:
+                time.sleep(1.0)
+                if wait and (stage := build_stage(loaded)) and stage != said and time.monotonic() - started > 5:
+                    said = stage
+                    print(f"[models] fast pass of {loaded.name} ({loaded.dtype}), {time.monotonic() - started:.0f} s: "
+                          f"{stage}", file=sys.stderr, flush=True)
+        if child.returncode or not compiled.built(out):
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             loaded.fast = {"state": "failed", "note": f"eager pass (building the fast pass failed: {tail[0][:200]}; "
                                                       f"log: {log.name})"}
             return
         _use(loaded, out, built_in=time.monotonic() - started)
 
-    loaded.fast = {"state": "building", "started": started,
+    loaded.fast = {"state": "building", "started": started, "log": str(log),
                    "note": "eager pass while the fast pass builds (once per machine, minutes)"}
     if wait:
-        print(f"[models] building the fast pass for {loaded.name} ({loaded.dtype}) on this machine once: "
-              f"minutes (log: {log}) ...", file=sys.stderr, flush=True)
+        print(f"[models] waiting for the fast pass of {loaded.name} ({loaded.dtype}): built once per machine, minutes "
+              f"(--eager skips it; log: {log}) ...", file=sys.stderr, flush=True)
         build()
         if loaded.fast["state"] == "failed":
             print(f"[models] {loaded.fast['note']}", file=sys.stderr, flush=True)
     else:
         threading.Thread(target=build, name=f"fast-pass-{loaded.name}", daemon=True).start()
+
+
+def build_stage(loaded: LoadedModel) -> str | None:
+    """What a fast pass being built is doing now (its log's last line: waiting for another build, exporting,
+    compiling a graph, timing), or None."""
+    log = loaded.fast.get("log") if loaded.fast.get("state") == "building" else None
+    if not log:
+        return None
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - 4096))
+            lines = [line for line in f.read().decode(errors="replace").splitlines() if line.startswith("[compile] ")]
+    except OSError:
+        return None
+    return lines[-1].removeprefix("[compile] ")[:160] if lines else None
+
+
+def _recheck(command: list[str], out: Path) -> None:
+    log = out.parent / f"{out.name}.recheck.log"
+    with open(log, "w") as f:
+        subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def _use(loaded: LoadedModel, out: Path, built_in: float | None = None) -> None:
@@ -379,7 +411,10 @@ def _use(loaded: LoadedModel, out: Path, built_in: float | None = None) -> None:
         if eager:
             spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in eager)
             note += f"; {spans}-token passes eager (faster on this CPU, measured at build)"
-    loaded.fast = {"state": "ready", "note": note, "info": info, "load_seconds": seconds}
+    if info.get("provisional"):
+        note += f"; its choices are provisional ({info['provisional']}): measured again when the machine is quiet"
+    loaded.fast = {"state": "ready", "note": note, "info": info, "load_seconds": seconds,
+                   "provisional": info.get("provisional")}
     loaded.forward = forward
 
 
@@ -411,6 +446,29 @@ def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> d
         with _one_builder(engines):
             _build_once(out, lambda: compiled.built(out), build)
     return json.loads((out / "info.json").read_text())
+
+
+def recheck_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES, only_provisional: bool = False) -> dict:
+    """Measure `name`'s built fast pass again and decide anew (compiled.recheck; `python -m app compile --recheck`),
+    under the builders' lock; `only_provisional`: only when its choices are still provisional. Returns its info."""
+    from transformers import AutoConfig
+
+    from app.decoding import compiled
+    from app.decoding.attention import kv_dtype
+
+    with _one_builder(engines):
+        where = locate(name, engines)
+        out = _fast_dir(where, dtype, AutoConfig.from_pretrained(where, trust_remote_code=False), engines)
+        if out is not None and compiled.built(out) and only_provisional:
+            info = json.loads((out / "info.json").read_text())
+            if not info.get("provisional"):  # another process's recheck decided meanwhile
+                return info
+        loaded, where = _load_eager(name, dtype, "cpu", engines)
+        if out is None or not compiled.built(out):
+            raise ModelError(f"the fast pass of '{name}' ({dtype}) is not built on this machine: "
+                             f"python -m app compile --model {name} --dtype {dtype}")
+        kv = kv_dtype(loaded.model.config) or loaded.model.dtype
+        return compiled.recheck_target(loaded.model, out, kv, log=_say)
 
 
 def companion_pass_dir(target: LoadedModel, artifact: Path, engines: Path) -> Path | None:

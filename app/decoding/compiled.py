@@ -20,7 +20,12 @@ rows 30.7, 4 rows 42.9, 8 rows 76.3, 16 rows 134.6), where float32 copies of the
 How a graph multiplies, and which passes it serves, is measured, not assumed: a build compiles each graph with every
 option set (OPTIONS), times them against each other and the eager pass over the same slots at the graph's widths,
 keeps the fastest (`fastest`), and has it serve up to the widest width where it is not slower than eager
-(`serving`). Where the CPU multiplies bfloat16 natively, inductor's own GEMM kernels lose to oneDNN's (AMD EPYC with
+(`serving`). A timing is the fastest of rounds that call each candidate in turn (other load only ever adds time), a
+candidate that wins or loses by less than the rounds' spread (NOISE at least) changes nothing, and a measurement
+taken while other processes used the CPU (`Others`) is kept as provisional: the build keeps every candidate, and
+`recheck` (`python -m app compile --recheck`, started by a serving process that loads a provisional pass) measures
+them again, deciding for good only on a quiet machine. A build on a busy machine once measured the one-token graph
+at 39 ms against eager's 21 (0.5 against 1.1 quiet) and kept eager passes for good. Where the CPU multiplies bfloat16 natively, inductor's own GEMM kernels lose to oneDNN's (AMD EPYC with
 AVX-512 BF16, bundled model, bfloat16, 16 tokens: 55 ms autotuned against 22 ms eager), oneDNN's packed products win.
 
 What a package holds depends on the CPU it was built on (its vector instructions, the thread count the kernels were
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import statistics
 import time
@@ -62,6 +68,35 @@ FEW = 4  # bfloat16 without native instructions: the widest pass whose products 
 # A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
 EXAMPLE_SLOTS = 257
 MEASURED_CONTEXT = 128  # the committed length of the passes a build times (graph against eager)
+NOISE = 0.05  # a difference smaller than this share (or than the rounds' own spread) is not a result
+BUSY = 0.25  # other processes' share of the CPU above which a measurement is provisional
+
+
+class Others:
+    """What other processes took of this machine's CPU while the block ran: system-wide busy time less this process's
+    own CPU time, over wall time times cores (`share`; None where /proc/stat cannot be read)."""
+
+    def __enter__(self) -> "Others":
+        self._start = (_busy_seconds(), time.process_time(), time.perf_counter())
+        self.share: float | None = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy, own, wall = _busy_seconds(), time.process_time(), time.perf_counter()
+        if busy is None or self._start[0] is None:
+            return
+        cores = os.cpu_count() or 1
+        spent = (busy - self._start[0]) - (own - self._start[1])
+        self.share = round(max(0.0, spent / max(1e-9, (wall - self._start[2]) * cores)), 3)
+
+
+def _busy_seconds() -> float | None:
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def machine() -> dict:
@@ -174,6 +209,13 @@ def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str
     return build_exported(target_pass(model, kv_dtype), out, log)
 
 
+def recheck_target(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print,
+                   others=None) -> dict:
+    """`recheck` for a target `model`'s built pass, the model prepared as `build` prepares it."""
+    linear.widen(model, rows=FEW + 1)
+    return recheck(target_pass(model, kv_dtype), out, log, others)
+
+
 def build_draft(module: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
     """The same for an EAGLE module's pass (`draft_pass`)."""
     return build_exported(draft_pass(module, kv_dtype), out, log)
@@ -200,39 +242,91 @@ def build_exported(exported: Exported, out: Path, log: Callable[[str], None] = p
                     torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}-{name}.pt2"))
         seconds[graph] = round(time.perf_counter() - t, 1)
     log("timing each graph's builds against each other and the eager pass at its widths")
-    measured = measure(exported, out)
-    chosen = {graph: fastest(times) for graph, times in measured.items()}
+    info = decide(exported, out, {g: {name: out / f"{g}-{name}.pt2" for name in OPTIONS} for g in exported.graphs}, log)
+    info.update(seconds=round(time.perf_counter() - start, 1), graphs=seconds)
+    _write_info(out, info)
+    return info
+
+
+def recheck(exported: Exported, out: Path, log: Callable[[str], None] = print, others=None) -> dict:
+    """Measure a built pass's candidates again (its graphs and the option sets a provisional build kept) and decide
+    anew: for good when the machine is quiet, else still provisional. Nothing is compiled. Returns the new info.
+    `others`: what tells the machine's load (Others)."""
+    info = json.loads((out / "info.json").read_text())
+    candidates = {}
+    for graph in info["built"]:
+        candidates[graph] = {info["options"][graph]: out / f"{graph}.pt2"}
+        candidates[graph].update({p.stem.split("-", 1)[1]: p for p in out.glob(f"{graph}-*.pt2")})
+    log("timing each graph's builds against each other and the eager pass at its widths, again")
+    new = decide(exported, out, candidates, log, others or Others)
+    _write_info(out, {**info, **new, "rechecked": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return {**info, **new}
+
+
+def decide(exported: Exported, out: Path, candidates: dict[str, dict[str, Path]], log: Callable[[str], None],
+           others=None) -> dict:
+    """Time `candidates` ({graph: {option set: package}}) and eager, keep the fastest of each graph as `<graph>.pt2`
+    and the widths it serves; while the measurement is provisional the other candidates stay as `<graph>-<name>.pt2`
+    for a recheck, else they go. Returns the decision's part of info.json."""
+    with (others or Others)() as load:
+        measured, spread = measure(exported, candidates)
+    busy = load.share is not None and load.share > BUSY
+    provisional = f"other processes used {load.share:.0%} of the CPU while it was measured" if busy else None
+    chosen = {graph: fastest(times, spread[graph], first=_incumbent(candidates[graph])) for graph, times in measured.items()}
     for graph, name in chosen.items():
-        (out / f"{graph}-{name}.pt2").rename(out / f"{graph}.pt2")
-        for other in out.glob(f"{graph}-*.pt2"):
-            other.unlink()
-    widths = serving(exported.graphs, {g: {n: (t[chosen[g]], t["eager"]) for n, t in m.items()} for g, m in measured.items()})
+        kept = candidates[graph][name]
+        current = out / f"{graph}.pt2"
+        if kept != current:
+            if current.exists():  # the incumbent stays a candidate under its own name, and `built` never sees a gap
+                incumbent = next(n for n, p in candidates[graph].items() if p == current)
+                os.link(current, out / f"{graph}-{incumbent}.pt2")
+            os.replace(kept, current)
+        if not provisional:
+            for other in out.glob(f"{graph}-*.pt2"):
+                other.unlink()
+    widths = serving(exported.graphs, {g: {n: (t[chosen[g]], t["eager"]) for n, t in m.items()} for g, m in measured.items()},
+                     {g: {n: max(s[chosen[g]], s["eager"]) for n, s in sp.items()} for g, sp in spread.items()})
     for graph, (low, high) in exported.graphs.items():
         times = ", ".join(f"{n}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()) + " ms" for n, t in measured[graph].items())
         serves = f"serves {widths[graph][0]}..{widths[graph][1]}" if graph in widths else "serves none (eager is faster)"
         log(f"graph {graph} ({low}..{high} tokens): {times}; keeps {chosen[graph]}, {serves}")
-    info = {"seconds": round(time.perf_counter() - start, 1), "graphs": seconds, "built": exported.graphs,
-            "widths": widths, "options": chosen, "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
+    if provisional:
+        log(f"provisional: {provisional}; every candidate is kept until `python -m app compile --recheck` measures "
+            "them on a quiet machine")
+    return {"built": exported.graphs, "widths": widths, "options": chosen,
+            "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
+            "spread": {g: {str(n): t for n, t in m.items()} for g, m in spread.items()},
+            "others": load.share, "provisional": provisional,
             "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
-    (out / "info.json").write_text(json.dumps(info, indent=1))
-    return info
+
+
+def _incumbent(candidates: dict[str, Path]) -> str:
+    """The option set that stands unless another beats it beyond noise: the one serving now, else the first."""
+    return next((name for name, path in candidates.items() if "-" not in path.stem), next(iter(candidates)))
+
+
+def _write_info(out: Path, info: dict) -> None:
+    tmp = out / "info.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, out / "info.json")  # a reader sees the old decision or the new, whole
 
 
 def _widths_to_time(low: int, high: int) -> list[int]:
     return sorted({low, high} | {1 << k for k in range(8) if low <= 1 << k <= high})
 
 
-def measure(exported: Exported, out: Path, reps: int = 5) -> dict:
-    """Each built graph's packages (`<graph>-<options>.pt2`) and the eager pass over the same slots (MEASURED_CONTEXT
-    committed), at the graph's widths: {graph: {n: {options or "eager": ms}}}, medians of `reps` rounds that call each
-    in turn, so a load that changes meanwhile weighs on all alike."""
+def measure(exported: Exported, candidates: dict[str, dict[str, Path]], reps: int = 5) -> tuple[dict, dict]:
+    """Each graph's candidate packages and the eager pass over the same slots (MEASURED_CONTEXT committed), at the
+    graph's widths, in rounds that call each in turn (a load that changes meanwhile weighs on all alike): ({graph:
+    {n: {name or "eager": ms}}}, {graph: {n: {name: spread}}}), the fastest round (other load only adds time) and how
+    far the median round lies above it, as a share."""
     from torch._inductor.package import load_package
 
-    result = {}
+    result, spread = {}, {}
     for graph, (low, high) in exported.graphs.items():
-        runs = {name: load_package(str(out / f"{graph}-{name}.pt2"), num_runners=1) for name in OPTIONS}
+        runs = {name: load_package(str(path), num_runners=1) for name, path in candidates[graph].items()}
         runs["eager"] = exported.module
-        result[graph] = {}
+        result[graph], spread[graph] = {}, {}
         for n in _widths_to_time(low, high):
             inputs = exported.examples(n, MEASURED_CONTEXT + max(n, 16), MEASURED_CONTEXT)
             times = {name: [] for name in runs}
@@ -243,24 +337,34 @@ def measure(exported: Exported, out: Path, reps: int = 5) -> dict:
                         run(*inputs)
                         if rep:  # the first call of each warms up
                             times[name].append(time.perf_counter() - t)
-            result[graph][n] = {name: round(1e3 * statistics.median(t), 2) for name, t in times.items()}
-    return result
+            result[graph][n] = {name: round(1e3 * min(t), 2) for name, t in times.items()}
+            spread[graph][n] = {name: round(statistics.median(t) / min(t) - 1, 3) for name, t in times.items()}
+    return result, spread
 
 
-def fastest(times: dict) -> str:
-    """The option set whose package took the least time summed over the widths timed ({n: {options: ms}})."""
-    return min(OPTIONS, key=lambda name: sum(t[name] for t in times.values()))
+def fastest(times: dict, spread: dict | None = None, first: str | None = None) -> str:
+    """The option set whose package took the least time summed over the widths timed ({n: {options: ms}}), unless it
+    beats `first` (the incumbent, default the first set) by less than the noise: then `first` stands."""
+    names = [name for name in OPTIONS if all(name in t for t in times.values())] or list(next(iter(times.values())))
+    names = [name for name in names if name != "eager"]
+    first = first if first in names else names[0]
+    total = {name: sum(t[name] for t in times.values()) for name in names}
+    best = min(names, key=total.get)
+    noise = max([NOISE] + [s.get(name, 0) for s in (spread or {}).values() for name in (best, first)])
+    return best if total[best] < total[first] * (1 - noise) else first
 
 
-def serving(built: dict, measured: dict) -> dict[str, tuple[int, int]]:
-    """The widths each graph serves ({graph: {n: (compiled ms, eager ms)}}): from its lowest up to the widest width
-    timed where neither it nor any narrower timed width ran slower than eager (a width between two timed ones goes
-    with the narrower). A graph slower at its lowest width serves none: those passes run eagerly."""
+def serving(built: dict, measured: dict, spread: dict | None = None) -> dict[str, tuple[int, int]]:
+    """The widths each graph serves ({graph: {n: (compiled ms, eager ms)}}; `spread` {graph: {n: share}}, the rounds'
+    noise): from its lowest up to the widest width timed where neither it nor any narrower timed width ran slower than
+    eager beyond the noise (a width between two timed ones goes with the narrower). A graph slower at its lowest width
+    serves none: those passes run eagerly."""
     widths = {}
     for graph, (low, high) in built.items():
         served = None
         for n, (fast, eager) in sorted((int(n), t) for n, t in measured[graph].items()):
-            if fast > eager:
+            noise = max(NOISE, (spread or {}).get(graph, {}).get(n, 0))
+            if fast > eager * (1 + noise):
                 break
             served = n
         if served is not None:

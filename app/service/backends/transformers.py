@@ -100,7 +100,9 @@ class TransformersBackend:
         if loaded is None:
             return None
         if loaded.fast["state"] == "building":
-            return f"{loaded.fast['note']}: {time.monotonic() - loaded.fast['started']:.0f} s so far"
+            stage = models.build_stage(loaded)
+            return (f"{loaded.fast['note']}: {time.monotonic() - loaded.fast['started']:.0f} s so far"
+                    + (f"; now {stage}" if stage else ""))
         return loaded.fast["note"]
 
     def companion(self, target: LoadedModel, cfg, modes) -> Any:
