@@ -558,7 +558,9 @@ def test_api_soak_of_forged_identities_leaves_another_visitor_served_and_nothing
     assert all(a is not None and a[0] in ("complete", "error") and BARE not in str(a[1]) for a in answers)
     print(f"the other visitor's runs during the soak (s): {[round(w[0], 1) for w in waits]}; RSS {[round(x) for x in samples]}")
     assert len(waits) >= 2 and all(w[1] == "complete" and w[0] <= 10 for w in waits), waits
-    assert samples[-1] - samples[2] <= 64, samples  # levels off: each call is a page, and pages kept are bounded
+    # Each call is a page, and the server keeps 128 (web.PAGES_KEPT): once they are all kept (call 140), the last 60
+    # calls add at most 40 MB (measured: 21 MB, 1515 -> 1608 MB over the whole soak, beside a build at nice 19).
+    assert samples[-1] - samples[7] <= 40, samples
     deadline = time.monotonic() + 30
     while psutil.Process(pid).cpu_percent(1.0) > 20 and time.monotonic() < deadline:
         pass
