@@ -266,7 +266,7 @@ class Service:
             return
         build_id = self.engine_id(request, model)
         if request.backend == "vllm":
-            up = self.backends["vllm"].processes.state(build_id)["state"] == "running"
+            up = self.backends["vllm"].running(build_id)
         else:
             up = self._ready(build_id)
         if up and not self.visible(build_id, None):  # a web visitor's engine is theirs, not the operator's

@@ -54,10 +54,11 @@ SHUTTING_DOWN = error_body("the server is shutting down: retry the request in a 
                            "shutting_down")
 
 
-async def _answer(send, status: int, body: bytes) -> None:
-    # "connection: close": the client may still be sending the request, which nobody will read.
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+async def answer(send, status: int, body: bytes, close: bool = True) -> None:
+    """A whole JSON response. `close`: the connection closes after it, for a client that may still be sending a request
+    nobody will read (a refusal that reads the body first, or lets the server drain it, keeps the connection)."""
+    headers = [(b"content-type", b"application/json")] + ([(b"connection", b"close")] if close else [])
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -136,7 +137,7 @@ class BodyDeadline:
                 late = True
                 if not started:
                     answered = True
-                    await _answer(send, 408, TOO_SLOW)
+                    await answer(send, 408, TOO_SLOW)
                 return {"type": "http.disconnect"}
             body_read = message["type"] != "http.request" or not message.get("more_body", False)
             return message
@@ -167,7 +168,7 @@ class ShutdownAnswers:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.closing.is_set():
-            return await _answer(send, 503, SHUTTING_DOWN)
+            return await answer(send, 503, SHUTTING_DOWN)
         started = stream = complete = answered = False
 
         async def send_tracked(message) -> None:
@@ -194,7 +195,7 @@ class ShutdownAnswers:
             answered = True
             app.cancel()
             if not started:
-                await _answer(send, 503, SHUTTING_DOWN)
+                await answer(send, 503, SHUTTING_DOWN)
             elif stream and not complete:
                 await send({"type": "http.response.body", "body": b"data: " + SHUTTING_DOWN + b"\n\n"})
             # A moment for the handlers' finally blocks (a job's cancel); a thread they wait on may not stop sooner.

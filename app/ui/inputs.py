@@ -15,6 +15,8 @@ import json
 import re
 from typing import Any
 
+from app.service.http import answer
+
 MAX_BODY = 1_000_000  # a call's JSON (files come by upload): far above any form of this app
 _CALL = re.compile(r"/gradio_api/(call|run)/([^/]+)/?$")
 _JOIN = re.compile(r"/gradio_api/queue/join/?$")
@@ -61,11 +63,8 @@ def refusal(params: Params, data: Any) -> str | None:
     return None
 
 
-def _answer(status: int, message: str) -> list[dict]:
-    body = json.dumps({"error": message}).encode()
-    return [{"type": "http.response.start", "status": status,
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]},
-            {"type": "http.response.body", "body": body, "more_body": False}]
+def error_json(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()  # Gradio's own error shape
 
 
 class InputTypes:
@@ -82,9 +81,8 @@ class InputTypes:
             await self.app(scope, receive, send)
             return
         if call is not None and call.group(1) == "call" and call.group(2) not in self.endpoints:
-            for message in _answer(404, f"there is no endpoint '{call.group(2)[:40]}' here: GET /gradio_api/info "
-                                        "lists the endpoints and their inputs"):
-                await send(message)
+            await answer(send, 404, error_json(f"there is no endpoint '{call.group(2)[:40]}' here: GET /gradio_api/info "
+                                            "lists the endpoints and their inputs"))
             return
         body, more = b"", True
         while more:
@@ -94,8 +92,7 @@ class InputTypes:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > MAX_BODY:
-                for out in _answer(413, f"a call's inputs are at most {MAX_BODY:,} bytes of JSON (files come by upload)"):
-                    await send(out)
+                await answer(send, 413, error_json(f"a call's inputs are at most {MAX_BODY:,} bytes of JSON (files come by upload)"))
                 return
         try:
             payload = json.loads(body)
@@ -108,8 +105,7 @@ class InputTypes:
             params = self.endpoints.get(key) if isinstance(key, (str, int)) and not isinstance(key, bool) else None
             reason = refusal(params, payload.get("data")) if params is not None else None
             if reason is not None:
-                for message in _answer(400, reason):
-                    await send(message)
+                await answer(send, 400, error_json(reason))
                 return
         sent = False
 

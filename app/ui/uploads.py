@@ -17,6 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.service.http import answer
+from app.ui.inputs import error_json
+
 UPLOAD_PATH = "/gradio_api/upload"
 
 
@@ -35,12 +38,15 @@ class Ledger:
         self._entries = [e for e in self._entries if now - e["at"] < self.window_s]
         return [f for e in old for f in e["files"]]
 
+    def _held(self, address: str) -> tuple[int, int]:
+        """Bytes counted now for `address` and for everyone (under the lock)."""
+        return (sum(e["bytes"] for e in self._entries if e["address"] == address), sum(e["bytes"] for e in self._entries))
+
     def reserve(self, address: str, size: int) -> dict[str, Any] | str:
         """An entry holding `size` bytes for `address`, or the sentence refusing it."""
         with self._lock:
             stale = self._expire()
-            ours = sum(e["bytes"] for e in self._entries if e["address"] == address)
-            everyone = sum(e["bytes"] for e in self._entries)
+            ours, everyone = self._held(address)
             refusal = None
             if self.per_address is not None and ours + size > self.per_address:
                 refusal = (f"your address has uploaded {ours / 1e6:.1f} MB in the last {self.window_s / 60:.0f} minutes; "
@@ -59,8 +65,7 @@ class Ledger:
         """Count `size` bytes more on a reserved entry (a body longer than declared, or chunked); False when that
         goes over a bound (the entry keeps what it had)."""
         with self._lock:
-            ours = sum(e["bytes"] for e in self._entries if e["address"] == entry["address"])
-            everyone = sum(e["bytes"] for e in self._entries)
+            ours, everyone = self._held(entry["address"])
             if (self.per_address is not None and ours + size > self.per_address) or \
                     (self.total is not None and everyone + size > self.total):
                 return False
@@ -88,13 +93,6 @@ def _remove(files: list[str]) -> None:
         Path(f).unlink(missing_ok=True)
 
 
-def _refuse(message: str, status: int = 429) -> tuple[dict, dict]:
-    body = json.dumps({"error": message}).encode()
-    return ({"type": "http.response.start", "status": status,
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]},
-            {"type": "http.response.body", "body": body, "more_body": False})
-
-
 class UploadQuota:
     """ASGI middleware: see the module's docstring. `ledger` None: uploads pass as Gradio takes them."""
 
@@ -114,8 +112,7 @@ class UploadQuota:
             declared = 0
         entry = ledger.reserve(address, declared)
         if isinstance(entry, str):
-            for message in _refuse(entry):
-                await send(message)
+            await answer(send, 429, error_json(entry), close=False)
             return
         received, over = 0, False
 
@@ -150,9 +147,8 @@ class UploadQuota:
             if over or not 200 <= status < 300:
                 ledger.release(entry)
         if over:
-            for message in _refuse("this upload goes over what this server takes from one address or in all: "
-                                   "replay a file you uploaded, or try later"):
-                await send(message)
+            await answer(send, 429, error_json("this upload goes over what this server takes from one address or in all: "
+                                           "replay a file you uploaded, or try later"), close=False)
             return
         try:
             files = json.loads(body) if body else []
