@@ -242,11 +242,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
             base = request_data(args, "autoregressive")
             for warm, mode in ((base, "autoregressive"), (data, args.mode)):
                 _generate(service, {**warm, "max_new_tokens": min(8, args.max_new_tokens)}, mode, "Say hello.", show=False)
-            baseline = _generate(service, base, "autoregressive", args.prompt, show=False)
+            # Then both in one job, stepped in turn (Service.race): timed under the same load, pass by pass.
+            baseline = Recording("autoregressive", base, args.prompt)
+            run = _generate(service, data, args.mode, args.prompt, show=not args.json, checked=checked, baseline=baseline)
             if (baseline.end or {}).get("error"):
                 print(f"error: the autoregressive baseline failed: {baseline.end['error']}", file=sys.stderr)
                 return 1
-        run = _generate(service, data, args.mode, args.prompt, show=not args.json, checked=checked)
+        else:
+            run = _generate(service, data, args.mode, args.prompt, show=not args.json, checked=checked)
     finally:
         # A vLLM engine took a minute or more to start: it stays up for the next command (`engines stop ID` ends it).
         service.close(stop_engines=False)
@@ -277,8 +280,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             overall = f"{parts['overall']:.2f}x tokens/s; " if "overall" in parts else ""
             split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
                      if parts["verify"] is not None else "")
+            interval = " ({:.2f}-{:.2f}x, 95 % of the step times' spread)".format(*parts["interval"]) \
+                if parts["interval"] else ""
             print(f"[vs autoregressive] {overall}after the prefill "
-                  f"{parts['decoding']:.2f}x = tau {parts['tau']:.2f} / a step of {parts['step_cost']:.2f} autoregressive "
+                  f"{parts['decoding']:.2f}x{interval} = tau {parts['tau']:.2f} / a step of {parts['step_cost']:.2f} autoregressive "
                   f"steps{split}", file=sys.stderr)
             for said in (parts["overall_doubt"], parts["load"] and traces.load_said(parts["load"])):
                 if said:
@@ -286,21 +291,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate(service, data: dict, mode: str, prompt: str, show: bool, checked=None) -> Recording:
+def _generate(service, data: dict, mode: str, prompt: str, show: bool, checked=None,
+              baseline: Recording | None = None) -> Recording:
     """One generation of `data` through the service (`checked`: the service's check of it), recorded; with `show`, a
-    line per step on stderr."""
+    line per step on stderr. With `baseline` (its request in `baseline.request`), raced against it (Service.race),
+    whose messages it records."""
     run = Recording(mode, data, prompt)
-    for message in service.stream(checked or data, prompt):
-        run.add(message)
-        if message["type"] == "end":
-            break
-        if message["type"] == "step" and show:
-            print(
-                f"step {message['step']:4d}  proposed {len(message['proposed']['tokens']):3d}  accepted "
-                f"{len(message['accepted_tokens']):3d}  +{len(message['tokens'])} {message['text']!r}"
-                f"{_rejection(message)}",
-                file=sys.stderr,
-            )
+    job = (service.submit(checked or data, prompt) if baseline is None
+           else service.race(checked or data, baseline.request, prompt))
+    try:
+        for message in job.messages():
+            if message.get("side") == "baseline":
+                baseline.add(message)
+                continue
+            run.add(message)
+            if message["type"] == "step" and show:
+                print(
+                    f"step {message['step']:4d}  proposed {len(message['proposed']['tokens']):3d}  accepted "
+                    f"{len(message['accepted_tokens']):3d}  +{len(message['tokens'])} {message['text']!r}"
+                    f"{_rejection(message)}",
+                    file=sys.stderr,
+                )
+    finally:
+        job.cancel()  # a Ctrl-C ends the job too
     return run
 
 

@@ -641,8 +641,8 @@ def test_a_baseline_timed_under_other_load_gives_no_ratio_only_the_reason():
     busy = _run(0.5, [(1, 0.5, 0.0, 0.5)] * 8)
     run = _run(0.5, [(2, 0.125, 0.02, 0.1)] * 4)
     parts = traces.speedup_parts(run, busy)
-    assert parts["decoding"] == pytest.approx(8.0), "what the old status line printed as the speedup"
-    assert parts["doubt"] and "load changed" in parts["doubt"] and "0.20" in parts["doubt"]
+    assert parts["decoding"] == pytest.approx(2.0), "taken at τ, never the 8× the old status line printed"
+    assert parts["doubt"] and "load changed" in parts["doubt"] and "0.25" in parts["doubt"]
     line = render.speedup_line(run, busy)
     assert "No speedup shown" in line and "8.00" not in line and "τ 2.00" in line
     recorded = {name: Recording(name) for name in ("prompt_lookup", "autoregressive")}
@@ -706,6 +706,26 @@ def test_the_interval_comes_from_the_spread_of_step_times():
                                                      base)["interval"], "the same trace shows the same interval"
     assert f"{low:.2f}–{high:.2f}×" in render.speedup_line(_run(0.5, [(2, 0.1, 0.0, 0.1)] * 6 + [(2, 0.4, 0.0, 0.4)] * 2), base)
     assert traces.speedup_parts(_run(0.5, [(2, 0.1, 0.0, 0.1)]), base)["interval"] is None, "one step has no spread"
+
+
+def test_no_printed_ratio_step_or_interval_is_beyond_what_tau_allows():
+    """The issue's figures: "4.13× (1.53–11.16×) = τ 3.78 ÷ a step costing 0.92" and "verify 0.97" for a 6-token pass.
+    A step within the noise under one autoregressive step is read as one (the ratio at τ, not above); further under,
+    or a verify pass cheaper than the baseline's one-token pass, withholds the ratio; the interval stops at τ."""
+    base = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)
+    near = traces.speedup_parts(_run(0.5, [(2, 0.098, 0.0, 0.098)] * 4), base)  # 0.98 of a step: the timer's noise
+    assert near["doubt"] is None and near["step_cost"] == 1.0 and near["decoding"] == 2.0
+    assert near["interval"][1] <= near["tau"]
+    run, bumpy_base = (_run(0.5, [(2, 0.11, 0.0, 0.11)] * 6 + [(2, 0.3, 0.0, 0.3)] * 2),
+                       _run(0.5, [(1, 0.1, 0.0, 0.1)] * 6 + [(1, 0.2, 0.0, 0.2)] * 2))
+    assert traces.spread(traces.step_times(run), traces.step_times(bumpy_base))[1] > 2.5, "the spread alone reaches past τ"
+    bumpy = traces.speedup_parts(run, bumpy_base)
+    assert bumpy["interval"][1] == bumpy["tau"] == 2.0 and bumpy["decoding"] <= bumpy["tau"]
+    assert re.findall(r"–([0-9.]+)×", render.speedup_line(run, bumpy_base)) == ["2.00"]
+    # Steps of a whole autoregressive step, but their 6-token verify pass at 0.8 of the baseline's one-token pass.
+    cheap_verify = traces.speedup_parts(_run(0.5, [(3, 0.1, 0.02, 0.08)] * 4), base)
+    assert "verify pass took 0.80 of the baseline's one-token pass" in cheap_verify["doubt"]
+    assert render.speedup_line(_run(0.5, [(3, 0.1, 0.02, 0.08)] * 4), base).startswith("⚠ No speedup shown")
 
 
 @pytest.mark.parametrize("mode", MODES[1:])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -80,6 +81,27 @@ def _prob(x: torch.Tensor) -> float:
     return float(f"{float(x):.6g}")  # six significant digits: a tiny p stays > 0, an excluded one stays 0
 
 
+class _Clock:
+    """Seconds of the generation's own work: the time it spends suspended at a yield is not counted. Whatever the
+    consumer does with a step (detokenize, stream, or step another generation: a race interleaves a run with its
+    baseline) is then not charged to it, so two generations stepped in turn are each timed by their own work."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._paused = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self._start - self._paused
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        at = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused += time.perf_counter() - at
+
+
 def generate(
     target: Target,
     drafter: Drafter,
@@ -107,7 +129,7 @@ def generate(
     eos = set(eos_token_ids)
     gen = sampling.generator()
     totals = Totals()
-    start = time.perf_counter()
+    clock = _Clock()
 
     def pick(logits: torch.Tensor) -> tuple[int, torch.Tensor | list[int]]:
         if sampling.greedy:
@@ -135,7 +157,7 @@ def generate(
         totals.drafted += prop.num_draft
         totals.draft_time_s += t_draft
         totals.verify_time_s += t_verify
-        totals.elapsed_s = time.perf_counter() - start
+        totals.elapsed_s = clock.now()
         acc_tokens = [prop.tokens[i] for i in verdict.accepted][: len(new)]
         totals.accepted += len(acc_tokens)
         on_path = set(verdict.accepted[: len(acc_tokens)])
@@ -165,7 +187,8 @@ def generate(
     t1 = time.perf_counter()
     verdict = Verdict([], first, "next")
     view = target_view([], [], verdict, first_pass.logits[-1:], basis)
-    yield event(0, "prefill", Proposal(), verdict, new, reason, 0.0, t1 - t0, view)
+    with clock.paused():
+        yield event(0, "prefill", Proposal(), verdict, new, reason, 0.0, t1 - t0, view)
     output = list(new)
     if reason:
         return
@@ -185,7 +208,8 @@ def generate(
         t3 = time.perf_counter()
         view = target_view(prop.draft_tokens, prop.draft_parents, verdict, out.logits, basis)
         new, reason = finish([prop.tokens[i] for i in verdict.accepted] + [verdict.added], output)
-        yield event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1, view)
+        with clock.paused():
+            yield event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1, view)
         output += new
         if reason:
             return

@@ -28,7 +28,7 @@ from app.service.backends.tensorrt_llm import TensorRTLLMBackend
 from app.service.backends.transformers import TransformersBackend
 from app.service.backends.vllm import VLLMBackend
 from app.service.engines import BuildError, BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
-from app.service.jobs import Job, JobManager, Limits
+from app.service.jobs import Job, JobManager, Limits, Work, race
 from app.service.policy import Policy, address_of, relative
 
 
@@ -213,6 +213,21 @@ class Service:
         drafts with, encode, check the prompt, build the drafter), then queue the generation. Raises ConfigError /
         ModelError / QueueFull before anything is queued. `client` (an HTTP client's address): whose jobs count against
         the policy's per-visitor bound."""
+        return self.queue(self._prepare(data, prompt, model, visitor)[1], visitor or client)
+
+    def race(self, data: dict[str, Any] | DecodeRequest | Checked, baseline: dict[str, Any] | DecodeRequest,
+             prompt: str | Prompt, model: str | None = None, visitor: str | None = None) -> Job:
+        """A run and the autoregressive `baseline` it races, prepared as submit() prepares each, in one job whose
+        messages say their "side" ("run" or "baseline"). On the transformers backend the two step in turn, the one
+        behind in tokens next (jobs.race): both are timed under the same load, pass by pass, so a ratio of their speeds
+        holds on a busy machine. An engine's two runs (vLLM, TensorRT-LLM) go back to back, the baseline first."""
+        base_request, base = self._prepare(baseline, prompt, model, visitor)
+        request, run = self._prepare(data, prompt, model, visitor)
+        both_here = {request.backend, base_request.backend} == {"transformers"}
+        return self.queue(race(run, base, interleave=both_here), visitor)
+
+    def _prepare(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None,
+                 visitor: str | None) -> tuple[DecodeRequest, Work]:
         if isinstance(data, Checked):
             if data.by is not self or data.visitor != visitor:  # a caller's slip, not a user's: its limits were others'
                 raise ValueError("a request checked by another service or for another visitor: check it here")
@@ -234,7 +249,7 @@ class Service:
         work = backend.prepare(model or self.model, request, prompt, self.limits)
         if engine is not None and not existed:  # a run on another's engine uses it; it does not make it theirs
             self._claim(engine, visitor, existed)
-        return self.queue(work, visitor or client)
+        return request, work
 
     def queue(self, work: Any, who: str | None) -> Job:
         """Queue a job of `who` (a visitor key or an HTTP client's address; policy.visitor) against the policy's bounds

@@ -23,6 +23,32 @@ Work = Callable[[threading.Event], Iterator[dict[str, Any]]]
 _END = object()
 
 
+def race(run: Work, baseline: Work, interleave: bool) -> Work:
+    """One work of two generations' messages, each marked with its "side" ("run" or "baseline"). Interleaved, the one
+    that has committed fewer tokens steps next (the baseline on a tie), so the two advance together and every change
+    of the machine's load falls on both; the verify loop's clock leaves out the time a generation waits at its yield
+    (loop._Clock), so each is timed by its own passes. Otherwise the baseline runs first, then the run."""
+
+    def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
+        live = {"baseline": baseline(cancel), "run": run(cancel)}
+        tokens = dict.fromkeys(live, 0)
+        try:
+            while live:
+                side = min(live, key=lambda s: (tokens[s], s != "baseline")) if interleave else next(iter(live))
+                message = next(live[side], None)
+                if message is None:
+                    del live[side]
+                    continue
+                if message.get("type") == "step":
+                    tokens[side] = (message.get("totals") or {}).get("new_tokens", tokens[side] + 1)
+                yield {**message, "side": side}
+        finally:
+            for messages in live.values():
+                messages.close()
+
+    return work
+
+
 class QueueFull(RuntimeError):
     """Too many jobs are waiting; the message says so in words a user understands."""
 

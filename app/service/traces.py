@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from app import figures
 from app.modes import MODES, Modes
 from app.models import DTYPES
 
@@ -72,7 +73,7 @@ class Recording:
             if message.get("engine"):
                 self.engine = {**message["engine"], "not_visible": message.get("not_visible") or []}
         elif message["type"] == "step":
-            self.events.append({k: v for k, v in message.items() if k not in ("texts", "type")})
+            self.events.append({k: v for k, v in message.items() if k not in ("texts", "type", "side")})
         else:
             self.end = message
 
@@ -144,10 +145,6 @@ def steps(events: Iterable[Any] | None) -> list[dict]:
     return [e for e in events or [] if isinstance(e, dict) and e.get("type", "step") == "step"]
 
 
-# Every step of a speculative run contains a target pass over at least the one token an autoregressive step computes,
-# so it cannot cost less than that step. A run whose steps did (beyond this much noise) was timed under other load than
-# its baseline: its ratio is not a result.
-IMPOSSIBLE_BELOW = 0.9
 # A run and its baseline whose shares of the CPU they asked for (totals.cpu_share) differ by more than this factor did
 # not run under the same load. Said beside the ratio, not instead of it: under the test suite's two workers the share
 # swung by up to about 1.3 between a baseline and its run with no effect on the ratio beyond its interval.
@@ -176,7 +173,7 @@ def step_times(events: list[dict] | None) -> list[tuple[int, float]]:
 def spread(run: list[tuple[int, float]], base: list[tuple[int, float]]) -> tuple[float, float] | None:
     """A 95 % interval of the decoding speedup (tokens/s after the prefill over the baseline's) from the spread of
     step times. It says how much the figure rests on a few slow or fast steps; a machine whose load drifted during both
-    runs alike is not seen by it (IMPOSSIBLE_BELOW catches the worst). Each run's rate is a ratio of sums over its
+    runs alike is not seen by it (the race steps both in turn for that). Each run's rate is a ratio of sums over its
     steps, whose variance the delta method gives in one pass (a bootstrap took ~0.7 s for 4000 steps, per Compare row)."""
     if len(run) < 2 or len(base) < 2:
         return None
@@ -217,17 +214,21 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None,
         return None
     ar_step = base["seconds"] / base["tokens"]  # autoregressive commits one token a step
     step = run["seconds"] / run["steps"]
-    cost = step / ar_step
+    cost, possible = figures.at_least_one(step / ar_step)
     parts = {"tau": run["tokens"] / run["steps"], "step_cost": cost, "verify": None, "draft": None, "loop": None}
+    doubt = None if possible else (f"a step took {step / ar_step:.2f} of an autoregressive step, less than the one-token "
+                                   "target pass it contains")
     if run["verify_s"] is not None:
         verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
         parts.update(verify=verify, draft=draft, loop=max(0.0, cost - verify - draft))
+        if base["verify_s"]:  # a verify pass against the baseline's own pass over one token
+            ratio = (run["verify_s"] / run["steps"]) / (base["verify_s"] / base["steps"])
+            if not figures.at_least_one(ratio)[1] and doubt is None:
+                doubt = f"a verify pass took {ratio:.2f} of the baseline's one-token pass, though it contains one"
     parts["decoding"] = parts["tau"] / cost
-    parts["interval"] = spread(step_times(events), step_times(baseline))
-    cheapest = min(cost, parts["verify"] if parts["verify"] is not None else cost)
-    parts["doubt"] = (f"a step took {cheapest:.2f} of an autoregressive step, less than the one-token target pass it "
-                      "contains: the machine's load changed between this run and its baseline; run both again on a "
-                      "quiet machine for the ratio" if cheapest < IMPOSSIBLE_BELOW else None)
+    parts["interval"] = figures.bounded_interval(spread(step_times(events), step_times(baseline)), parts["tau"])
+    parts["doubt"] = (f"{doubt}: the machine's load changed between this run and its baseline in a way the race did not "
+                      "even out; run again for the ratio" if doubt else None)
     kinds = [pass_kind(p) for p in passes]
     if None not in kinds and kinds[0] != kinds[1]:  # the fast pass, built in the background, became ready in between
         parts["doubt"] = (f"the baseline ran on the {kinds[1]} pass and this run on the {kinds[0]} pass (the fast pass "
@@ -242,12 +243,12 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None,
         overall = (totals[0]["new_tokens"] / totals[0]["elapsed_s"]) / (totals[1]["new_tokens"] / totals[1]["elapsed_s"])
         # With equal prefills the whole run's ratio lies between 1 and the decoding's, so at most τ; above it, the
         # run's prefill cost less than the baseline's (the baseline's was the first, cold one, or ran under load).
-        if overall * IMPOSSIBLE_BELOW > parts["tau"]:
+        if not figures.within(overall, parts["tau"]):
             parts["overall_doubt"] = (f"the whole run's {overall:.2f}× the autoregressive run's tokens/s is more than "
                                       f"τ {parts['tau']:.2f} allows: its prefill cost less than the baseline's, so only "
                                       "the ratio after the prefill is shown")
         else:
-            parts["overall"] = overall
+            parts["overall"] = min(overall, parts["tau"])
     return parts
 
 

@@ -31,7 +31,7 @@ from app.service.traces import Recording, TraceError
 from app.ui import charts, explain, lessons, links, presenter, render, settings
 from app.ui.controls import QUIET, Number, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions
-from app.ui.streams import paced, replayed, session_of, skippable, stop, stream, with_waiting
+from app.ui.streams import paced, replayed, session_of, skippable, stop, stream
 from app.ui.train_tab import artifact_choices
 
 RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
@@ -432,19 +432,15 @@ class RunTab:
         baselines = baselines if isinstance(baselines, dict) else {}
         key = json.dumps([prompt, base_request], sort_keys=True)
         name = settings.run_name(mode, v, self.modes)
-        if race and mode != "autoregressive":
-            # Measured again before every run, not reused: a baseline timed under other load (a page left open
-            # while the machine got busy) made ratios of 20x and more.
-            baseline = Recording("autoregressive", base_request, prompt)
-            yield from paced(self._stream(session, base_request, prompt, baseline), lambda part: self.outputs_of(
-                Recording(name), part, with_waiting("Racing… first the autoregressive baseline", part, ": "), baselines, final=False))
-            if baseline.end and baseline.end.get("finish_reason") == "cancelled":
-                yield self.outputs_of(Recording(name), baseline, "⏹ Stopped during the baseline.", baselines, final=True)
-                return
-            baselines = {**baselines, key: baseline.record()}
         run = Recording(name, settings.to_request(mode, v, self.modes), prompt)
-        yield from paced(self._stream(session, checked, prompt, run),
+        if race and mode != "autoregressive":
+            # Measured with every run, never reused: a baseline timed under other load (a page left open while the
+            # machine got busy) made ratios of 20x and more. Both in one job, stepped in turn (Service.race).
+            baseline = Recording("autoregressive", base_request, prompt)
+        yield from paced(stream(self.service, self.sessions, session, checked, prompt, run, baseline),
                          lambda part: self.outputs_of(part, baseline, status_line(part, self.modes), baselines, final=False))
+        if baseline is not None and baseline.end and baseline.end.get("finish_reason") != "cancelled":
+            baselines = {**baselines, key: baseline.record()}
         if mode == "autoregressive" and run.end and run.end.get("finish_reason") != "cancelled":
             baselines = {**baselines, key: run.record()}
         folder = self._traces / (re.sub(r"[^A-Za-z0-9_-]", "", session)[:40] or "local")

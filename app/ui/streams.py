@@ -38,15 +38,20 @@ def with_waiting(status: str, run: Recording, joint: str = " ") -> str:
     return f"{status}{joint}{run.waiting}" if run.waiting else status
 
 
-def stream(service: Service, sessions: Sessions, session: str, data: dict[str, Any], prompt: str, run: Recording):
+def stream(service: Service, sessions: Sessions, session: str, data: dict[str, Any], prompt: str, run: Recording,
+           baseline: Recording | None = None):
     """DecodeRequest `data` run as the session's job (Stop cancels it); each batch of messages added to `run`. While
-    the service prepares it (a vLLM engine starting takes minutes), `run.waiting` says so, with the time so far."""
+    the service prepares it (a vLLM engine starting takes minutes), `run.waiting` says so, with the time so far.
+    With `baseline` (its request in `baseline.request`) the two race in one job (Service.race), and its messages go
+    to `baseline`."""
     submitted: dict[str, Any] = {}
     abandoned = threading.Event()  # the page went away while its run was prepared: the job it gets is cancelled
+    text = prompt if isinstance(prompt, str) else ""
 
     def submit() -> None:
         try:
-            job = service.submit(data, prompt if isinstance(prompt, str) else "", visitor=session)
+            job = (service.submit(data, text, visitor=session) if baseline is None
+                   else service.race(data, baseline.request, text, visitor=session))
         except Exception as err:  # raised again on the handler's thread, below
             submitted["error"] = err
             return
@@ -80,12 +85,13 @@ def stream(service: Service, sessions: Sessions, session: str, data: dict[str, A
         try:
             for batch in job.batches(REDRAW_S):
                 for message in batch:
-                    run.add(message)
+                    (baseline if message.get("side") == "baseline" else run).add(message)
                 yield run
         finally:
             job.cancel()
-    if run.end and run.end.get("error"):
-        raise gr.Error(f"generation failed: {run.end['error']}")
+    for r in (baseline, run):
+        if r is not None and r.end and r.end.get("error"):
+            raise gr.Error(f"generation failed: {r.end['error']}")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,153 @@
+"""A run and its baseline raced in one job, stepped in turn (jobs.race, Service.race), and the one rule for the ratio
+printed from them (app/figures.py): on a machine whose load changes during the race, no ratio above τ, no step under
+its pass, no interval past τ, and a quiet repeat inside the interval printed under load."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import threading
+import time
+
+import pytest
+
+from app import figures, models
+from app.decoding.drafters.autoregressive import Autoregressive
+from app.decoding.loop import generate
+from app.decoding.target import TransformersTarget
+from app.service import traces
+from app.service.api import Service
+from app.service.jobs import race
+from app.service.traces import Recording
+from helpers import serve_engines
+
+
+def _steps(per_step: int, steps: int, log: list, side: str):
+    def work(cancel):
+        yield {"type": "start"}
+        for i in range(1, steps + 1):
+            log.append(side)
+            yield {"type": "step", "totals": {"new_tokens": per_step * i}}
+        yield {"type": "end"}
+    return work
+
+
+def test_race_steps_whichever_is_behind_in_tokens():
+    log: list[str] = []
+    work = race(_steps(3, 4, log, "run"), _steps(1, 12, log, "baseline"), interleave=True)
+    messages = list(work(threading.Event()))
+    assert {m["side"] for m in messages} == {"run", "baseline"}
+    assert [m["type"] for m in messages if m["side"] == "run"] == ["start"] + ["step"] * 4 + ["end"]
+    # Three baseline steps for every run step: neither gets ahead of the other by more than one step's tokens.
+    assert "".join(s[0] for s in log) == "br" + "bbbr" * 3 + "bb"
+    sequential: list[str] = []
+    list(race(_steps(3, 4, sequential, "run"), _steps(1, 12, sequential, "baseline"), interleave=False)(threading.Event()))
+    assert sequential == ["baseline"] * 12 + ["run"] * 4, "an engine's race: the baseline first, then the run"
+
+
+def test_closing_a_race_closes_both_generations():
+    closed = []
+
+    def work(side):
+        def gen(cancel):
+            try:
+                while True:
+                    yield {"type": "step", "totals": {"new_tokens": 1}}
+            finally:
+                closed.append(side)
+        return gen
+
+    messages = race(work("run"), work("baseline"), interleave=True)(threading.Event())
+    next(messages), next(messages)
+    messages.close()
+    assert sorted(closed) == ["baseline", "run"]
+
+
+def test_the_loops_clock_leaves_out_the_time_it_waits_at_a_yield(tiny_model):
+    """What a consumer does between two steps (here: sleeps, as a race does while the other side steps) is not the
+    generation's time."""
+    events, start = [], time.perf_counter()
+    for event in generate(TransformersTarget(tiny_model, hidden_states=False), Autoregressive(), [1, 2, 3],
+                          max_new_tokens=6):
+        events.append(event)
+        time.sleep(0.1)
+    wall = time.perf_counter() - start
+    assert wall > 0.6 and events[-1].totals["elapsed_s"] < wall - 0.5
+
+
+def _busy(stop):
+    while not stop.is_set():
+        pass
+
+
+@contextlib.contextmanager
+def busy_cores(n: int = 2):
+    """Both cores taken by other processes while inside (the issue's injected busy loop)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_busy, args=(stop,), daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    s = Service(serve_engines(tmp_path_factory.mktemp("race")))
+    yield s
+    s.close()
+
+
+PROMPT = "Repeat exactly three times: apples, pears, plums, cherries, grapes, melons, lemons."
+
+
+def _race(service, mode="prompt_lookup", busy_during=None, tokens=96):
+    """One raced run on the real bundled model (eager pass); `busy_during` "first half" or "second half": both cores
+    busy for that part of it, a load that changes in the middle of the race."""
+    data = {"speculative_config": {"decoding_type": service.registry[mode].decoding_type}, "max_new_tokens": tokens}
+    base = {"speculative_config": {"decoding_type": "Autoregressive"}, "max_new_tokens": tokens}
+    run, baseline = Recording(mode), Recording("autoregressive")
+    load = contextlib.ExitStack()
+    if busy_during == "first half":
+        load.enter_context(busy_cores())
+    with load:
+        for message in service.race(data, base, PROMPT).messages():
+            (baseline if message["side"] == "baseline" else run).add(message)
+            done = len(run.token_ids) + len(baseline.token_ids)
+            if busy_during and done >= tokens:  # halfway through the two runs' tokens: the load changes
+                load.close()
+                if busy_during == "second half":
+                    load.enter_context(busy_cores())
+                busy_during = None
+    return run, baseline
+
+
+def test_a_ratio_measured_while_the_load_changes_is_possible_and_a_quiet_repeat_lies_in_its_interval(service):
+    _race(service, tokens=8)  # one-off costs (allocations, first calls) paid before anything is timed
+    for busy in ("first half", "second half"):
+        run, baseline = _race(service, busy_during=busy)
+        assert run.token_ids == baseline.token_ids, "greedy, float32: the race is lossless"
+        parts = traces.speedup_parts(run.events, baseline.events)
+        assert parts["doubt"] is None, f"{busy}: {parts['doubt']}"
+        assert parts["step_cost"] >= 1.0 and parts["decoding"] <= parts["tau"]
+        low, high = parts["interval"]
+        assert high <= parts["tau"] and low <= parts["decoding"] <= high
+        assert figures.within(parts.get("overall", 1.0), parts["tau"])
+        quiet = traces.speedup_parts(*(r.events for r in _race(service)))
+        assert low <= quiet["decoding"] <= high, f"busy during the {busy}: {low:.2f}–{high:.2f}, quiet {quiet['decoding']:.2f}"
+
+
+def test_figures_take_a_reading_within_the_noise_at_its_bound_and_flag_one_beyond():
+    assert figures.at_least_one(0.98) == (1.0, True) and figures.at_least_one(0.9) == (1.0, False)
+    assert figures.at_least_one(1.3) == (1.3, True)
+    assert figures.bounded_interval((1.5, 11.16), 3.78) == (1.5, 3.78) and figures.bounded_interval(None, 2) is None
+    assert figures.within(3.8, 3.78) and not figures.within(4.13, 3.78)
+    assert figures.monotone([1.0, 1.5, 2.20, 2.17, 3.0]) == ([1.0, 1.5, 2.20, 2.20, 3.0], None)
+    assert figures.monotone([1.0, 2.0, 1.5]) == ([1.0, 2.0, 2.0], 2)
