@@ -6,6 +6,7 @@ read-only between generations: the draft model (draft_target), Medusa heads, or 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app import models
+from app import figures, models
 from app.decoding import linear
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
@@ -144,29 +145,38 @@ def output_ids(events: list[StepEvent]) -> list[int]:
 VERIFY_SIZES = (1, 2, 4, 8, 16, 32)
 
 
-# A pass over more tokens does all a narrower one does: a curve that falls by more than this (relative to the one-token
-# pass) was measured while the machine's load changed.
-CURVE_NOISE = 0.2
-
-
 def falls(cost: dict) -> tuple[tuple[int, float], tuple[int, float]] | None:
-    """The first (tokens, relative) pair of a measured curve after which a wider pass measured cheaper, or None."""
-    points = list(zip(cost["tokens"], cost["relative"]))
-    return next(((a, b) for a, b in zip(points, points[1:]) if b[1] < a[1] - CURVE_NOISE), None)
+    """The first (tokens, relative) pair of a measured curve after which a wider pass measured cheaper by more than
+    the noise (figures.NOISE), read from its milliseconds, or None. A pass over more tokens does all a narrower one
+    does: such a curve was measured while the machine's load changed."""
+    ms = cost.get("ms") or []
+    relative = [m / ms[0] for m in ms] if ms and ms[0] else list(cost.get("relative") or [])
+    fell = figures.monotone(relative)[1]
+    if fell is None:
+        return None
+    before = max(range(fell), key=lambda i: relative[i])
+    return (cost["tokens"][before], round(relative[before], 2)), (cost["tokens"][fell], round(relative[fell], 2))
 
 
-def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5) -> dict:
+def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5,
+                most: int = 40) -> dict:
     """Milliseconds of one target pass over k new tokens after `prompt_ids` (a verify step of k - 1
-    drafted tokens), the fastest of `repeats`, and each relative to k = 1.
+    drafted tokens), the fastest of its readings, and each relative to k = 1.
 
     This curve decides what speculation can earn on a machine: a step that verifies k tokens pays
     only when it yields more than relative[k] tokens. It differs a lot between CPUs (bfloat16
     without native instructions grows about linearly in k), so the bench records it with its results.
+
+    The sizes are timed round-robin, so drift of the machine hits all alike (round 0 warms up), for at least `repeats`
+    rounds and then on, up to `most`, while the fastest readings still have a wider pass cheaper than a narrower one
+    beyond the noise: other load only ever adds time, so a burst that hit one size's readings is outlasted by the
+    next quiet one. `relative` is the curve as it may be printed (figures.monotone); `falls` says whether it needed
+    more than the noise for that.
     """
     session = TransformersTarget(target.model, hidden_states=False, forward=target.forward)
     session.prefill(prompt_ids)
-    times: dict[int, list[float]] = {k: [] for k in sizes}
-    for r in range(repeats + 1):  # round-robin over sizes, so drift of the machine hits all alike; round 0 warms up
+    best = {k: math.inf for k in sizes}
+    for r in range(most + 1):
         for k in sizes:
             tokens = [prompt_ids[i % len(prompt_ids)] for i in range(k - 1)]
             t = time.perf_counter()
@@ -174,7 +184,10 @@ def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, 
             elapsed = time.perf_counter() - t
             session.commit([])  # keep only the root: the context grows by one token per pass
             if r:
-                times[k].append(elapsed)
-    ms = {k: 1000 * min(v) for k, v in times.items()}  # other load only ever adds time: the fastest is the pass's own
-    return {"tokens": list(sizes), "ms": [round(ms[k], 2) for k in sizes],
-            "relative": [round(ms[k] / ms[sizes[0]], 2) for k in sizes], "context": len(prompt_ids)}
+                best[k] = min(best[k], elapsed)
+        if r >= repeats and figures.monotone([best[k] for k in sizes])[1] is None:
+            break
+    ms = [round(1000 * best[k], 2) for k in sizes]
+    return {"tokens": list(sizes), "ms": ms,
+            "relative": [round(x, 2) for x in figures.monotone([best[k] / best[sizes[0]] for k in sizes])[0]],
+            "context": len(prompt_ids)}

@@ -374,3 +374,28 @@ def earlier_design(directory: Path) -> Path:
     config = dataclasses.replace(eagle.read_config(models.default_artifact(models.BUNDLED, "eagle")), eagle3=False)
     eagle.save(eagle.EagleModule(config), directory, base_model=models.BUNDLED)
     return directory
+
+
+def _busy(stop) -> None:
+    while not stop.is_set():
+        pass
+
+
+@contextlib.contextmanager
+def busy_cores(n: int = 2):
+    """`n` cores taken by other processes while inside: the injected busy loop of a machine shared with other work."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_busy, args=(stop,), daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()

@@ -5,7 +5,6 @@ its pass, no interval past τ, and a quiet repeat inside the interval printed un
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import threading
 import time
 
@@ -19,7 +18,7 @@ from app.service import traces
 from app.service.api import Service
 from app.service.jobs import race
 from app.service.traces import Recording
-from helpers import serve_engines
+from helpers import busy_cores, serve_engines
 
 
 def _steps(per_step: int, steps: int, log: list, side: str):
@@ -73,29 +72,6 @@ def test_the_loops_clock_leaves_out_the_time_it_waits_at_a_yield(tiny_model):
         time.sleep(0.1)
     wall = time.perf_counter() - start
     assert wall > 0.6 and events[-1].totals["elapsed_s"] < wall - 0.5
-
-
-def _busy(stop):
-    while not stop.is_set():
-        pass
-
-
-@contextlib.contextmanager
-def busy_cores(n: int = 2):
-    """Both cores taken by other processes while inside (the issue's injected busy loop)."""
-    ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    procs = [ctx.Process(target=_busy, args=(stop,), daemon=True) for _ in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
 
 
 @pytest.fixture(scope="module")

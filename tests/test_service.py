@@ -27,7 +27,7 @@ from app.service.backends.base import Prompt
 from app.service.backends.remote import RemoteBackend, RemoteError, body_for
 from app.service.jobs import JobManager, Limits, QueueFull
 from app import runner
-from helpers import free_port, running_server, trtllm_stand_in
+from helpers import busy_cores, free_port, running_server, trtllm_stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "List the days of the week, then list them again in the same order."
@@ -360,19 +360,29 @@ def test_pass_cost_times_passes_over_k_tokens_in_the_chosen_dtype(service):
 
 
 @pytest.mark.bundled
-def test_pass_cost_measures_again_when_a_burst_of_load_broke_the_curve(service, monkeypatch):
-    """A wider pass measured cheaper than a narrower one (another process took the CPU during the narrow one) is
-    measured again; a curve that stays broken after three tries is returned as measured, for the page to say so."""
-    from app import runner
+def test_pass_cost_under_a_busy_loop_is_a_curve_that_never_falls(service):
+    """Measured while both cores are busy with other work: the readings go on until their fastest make a curve in which
+    no wider pass is cheaper than a narrower one beyond the noise (on this 2-core machine under the suite's other worker
+    too, almost always), and the curve printed never falls at all; one that still broke gives no break-even rates."""
+    from app import figures, runner
+    from app.ui.lessons import earnings_note
 
-    broken = {"tokens": [1, 2], "ms": [40.0, 26.8], "relative": [1.0, 0.67], "context": 9}
-    whole = {"tokens": [1, 2], "ms": [26.0, 27.0], "relative": [1.0, 1.04], "context": 9}
-    measured = iter([broken, whole])
-    monkeypatch.setattr(runner, "verify_cost", lambda *a, **k: next(measured))
-    assert service.pass_cost(PROMPT, repeats=1)["relative"] == [1.0, 1.04]
-    tries = []
-    monkeypatch.setattr(runner, "verify_cost", lambda *a, **k: tries.append(1) or broken)
-    assert service.pass_cost(PROMPT, repeats=1)["relative"] == [1.0, 0.67] and len(tries) == 3
+    with busy_cores():
+        cost = service.pass_cost(PROMPT, repeats=3)
+    assert figures.monotone(cost["relative"])[0] == cost["relative"] and cost["relative"][0] == 1.0
+    note = earnings_note(cost, 0.0)
+    assert ("no break-even rates" in note) == (runner.falls(cost) is not None), note
+
+
+def test_a_curve_whose_wider_pass_measured_cheaper_says_where():
+    from app import runner
+    from app.ui.lessons import unsteady
+
+    broken = {"dtype": "float32", "tokens": [1, 2, 4], "ms": [40.0, 26.8, 41.0], "relative": [1.0, 1.0, 1.03], "context": 9}
+    assert runner.falls(broken) == ((1, 1.0), (2, 0.67))
+    assert "a pass over 2 tokens measured 0.67× and over 1 tokens 1.00×" in unsteady(broken)
+    within = {**broken, "ms": [40.0, 39.2, 41.0]}  # 2 % under: the timer's noise, read as the narrower pass's cost
+    assert runner.falls(within) is None and unsteady(within) is None
 
 
 @pytest.mark.bundled
