@@ -58,6 +58,21 @@ def test_note_explains_the_crossover_from_the_numbers():
     assert load_tab.note({"points": []}) == "" and load_tab.note(None) == ""
 
 
+def test_note_prints_no_figure_past_what_one_step_or_n_requests_allow():
+    """The issue's Load sentence: "at N = 1 a verify step … costs 0.85 plain steps: 4.18× per request" and "throughput
+    grew 5.2× from N = 1 to N = 4". A step under the plain step it contains withholds the sweep's figures; within the
+    noise it reads as one step; a growth past N is left out."""
+    cheap = {"points": [pt("vllm_generate", 1, 20.0, 0.050), pt("vllm_ngram", 1, 30.0, 0.050 * 0.85 / 3.55, 3.55)]}
+    text = load_tab.note(cheap)
+    assert text.startswith("**No figures from this sweep**") and "0.85 plain steps" in text and "4.18" not in text
+    near = {"points": [pt("vllm_generate", 1, 20.0, 0.050), pt("vllm_ngram", 1, 30.0, 0.050 * 0.98 / 2, 2.0)]}
+    assert "costs 1.00 plain steps: 2.00× per request" in load_tab.note(near)
+    grew = {"points": [pt("vllm_generate", 1, 10.0, 0.050), pt("vllm_ngram", 1, 15.0, 0.050 * 1.25 / 2, 2.0),
+                       pt("vllm_generate", 4, 52.0, 0.080), pt("vllm_ngram", 4, 45.0, 0.080 * 2.4 / 2, 2.0)]}
+    assert "5.2×" not in load_tab.note(grew) and "grew" not in load_tab.note(grew)
+    assert "grew 2.5×" in load_tab.note(SWEEP)
+
+
 def test_chart_draws_speedups_tau_ours_and_the_crossover():
     fig = charts.load_sweep(SWEEP)
     traces = {t.name: t for t in fig.data}

@@ -17,7 +17,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import models
+from app import figures, models
 from app.modes import ConfigError, Modes
 from app.service import load
 from app.service.api import ModelError, Service
@@ -53,11 +53,20 @@ def note(sweep: dict | None, row: str | None = None) -> str:
         return ""
     method = html.escape(row.removeprefix("vllm_"))
     first, last = rows[0], rows[-1]
+    # figures: one request's speculative step contains a plain step (at N = 1 it costs at least one), and N requests
+    # give at most N times one's throughput. A reading past either was timed under changing load: said, not printed.
+    if first["n"] == 1 and not figures.at_least_one(first["step_cost"])[1]:
+        return (f"**No figures from this sweep**: at N = 1 a verify step of vLLM {method} measured "
+                f"{first['step_cost']:.2f} plain steps, less than the plain step it contains: the machine's load changed "
+                "between the two engines' runs; sweep again.")
     growth = (last["plain_tokens_per_s"] / first["plain_tokens_per_s"]) if first["plain_tokens_per_s"] else None
+    if growth and not figures.within(growth, last["n"] / first["n"]):
+        growth = None  # more than N requests can give: the first point was timed under other load
 
     def at(r: dict) -> str:
-        return (f"at N = {r['n']} a verify step commits τ {r['tau']:.2f} tokens and costs {r['step_cost']:.2f} plain "
-                f"steps: {_x(r['latency'])} per request")
+        cost = figures.at_least_one(r["step_cost"])[0] if r["n"] == 1 else r["step_cost"]
+        return (f"at N = {r['n']} a verify step commits τ {r['tau']:.2f} tokens and costs {cost:.2f} plain "
+                f"steps: {_x(r['tau'] / cost if r['n'] == 1 else r['latency'])} per request")
 
     spare = (f"the plain engine's throughput grew {growth:.1f}× from N = {first['n']} to N = {last['n']}: the batch "
              "filled the compute a verify pass had spare" if growth else "")
