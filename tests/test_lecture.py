@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+from helpers import busy_cores
 from test_web import (PROMPT, RECORDINGS, app_url, browser, inspect_step, page, screenshot, set_number,  # noqa: F401  (fixtures)
                       wait_status)
 
@@ -145,24 +146,19 @@ def test_browser_presenting_scales_an_eagle_tree_to_the_space(page, app_url):
 
 
 def test_browser_first_run_on_a_fresh_page_shows_speculation_earning(page):
-    """The page's defaults as they are: Run, and the status line shows prompt lookup's τ and its speedup in the
-    race against the autoregressive run (one run, side by side). The counter-example is one click away."""
-    for attempt in range(5):
+    """The page's defaults as they are, on a machine busy with a stand-in for the one-time fast-pass build (both cores
+    taken by other processes, as the build takes them on a new machine or Space): the first Run's status shows prompt
+    lookup's τ and its speedup with its interval, the run and its baseline raced step by step under that same load.
+    The counter-example is one click away."""
+    with busy_cores():
         page.click("#run")
-        status = wait_status(page, "finished")
+        wait_status(page, "finished")
         status = wait_status(page, VERDICT)  # the race's verdict comes with the end
-        # When the suite's other worker changes the load between the baseline and the run, the status declines to
-        # give a ratio, or the whole run's (it says so); Run races again, as a lecturer would.
-        if "No speedup shown" not in status and "allows: its prefill" not in status:
-            break
-    tau = float(re.search(r"τ (\d+\.\d+) tokens/pass", status).group(1))
-    assert tau >= 1.5, status
-    if "No speedup shown" in status:  # five races, each under another load: what it says instead must be why
-        assert "load changed" in status, status
-    else:  # the whole run's ratio, or, where that was declined, the one after the prefill
-        found = re.search(r"(\d+\.\d+)× the autoregressive run's tokens/s", status) if "allows: its prefill" not in status \
-            else re.search(r"after the prefill (\d+\.\d+)×", status)
-        assert float(found.group(1)) > 1.2, status
+    tau = float(re.search(r"τ (\d+\.\d+) tokens/pass after the prefill", status).group(1))
+    assert tau >= 1.5 and "No speedup shown" not in status and f"= τ {tau:.2f} ÷" in status, status
+    found = re.search(r"after the prefill (\d+\.\d+)× \(95 % of the step times' spread: (\d+\.\d+)–(\d+\.\d+)×\)", status)
+    decoding, low, high = map(float, found.group(1, 2, 3))
+    assert 1.2 < decoding <= tau and low <= decoding <= high <= tau, status
     assert "copies the paragraph" in page.inner_text("#prompt-why")
     page.click("#counter-example")  # the note follows the prompt: the counter-example's, then none for another text
     page.wait_for_function("/nothing in the prompt to copy/.test(document.querySelector('#prompt-why').innerText)")
@@ -186,9 +182,8 @@ def race(page) -> str:
 
 
 def test_browser_a_speedup_measured_under_load_holds_when_repeated_quietly(page):
-    """On a loaded machine: the race's baseline runs just before the run, under the same load, so
-    the decoding speedup printed while two busy processes compete for the cores is near the same race repeated without
-    them (within a factor 1.5 of its printed interval), or the status declines to print one, saying the load changed."""
+    """On a loaded machine: the race steps the run and its baseline in turn, so the decoding speedup printed while two
+    busy processes compete for the cores is a result, and the same race repeated without them lies in its interval."""
     page.click("text=Sampling and length")  # the page's prompt (it copies a paragraph), a shorter answer
     set_number(page, "max_new_tokens", 64)
     for attempt in range(2):
@@ -204,16 +199,12 @@ def test_browser_a_speedup_measured_under_load_holds_when_repeated_quietly(page)
         passes = [re.search(r"(compiled|eager) pass", status).group(1) for status in (loaded, quiet)]
         if passes[0] == passes[1]:
             break
-    if "No speedup shown" in loaded:
-        assert "load changed" in loaded, loaded
-        return
+    assert "No speedup shown" not in loaded, loaded  # raced step by step: the load falls on both alike
     figure = r"after the prefill (\d+\.\d+)× \(95 % of the step times' spread: (\d+\.\d+)–(\d+\.\d+)×\)"
     low, high = map(float, re.search(figure, loaded).group(2, 3))
     decoding = float(re.search(figure, quiet).group(1))  # the interval is the after-prefill ratio's, not the overall one's
-    # The interval is the step times' spread, not the load's systematic effect: under two busy processes a several-token
-    # verify pass slows more than a one-token pass, so the loaded figure sits lower (measured: 2.69 against a quiet
-    # 3.59). What it must not do is what it did (21× loaded, 2.3× quiet): within a factor 1.5 of the interval.
-    assert low / 1.5 <= decoding <= high * 1.5, (loaded, quiet)
+    # Before the race stepped both in turn: 21× loaded against 2.3× quiet; then within a factor 1.5 of the interval.
+    assert low <= decoding <= high, (loaded, quiet)
 
 
 def test_browser_the_tour_goes_stop_by_stop_forward_and_back(page):

@@ -88,3 +88,27 @@ def test_a_link_of_a_replay_replays_it():
     query = links.build("run", "eagle", DEFAULTS, "z", DEFAULTS, EXAMPLES, "prompt_lookup", "", replay=RECORDINGS[0])
     assert query.startswith(f"replay={RECORDINGS[0]}&") and parse(query).replay == RECORDINGS[0]
     assert "replay" not in links.build("run", "eagle", DEFAULTS, "z", DEFAULTS, EXAMPLES, "prompt_lookup", "")
+
+
+def test_a_run_of_a_recordings_setup_says_what_differs_when_tau_does():
+    """The issue's `?replay=eagle-roleplay-bfloat16` then Run: τ 2.84 / 45 passes against the recording's 3.28 / 39
+    with no word why. Run after a replay names what differs (dtype, pass), else the machine; nothing when they agree."""
+    import copy
+
+    from app.service import traces
+    from app.ui.run_tab import against_recording, recording_path
+
+    recorded = traces.read(recording_path("eagle-roleplay-bfloat16"))[0]
+    same = traces.Recording.from_record(copy.deepcopy(recorded.record()))
+    assert against_recording(same, recorded, "eagle-roleplay-bfloat16") == ""
+    live = traces.Recording.from_record(copy.deepcopy(recorded.record()))
+    live.events = live.events[:20] + [dict(e, tokens=e["tokens"][:1]) for e in live.events[20:]]
+    live.events[-1]["totals"] = {**live.events[-1]["totals"], "new_tokens": 84, "target_steps": len(live.events) - 1}
+    live.pass_note = "compiled pass, built in 240 s and loaded in 0.8 s"
+    said = against_recording(live, recorded, "eagle-roleplay-bfloat16")
+    assert said.startswith("This run of eagle-roleplay-bfloat16's setup: τ ") and "against the recording's" in said
+    assert "pass: compiled here, eager in the recording" in said and "dtype" not in said
+    live.pass_note = recorded.pass_note
+    assert "the same dtype and pass, on another machine" in against_recording(live, recorded, "x")
+    live.request = {**live.request, "max_new_tokens": 64}  # another setup: nothing to say about the recording
+    assert against_recording(live, recorded, "x") == ""

@@ -646,7 +646,7 @@ def test_browser_two_visitors_builds_are_their_own_and_training_is_bounded(brows
         b.get_by_label("conversations (data_limit)").press("Tab")
         b.wait_for_function("/✓ Valid/.test(document.querySelector('#tr-check').innerText)")
         b.click("#tr-run")
-        b.wait_for_function("/⏱ Stopped/.test(document.querySelector('#tr-status').innerText)", timeout=120_000)
+        b.wait_for_function("/◷ Stopped/.test(document.querySelector('#tr-status').innerText)", timeout=120_000)
         assert "time limit of 5 s per training run" in b.inner_text("#tr-status")
         assert "trained:" not in b.inner_text("#tr-table")
         # And the Run tab still runs for both.

@@ -386,29 +386,33 @@ def test_a_curve_whose_wider_pass_measured_cheaper_says_where():
 
 
 @pytest.mark.bundled
-def test_compare_runs_each_rows_baseline_just_before_it(service, monkeypatch):
-    """The Compare tab: a row's speedup is over an autoregressive run made just before it, under the load of its moment,
-    not over the first row's (a burst of load then would have inflated or sunk every later ratio). The autoregressive
-    row itself is the first mode's baseline."""
+def test_compare_races_each_row_with_its_own_baseline(service, monkeypatch):
+    """The Compare tab: a row's speedup is over an autoregressive run raced with it step by step, under the same load,
+    not over the first row's (a burst of load then would have inflated or sunk every later ratio)."""
     from app.ui.compare_tab import CompareTab
     from app.ui.sessions import Sessions
 
-    order, real = [], service.submit
+    order, submit, race = [], service.submit, service.race
 
-    def spy(data, prompt, *args, **kwargs):
+    def spy_submit(data, prompt, *args, **kwargs):
         order.append(data["speculative_config"]["decoding_type"])
-        return real(data, prompt, *args, **kwargs)
+        return submit(data, prompt, *args, **kwargs)
+
+    def spy_race(data, baseline, prompt, *args, **kwargs):
+        order.append((data["speculative_config"]["decoding_type"], baseline["speculative_config"]["decoding_type"]))
+        return race(data, baseline, prompt, *args, **kwargs)
 
     import gradio as gr
 
-    monkeypatch.setattr(service, "submit", spy)
+    monkeypatch.setattr(service, "submit", spy_submit)
+    monkeypatch.setattr(service, "race", spy_race)
     tab = CompareTab(service, Sessions())
     with gr.Blocks():
         tab.layout([("a prompt", PROMPT)])
     *_, last = tab.compare(PROMPT, ["prompt_lookup", "lookahead"], 8, "float32", "defaults", None)
-    assert order == ["Autoregressive", "NGram", "Autoregressive", "Lookahead"]
+    assert order == ["Autoregressive", ("NGram", "Autoregressive"), ("Lookahead", "Autoregressive")]
     assert list(last[tab.compared]) == ["autoregressive", "prompt_lookup", "lookahead"]  # the rows; baselines aside
-    assert last[tab.table].count("identical-yes") == 2 and "right after an autoregressive run" in last[tab.status]
+    assert last[tab.table].count("identical-yes") == 2 and "raced step by step" in last[tab.status]
 
 
 @pytest.mark.bundled

@@ -744,7 +744,9 @@ def test_totals_line(mode):
     line = render.totals_line(last)
     t = last["totals"]
     assert f"{t['new_tokens']} tokens" in line and f"{t['target_steps']} target passes" in line
-    assert f"τ {t['new_tokens'] / t['target_steps']:.2f}" in line
+    tau = traces.speedup_parts(load(mode)["steps"], load("autoregressive")["steps"])["tau"]
+    assert f"τ {(t['new_tokens'] - 1) / (t['target_steps'] - 1):.2f} tokens/pass after the prefill" in line
+    assert f"τ {tau:.2f} tokens/pass" in line, "the τ the speedup line divides by"
     assert "eos" in line and "<" not in line
 
 

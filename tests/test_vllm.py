@@ -728,14 +728,20 @@ def test_openai_fields_are_answered_as_vllms_own_server_answers_them(service):
 
 def test_engines_tab_stops_a_running_engine_and_lists_its_state(service, app_url):
     """The Engines tab's Stop (its API): the chosen vLLM engine's server stops, its build stays, the table says
-    so. (The last test of the module: the module's teardown stops the rest.)"""
+    so. This test's service started it, another process than the app's: the app stops it only when the operator
+    asks (the tab's box, the endpoint's second argument). (The last test of the module: the module's teardown stops
+    the rest.)"""
     from gradio_client import Client
+
+    from app.ui.engines_tab import HEADERS
 
     manifest = service.engine_build(request(NGRAM))
     client = Client(app_url, verbose=False, download_files=False)
-    status, table, _ = client.predict(manifest["id"], api_name="/engine_stop")
+    status, _, _ = client.predict(manifest["id"], api_name="/engine_stop")
+    assert "was started by another process" in status, status
+    status, table, _ = client.predict(manifest["id"], True, api_name="/engine_stop")
     assert status.startswith("Stopped the server"), status
     row = next(r for r in table["data"] if r[0] == manifest["id"])
-    assert row[5] == "stopped" and service.engine_get(manifest["id"])["server"]["state"] == "stopped"
-    status, _, _ = client.predict(manifest["id"], api_name="/engine_stop")
+    assert row[HEADERS.index("server")] == "stopped" and service.engine_get(manifest["id"])["server"]["state"] == "stopped"
+    status, _, _ = client.predict(manifest["id"], True, api_name="/engine_stop")
     assert "has no server running" in status, status

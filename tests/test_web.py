@@ -799,7 +799,7 @@ def test_browser_trains_heads_then_runs_with_them(page, screenshot):
     page.click("#tr-run")
     page.wait_for_function("/▶ Step/.test(document.querySelector('#tr-status').innerText)", timeout=60_000)
     page.click("#tr-stop")
-    page.wait_for_function("/⏹ Stopped/.test(document.querySelector('#tr-status').innerText)", timeout=60_000)
+    page.wait_for_function("/■ Stopped/.test(document.querySelector('#tr-status').innerText)", timeout=60_000)
 
 
 def test_browser_run_updates_do_not_call_inspect(page):

@@ -140,6 +140,12 @@ class Service:
         """Which pass the transformers backend runs this server's model in (empty until it is loaded)."""
         return self.backends["transformers"].pass_note(self.model, dtype) or ""
 
+    def fast_passes(self) -> list[dict[str, Any]]:
+        """The fast pass of this server's model in each dtype it is loaded in (TransformersBackend.fast_status): its
+        state and note; while one builds, its stage, seconds so far and estimate."""
+        backend = self.backends["transformers"]
+        return [s for dtype in DTYPES if (s := backend.fast_status(self.model, dtype)) is not None]
+
     def vllm_note(self, request: DecodeRequest) -> str:
         """What a user should know before running `request` on a vLLM engine: its method, what it ignores, whether
         its engine is up (a first Run starts it: a minute or more)."""
@@ -216,15 +222,17 @@ class Service:
         return self.queue(self._prepare(data, prompt, model, visitor)[1], visitor or client)
 
     def race(self, data: dict[str, Any] | DecodeRequest | Checked, baseline: dict[str, Any] | DecodeRequest,
-             prompt: str | Prompt, model: str | None = None, visitor: str | None = None) -> Job:
+             prompt: str | Prompt, model: str | None = None, visitor: str | None = None,
+             gate: threading.Lock | None = None) -> Job:
         """A run and the autoregressive `baseline` it races, prepared as submit() prepares each, in one job whose
         messages say their "side" ("run" or "baseline"). On the transformers backend the two step in turn, the one
         behind in tokens next (jobs.race): both are timed under the same load, pass by pass, so a ratio of their speeds
-        holds on a busy machine. An engine's two runs (vLLM, TensorRT-LLM) go back to back, the baseline first."""
+        holds on a busy machine. An engine's two runs (vLLM, TensorRT-LLM) go back to back, the baseline first.
+        `gate`: a lock the caller holds while it draws, which no step overlaps (jobs.race)."""
         base_request, base = self._prepare(baseline, prompt, model, visitor)
         request, run = self._prepare(data, prompt, model, visitor)
         both_here = {request.backend, base_request.backend} == {"transformers"}
-        return self.queue(race(run, base, interleave=both_here), visitor)
+        return self.queue(race(run, base, interleave=both_here, gate=gate), visitor)
 
     def _prepare(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None,
                  visitor: str | None) -> tuple[DecodeRequest, Work]:
@@ -324,10 +332,7 @@ class Service:
 
         def work(cancel):
             note = target.fast["note"]  # which pass is timed: the one runs use
-            for _ in range(3):  # a curve broken by a burst of other load is measured again before anyone sees it
-                cost = runner.verify_cost(target, ids, repeats=repeats)
-                if not runner.falls(cost) or cancel.is_set():
-                    break
+            cost = runner.verify_cost(target, ids, repeats=repeats)  # measured on while a burst of load breaks it
             yield {"type": "cost", "dtype": target.dtype, "pass": note, **cost}
             yield {"type": "end", "finish_reason": "length", "error": None}
 
@@ -423,7 +428,9 @@ class Service:
     def _with_server(self, manifest: dict[str, Any]) -> dict[str, Any]:
         if manifest.get("kind") != "vllm-server":
             return manifest
-        return {**manifest, "server": self.backends["vllm"].processes.state(manifest["id"])}
+        # started_here: this process started it (the rest were started by the CLI, a test or another app on the store).
+        vllm = self.backends["vllm"]
+        return {**manifest, "server": {**vllm.processes.state(manifest["id"]), "started_here": manifest["id"] in vllm.started}}
     # ------------------------------------------------------------------ ownership (public mode)
     def visible(self, build_id: str, visitor: str | None) -> bool:
         """Whether a caller sees a build: always off public mode; in it, the operator's (made by no visitor) and its own.

@@ -23,11 +23,19 @@ Work = Callable[[threading.Event], Iterator[dict[str, Any]]]
 _END = object()
 
 
-def race(run: Work, baseline: Work, interleave: bool) -> Work:
+# How long a race waits for its page to finish drawing before it steps anyway (a page that went away holds nothing).
+GATE_WAIT_S = 2.0
+
+
+def race(run: Work, baseline: Work, interleave: bool, gate: threading.Lock | None = None) -> Work:
     """One work of two generations' messages, each marked with its "side" ("run" or "baseline"). Interleaved, the one
     that has committed fewer tokens steps next (the baseline on a tie), so the two advance together and every change
     of the machine's load falls on both; the verify loop's clock leaves out the time a generation waits at its yield
-    (loop._Clock), so each is timed by its own passes. Otherwise the baseline runs first, then the run."""
+    (loop._Clock), so each is timed by its own passes. Otherwise the baseline runs first, then the run.
+
+    `gate`: held by the page while it draws (streams.stream). A step waits for it and holds it, so no step shares the
+    interpreter with a redraw: a redraw holds Python's lock for tens of milliseconds, which landed on whichever side
+    was stepping and made a 5-token step read 0.91 of a 1-token one."""
 
     def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
         live = {"baseline": baseline(cancel), "run": run(cancel)}
@@ -35,7 +43,12 @@ def race(run: Work, baseline: Work, interleave: bool) -> Work:
         try:
             while live:
                 side = min(live, key=lambda s: (tokens[s], s != "baseline")) if interleave else next(iter(live))
-                message = next(live[side], None)
+                held = gate is not None and gate.acquire(timeout=GATE_WAIT_S)
+                try:
+                    message = next(live[side], None)
+                finally:
+                    if held:
+                        gate.release()
                 if message is None:
                     del live[side]
                     continue

@@ -138,7 +138,9 @@ def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, de
             query[short] = ",".join(_text(values[n]) for n in names)
         for n in names:
             changed.pop(n, None)
-    if "la" not in query and "la_req" not in query and tuple(values.get(n) for n in SHORT["la_req"]) != window:
+    # parse gives the request the window unless `la_req` says otherwise: a request below the window is said
+    # whenever it differs, even when its values are the defaults (N raised to 4, n left at 3: `la=4,4,4&la_req=4,3,4`).
+    if "la_req" not in query and tuple(values.get(n) for n in SHORT["la_req"]) != window:
         query["la_req"] = ",".join(_text(values[n]) for n in SHORT["la_req"])
     for k, v in changed.items():
         query[k] = _text(v)

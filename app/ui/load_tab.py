@@ -207,8 +207,8 @@ class LoadTab:
             raise gr.Error(f"the sweep failed: {self.service.relative(end['error'])}")
         recorded = end.get("sweep") or sweep
         file = self._write(session, recorded) if end.get("sweep") else None
-        stopped = {"cancelled": "⏹ Stopped: the points measured so far. ",
-                   "timeout": f"⏱ Stopped by the server's time limit ({self.service.limits.time_limit_s:g} s). "}
+        stopped = {"cancelled": "■ Stopped: the points measured so far. ",
+                   "timeout": f"◷ Stopped by the server's time limit ({self.service.limits.time_limit_s:g} s). "}
         yield self._draw(recorded, stopped.get(end.get("finish_reason"), "") + f"Done: {about(recorded)}.", file)
 
     def _write(self, session: str, sweep: dict) -> str:

@@ -758,8 +758,10 @@ def totals_line(event: Mapping | None) -> str:
         parts.append(f"{new:.0f} tokens")
     if isinstance(steps, (int, float)) and steps:
         parts.append(f"{steps:.0f} target passes")
-        if isinstance(new, (int, float)):
-            parts.append(f"τ {new / steps:.2f} tokens/pass")
+        if isinstance(new, (int, float)) and steps > 1:
+            # The prefill's pass commits one token whatever the mode: τ is the decoding steps', as the speedup's is
+            # (traces.speedup_parts), so one status shows one τ.
+            parts.append(f"τ {(new - 1) / (steps - 1):.2f} tokens/pass after the prefill")
     drafted, accepted = t.get("drafted"), t.get("accepted")
     if isinstance(drafted, (int, float)) and drafted:
         rate = f" ({accepted / drafted:.0%})" if isinstance(accepted, (int, float)) else ""

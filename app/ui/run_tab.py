@@ -112,11 +112,32 @@ def status_line(run: Recording, modes: Modes) -> str:
         return f"{label} · {line}"
     reason = run.end.get("finish_reason")
     word = {"eos": "finished (end of sequence)", "stop": "finished (end of sequence or a stop word)",
-            "length": "finished (max_new_tokens)", "cancelled": "⏹ stopped",
-            "timeout": "⏱ stopped by the time limit"}.get(reason, "finished")
+            "length": "finished (max_new_tokens)", "cancelled": "■ stopped",
+            "timeout": "◷ stopped by the time limit"}.get(reason, "finished")
     counters = render.spec_decode_line(run.spec_decode)
     where = f" · {render.esc(run.pass_note)}" if run.pass_note else ""
     return f"{label} {word} · {line}" + (f" · {counters}" if counters else "") + where
+
+
+def against_recording(run: Recording, recorded: Recording, name: str) -> str:
+    """Why a live run of a recording's own setup gave another τ than the recording ("" when τ and the tokens agree):
+    what differs of dtype and pass, else the machine. Greedy outputs are the same only where every logit is: bfloat16
+    rounds by its kernel (CPU, compiled or eager pass), so outputs part after a while and τ with them."""
+    if not run.events or not recorded.events or run.request != recorded.request or run.prompt != recorded.prompt:
+        return ""
+    taus = [r.events[-1]["totals"]["new_tokens"] / max(r.events[-1]["totals"]["target_steps"], 1) for r in (run, recorded)]
+    if run.token_ids == recorded.token_ids and round(taus[0], 2) == round(taus[1], 2):
+        return ""
+    differs = [f"{what}: {mine or '?'} here, {theirs or '?'} in the recording"
+               for what, mine, theirs in (("dtype", run.dtype, recorded.dtype),
+                                          ("pass", traces.pass_kind(run.pass_note), traces.pass_kind(recorded.pass_note)))
+               if mine != theirs]
+    where = "; ".join(differs) if differs else "the same dtype and pass, on another machine (its CPU's kernels)"
+    same = next((i for i, (a, b) in enumerate(zip(run.token_ids, recorded.token_ids)) if a != b),
+                min(len(run.token_ids), len(recorded.token_ids)))
+    return (f"This run of {name}'s setup: τ {taus[0]:.2f} against the recording's {taus[1]:.2f}, the outputs the same "
+            f"for {same} tokens. What differs: {where}. A logit rounded otherwise changes a greedy token, and every "
+            "draft after it.")
 
 
 def modes_note(service: Service, backend: str) -> str:
@@ -295,19 +316,23 @@ class RunTab:
                                                  size="sm", elem_id="replay-upload")
                     self.paced = gr.Checkbox(value=True, label="at the recorded pace (off: all at once)", elem_id="replay-paced")
                 self.explain = gr.Markdown(lessons.explain(DEFAULT_MODE, modes), elem_id="learn-mode")
-            with gr.Column(scale=2):
-                self.present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
-                                           "space plays it)", elem_id="present")
-                with gr.Row(elem_id="presenter-row"):
-                    back_btn = gr.Button("◀ step", size="sm", elem_id="step-back")
-                    play_btn = gr.Button("play / pause", size="sm", elem_id="step-play")
-                    next_btn = gr.Button("step ▶", size="sm", elem_id="step-next")
-                    # The controls column is hidden while presenting: Run here, and C (or this button) shows them.
-                    present_run = gr.Button("Run", size="sm", variant="primary", elem_id="present-run")
-                    controls_btn = gr.Button("controls (C)", size="sm", elem_id="present-controls")
-                    Number(value=1.5, label="seconds per step", minimum=0.2, maximum=30, step=0.1, interactive=True, elem_id="pace")
+            with gr.Column(scale=2, elem_id="run-col"):
+                # One bar, one line while presenting (presenter.CSS): it stays at the top of the screen while the page
+                # scrolls to the inspected step, so the buttons are where the mouse left them.
+                with gr.Row(elem_id="present-bar"):
+                    self.present = gr.Checkbox(False, label="Presenter mode (large type; → and ← step through the run, "
+                                               "space plays it)", elem_id="present", min_width=0)
+                    with gr.Row(elem_id="presenter-row"):
+                        back_btn = gr.Button("◀ step", size="sm", elem_id="step-back", min_width=0)
+                        play_btn = gr.Button("play / pause", size="sm", elem_id="step-play", min_width=0)
+                        next_btn = gr.Button("step ▶", size="sm", elem_id="step-next", min_width=0)
+                        # The controls column is hidden while presenting: Run here, and C (or this button) shows them.
+                        present_run = gr.Button("Run", size="sm", variant="primary", elem_id="present-run", min_width=0)
+                        controls_btn = gr.Button("controls (C)", size="sm", elem_id="present-controls", min_width=0)
+                        Number(value=1.5, label="seconds per step", minimum=0.2, maximum=30, step=0.1, interactive=True,
+                               elem_id="pace", min_width=0)
                 self.tour_note = gr.Markdown("", elem_id="tour-note")  # beside the stop's run, above its status
-                self.status = gr.Markdown("Pick a mode and press **Run**.", elem_id="status")
+                self.status = gr.Markdown("Press **Run** to race the chosen mode against autoregressive decoding, or replay a recording below.", elem_id="status")
                 self.view = gr.HTML(render.step_view([], {}), elem_id="step-view")
                 self.step = Slider(0, 1, value=0, step=1, label="Inspect step", interactive=False, elem_id="step")
                 self.detail = gr.HTML("", elem_id="step-detail")
@@ -347,14 +372,20 @@ class RunTab:
                       (lambda m: lessons.explain(m, self.modes), [self.mode], self.explain)]
         # always_last: a move made while the answer to the one before is on its way is sent after it (Gradio's
         # default for .input, "once", drops it, and the verdict shown would be on settings no longer there).
+        # A maximum's move (settings.FOLLOW) is answered by follow(): its request value and the verdict on both in one
+        # answer (a verdict sent apart, on the request value before, could land last and stay shown).
+        leads = {c[k]: k for k in settings.follows(self.modes)}
         for fn, ins, outs in self.shown:
-            gr.on([comp.input for comp in ins], fn, ins, outs, trigger_mode="always_last", **QUIET)
+            gr.on([comp.input for comp in ins if comp not in leads], fn, ins, outs, trigger_mode="always_last", **QUIET)
+        for comp, key in leads.items():
+            gr.on([comp.input], self._follower(key), {self.mode, *inputs}, {c[settings.FOLLOW[key]], self.check},
+                  trigger_mode="always_last", **QUIET)
         for name, button in presets.items():
             self.redraw(button.click(lambda name=name: self.preset(name), None,
                                      {c[k] for k in settings.preset_keys(self.modes)}, **QUIET))
         c["backend"].change(lambda b: modes_note(service, b), c["backend"], note, **QUIET)
         example.change(lambda t: t or gr.update(), example, self.prompt, **QUIET)
-        run_evt = run_btn.click(self.run, {self.prompt, self.mode, self.race, self.baselines, *inputs}, self.outputs,
+        run_evt = run_btn.click(self.run, {self.prompt, self.mode, self.race, self.baselines, self.record, *inputs}, self.outputs,
                                 api_name="run_controls", show_progress="hidden", concurrency_id="generate")
         # gr.api, not an invisible event: an API-only endpoint typed by run_request's signature (one object),
         # with no hidden components in the page; it queues with the Run button (one concurrency group).
@@ -408,6 +439,15 @@ class RunTab:
     def verdict(self, data: dict) -> str:
         return check_message(self.service, data[self.mode], self.values(data))
 
+    def _follower(self, key: str):
+        """The handler of a move of maximum `key`: the request value it carries (settings.follow) and the verdict."""
+        def follow(data: dict) -> dict:
+            v = self.values(data)
+            carried = settings.follow(key, v, self.modes)
+            v.update(carried)
+            return {**{self.controls[k]: x for k, x in carried.items()}, self.check: check_message(self.service, data[self.mode], v)}
+        return follow
+
     def visible(self, data: dict) -> dict:
         shown = settings.visible(data[self.mode], self.values(data), self.modes)
         return {group: gr.update(visible=shown[name]) for name, group in self.groups.items()}
@@ -421,6 +461,8 @@ class RunTab:
 
     def run(self, data: dict, request: gr.Request):
         prompt, mode, race, baselines = data[self.prompt], data[self.mode], data[self.race], data[self.baselines]
+        shown = data[self.record] if isinstance(data[self.record], dict) else {}
+        recorded = shown.get("recording") if shown.get("recording") in RECORDINGS else None
         v = self.values(data)
         session = session_of(request)
         baseline: Recording | None = None
@@ -447,7 +489,11 @@ class RunTab:
         folder.mkdir(exist_ok=True)
         trace = folder / f"specdec-{run.mode}-trace.json"
         trace.write_text(json.dumps(run.trace(baseline)))
-        yield self.outputs_of(run, baseline, status_line(run, self.modes), baselines, final=True, trace=str(trace))
+        status = status_line(run, self.modes)
+        if recorded:  # Run right after a recording's replay: what makes this run differ from it, if it does
+            said = against_recording(run, traces.read(recording_path(recorded), modes=self.modes)[0], recorded)
+            status = f"{status}\n\n{said}" if said else status
+        yield self.outputs_of(run, baseline, status, baselines, final=True, trace=str(trace))
 
     def _stream(self, session: str, data: dict[str, Any] | Checked, prompt: str, run: Recording):
         return stream(self.service, self.sessions, session, data, prompt, run)
@@ -550,7 +596,7 @@ class RunTab:
                 for parts in replayed(runs, skip):
                     yield self.outputs_of(parts[0], parts[1] if baseline else None,
                                           "▶ Replaying a recording · " + status_line(parts[0], self.modes), baselines, final=False)
-        where = "⏭ Skipped to the end of the recording" if skip.is_set() else "Replayed a recording"
+        where = "⇥ Skipped to the end of the recording" if skip.is_set() else "Replayed a recording"
         yield self.outputs_of(run, baseline, f"{where} · {status_line(run, self.modes)}", baselines, final=True)
 
     def replay_settings(self, path: str | None) -> dict:

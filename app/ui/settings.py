@@ -22,6 +22,11 @@ SHIPPED = "shipped"  # an artifact picker's choice of the model's shipped heads 
 TREES = tuple(sorted((p.stem for p in CHOICES_DIR.glob("*.json")), key=lambda name: (name != "default", name)))
 STATIC_CHOICES = {"trees": TREES, "eagle_trees": (DYNAMIC, *TREES)}
 PRESETS = ("defaults", "fastest here")
+# An engine's maximum -> the request's own value bounded by it. TensorRT-LLM runs a request without its own
+# lookahead_config with the engine's (W, N, G); with two rows of controls, raising N alone left the request at n = 3,
+# the same run under a check line that promised a wider one. A move of a maximum takes the request's value with it
+# (lower the request afterwards to run less), as a link's `la` without `la_req` does (links.parse).
+FOLLOW = {"la_W": "la_w", "la_N": "la_n", "la_G": "la_g"}
 
 
 def controls(mode: Mode) -> tuple[Control, ...]:
@@ -91,6 +96,18 @@ def visible(mode: str, values: dict[str, Any], modes: Modes = MODES) -> dict[str
     """Which groups show: the mode's, and prompt lookup's when it sets the branch merged into the mode's tree."""
     merged = run_name(mode, values, modes) != mode
     return {m: m == mode or (merged and m == "prompt_lookup") for m in groups(modes)}
+
+
+def follows(modes: Modes = MODES) -> dict[str, str]:
+    """FOLLOW's pairs whose two controls this registry has."""
+    have = set(keys(modes))
+    return {lead: follower for lead, follower in FOLLOW.items() if lead in have and follower in have}
+
+
+def follow(key: str, values: dict[str, Any], modes: Modes = MODES) -> dict[str, Any]:
+    """The values a user's move of control `key` (already in `values`) carries along: a maximum's request value."""
+    follower = follows(modes).get(key)
+    return {follower: values[key]} if follower else {}
 
 
 def mode_values(name: str, modes: Modes = MODES, **overrides) -> tuple[str, dict[str, Any]]:

@@ -47,11 +47,14 @@ def stream(service: Service, sessions: Sessions, session: str, data: dict[str, A
     submitted: dict[str, Any] = {}
     abandoned = threading.Event()  # the page went away while its run was prepared: the job it gets is cancelled
     text = prompt if isinstance(prompt, str) else ""
+    # Held from handing a batch to the caller until it asks for the next (it has drawn it and Gradio has sent it): a
+    # race steps only outside it, so its clocks never count a redraw (jobs.race).
+    drawing = threading.Lock()
 
     def submit() -> None:
         try:
             job = (service.submit(data, text, visitor=session) if baseline is None
-                   else service.race(data, baseline.request, text, visitor=session))
+                   else service.race(data, baseline.request, text, visitor=session, gate=drawing))
         except Exception as err:  # raised again on the handler's thread, below
             submitted["error"] = err
             return
@@ -86,7 +89,8 @@ def stream(service: Service, sessions: Sessions, session: str, data: dict[str, A
             for batch in job.batches(REDRAW_S):
                 for message in batch:
                     (baseline if message.get("side") == "baseline" else run).add(message)
-                yield run
+                with drawing:
+                    yield run
         finally:
             job.cancel()
     for r in (baseline, run):

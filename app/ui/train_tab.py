@@ -314,9 +314,9 @@ class TrainTab:
         if "error" in result:
             err = result["error"]
             if isinstance(err, TrainingTimeout):
-                line = f"⏱ Stopped: {err} (cached data stays: a new run resumes from it)."
+                line = f"◷ Stopped: {err} (cached data stays: a new run resumes from it)."
             elif cancel.is_set():
-                line = "⏹ Stopped: the run was ended before it finished (cached data stays: a new run resumes from it)."
+                line = "■ Stopped: the run was ended before it finished (cached data stays: a new run resumes from it)."
             else:
                 line = f"⚠ {self.service.relative(str(err))}"
             yield {self.status: line}

@@ -6,6 +6,7 @@ backend and shared read-only by every job; each generation gets its own KV cache
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -59,6 +60,22 @@ def check(request: DecodeRequest) -> None:
                           "shared by every request): this app's loop drafts from each request's own text, use 0")
 
 
+FAST_BUILD_S = 600.0  # a fast pass's build on 2 cores with nothing of its own to go by (docs/ui.md: about 10 minutes)
+
+
+def _last_build_s(compiled_root: Path) -> float | None:
+    """What the newest finished fast-pass build under `compiled_root` took (its info.json's `seconds`), or None."""
+    infos = sorted(compiled_root.glob("*/info.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for info in infos:
+        try:
+            seconds = json.loads(info.read_text()).get("seconds")
+        except (OSError, ValueError):
+            continue
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            return float(seconds)
+    return None
+
+
 class TransformersBackend:
     name = "transformers"
 
@@ -104,6 +121,22 @@ class TransformersBackend:
             return (f"{loaded.fast['note']}: {time.monotonic() - loaded.fast['started']:.0f} s so far"
                     + (f"; now {stage}" if stage else ""))
         return loaded.fast["note"]
+
+    def fast_status(self, name: str, dtype: str = "auto") -> dict[str, Any] | None:
+        """`name`'s fast pass in `dtype` once the model is loaded (None before): its state and note; while it builds,
+        what the build does now (models.build_stage), the seconds so far, and how long a build takes here
+        (`estimate_s`: the last finished build on this store, else FAST_BUILD_S; `estimated_from` says which)."""
+        dtype = self.dtype if dtype == "auto" else dtype
+        with self._lock:
+            loaded = self._loaded.get(("model", name, dtype))
+        if loaded is None:
+            return None
+        out: dict[str, Any] = {"model": name, "dtype": dtype, "state": loaded.fast["state"], "note": loaded.fast["note"]}
+        if loaded.fast["state"] == "building":
+            last = _last_build_s(Path(loaded.fast["log"]).parent)
+            out.update(stage=models.build_stage(loaded), elapsed_s=time.monotonic() - loaded.fast["started"],
+                       estimate_s=last or FAST_BUILD_S, estimated_from="the last build here" if last else "typical")
+        return out
 
     def companion(self, target: LoadedModel, cfg, modes) -> Any:
         """What the mode drafts with (`modes`: the request's registry, whose entry names its artifact)."""
