@@ -681,6 +681,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from app import models, runner
 
     print(f"[compile] CPU priority: nice {os.nice(args.nice)}", file=sys.stderr, flush=True)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     engines = _engines(args)
     if args.recheck:
         info = models.recheck_fast_pass(args.model, args.dtype, engines, only_provisional=args.recheck == "provisional")
@@ -855,6 +861,8 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     c.add_argument("--engines-dir", default=None)
     c.add_argument("--nice", type=int, default=0, help="lower this build's CPU priority by N (the app's background build: "
                    "19, so the runs it serves meanwhile keep the cores)")
+    c.add_argument("--threads", type=int, default=None, help="torch threads to build and time the pass for (default: "
+                   "torch's; the app passes its own, since a pass is built for the thread count that serves it)")
     c.add_argument("--recheck", nargs="?", const="always", choices=["always", "provisional"], default=None,
                    help="measure a built pass's choices again without rebuilding (provisional: only when they were "
                    "measured under load; the app starts that when it loads such a pass)")

@@ -333,7 +333,7 @@ def attach_fast_pass(loaded: LoadedModel, where: str, engines: Path, wait: bool)
         loaded.fast = {"state": "eager", "note": "eager pass (no fast pass for this device or model)"}
         return
     command = [sys.executable, "-m", "app", "compile", "--model", loaded.name, "--dtype", loaded.dtype,
-               "--engines-dir", str(engines), "--nice", "19"]
+               "--engines-dir", str(engines), "--threads", str(torch.get_num_threads()), "--nice", "19"]
     if compiled.built(out):
         _use(loaded, out)
         if not wait and loaded.fast.get("provisional"):  # measured under load: measured again, behind the runs
@@ -440,11 +440,12 @@ def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> d
     def build(tmp: Path) -> None:  # the model is loaded by the one process that builds, under the lock
         loaded, _ = _load_eager(name, dtype, "cpu", engines)
         kv = kv_dtype(loaded.model.config) or loaded.model.dtype
-        compiled.build(loaded.model, tmp, kv, log=_say)
+        compiled.build(loaded.model, tmp, kv, log=_say)  # bounded: compiled.BUILD_CONFIG
 
     if not compiled.built(out):
         with _one_builder(engines):
             _build_once(out, lambda: compiled.built(out), build)
+        compiled.release()  # the build's model and what inductor held, before the caller loads anything (cli compile)
     return json.loads((out / "info.json").read_text())
 
 

@@ -499,3 +499,68 @@ def test_four_processes_on_one_store_build_once_and_the_waiting_ones_load_nothin
     print(f"peak RSS (MB): builder {builder_peak:.0f}, waiting {[round(peak[procs[i].pid]) for i in waited]}")
     assert all(peak[procs[i].pid] < builder_peak for i in waited)
     assert len(list((engines / "compiled").glob("*/info.json"))) == 1
+
+
+# ----------------------------------------------------------------------------- what a build holds (issue 58)
+
+
+def _eager_target(tmp_path):
+    """A tiny model loaded as a build loads it (packed, the slot attention registered), its pass as a build exports it."""
+    model_dir = tmp_path / "tiny"
+    tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=5).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    loaded, _ = models._load_eager(str(model_dir), "float32", "cpu", tmp_path / "engines")
+    return loaded.model
+
+
+def test_the_build_compiles_with_one_worker_and_without_the_eager_packed_copies(tmp_path, monkeypatch):
+    """The build's peak memory is bounded by settings it chooses itself, whatever inductor's defaults (one compile
+    worker per core, each a process importing torch): every compilation runs with compile_threads=1 and the option
+    set it builds, and the eager model's oneDNN-packed copies are dropped while the graphs compile."""
+    model = _eager_target(tmp_path)
+    assert any(m._packed is not None for m in model.modules() if isinstance(m, linear.PackedLinear))
+    seen = []
+
+    def compile_and_package(program, package_path):
+        cfg = torch._inductor.config
+        packed = [m for m in model.modules() if isinstance(m, linear.PackedLinear) and m._packed is not None]
+        seen.append((os.path.basename(package_path), cfg.compile_threads, cfg.freezing, cfg.max_autotune, len(packed)))
+        return package_path
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)
+    monkeypatch.setattr(compiled, "decide", lambda *a, **k: {})
+    with torch._inductor.config.patch(compile_threads=4):  # inductor's default on a 4-core machine
+        compiled.build(model, tmp_path, torch.float32, log=lambda _: None)
+        assert torch._inductor.config.compile_threads == 4, "the setting is scoped to the build's compilations"
+    assert seen == [(f"{g}-{name}.pt2", 1, True, name == "autotuned", 0) for g in ("one", "wide") for name in compiled.OPTIONS]
+
+
+def test_timing_loads_one_candidate_package_at_a_time_and_the_eager_pass_repacks(tmp_path, monkeypatch):
+    """A loaded package holds its weights twice (~1.25 GB for the bundled model in float32): the timing of a build
+    loads one at a time, each timed in rounds with eager, and gives it back before the next; eager's times are
+    those of every candidate's rounds, and its first call packs again what the build dropped."""
+    import weakref
+
+    import torch._inductor.package as package
+
+    exported = compiled.target_pass(_eager_target(tmp_path), torch.float32)
+    compiled.unpack(exported.module)
+    live, loads = weakref.WeakSet(), []
+
+    class Runner:  # a stand-in for a loaded package: the eager pass
+        def __call__(self, *inputs):
+            return exported.module(*inputs)
+
+    def load_package(path, num_runners=1):
+        loads.append((os.path.basename(path), len(live)))
+        runner = Runner()
+        live.add(runner)
+        return runner
+
+    monkeypatch.setattr(package, "load_package", load_package)
+    candidates = {g: {name: tmp_path / f"{g}-{name}.pt2" for name in compiled.OPTIONS} for g in exported.graphs}
+    measured, spread = compiled.measure(exported, candidates, reps=2)
+    assert loads == [(f"{g}-{name}.pt2", 0) for g in exported.graphs for name in compiled.OPTIONS]
+    assert {g: list(m) for g, m in measured.items()} == {"one": [1], "wide": [2, 4, 8, 16, 32, 64, 128]}
+    assert all(list(t) == [*compiled.OPTIONS, "eager"] for m in measured.values() for t in m.values())
+    assert all(m._packed is not None for m in exported.module.modules() if isinstance(m, linear.PackedLinear))

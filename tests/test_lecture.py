@@ -36,6 +36,23 @@ def test_browser_link_sets_up_the_page_and_copy_link_gives_it_back(page, app_url
     assert page.get_by_label("number input for max_window_size W", exact=True).input_value() == "5"
 
 
+def test_browser_a_link_copied_after_a_live_run_opens_showing_that_run(page, app_url):
+    """The issue's walk: Copy link after a live run opened the same settings on an empty page. Now the link says
+    `run=1`, and opening it runs the setup, saying that a link carries settings, not the run."""
+    page.click("text=Sampling and length")
+    set_number(page, "max_new_tokens", 24)
+    page.click("#run")
+    wait_status(page, VERDICT)
+    page.click("#copy-link")
+    page.wait_for_function("() => /\\?/.test(document.querySelector('#link textarea, #link input')?.value || '')")
+    link = page.locator("#link textarea, #link input").first.input_value()
+    assert "run=1" in link and "max_new_tokens=24" in link, link
+    page.goto(link)
+    status = wait_status(page, VERDICT)
+    assert "24 tokens" in status and page.locator("#step-view .step").count() >= 2, status
+    assert "runs its setup again on open" in page.inner_text("#link-note")
+
+
 def test_browser_bad_link_parameters_get_a_note_not_an_error(page, app_url):
     page.goto(f"{app_url}/?mode=warp&la=99,1&tab=compare&pl_ngram=3")
     page.wait_for_function("/Link: ignored/.test(document.querySelector('#link-note')?.innerText || '')")

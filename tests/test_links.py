@@ -112,3 +112,13 @@ def test_a_run_of_a_recordings_setup_says_what_differs_when_tau_does():
     assert "the same dtype and pass, on another machine" in against_recording(live, recorded, "x")
     live.request = {**live.request, "max_new_tokens": 64}  # another setup: nothing to say about the recording
     assert against_recording(live, recorded, "x") == ""
+
+
+def test_a_link_copied_after_a_run_runs_its_setup_on_open():
+    query = links.build("run", "lookahead", DEFAULTS, "Summarize this article.", DEFAULTS, EXAMPLES, "prompt_lookup",
+                        "Compose an engaging travel blog post.", run=True)
+    assert "run=1" in query and parse(query).run is True
+    assert parse("run=0").run is False and parse("run=maybe").notes == ["run=maybe (not true or false)"]
+    replayed = links.build("run", "eagle", DEFAULTS, "x", DEFAULTS, EXAMPLES, "prompt_lookup", "y",
+                           replay="eagle-roleplay-bfloat16", run=True)
+    assert "run=" not in replayed, "a recording's link replays it; it does not run it as well"

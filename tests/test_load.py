@@ -1,6 +1,11 @@
 """The load sweep's arithmetic, sentence and chart (pure; the sweep on real engines is in test_vllm.py)."""
 
+import html
 import json
+import math
+import re
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -88,6 +93,92 @@ def test_chart_draws_speedups_tau_ours_and_the_crossover():
     assert "transition" not in fig.to_plotly_json()["layout"]  # plotly.js's transitions fail on the added τ axis
     empty = charts.load_sweep({"points": SWEEP["points"][:1]})
     assert "No sweep yet" in empty.layout.annotations[0].text and not empty.data
+
+
+def test_chart_axis_ends_at_the_n_measured():
+    """Issue 59.7: the x axis ran decades past the data. On a log axis an annotation's x is log10 N: the crossover's
+    label is placed there (at N = 4, not 10^4), and the axis spans the N measured with a marker's margin."""
+    fig = charts.load_sweep(SWEEP)
+    lo, hi = fig.layout.xaxis.range
+    assert list(fig.layout.xaxis.tickvals) == [1, 4, 8]
+    assert -0.1 < lo < 0 and math.log10(8) < hi < math.log10(8) * 1.1
+    label = next(a for a in fig.layout.annotations if "stops paying" in a.text)
+    assert label.xref == "x" and label.x == pytest.approx(math.log10(4))
+    line = next(s for s in fig.layout.shapes if s.xref == "x")
+    assert line.x0 == 4  # a shape takes N itself
+    # Measured from N = 2 only: the axis starts there, or at 1 when the batch-1 star is drawn.
+    later = {"points": [p for p in SWEEP["points"] if p["n"] > 1]}
+    assert charts.load_sweep(later).layout.xaxis.range[0] > math.log10(3)
+    assert charts.load_sweep({**later, "ours": SWEEP["ours"]}).layout.xaxis.range[0] < 0
+    one = charts.load_sweep({"points": SWEEP["points"][:2]}).layout.xaxis.range  # a single N: a margin around it
+    assert one[0] < 0 < one[1]
+
+
+def test_table_explains_both_taus():
+    html_text = load_tab.table(SWEEP)
+    titles = dict(re.findall(r"<th title='([^']*)'>([^<]*)</th>", html_text))
+    by_name = {v: html.unescape(k) for k, v in titles.items()}
+    assert "spec-decode counters" in by_name["τ (counters)"] and "drafting step" in by_name["τ (counters)"]
+    assert "per engine step as streamed" in by_name["τ per step"] and "every step" in by_name["τ per step"]
+    note = html_text.split("</table>", 1)[1]
+    assert "τ (counters): vLLM&#x27;s spec-decode counters" in note and "τ per step: tokens per engine step" in note
+
+
+def test_starting_line_says_which_engine_and_the_seconds():
+    from app.modes import MODES
+
+    assert load_tab.starting_line(None, 0.2, MODES).startswith("Starting the engines: 0 s so far")
+    line = load_tab.starting_line("prompt_lookup", 42.4, MODES)
+    assert line.startswith("Starting vLLM's Prompt lookup engine: 42 s so far") and "1–3 minutes" in line
+    assert load_tab.starting_line("autoregressive", 75, MODES).startswith("Starting vLLM's plain engine (the baseline): 75 s")
+
+
+class SlowSweep:
+    """A Service whose load_sweep starts two engines a second or so each (as vLLM's take minutes), saying which."""
+
+    def __init__(self):
+        from app.modes import MODES
+
+        self.registry, self.jobs = MODES, []
+        self.limits = SimpleNamespace(time_limit_s=300.0)
+
+    def load_sweep(self, data, ns, max_new_tokens, ours=False, visitor=None, starting=None):
+        for mode in ("prompt_lookup", "autoregressive"):
+            starting(mode)
+            time.sleep(1.3)
+        point = pt("vllm_ngram", 1, 30.0, 0.05, 2.0)
+        self.jobs.append(Job([{"type": "point", "point": pt("vllm_generate", 1, 20.0, 0.05)},
+                              {"type": "point", "point": point}, {"type": "end", "finish_reason": "length"}]))
+        return self.jobs[-1]
+
+    @staticmethod
+    def relative(text):
+        return text
+
+
+class Job:
+    def __init__(self, messages):
+        self.messages, self.cancelled = messages, False
+
+    def batches(self, every):
+        yield self.messages
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_the_load_tab_counts_the_seconds_while_the_engines_start():
+    from app.ui.sessions import Sessions
+
+    tab = load_tab.LoadTab(SlowSweep(), Sessions())
+    tab.plot, tab.note, tab.table, tab.status, tab.download = "plot", "note", "table", "status", "download"
+    lines = [out["status"] for out in tab.run("prompt_lookup", "1", 8, False, None)]
+    starting = [line for line in lines if line.startswith("Starting")]
+    assert starting[0].startswith("Starting the engines: 0 s")
+    seconds = {line.split(": ")[0]: int(line.split(": ")[1].split(" s ")[0]) for line in starting[1:]}
+    assert seconds["Starting vLLM's Prompt lookup engine"] >= 1, lines  # counted each second, from the sweep's start
+    assert seconds["Starting vLLM's plain engine (the baseline)"] >= 2, lines
+    assert lines[-1].startswith("Done")
 
 
 def test_point_and_table_from_request_records():

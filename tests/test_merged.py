@@ -273,7 +273,7 @@ def test_step_detail_marks_the_prompt_lookup_branch():
 
 
 def test_tree_svg_without_copied_nodes_is_unchanged():
-    plain = render.tree_svg([5, 6], [-1, 0], [0], {5: "a", 6: "b"}, scores=[-0.1, -0.5])
+    plain = render.tree_svg([5, 6], [-1, 0], [0], {5: "a", 6: "b"}, q=[0.9, 0.6])
     assert "copied" not in plain and "PL" not in plain
 
 

@@ -194,3 +194,25 @@ def test_every_control_alone_comes_back_from_its_link_with_the_whole_setup():
             query = links.build("run", mode, values, "p", defaults, {}, "prompt_lookup", "p")
             link = links.parse(dict(parse_qsl(query)), defaults, MODES.names, {}, (), lambda m, v: None)
             assert {**defaults, **link.values} == values and not link.notes, (key, query)
+
+
+def test_the_examples_menu_names_the_example_the_prompt_holds(studio):
+    """Issue 59.7: the menu stayed blank while its prompt box held one of its examples (Compare's on a fresh page; a
+    link's, a tour stop's or a replay's prompt): whatever sets the box, the menu follows (its prompt's change event)."""
+    from app.ui.controls import example_shown
+
+    shown = [("writing", "Write a poem."), ("math", "What is 2 + 2?")]
+    assert example_shown("What is 2 + 2?", shown) == "What is 2 + 2?"
+    assert example_shown("What is 2 + 2", shown) is None and example_shown(None, shown) is None
+    blocks = {b.elem_id: b for b in studio.demo.blocks.values() if getattr(b, "elem_id", None)}
+    for box, menu in (("prompt", "examples"), ("cmp-prompt", "cmp-examples")):
+        prompt, examples = blocks[box], blocks[menu]
+        texts = [text for _, text in examples.choices]
+        assert examples.value == example_shown(prompt.value, [("", t) for t in texts])  # a fresh page
+        values = {prompt: texts[2], examples: None}
+        fire(studio, prompt, values, "change")  # as a tour stop, a link or a replay's settings set it
+        assert values[examples] == texts[2]
+        values[prompt] = texts[2] + " And in French."  # typed on: no longer the example
+        fire(studio, prompt, values, "change")
+        assert values[examples] is None
+    assert blocks["cmp-examples"].value == blocks["cmp-prompt"].value  # Compare opens on its first example

@@ -2,6 +2,7 @@
 bundled model in tests/data/traces), escaping, empty and huge traces, the tree SVG."""
 
 import json
+import math
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -239,7 +240,7 @@ def test_step_detail_escapes_token_text(source):
 
 
 def test_tree_svg_escapes_token_text():
-    html_text = render.tree_svg([5, 6, 7, 8, 9, 10], [-1, -1, 0, 0, 1, 2], [0, 2], NASTY, scores=[-1, -2, -3, -4, -5, -6])
+    html_text = render.tree_svg([5, 6, 7, 8, 9, 10], [-1, -1, 0, 0, 1, 2], [0, 2], NASTY, q=[0.5, 0.4, 0.3, 0.2, 0.1, 0.05])
     dom = _assert_safe(html_text)
     titles = " ".join(n.text() for n in dom.find(tag="title"))
     assert NASTY[5] in titles and NASTY[6] in titles
@@ -466,23 +467,73 @@ def test_tree_modes_detail_draws_the_tree(mode):
         assert sorted(int(n.attrs["data-node"]) for n in nodes if "accepted" in n.classes) == step["accepted"]
 
 
-@pytest.mark.parametrize("mode", ["medusa", "eagle"])
-def test_a_tree_pruned_to_one_path_is_still_drawn_as_a_tree_with_its_scores(mode):
+# Medusa reports each head's probability; EAGLE the cumulative log q of each path: both trees show q, the draft's own
+# probability per node (exp(-0.25) = 0.78, exp(-0.5 + 0.25) = 0.78, exp(-1.5 + 0.5) = 0.37).
+@pytest.mark.parametrize("mode, scores", [("medusa", [0.78, 0.78, 0.37]), ("eagle", [-0.25, -0.5, -1.5])])
+def test_a_tree_pruned_to_one_path_is_still_drawn_as_a_tree_with_its_scores(mode, scores):
     trace = load(mode)
     step, history = next((s, h) for s, h in _with_history(trace) if s["kind"] != "prefill")
     tokens = step["proposed"]["tokens"][:3]
-    scores = [-0.25, -0.5, -1.5]
     chain = {**step, "proposed": {"tokens": tokens, "parents": [-1, 0, 1]}, "accepted": [0], "rejected": [1, 2],
              "accepted_tokens": tokens[:1], "source": {**step["source"], "tree": {**step["source"]["tree"], "scores": scores}}}
     dom = parse(render.step_detail(chain, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
     nodes = dom.find("node", tag="g")
     assert [int(n.attrs["data-node"]) for n in nodes] == [0, 1, 2]
     assert [int(n.attrs["data-node"]) for n in nodes if "accepted" in n.classes] == [0]
-    assert "-1.5" in dom.find(tag="svg")[0].text()
+    labels = [n.find(tag="tspan")[0].text().strip() for n in nodes]
+    assert labels == ["q 0.78", "q 0.78", "q 0.37"], labels
+    assert "its path's 0.22" in nodes[2].find(tag="title")[0].text()  # 0.78 × 0.78 × 0.37 (exp(-1.5)), in the tooltip
     # Other modes draw a chain as a row of tokens.
     pl = load("prompt_lookup")
     step, history = next((s, h) for s, h in _with_history(pl) if s["kind"] != "prefill" and s["proposed"]["tokens"])
     assert not parse(render.step_detail(step, pl["texts"], pl["prompt_ids"], history, "prompt_lookup")).find(tag="svg")
+
+
+def test_draft_q_is_each_nodes_own_probability_whatever_the_drafter_reports():
+    # Medusa: a head's probability per node, as it is (a number out of [0, 1] is no probability: unknown).
+    assert render.draft_q([0.9, 0.5, None, 1.5], [-1, 0, 0, 1], "q") == [0.9, 0.5, None, None]
+    # EAGLE: the cumulative log q of the path; q = exp(score - parent's score); a zero-probability path (-1e9) has q 0.
+    q = render.draft_q([math.log(0.5), math.log(0.2), math.log(0.5 * 0.4), -1e9], [-1, -1, 0, 2], "path_log_q")
+    assert q == pytest.approx([0.5, 0.2, 0.4, 0.0])
+    # A merged tree's prompt lookup nodes come after the scored ones: no q; nor has a node under an unscored parent.
+    assert render.draft_q([math.log(0.5)], [-1, 0, -1], "path_log_q") == [pytest.approx(0.5)]
+    assert render.draft_q([None, math.log(0.3)], [-1, 0], "path_log_q") == [None, None]
+
+
+@pytest.mark.parametrize("mode", ["medusa", "eagle"])
+def test_medusa_and_eagle_trees_both_show_q_and_a_legend(mode):
+    """Issue 59.7: EAGLE's tree showed log q and Medusa's probabilities, with no key to either or to the marks."""
+    trace = load(mode)
+    shown = 0
+    for step, history in _with_history(trace):
+        dom = parse(render.step_detail(step, trace["texts"], trace["prompt_ids"], history, trace["mode"]))
+        nodes = dom.find("node", tag="g")
+        if not nodes:
+            continue
+        tags = [t.text().strip() for n in nodes for t in n.find(tag="tspan")]
+        assert tags and all(re.fullmatch(r"q (0\.\d\d|1\.00|<0\.01)", t) for t in tags), tags
+        legend = dom.find("tree-legend")
+        assert len(legend) == 1 and "accepted path" in legend[0].text() and "the draft's own probability" in legend[0].text()
+        shown += 1
+    assert shown
+
+
+def test_tree_legend_keys_the_marks_the_tree_has():
+    texts = {5: "a", 6: "b", 7: "c", 8: "d"}
+    plain = parse(render.tree_svg([5, 6], [-1, 0], [0], texts))
+    key = plain.find("tree-legend")[0].text()
+    assert "accepted path" in key and "not accepted" in key
+    assert "q 0.83" not in key and "PL" not in key and "not weighed" not in key
+    # With the target's p (node 3 hangs below the rejected node 2: never weighed), q and prompt lookup's nodes.
+    event = _viewed_event()
+    dom = parse(render.tree_svg([5, 6, 7, 8], [-1, -1, 0, 2], [0], texts, q=[0.6, 0.3, 0.5, 0.9],
+                                target_p=event["target"]["p"], copied=[1]))
+    key = dom.find("tree-legend")[0].text()
+    assert "rejected" in key and "not weighed" in key and "q 0.83" in key and "PL" in key
+    looks = {int(n.attrs["data-node"]): n.classes for n in dom.find("node", tag="g")}
+    assert "unweighed" in looks[3] and "unweighed" not in looks[2] and "accepted" in looks[0]
+    assert [s.classes[-1] for s in dom.find("lg-node")] == ["lg-node-accepted", "lg-node-rejected", "lg-node-unweighed"]
+    assert all(f"body .specdec .tree-legend .{c}" in render.CSS for c in ("lg-node-accepted", "lg-node-unweighed"))
 
 
 @pytest.mark.parametrize("mode", ["medusa", "eagle"])
@@ -534,7 +585,7 @@ def test_tree_svg_nodes_do_not_overlap_at_64():
         parents.append(-1 if i < 8 else (i - 8 if i < 40 else i - 32))
     tokens = list(range(64))
     html_text = render.tree_svg(tokens, parents, [0, 8, 16], {i: f"tok{i}" for i in range(64)},
-                                scores=[0.5] * 64)
+                                q=[0.5] * 64)
     dom = parse(html_text)
     rects = _rects(dom)
     assert len(rects) == 64 and not dom.find("tree-note")

@@ -481,6 +481,18 @@ def test_browser_examples_fill_the_prompt_of_each_tab(page):
                                arg=[box, summarization])
 
 
+def test_browser_compare_button_is_in_the_first_screenful_and_the_menus_name_their_example(page):
+    """Issue 59.7: at 1440 × 900 Compare's button was below the fold (under every mode's box), and an examples menu
+    stayed blank while its box held one of its examples (Compare's on a fresh page; the Run tab's counter-example)."""
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.click("#counter-example")
+    page.wait_for_function("/^writing: Compose an engaging travel blog/.test(document.querySelector('#examples input').value)")
+    page.get_by_role("tab", name="Compare").click()
+    page.wait_for_selector("#compare-run", state="visible")
+    assert 0 < page.eval_on_selector("#compare-run", "e => e.getBoundingClientRect().bottom") <= 900
+    assert page.input_value("#cmp-examples input").startswith("writing: Compose an engaging travel blog")
+
+
 # The modes with a panel of their own, and the one without drafts. Every mode's run goes through the API test above
 # and every mode's step view through the tour (test_lecture.py); lookahead's and suffix's panels through its recordings.
 @pytest.mark.parametrize("mode", ["prompt_lookup", "medusa", "eagle", "draft_target", "autoregressive"])

@@ -35,6 +35,8 @@ loaded where it was built for.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 import json
 import os
@@ -64,6 +66,13 @@ OPTIONS = {
     "packed": {"freezing": True, "cpp.enable_concat_linear": True},
     "autotuned": {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"},
 }
+# What a build holds at once (issue 58; measured: docs/benchmarks.md#the-fast-pass): one C++ compile worker (inductor's
+# default is one per core, up to 32, each a process importing torch), the eager model without its oneDNN-packed copies
+# while the graphs compile (they never read them), what each compilation held given back before the next, and one
+# candidate package loaded at a time while timing (a loaded package holds its weights twice: its shared library's data
+# and the runtime's copy, ~1.25 GB for the bundled model in float32). Not bounded here: a released package's shared
+# library stays mapped (~0.6 GB each, torch never unloads it), so the timing step still peaks above 5 GB in float32.
+BUILD_CONFIG = {"compile_threads": 1}
 FEW = 4  # bfloat16 without native instructions: the widest pass whose products stay in bfloat16 (module docstring)
 # A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
 EXAMPLE_SLOTS = 257
@@ -227,6 +236,7 @@ def build_exported(exported: Exported, out: Path, log: Callable[[str], None] = p
     start = time.perf_counter()
     seconds = {}
     slots = Dim("slots", min=16, max=1 << 24)
+    unpack(exported.module)  # the eager pass repacks them when `measure` first calls it
     for graph, (low, high) in exported.graphs.items():
         t = time.perf_counter()
         n = 1 if high == 1 else Dim(f"n_{graph}", min=low, max=high)
@@ -238,14 +248,36 @@ def build_exported(exported: Exported, out: Path, log: Callable[[str], None] = p
             for name, options in OPTIONS.items():
                 log(f"compiling the graph of {low}..{high}-token passes: {name} products (inductor, C++ kernels)")
                 # Under no_grad, or inductor's freezing leaves the products unpacked (plain aten::mm calls).
-                with torch._inductor.config.patch(options):
+                with torch._inductor.config.patch({**options, **BUILD_CONFIG}):
                     torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}-{name}.pt2"))
+                release()
+        del program, example
+        release()
         seconds[graph] = round(time.perf_counter() - t, 1)
     log("timing each graph's builds against each other and the eager pass at its widths")
     info = decide(exported, out, {g: {name: out / f"{g}-{name}.pt2" for name in OPTIONS} for g in exported.graphs}, log)
     info.update(seconds=round(time.perf_counter() - start, 1), graphs=seconds)
     _write_info(out, info)
     return info
+
+
+def unpack(module: nn.Module) -> int:
+    """Drop the oneDNN-packed copies of `module`'s PackedLinear layers (as much memory again as their weights): export
+    and compilation never read them, and an eager call repacks a layer first (linear.PackedLinear). Returns how many."""
+    layers = [m for m in module.modules() if isinstance(m, linear.PackedLinear) and m._packed is not None]
+    for m in layers:
+        m._packed, m._packed_key = None, None
+    return len(layers)
+
+
+def release() -> None:
+    """Give back what a compilation or a loaded package held: collect its reference cycles, and have glibc return its
+    freed heap to the system (it keeps freed blocks otherwise, and the next step's peak stacks on top)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def recheck(exported: Exported, out: Path, log: Callable[[str], None] = print, others=None) -> dict:
@@ -317,28 +349,34 @@ def _widths_to_time(low: int, high: int) -> list[int]:
 
 def measure(exported: Exported, candidates: dict[str, dict[str, Path]], reps: int = 5) -> tuple[dict, dict]:
     """Each graph's candidate packages and the eager pass over the same slots (MEASURED_CONTEXT committed), at the
-    graph's widths, in rounds that call each in turn (a load that changes meanwhile weighs on all alike): ({graph:
+    graph's widths, in rounds that call a candidate and eager in turn (a load that changes meanwhile weighs on both
+    alike; one candidate package is loaded at a time, BUILD_CONFIG): ({graph:
     {n: {name or "eager": ms}}}, {graph: {n: {name: spread}}}), the fastest round (other load only adds time) and how
     far the median round lies above it, as a share."""
     from torch._inductor.package import load_package
 
     result, spread = {}, {}
     for graph, (low, high) in exported.graphs.items():
-        runs = {name: load_package(str(path), num_runners=1) for name, path in candidates[graph].items()}
-        runs["eager"] = exported.module
-        result[graph], spread[graph] = {}, {}
-        for n in _widths_to_time(low, high):
-            inputs = exported.examples(n, MEASURED_CONTEXT + max(n, 16), MEASURED_CONTEXT)
-            times = {name: [] for name in runs}
-            with torch.inference_mode():
-                for rep in range(reps + 1):
-                    for name, run in runs.items():
-                        t = time.perf_counter()
-                        run(*inputs)
-                        if rep:  # the first call of each warms up
-                            times[name].append(time.perf_counter() - t)
-            result[graph][n] = {name: round(1e3 * min(t), 2) for name, t in times.items()}
-            spread[graph][n] = {name: round(statistics.median(t) / min(t) - 1, 3) for name, t in times.items()}
+        widths = _widths_to_time(low, high)
+        times = {n: {name: [] for name in [*candidates[graph], "eager"]} for n in widths}
+        # One candidate package loaded at a time (each holds its weights twice), timed in rounds with eager; eager's
+        # times are those of every candidate's rounds.
+        for name, path in candidates[graph].items():
+            runs = {name: load_package(str(path), num_runners=1), "eager": exported.module}
+            for n in widths:
+                inputs = exported.examples(n, MEASURED_CONTEXT + max(n, 16), MEASURED_CONTEXT)
+                with torch.inference_mode():
+                    for rep in range(reps + 1):
+                        for run_name, run in runs.items():
+                            t = time.perf_counter()
+                            run(*inputs)
+                            if rep:  # the first call of each warms up
+                                times[n][run_name].append(time.perf_counter() - t)
+            del runs
+            release()
+        result[graph] = {n: {name: round(1e3 * min(t), 2) for name, t in times[n].items()} for n in widths}
+        spread[graph] = {n: {name: round(statistics.median(t) / min(t) - 1, 3) for name, t in times[n].items()}
+                         for n in widths}
     return result, spread
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
@@ -342,13 +342,15 @@ class Service:
         return next({k: v for k, v in m.items() if k != "type"} for m in messages if m["type"] == "cost")
 
     def load_sweep(self, data: dict[str, Any], ns: str | list[int] | None = None, max_new_tokens: int = 32,
-                   ours: bool = False, progress: Progress | None = None, visitor: str | None = None) -> Job:
+                   ours: bool = False, progress: Progress | None = None, visitor: str | None = None,
+                   starting: Callable[[str], None] | None = None) -> Job:
         """N concurrent requests (1, 2, 4, 8, 16 by default; at most load.PUBLIC_MAX_N in public mode) to the vLLM
         engine of a speculative request and to the plain engine of the same model, queued as a job whose messages
-        are its points and, at the end, the recorded sweep (load.py). Raises ConfigError before anything is queued."""
+        are its points and, at the end, the recorded sweep (load.py). Raises ConfigError before anything is queued.
+        `starting(mode)`: which engine it starts (or finds running) next, the speculative mode's or autoregressive."""
         from app.service import load
 
-        return load.submit(self, data, ns, max_new_tokens, ours, progress, visitor)
+        return load.submit(self, data, ns, max_new_tokens, ours, progress, visitor, starting=starting)
 
     # ------------------------------------------------------------------ engine builds
     def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> BuildSpec:

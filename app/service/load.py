@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -381,11 +381,14 @@ def allowed(policy) -> int:
 
 
 def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None, max_new_tokens: int = 32,
-           ours: bool = False, progress=None, visitor: str | None = None, categories: list[str] | None = None):
+           ours: bool = False, progress=None, visitor: str | None = None, categories: list[str] | None = None,
+           starting: Callable[[str], None] | None = None):
     """Service.load_sweep: a speculative request's engine and the plain engine of the same model and dtype (started
     or found running), distinct Spec-Bench prompts, then the sweep queued as a job (its time limit, Stop) whose
     messages are a `point` per measured point and an `end` carrying the recorded sweep (`document`). `ours`: first
-    run the request's mode in this project's own loop and autoregressive decoding at batch 1, for its point."""
+    run the request's mode in this project's own loop and autoregressive decoding at batch 1, for its point.
+    `starting(mode)` is told each engine's mode (the request's, then autoregressive) before it is started or found
+    running: a first start takes minutes, and a page says which one it waits for."""
     from app.prompts import load_prompts
     from app.service.backends.base import Prompt
     from app.service.backends.vllm import encode
@@ -418,7 +421,11 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
             backend.stop(build_id)
 
     try:
+        if starting:
+            starting(request.mode)
         manifest, url = service.vllm_engine(request, model, progress, visitor)
+        if starting:
+            starting(plain_request.mode)
         plain_manifest, plain_url = service.vllm_engine(plain_request, model, progress, visitor)
     except BaseException:
         release()

@@ -9,6 +9,7 @@ With no steps, a builder returns an empty figure carrying an explanatory annotat
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -471,6 +472,14 @@ def training_loss(losses: list[float] | None, label: str = "Training") -> go.Fig
 LATENCY, THROUGHPUT = "#0072B2", "#009E73"
 
 
+def n_range(ns: list[int], with_one: bool = False) -> list[float]:
+    """A log axis's range (log10 units) over the N measured, and N = 1 `with_one` (this app's batch-1 star), with a
+    margin of 6% of the span (a marker's room) on each side."""
+    lo, hi = math.log10(min([*ns, *([1] if with_one else [])])), math.log10(max(ns))
+    pad = (hi - lo) * 0.06 if hi > lo else 0.3
+    return [round(lo - pad, 4), round(hi + pad, 4)]
+
+
 def load_sweep(sweep: Mapping | None, row: str | None = None) -> go.Figure:
     """A load sweep (app/service/load.py): the speculative engine's speedup over the plain engine against the number
     of concurrent requests N (log2 axis), per request (time per output token) and in total throughput, τ beside it
@@ -497,7 +506,8 @@ def load_sweep(sweep: Mapping | None, row: str | None = None) -> go.Figure:
         yaxis="y2", line=dict(color=TAU, width=2, dash="dot"), marker=dict(size=7, symbol="diamond"),
         hovertemplate="N = %{x}: τ %{y:.2f} tokens per engine step<extra></extra>"))
     ours = sweep.get("ours") if isinstance(sweep, Mapping) else None
-    if isinstance(ours, Mapping) and _number(ours.get("speedup")) is not None:
+    starred = isinstance(ours, Mapping) and _number(ours.get("speedup")) is not None
+    if starred:
         fig.add_trace(go.Scatter(
             x=[1], y=[round(float(ours["speedup"]), 4)], mode="markers", name="this app's loop (batch 1 only)",
             marker=dict(color=ADDED, size=14, symbol="star", line=dict(color="#ffffff", width=1)),
@@ -505,13 +515,16 @@ def load_sweep(sweep: Mapping | None, row: str | None = None) -> go.Figure:
     fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
     cross = load.crossover(rows, "latency")
     if cross["state"] == "crosses":
-        fig.add_vline(x=cross["at"], line=dict(color=TAU, width=2, dash="dash"),
-                      annotation_text=f"stops paying at N = {cross['at']}", annotation_position="top left",
-                      annotation_font=dict(color=TAU, size=13))
+        fig.add_vline(x=cross["at"], line=dict(color=TAU, width=2, dash="dash"))
+        # On a log axis an annotation's x is log10 N (a shape's is N): add_vline's own label landed at N = 10^N and
+        # stretched the axis to it.
+        fig.add_annotation(x=math.log10(cross["at"]), xref="x", xanchor="right", y=1, yref="y domain", yanchor="top",
+                           text=f"stops paying at N = {cross['at']}", showarrow=False, font=dict(color=TAU, size=13))
     top = max([1.5] + [v for r in rows for v in (r["latency"], r["throughput"]) if v is not None]) * 1.1
     tau_top = max([2.0] + [r["tau"] for r in rows if r["tau"] is not None]) * 1.1
     fig.update_layout(
-        xaxis=dict(type="log", tickvals=ns, ticktext=[str(n) for n in ns]),
+        xaxis=dict(type="log", tickvals=ns, ticktext=[str(n) for n in ns], range=n_range(ns, with_one=starred),
+                   rangemode="normal"),
         yaxis=dict(range=[0, top]),
         yaxis2=dict(title=dict(text="τ", font=dict(size=15, color=TAU)), overlaying="y", side="right", range=[0, tau_top],
                     tickfont=dict(size=14, color=TAU), showgrid=False, rangemode="tozero"),

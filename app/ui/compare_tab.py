@@ -164,7 +164,14 @@ class CompareTab:
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(label="Prompt", lines=3, value=shown_examples[0][1], elem_id="cmp-prompt")
-                example = examples_dropdown(shown_examples, "cmp-examples")
+                example = examples_dropdown(shown_examples, "cmp-examples", prompt)
+                # Under the prompt, not under the settings column (every mode's box, two radios): in the first
+                # screenful at 1440x900, as the Run tab's Run is.
+                with gr.Row():
+                    run_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+                    replay_btn = gr.Button("Replay the race side by side", elem_id="compare-replay")
+                self.status = gr.Markdown("", elem_id="cmp-status")  # beside the button it answers
             with gr.Column(scale=2):
                 offered = [m for m in self.modes.names + self.modes.merged if m != "autoregressive"]
                 if service.backends["vllm"].availability().available:
@@ -176,11 +183,6 @@ class CompareTab:
                 preset = gr.Radio(list(settings.PRESETS), value=settings.PRESETS[0], label="settings", elem_id="cmp-preset",
                                   info=settings.presets_note(service.fast_dtype()))
                 dtype = dtype_radio(service, "cmp-dtype")
-        with gr.Row():
-            run_btn = gr.Button("Compare", variant="primary", elem_id="compare-run")
-            stop_btn = gr.Button("Stop", variant="stop", elem_id="compare-stop")
-            replay_btn = gr.Button("Replay the race side by side", elem_id="compare-replay")
-        self.status = gr.Markdown("", elem_id="cmp-status")
         self.table = gr.HTML(render.summary_table([]), elem_id="cmp-table")
         # The race gets the page's width (a legend of every mode beside it), the other two half each.
         self.race = gr.Plot(charts.race_runs({}), label="Race", elem_id="cmp-race")

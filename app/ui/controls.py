@@ -65,5 +65,15 @@ def examples(service) -> list[tuple[str, str]]:
     return [(r["category"], r["text"]) for r in service.examples(1)]
 
 
-def examples_dropdown(shown: list[tuple[str, str]], elem_id: str) -> gr.Dropdown:
-    return gr.Dropdown([(f"{c}: {t[:60]}…", t) for c, t in shown], label="Spec-Bench examples", value=None, elem_id=elem_id)
+def example_shown(prompt: Any, shown: list[tuple[str, str]]) -> str | None:
+    """The examples menu's value for what the prompt box holds: that example, else none (the menu then names none)."""
+    return prompt if isinstance(prompt, str) and any(prompt == text for _, text in shown) else None
+
+
+def examples_dropdown(shown: list[tuple[str, str]], elem_id: str, prompt: gr.Textbox) -> gr.Dropdown:
+    """The examples menu of `prompt`'s box. It names the example the box holds however it got there (the page's
+    default, a link, the tour, a replay's settings, typing), and none otherwise."""
+    menu = gr.Dropdown([(f"{c}: {t[:60]}…", t) for c, t in shown], label="Spec-Bench examples",
+                       value=example_shown(prompt.value, shown), elem_id=elem_id)
+    prompt.change(lambda text: example_shown(text, shown), prompt, menu, **QUIET)
+    return menu

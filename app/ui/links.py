@@ -1,7 +1,7 @@
 """Shareable links: the Run tab's setup as a URL query string, and back. Pure functions, no Gradio.
 
 A link names what differs from the page's defaults: `?mode=lookahead&la=4,3,4&example=81&dtype=float32`,
-`?replay=eagle-roleplay-bfloat16`, `?tab=compare`, `?present=1` (presenter mode). Every control of the Run tab is a parameter under its
+`?replay=eagle-roleplay-bfloat16`, `?tab=compare`, `?present=1` (presenter mode), `?run=1` (run it on open). Every control of the Run tab is a parameter under its
 own name (`pl_ngram=3`, `sx_tree=1`); `la`, `la_req` and `pl` are short forms. What a link gets wrong is
 dropped with a one-line note, never an error page.
 """
@@ -32,6 +32,7 @@ class Link:
     prompt: str | None = None
     replay: str | None = None
     present: bool | None = None
+    run: bool | None = None  # run the setup on open (a link copied after a live run: it carries settings, not the run)
     values: dict[str, Any] = field(default_factory=dict)  # control name -> value
     notes: list[str] = field(default_factory=list)  # what was ignored, and why
 
@@ -81,9 +82,9 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
                 link.prompt = examples[int(text)]
             except (ValueError, KeyError):
                 link.notes.append(f"{shown} (not a Spec-Bench question id, e.g. {min(examples) if examples else 81})")
-        elif key == "present":
+        elif key in ("present", "run"):
             try:
-                link.present = _value(text, False)
+                setattr(link, key, _value(text, False))
             except ValueError as err:
                 link.notes.append(f"{shown} ({err})")
         elif key in SHORT or key in defaults:
@@ -111,9 +112,10 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
 
 def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, defaults: Mapping[str, Any],
           examples: Mapping[int, str], default_mode: str, default_prompt: str, present: bool = False,
-          replay: str | None = None) -> str:
+          replay: str | None = None, run: bool = False) -> str:
     """The query string (without '?') that `parse` reads back as this setup: only what differs from the defaults;
-    `replay`, a shipped recording the page shows, replayed when the link opens."""
+    `replay`, a shipped recording the page shows, replayed when the link opens; `run`, the setup run when it opens
+    (after a live run: the page then shows a run of it, not an empty screen)."""
     query: dict[str, str] = {}
     if tab and tab != TABS[0]:
         query["tab"] = tab
@@ -146,6 +148,8 @@ def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, de
         query[k] = _text(v)
     if present:
         query["present"] = "1"
+    if run and not replay:
+        query["run"] = "1"
     return urlencode(query)
 
 

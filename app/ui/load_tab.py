@@ -25,7 +25,7 @@ from app.service.jobs import QueueFull
 from app.ui import charts, lessons, settings
 from app.ui.controls import Slider
 from app.ui.sessions import Sessions
-from app.ui.streams import REDRAW_S, session_of, skippable, stop, ticks
+from app.ui.streams import REDRAW_S, prepared, session_of, skippable, stop, ticks
 
 RECORDINGS_DIR = models.ROOT / "assets" / "load"
 RECORDINGS = sorted(p.stem for p in RECORDINGS_DIR.glob("*.json"))
@@ -91,6 +91,27 @@ def note(sweep: dict | None, row: str | None = None) -> str:
     return f"**{head}**: {body}.{tail}{mine}"
 
 
+def starting_line(mode: str | None, seconds: float, modes: Modes) -> str:
+    """The status while a sweep starts its two vLLM engines (a first start takes minutes): which one, by `mode` (the
+    speculative one's, or autoregressive for the plain one; None before either), and the seconds so far."""
+    if mode is None:
+        which = "the engines"
+    elif mode == "autoregressive":
+        which = "vLLM's plain engine (the baseline)"
+    else:
+        which = f"vLLM's {html.escape(lessons.label(mode, modes))} engine"
+    return (f"Starting {which}: {seconds:.0f} s so far (a first start takes 1–3 minutes: vLLM loads the model and "
+            "warms it up; a later sweep reuses both engines)…")
+
+
+# The table's two τ: they differ when some steps draft nothing (an n-gram or suffix match not found), and the chart
+# divides a step's time by the second.
+TAU_COUNTERS = ("vLLM's spec-decode counters: 1 + accepted tokens ÷ drafting steps, tokens per step that drafted "
+                "(1 for the plain engine)")
+TAU_STEP = ("tokens per engine step as streamed: new tokens ÷ streamed chunks, every step, drafted or not "
+            "(what the chart shows)")
+
+
 def table(sweep: dict | None) -> str:
     """The sweep's points as an HTML table (numbers and known row names only)."""
     points = (sweep or {}).get("points") or []
@@ -101,14 +122,18 @@ def table(sweep: dict | None) -> str:
         return "–" if value is None else format(value, fmt)
 
     head = ("<tr><th>engine</th><th>N</th><th>tokens/s (all)</th><th>ms per token (per request)</th>"
-            "<th>first token (s)</th><th>τ (counters)</th><th>τ per step</th><th>identical</th></tr>")
+            f"<th>first token (s)</th><th title='{html.escape(TAU_COUNTERS)}'>τ (counters)</th>"
+            f"<th title='{html.escape(TAU_STEP)}'>τ per step</th>"
+            "<th>identical</th></tr>")
     body = "".join(
         f"<tr><td>{html.escape(p['row'])}</td><td>{p['n']}</td><td>{cell(p.get('tokens_per_s'), '.1f')}</td>"
         f"<td>{cell(p['seconds_per_token'] * 1000 if p.get('seconds_per_token') else None, '.1f')}</td>"
         f"<td>{cell(p.get('ttft_s'), '.2f')}</td><td>{cell(p.get('tau'), '.2f')}</td><td>{cell(p.get('tau_streamed'), '.2f')}</td>"
         f"<td>{cell(p['identical_share'] * 100 if p.get('identical_share') is not None else None, '.0f')}%</td></tr>"
         for p in points)
-    return f"<table class='load-table'>{head}{body}</table>"
+    return (f"<table class='load-table'>{head}{body}</table>"
+            f"<p class='load-table-note'><small>τ (counters): {html.escape(TAU_COUNTERS)}. τ per step: "
+            f"{html.escape(TAU_STEP)}.</small></p>")
 
 
 def about(sweep: dict | None) -> str:
@@ -183,8 +208,20 @@ class LoadTab:
             name, values = settings.mode_values(mode, self.modes, max_new_tokens=int(max_new_tokens), backend="vllm",
                                                 dtype="auto")
             data = settings.to_request(name, values, self.modes)
-            yield self._draw({}, "Starting the engines (a first start takes a minute or more)…")
-            job = self.service.load_sweep(data, ns, int(max_new_tokens), ours=bool(ours), visitor=session)
+        except ConfigError as err:
+            raise gr.Error(self.service.relative(str(err)), duration=None) from None
+        engine: dict[str, str] = {}  # the mode of the engine being started, as load.submit tells it
+
+        def sweep_job():
+            return self.service.load_sweep(data, ns, int(max_new_tokens), ours=bool(ours), visitor=session,
+                                           starting=lambda m: engine.update(mode=m))
+
+        def waiting(seconds: float) -> dict:
+            return {self.status: starting_line(engine.get("mode"), seconds, self.modes)}
+
+        yield self._draw({}, starting_line(None, 0, self.modes))  # the last sweep's chart and table cleared
+        try:
+            job = yield from prepared(sweep_job, waiting)
         except (ConfigError, ModelError, QueueFull) as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
         sweep: dict[str, Any] = {"points": []}

@@ -26,12 +26,14 @@ in prompt + output), ctx-ngram (the matched n-gram), ctx-cont (the continuation 
 ctx-key (the context's last n tokens), ctx-out (output, not prompt); lookahead: sd-grid, grid-root,
 cand, cand-accepted; draft-target: sd-probs, bar; the target's side: sd-target, sd-target-table,
 weighed (a draft token and its p). Tree SVG: sd-tree, root, node (+ accepted |
-rejected, + copied: from prompt lookup in a merged tree), edge (+ accepted), tree-note. Table: sd-table, best, identical-yes / identical-no.
+rejected (+ unweighed: the target decided nothing there), + copied: from prompt lookup in a merged tree), edge
+(+ accepted), tree-note; its key: tree-legend (samples lg-node-accepted | -rejected | -unweighed, lg-tag). Table: sd-table, best, identical-yes / identical-no.
 """
 
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,6 +50,9 @@ NODE_ON_PATH = ('class="node accepted"', 'fill="#56B4E9" fill-opacity="0.35" str
                 ' font-weight="700"')
 NODE_OFF_PATH = ('class="node rejected" opacity="0.7"',
                  'fill="#8c8c8c" fill-opacity="0.12" stroke="#8c8c8c" stroke-width="1" stroke-dasharray="4 3"', "")
+# Below a rejected node the target decided nothing: fainter still, dotted (the trace's target p is None there).
+NODE_UNWEIGHED = ('class="node rejected unweighed" opacity="0.45"',
+                  'fill="none" stroke="#8c8c8c" stroke-width="1" stroke-dasharray="1 3"', "")
 
 # Okabe-Ito hues (colour-blind safe; on light pages the marks darkened to 5:1 on white, WCAG AA); every colour
 # also has a non-colour cue (underline, strike, box, superscript). Backgrounds are translucent tints so the text keeps the page's own colour on
@@ -103,6 +108,11 @@ body .specdec .bar{display:inline-block;height:.8em;background:var(--sd-acc);opa
 body .specdec .cand{margin:.1em 0}
 body .specdec .cand-accepted{font-weight:700}
 body .specdec .sd-tree{overflow:auto;max-height:80vh}
+body .specdec .tree-legend .lg-node{display:inline-block;width:1.6em;height:.9em;border-radius:3px;vertical-align:middle;margin-right:.3em}
+body .specdec .tree-legend .lg-node-accepted{background:rgba(86,180,233,.35);border:3px solid #0072B2}
+body .specdec .tree-legend .lg-node-rejected{background:rgba(140,140,140,.12);border:1px dashed #8c8c8c;opacity:.7}
+body .specdec .tree-legend .lg-node-unweighed{border:1px dotted #8c8c8c;opacity:.45}
+body .specdec .tree-legend .lg-tag{font-size:.8em;opacity:.75;font-family:ui-monospace,Menlo,Consolas,monospace}
 body .specdec .sd-table th,body .specdec .sd-table td{padding:.25em .7em;border-bottom:1px solid var(--sd-line);text-align:right}
 body .specdec .sd-table th:first-child,body .specdec .sd-table td:first-child{text-align:left}
 body .specdec .sd-table tr.best td{font-weight:700}
@@ -425,7 +435,8 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
         scores = (source.get("tree") or {}).get("scores") if said.scored_tree else None
         branch = source.get("prompt_lookup") if said.scored_tree else None
         copied = (branch.get("nodes") or []) if isinstance(branch, Mapping) else []
-        out.append(tree_svg(tokens, parents, accepted_nodes, texts, scores=scores, root=root, copied=copied,
+        q = draft_q(scores, parents, said.tree_scores) if scores else None
+        out.append(tree_svg(tokens, parents, accepted_nodes, texts, q=q, root=root, copied=copied,
                             target_p=(event.get("target") or {}).get("p")))
     out.append("</section>")
 
@@ -572,14 +583,57 @@ def _keep(parents: list[int], accepted: list[int], limit: int) -> list[int]:
     return sorted(keep)
 
 
+def draft_q(scores: list[Any] | None, parents: list[int], kind: str = "q") -> list[float | None]:
+    """Each node's q, the draft's own probability for its token, from the scores a tree drafter reports (its
+    explainer's TREE_SCORES): "q" are that already (Medusa: its head's probability); "path_log_q" are the cumulative
+    log q of the node's path (EAGLE: q given the parent's path), so q = exp(score − its parent's score). None where
+    unknown (a merged tree's prompt lookup nodes have no score)."""
+    scores = list(scores or [])
+    known = [float(x) if is_number(x) else None for x in scores]
+    if kind != "path_log_q":
+        return [x if x is not None and 0 <= x <= 1 else None for x in known]
+    parents = _clean_parents(list(parents or []), len(known))
+    out: list[float | None] = []
+    for x, parent in zip(known, parents):
+        above = 0.0 if parent < 0 else known[parent]
+        if x is None or above is None:
+            out.append(None)
+        else:  # a path of probability 0 is stored as -1e9 (JSON has no -inf): its q is 0, whatever its parent's
+            out.append(0.0 if x <= -1e8 else min(1.0, math.exp(x - above)))
+    return out
+
+
+def _q(value: float, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if value >= 10 ** -digits / 2 or value == 0 else f"<{10 ** -digits:.{digits}f}"
+
+
+def tree_legend(q: bool = False, weighed: bool = False, unweighed: bool = False, copied: bool = False) -> str:
+    """The key to a tree drawing's marks; an entry for q, target-weighed nodes and PL tags only where the tree has
+    them. Its samples are the node looks (NODE_ON_PATH, NODE_OFF_PATH, NODE_UNWEIGHED) in CSS."""
+    off = "weighed by the target and rejected (dashed, faded)" if weighed else "not accepted (dashed, faded)"
+    items = ['<span class="lg-item"><span class="lg-node lg-node-accepted"></span>✓ accepted path (thick, tinted)</span>',
+             f'<span class="lg-item"><span class="lg-node lg-node-rejected"></span>{off}</span>']
+    if unweighed:
+        items.append('<span class="lg-item"><span class="lg-node lg-node-unweighed"></span>not weighed: below a rejected '
+                     "node, the target decided nothing there (dotted, fainter)</span>")
+    if q:
+        items.append('<span class="lg-item"><span class="lg-tag">q 0.83</span> the draft\'s own probability for the token '
+                     "(hover a node for its path's product of q and the target's p)</span>")
+    if copied:
+        items.append('<span class="lg-item"><span class="lg-tag">PL</span> copied by prompt lookup into the merged tree'
+                     "</span>")
+    return f'<div class="legend tree-legend" role="note" aria-label="tree legend">{"".join(items)}</div>'
+
+
 def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: Mapping[Any, str],
-             scores: list[float] | None = None, *, root: int | None = None, copied: Iterable[int] = (),
+             q: list[float | None] | None = None, *, root: int | None = None, copied: Iterable[int] = (),
              target_p: list[float | None] | None = None) -> str:
-    """An inline SVG of a token tree: root at the left, one column per depth, one row per leaf.
-    The accepted path is drawn thick with ✓; other nodes are faded with a dashed outline. Nodes in
-    `copied` came from prompt lookup (a merged tree) and carry a "PL" tag; `target_p` (the trace's
-    target probabilities, None where the target never weighed a node) goes into the tooltips.
-    Trees over MAX_TREE_NODES nodes are cut to the accepted path plus the first-ranked nodes."""
+    """An inline SVG of a token tree with its legend: root at the left, one column per depth, one row per leaf.
+    The accepted path is drawn thick with ✓; other nodes are faded with a dashed outline, dotted where the target
+    never weighed them (`target_p`, the trace's target probabilities, None there; they go into the tooltips). `q`
+    (draft_q: the draft's own probability per node) tags each node. Nodes in `copied` came from prompt lookup (a
+    merged tree) and carry a "PL" tag. Trees over MAX_TREE_NODES nodes are cut to the accepted path plus the
+    first-ranked nodes."""
     texts = norm_texts(texts)
     tokens = list(tokens or [])
     if not tokens:
@@ -594,10 +648,16 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
     depth = tree.depths(parents)
     rows, y = _rows(kids)
 
-    scores = list(scores) if scores else []
-    logs = any(isinstance(s, (int, float)) and s < 0 for s in scores)
-    score = {i: (f"{scores[i]:.1f}" if logs else f"{scores[i]:.2f}") for i in keep
-             if i < len(scores) and isinstance(scores[i], (int, float))}
+    q = list(q) if q else []
+    own = {i: float(q[i]) for i in keep if i < len(q) and is_number(q[i])}
+    score = {i: f"q {_q(own[i])}" for i in own}
+    path_q: dict[int, float] = {}
+    for i in sorted(own):  # parents come before children
+        above = 1.0 if parents[i] < 0 else path_q.get(parents[i])
+        if above is not None:
+            path_q[i] = above * own[i]
+    weighed_p = list(target_p or [])
+    unweighed = {i for i in keep if target_p and i not in acc and not is_number(weighed_p[i] if i < len(weighed_p) else None)}
 
     char, pad, node_h, pitch, gap, root_w, x0 = 7.9, 10, 24, 32, 36, 54, 8
     copied = {i for i in copied if isinstance(i, int)}
@@ -629,14 +689,17 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
         on_path = i in acc
         x, yy = cx(depth[i]), cy(i)
         tip = f"node {i} · depth {depth[i]} · {_quote(tokens[i], texts)}"
-        tip += (f" · score {score[i]}" if i in score else "") + (" · from prompt lookup" if i in copied else "")
+        if i in own:
+            tip += f" · draft q {_q(own[i], 3)}"
+            tip += f", its path's {_q(path_q[i], 3)}" if i in path_q and depth[i] > 1 else ""
+        tip += " · from prompt lookup" if i in copied else ""
         weighed = target_p[i] if target_p and i < len(target_p) else None
         if is_number(weighed):
             tip += f" · target p {weighed:.3f}"
         elif target_p:
             tip += " · not weighed (below a rejected node)"
         tip += " · accepted" if on_path else " · not accepted"
-        group, box, weight = NODE_ON_PATH if on_path else NODE_OFF_PATH
+        group, box, weight = NODE_ON_PATH if on_path else NODE_UNWEIGHED if i in unweighed else NODE_OFF_PATH
         if i in copied:
             group = group.replace('class="node ', 'class="node copied ')
         extra = f'<tspan font-size="11" opacity="0.75"> {esc(tag[i])}</tspan>' if tag[i] else ""
@@ -661,7 +724,8 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
     if len(keep) < len(tokens):
         note = (f'<div class="tree-note">Showing {len(keep)} of {len(tokens)} nodes: the accepted path and '
                 "the first-ranked nodes.</div>")
-    return f'<div class="sd-tree">{svg}{note}</div>'
+    legend = tree_legend(q=bool(own), weighed=bool(target_p), unweighed=bool(unweighed), copied=bool(copied & set(keep)))
+    return f'<div class="sd-tree">{legend}{svg}{note}</div>'
 
 
 def _rows(kids: dict[int, list[int]]) -> tuple[int, dict[int, float]]:

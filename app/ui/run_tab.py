@@ -266,6 +266,7 @@ class RunTab:
         self.baselines = gr.State({})
         self.record = gr.State({})
         self.linked = gr.State(None)  # the recording a link asked to replay
+        self.linked_run = gr.State(False)  # whether a link asked to run its setup on open
         with gr.Row():
             with gr.Column(scale=1, min_width=340, elem_id="controls-col"):
                 self.prompt = gr.Textbox(label="Prompt", lines=5, value=FIRST_PROMPT, elem_id="prompt")
@@ -286,7 +287,7 @@ class RunTab:
                     why = gr.Markdown(WHY_FIRST, elem_id="prompt-why")
                     counter_btn = gr.Button("Counter-example: nothing to copy", size="sm", elem_id="counter-example",
                                             scale=0, min_width=200)
-                example = self.examples = examples_dropdown(shown_examples, "examples")
+                example = self.examples = examples_dropdown(shown_examples, "examples", self.prompt)
                 self._shown = {text for _, text in shown_examples}
                 counter = self.example_ids[COUNTER_EXAMPLE]
                 self.prompt.change(lambda p: why_prompt(p, counter), self.prompt, why, **QUIET)
@@ -385,7 +386,8 @@ class RunTab:
                                      {c[k] for k in settings.preset_keys(self.modes)}, **QUIET))
         c["backend"].change(lambda b: modes_note(service, b), c["backend"], note, **QUIET)
         example.change(lambda t: t or gr.update(), example, self.prompt, **QUIET)
-        run_evt = run_btn.click(self.run, {self.prompt, self.mode, self.race, self.baselines, self.record, *inputs}, self.outputs,
+        self._run_inputs = {self.prompt, self.mode, self.race, self.baselines, self.record, *inputs}
+        run_evt = run_btn.click(self.run, self._run_inputs, self.outputs,
                                 api_name="run_controls", show_progress="hidden", concurrency_id="generate")
         # gr.api, not an invisible event: an API-only endpoint typed by run_request's signature (one object),
         # with no hidden components in the page; it queues with the Run button (one concurrency group).
@@ -431,9 +433,12 @@ class RunTab:
         """A link opens the page set up as it says (then replays the recording it names)."""
         self.tabs, self.link_note = tabs, link_note
         self.redraw(demo.load(self.open_link, None, [tabs, *self.settings, self.present, link_note, self.recording,
-                                                     self.linked, self.examples], **QUIET)).then(
+                                                     self.linked, self.linked_run, self.examples], **QUIET)).then(
             self.replay_linked, [self.linked, self.paced, self.baselines], self.outputs, show_progress="hidden",
-            concurrency_limit=None, api_visibility="private")
+            concurrency_limit=None, api_visibility="private").then(
+            # `run=1` (a link copied after a live run): Run, as the Run button does, once the setup is on the page.
+            self.run_linked, {self.linked_run, *self._run_inputs}, self.outputs, show_progress="hidden",
+            concurrency_id="generate", api_visibility="private")
 
     # ------------------------------------------------------------------ the settings shown
     def verdict(self, data: dict) -> str:
@@ -458,6 +463,13 @@ class RunTab:
     # ------------------------------------------------------------------ run
     def stop(self, request: gr.Request) -> str:
         return stop(self.sessions, request)
+
+    def run_linked(self, data: dict, request: gr.Request):
+        """The Run a `run=1` link asked for on open; without one, every output stays as it is."""
+        if not data[self.linked_run]:
+            yield {self.status: gr.skip()}
+            return
+        yield from self.run(data, request)
 
     def run(self, data: dict, request: gr.Request):
         prompt, mode, race, baselines = data[self.prompt], data[self.mode], data[self.race], data[self.baselines]
@@ -666,10 +678,14 @@ class RunTab:
         """The page's setup from its URL's query string (links.parse); what the link gets wrong, in a note."""
         query = dict(request.query_params) if request is not None else {}
         if not query:
-            return {self.link_note: "", self.linked: None}
+            return {self.link_note: "", self.linked: None, self.linked_run: False}
         link = links.parse(query, self.page_defaults(), self.modes.names, self.example_ids, RECORDINGS, self._link_check)
         out = {self.controls[k]: x for k, x in link.values.items()}
-        out.update({self.link_note: link.note(), self.linked: link.replay})
+        rerun = bool(link.run) and not link.replay
+        said = ("This link runs its setup again on open: a link carries the settings, not the run it was copied after, "
+                "so τ and the times are this machine's now." if rerun else "")
+        out.update({self.link_note: " ".join(x for x in (said, link.note()) if x), self.linked: link.replay,
+                    self.linked_run: rerun})
         for component, value in ((self.tabs, link.tab and gr.update(selected=link.tab)), (self.prompt, link.prompt),
                                  (self.mode, link.mode), (self.recording, link.replay), (self.present, link.present)):
             if value is not None and value != "":
@@ -689,9 +705,10 @@ class RunTab:
 
     def link(self, data: dict) -> Any:
         """The query string of the Run tab's setup (the browser adds its own address and copies it); after a shipped
-        recording's replay, one that replays it."""
+        recording's replay, one that replays it; after a run, one that runs it again on open (`run=1`)."""
         record = data[self.record] if isinstance(data[self.record], dict) else {}
         replayed = record.get("recording") if record.get("recording") in RECORDINGS else None
         return gr.update(value=links.build("run", data[self.mode], self.values(data), data[self.prompt] or "",
                                            self.page_defaults(), self.example_ids, DEFAULT_MODE, FIRST_PROMPT,
-                                           present=bool(data[self.present]), replay=replayed), visible=True)
+                                           present=bool(data[self.present]), replay=replayed,
+                                           run=bool(record.get("events"))), visible=True)

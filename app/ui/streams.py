@@ -8,6 +8,7 @@ import bisect
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -38,31 +39,23 @@ def with_waiting(status: str, run: Recording, joint: str = " ") -> str:
     return f"{status}{joint}{run.waiting}" if run.waiting else status
 
 
-def stream(service: Service, sessions: Sessions, session: str, data: dict[str, Any], prompt: str, run: Recording,
-           baseline: Recording | None = None):
-    """DecodeRequest `data` run as the session's job (Stop cancels it); each batch of messages added to `run`. While
-    the service prepares it (a vLLM engine starting takes minutes), `run.waiting` says so, with the time so far.
-    With `baseline` (its request in `baseline.request`) the two race in one job (Service.race), and its messages go
-    to `baseline`."""
-    submitted: dict[str, Any] = {}
-    abandoned = threading.Event()  # the page went away while its run was prepared: the job it gets is cancelled
-    text = prompt if isinstance(prompt, str) else ""
-    # Held from handing a batch to the caller until it asks for the next (it has drawn it and Gradio has sent it): a
-    # race steps only outside it, so its clocks never count a redraw (jobs.race).
-    drawing = threading.Lock()
+def prepared(prepare: Callable[[], Any], waiting: Callable[[float], Any]):
+    """`prepare()` (what comes before a job's first step: a vLLM engine's start takes minutes) on a thread of its own;
+    yields waiting(seconds so far) every WAITING_S while it runs and returns its job (`job = yield from ...`), or raises
+    its error here. Closed while it runs (the page went away), the job it gives later is cancelled."""
+    done: dict[str, Any] = {}
+    abandoned = threading.Event()
 
-    def submit() -> None:
+    def work() -> None:
         try:
-            job = (service.submit(data, text, visitor=session) if baseline is None
-                   else service.race(data, baseline.request, text, visitor=session, gate=drawing))
-        except Exception as err:  # raised again on the handler's thread, below
-            submitted["error"] = err
+            done["job"] = prepare()
+        except Exception as err:  # raised again on the caller's thread, below
+            done["error"] = err
             return
-        submitted["job"] = job
         if abandoned.is_set():
-            job.cancel()
+            done["job"].cancel()
 
-    preparing = threading.Thread(target=submit, daemon=True, name="submit")
+    preparing = threading.Thread(target=work, daemon=True, name="prepare")
     started = time.monotonic()
     preparing.start()
     try:
@@ -70,20 +63,42 @@ def stream(service: Service, sessions: Sessions, session: str, data: dict[str, A
             preparing.join(WAITING_S)
             if not preparing.is_alive():
                 break
-            run.waiting = preparing_note(data, time.monotonic() - started)
-            yield run
+            yield waiting(time.monotonic() - started)
     finally:
         if preparing.is_alive():  # closed while waiting (a disconnect): whichever side comes second cancels the job
             abandoned.set()
-            if "job" in submitted:
-                submitted["job"].cancel()
-    run.waiting = None
-    if "error" in submitted:
-        err = submitted["error"]
-        if isinstance(err, (ConfigError, ModelError, QueueFull)):
-            raise gr.Error(service.relative(str(err)), duration=None) from None
-        raise err
-    job = submitted["job"]
+            if "job" in done:
+                done["job"].cancel()
+    if "error" in done:
+        raise done["error"]
+    return done["job"]
+
+
+def stream(service: Service, sessions: Sessions, session: str, data: dict[str, Any], prompt: str, run: Recording,
+           baseline: Recording | None = None):
+    """DecodeRequest `data` run as the session's job (Stop cancels it); each batch of messages added to `run`. While
+    the service prepares it (a vLLM engine starting takes minutes), `run.waiting` says so, with the time so far.
+    With `baseline` (its request in `baseline.request`) the two race in one job (Service.race), and its messages go
+    to `baseline`."""
+    text = prompt if isinstance(prompt, str) else ""
+    # Held from handing a batch to the caller until it asks for the next (it has drawn it and Gradio has sent it): a
+    # race steps only outside it, so its clocks never count a redraw (jobs.race).
+    drawing = threading.Lock()
+
+    def submit():
+        return (service.submit(data, text, visitor=session) if baseline is None
+                else service.race(data, baseline.request, text, visitor=session, gate=drawing))
+
+    def waiting(seconds: float) -> Recording:
+        run.waiting = preparing_note(data, seconds)
+        return run
+
+    try:
+        job = yield from prepared(submit, waiting)
+    except (ConfigError, ModelError, QueueFull) as err:
+        raise gr.Error(service.relative(str(err)), duration=None) from None
+    finally:
+        run.waiting = None
     with sessions.running(session, job):
         try:
             for batch in job.batches(REDRAW_S):

@@ -11,6 +11,8 @@ An explainer module may define (what it leaves out is the generic explainer's):
   verify_note(config) -> str
                     the Run tab's line on what one step of this config verifies
   SCORED_TREE       True: its draft is drawn as a tree with node scores even when it is a chain
+  TREE_SCORES       what those scores are: "q" (each node's own draft probability; the default) or "path_log_q" (the
+                    cumulative log q of the node's path); the tree shows q either way (render.draft_q)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Explainer:
     source_html: Callable[..., str]
     verify_note: Callable[[Any], str]
     scored_tree: bool
+    tree_scores: str = "q"
 
 
 def _drafted(source, n: int, texts) -> str:
@@ -55,4 +58,5 @@ def of(name: str | None, modes: Modes = MODES) -> Explainer:
     return Explainer(learn=getattr(module, "LEARN", learn), recording=getattr(module, "RECORDING", ""),
                      recording_merged=getattr(module, "RECORDING_MERGED", ""),
                      drafted=getattr(module, "drafted", _drafted), source_html=getattr(module, "source_html", _source_html),
-                     verify_note=getattr(module, "verify_note", _verify_note), scored_tree=getattr(module, "SCORED_TREE", False))
+                     verify_note=getattr(module, "verify_note", _verify_note), scored_tree=getattr(module, "SCORED_TREE", False),
+                     tree_scores=getattr(module, "TREE_SCORES", "q"))

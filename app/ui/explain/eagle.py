@@ -35,6 +35,7 @@ Published GPU results: EAGLE-2 3.05–4.26×, EAGLE-3 up to 6.5×.
 tree), verified in one pass; tagged PL.
 """
 SCORED_TREE = True  # its tree is drawn with the draft's scores, even when pruning leaves a chain
+TREE_SCORES = "path_log_q"  # dynamic_tree ranks nodes by their path's cumulative log q: drawn as each node's own q
 
 
 def drafted(source, n, texts) -> str:
@@ -48,6 +49,7 @@ def source_html(event, source, texts, context, prompt_len, tokens, parents, acce
         shape = (f"an EAGLE-2 dynamic tree: depth {render.esc(source.get('depth', '?'))}, top_k "
                  f"{render.esc(source.get('top_k', '?'))}, the best {render.esc(source.get('total_tokens', '?'))} − 1 nodes kept")
     return (f"<p>EAGLE: a one-layer draft model reads the target's features and grows {shape}. "
-            "A node's score is the cumulative log q of its path (the draft's confidence); "
+            "A node's q is the draft's probability for its token after its parent's path; the tree keeps the nodes "
+            "whose paths have the highest product of q (the draft's confidence); "
             "verification is greedy match or recursive rejection (lossless).</p>"
             + render.pruning_html(source, "its cumulative draft probability; a level with no such node ends the drafting"))

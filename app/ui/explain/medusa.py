@@ -47,6 +47,6 @@ def source_html(event, source, texts, context, prompt_len, tokens, parents, acce
             if source.get("acceptance") == "typical" else "greedy match / exact rejection sampling (lossless)")
     return (f'<p>Medusa: {render.esc(heads if heads is not None else "?")} heads read the target\'s last hidden state; '
             "a node at depth d is head d's rank-r guess for the token d places after the root (the tree "
-            "choices list these rank paths). Scores are the heads' probabilities.</p>"
+            "choices list these rank paths). A node's q is its head's probability for its token.</p>"
             f"{render.pruning_html(source, 'the product of the heads’ probabilities along it')}"
             f"<p>Verification: {rule}.</p>")
