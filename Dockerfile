@@ -28,5 +28,7 @@ EXPOSE 7860
 # X-Forwarded-For, so a client is the rightmost address there that is not a private one (docs/ui.md: Hosting publicly).
 # Not "*": with every hop trusted, uvicorn takes the leftmost entry, which the client writes itself. Run elsewhere with
 # no proxy in front, a private peer's forged header would count: override the CMD without --forwarded-allow-ips.
-CMD [".venv/bin/python", "-m", "app", "--host", "0.0.0.0", "--port", "7860", \
+# scripts/space.sh keeps engines/ on the Space's persistent storage when it has one (/data): the fast pass built on the
+# first start then serves every restart.
+CMD ["sh", "scripts/space.sh", "/data", "--host", "0.0.0.0", "--port", "7860", \
      "--forwarded-allow-ips", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16"]

@@ -56,3 +56,24 @@ def test_the_gpu_docs_replace_the_single_image_and_cite_nothing_outside_the_repo
     assert "deploy/gpu/compose.yaml" in doc and "could not be verified" in doc
     for text in (readme, doc, (GPU / "compose.yaml").read_text(), (GPU / "trtllm-serve.yaml").read_text()):
         assert not any(bad in text for bad in ("/work/", "TRTLLM.md", "ALGORITHMS.md", "shared/design"))
+
+
+def test_the_space_keeps_its_store_on_persistent_storage_when_it_has_one(tmp_path):
+    """A Space's disk is rebuilt at each restart: the container's entry keeps engines/ under the persistent mount
+    (/data on a Space, given to scripts/space.sh by the Dockerfile) with the image's dequantized model linked in, so the
+    fast pass built once serves every restart; without the mount it uses the image's engines/."""
+    import subprocess
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'CMD ["sh", "scripts/space.sh", "/data", "--host", "0.0.0.0"' in dockerfile
+    data = tmp_path / "data"
+    data.mkdir()
+    run = subprocess.run(["sh", "scripts/space.sh", str(data), "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0 and "--forwarded-allow-ips" in run.stdout, run.stderr  # the web app's flags
+    store = data / "specdec-engines"
+    assert (store / "models").is_symlink() and (store / "models").resolve() == (ROOT / "engines" / "models").resolve()
+    assert f"persistent storage: {store}" in run.stderr
+    bare = subprocess.run(["sh", "scripts/space.sh", str(tmp_path / "none"), "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 0 and "persistent" not in bare.stderr and not (tmp_path / "none").exists()
