@@ -156,3 +156,22 @@ def test_rows_the_machine_turned_out_too_slow_for_are_skipped_by_name_with_why(t
     for name in rows:
         assert re.search(re.escape(label(name)) + r" \(≈ [\d.]+ min, \d+ s left\)", skipped.group(1)), status
         assert label(name) not in outputs[-1][tab.table]
+
+
+@pytest.mark.bundled
+def test_compare_under_a_busy_loop_prints_no_ratio_beyond_what_tau_allows(tab):
+    """Both cores busy with other work while Compare runs: each row raced with its baseline, so each row's speedup is
+    a result at most its τ and its step at least one autoregressive step (figures), none withheld."""
+    from helpers import busy_cores
+
+    with busy_cores():
+        *_, last = tab.compare(PROMPT, ["prompt_lookup", "suffix"], 48, "float32", "defaults", None)
+    from app.service.traces import Recording
+
+    records = {name: Recording.from_record(r) for name, r in last[tab.compared].items()}
+    rows = [compare_tab.summary_row(name, records[name], records[name], MODES) for name in ("prompt_lookup", "suffix")]
+    table = last[tab.table]
+    assert "load changed" not in table and "identical-yes" in table, table
+    speedups = [float(x) for x in re.findall(r"<td>(\d+\.\d+)×</td>", table)]
+    taus = [r["tau"] for r in rows]
+    assert len(speedups) == 2 and all(s <= t + 0.005 for s, t in zip(speedups, taus)), (speedups, taus, table)
