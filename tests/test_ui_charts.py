@@ -249,6 +249,10 @@ def test_tau_vs_cost_places_each_mode_between_iso_speedup_rays():
     assert not charts.tau_vs_cost(rows[:1]).data  # autoregressive alone: nothing to compare
     cheap = charts.tau_vs_cost(rows[:1] + [{"mode": "prompt_lookup", "decoding_tau": 2.0, "step_cost": 0.77}])
     assert cheap.layout.xaxis.range[0] < 0.77  # a step measured cheaper than autoregressive's stays in view
+    # The chart: EAGLE drawn at step 0.82, past the 1.5× ray, while its table row said "load changed".
+    withheld = charts.tau_vs_cost(rows[:2] + [{"mode": "EAGLE", "decoding_tau": 2.9, "step_cost": 0.82,
+                                               "doubt": "a step took 0.82 of an autoregressive step"}])
+    assert {t.name for t in withheld.data if t.name} == {"Autoregressive", "Prompt lookup"}
 
 
 def test_compare_with_every_speedup_withheld_says_so():

@@ -367,12 +367,14 @@ def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
         if not isinstance(r, Mapping):
             continue
         mode = mode_key(str(r.get("mode", "")), modes)
+        if mode != "autoregressive" and r.get("doubt"):
+            continue  # a row whose ratio is withheld (figures) is not drawn as one either
         tau, cost = (1.0, 1.0) if mode == "autoregressive" else (_number(r.get("decoding_tau")), _number(r.get("step_cost")))
         if tau is not None and cost is not None and cost > 0:
             points.append((mode, tau, cost))
     if len(points) < 2:
         return _empty(title, "No comparison yet: run one prompt through several modes.")
-    # A step can cost less than an autoregressive one (a noisy machine, a short run): keep every point in view.
+    # Steps read at least one autoregressive step (figures); the margin keeps the (1, 1) point off the edge.
     x_low = min(0.9, min(c for _, _, c in points) * 0.85)
     y_low = 0.9
     x_high = max(1.2, max(c for _, _, c in points) * 1.15)
