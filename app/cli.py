@@ -678,7 +678,7 @@ def cmd_ship_data(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from app import models, runner
+    from app import models
 
     print(f"[compile] CPU priority: nice {os.nice(args.nice)}", file=sys.stderr, flush=True)
     if args.threads is not None:
@@ -700,16 +700,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"fast pass of {args.model} ({args.dtype}) for this machine ({info['isa']}, {info['threads']} threads): built in "
           f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB; the graphs serve passes of {served} tokens (measured "
           f"against eager; others run eagerly)" + (f"; provisional: {info['provisional']}" if info.get("provisional") else ""))
-    # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them.
+    # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them; built
+    # without loading the target's packages in this process (each step in a process of its own, issue 58).
     shipped = [(e, path) for e in args.registry if e.artifact_pass and (path := models.default_artifact(args.model, e.artifact))]
-    target = models.load(args.model, dtype=args.dtype, engines=engines, fast="build") if shipped else None
-    if target is not None and target.forward is not None:  # else every pass of the target runs eagerly: so do they
-        for entry, path in shipped:
-            t = time.perf_counter()
-            module = runner.load_artifact(entry, path, target, engines)
-            print(f"compiled pass of the shipped {entry.artifact_label} ({path.name}): "
-                  f"{'ready' if module.fast is not None else 'measured slower than eager, not used'}, "
-                  f"{time.perf_counter() - t:.0f} s")
+    for entry, path in shipped:
+        t = time.perf_counter()
+        built = models.build_companion_pass(args.model, args.dtype, entry, path, engines)
+        if built is None:  # every pass of the target runs eagerly: so do they
+            break
+        print(f"compiled pass of the shipped {entry.artifact_label} ({path.name}): "
+              f"{'ready' if built['widths'] else 'measured slower than eager, not used'}, {time.perf_counter() - t:.0f} s")
     return 0
 
 

@@ -419,10 +419,10 @@ def _use(loaded: LoadedModel, out: Path, built_in: float | None = None) -> None:
 
 
 def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
-    """Build `name`'s fast pass for this machine now, in this process, unless it is built (what `python -m app
-    compile` runs). Returns its info."""
+    """Build `name`'s fast pass for this machine now unless it is built (what `python -m app compile` runs): this
+    process never loads the model; each graph is compiled, and each candidate timed, in a short-lived process of its
+    own that loads it (`target_exported`), so nothing a step mapped outlives it. Returns its info."""
     from app.decoding import compiled
-    from app.decoding.attention import kv_dtype
 
     from transformers import AutoConfig
 
@@ -437,25 +437,75 @@ def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> d
     if out is None:
         raise ModelError(f"'{name}' has no fast pass: it has layers that do not attend to the whole context")
 
-    def build(tmp: Path) -> None:  # the model is loaded by the one process that builds, under the lock
-        loaded, _ = _load_eager(name, dtype, "cpu", engines)
-        kv = kv_dtype(loaded.model.config) or loaded.model.dtype
-        compiled.build(loaded.model, tmp, kv, log=_say)  # bounded: compiled.BUILD_CONFIG
+    def build(tmp: Path) -> None:  # the model is loaded by the build's steps, under the lock (compiled._child)
+        recipe = ("app.models:target_exported", [name, dtype, str(engines)])
+        compiled.build_exported(compiled.Exported.elsewhere(recipe), tmp, log=_say)  # bounded: compiled.BUILD_CONFIG
 
     if not compiled.built(out):
         with _one_builder(engines):
             _build_once(out, lambda: compiled.built(out), build)
-        compiled.release()  # the build's model and what inductor held, before the caller loads anything (cli compile)
+    return json.loads((out / "info.json").read_text())
+
+
+def target_exported(name: str, dtype: str, engines: str):
+    """`name`'s pass in `dtype` as a build exports and times it (compiled.prepared_target): the recipe a build's
+    step makes in its own process (compiled._child)."""
+    from app.decoding import compiled
+    from app.decoding.attention import kv_dtype
+
+    loaded, _ = _load_eager(name, dtype, "cpu", Path(engines))
+    return compiled.prepared_target(loaded.model, kv_dtype(loaded.model.config) or loaded.model.dtype)
+
+
+def companion_exported(name: str, dtype: str, engines: str, loader: str, exporter: str, artifact: str):
+    """The pass of the artifact at `artifact` drafting beside `name` (in `dtype`), loaded as runner.load_artifact
+    loads it (the mode entry's `loader`), as `exporter` exports it (the entry's artifact_pass): the recipe of a
+    companion's build steps (compiled._child). The target's own packed copies are dropped (its passes never run here)."""
+    from app.decoding import compiled
+    from app.decoding.attention import kv_dtype
+    from app.modes.registry import resolve
+
+    target, _ = _load_eager(name, dtype, "cpu", Path(engines))
+    module = resolve(loader)(Path(artifact), target.model).to(target.model.dtype).eval().requires_grad_(False)
+    linear.pack(module)
+    compiled.unpack(target.model)
+    return resolve(exporter)(module, kv_dtype(target.model.config) or target.model.dtype)
+
+
+def build_companion_pass(name: str, dtype: str, entry, artifact: Path, engines: Path = DEFAULT_ENGINES) -> dict | None:
+    """Build the compiled pass of `entry`'s artifact at `artifact` beside `name`'s built fast pass unless it is built
+    (what `python -m app compile` runs for the shipped ones), without loading the target or its packages here: each
+    step in a process of its own (`companion_exported`). Returns its info; None where the target runs eagerly (its
+    pass not built, or serving no width): so does the module."""
+    from app.decoding import compiled
+
+    from transformers import AutoConfig
+
+    where = locate(name, engines)
+    target = _fast_dir(where, dtype, AutoConfig.from_pretrained(where, trust_remote_code=False), engines)
+    if target is None or not compiled.built(target) or not json.loads((target / "info.json").read_text())["widths"]:
+        return None
+    out = _companion_dir(artifact, target, dtype, engines)
+
+    def ref(what) -> str:
+        return what if isinstance(what, str) else f"{what.__module__}:{what.__qualname__}"
+
+    recipe = ("app.models:companion_exported",
+              [name, dtype, str(engines), ref(entry.artifact_loader), ref(entry.artifact_pass), str(artifact)])
+    if not compiled.built(out):
+        with _one_builder(engines):
+            _build_once(out, lambda: compiled.built(out),
+                        lambda tmp: compiled.build_exported(compiled.Exported.elsewhere(recipe), tmp, log=_say))
     return json.loads((out / "info.json").read_text())
 
 
 def recheck_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES, only_provisional: bool = False) -> dict:
     """Measure `name`'s built fast pass again and decide anew (compiled.recheck; `python -m app compile --recheck`),
-    under the builders' lock; `only_provisional`: only when its choices are still provisional. Returns its info."""
+    under the builders' lock; `only_provisional`: only when its choices are still provisional. Returns its info. As a
+    build times them: each candidate in a process of its own, this one never loading the model."""
     from transformers import AutoConfig
 
     from app.decoding import compiled
-    from app.decoding.attention import kv_dtype
 
     with _one_builder(engines):
         where = locate(name, engines)
@@ -464,24 +514,26 @@ def recheck_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES, on
             info = json.loads((out / "info.json").read_text())
             if not info.get("provisional"):  # another process's recheck decided meanwhile
                 return info
-        loaded, where = _load_eager(name, dtype, "cpu", engines)
         if out is None or not compiled.built(out):
             raise ModelError(f"the fast pass of '{name}' ({dtype}) is not built on this machine: "
                              f"python -m app compile --model {name} --dtype {dtype}")
-        kv = kv_dtype(loaded.model.config) or loaded.model.dtype
-        return compiled.recheck_target(loaded.model, out, kv, log=_say)
+        return compiled.recheck(compiled.Exported.elsewhere(("app.models:target_exported", [name, dtype, str(engines)])),
+                                out, log=_say)
 
 
 def companion_pass_dir(target: LoadedModel, artifact: Path, engines: Path) -> Path | None:
     """Where the compiled pass of an artifact drafting beside `target` (in its dtype) lives for this machine, or None
     where there is none: the target runs eagerly."""
-    from app.decoding import compiled
-
     if target.forward is None:
         return None
+    return _companion_dir(artifact, target.forward.where, target.dtype, engines)
+
+
+def _companion_dir(artifact: Path, target_pass: Path, dtype: str, engines: Path) -> Path:
+    from app.decoding import compiled
+
     # The target's build names its weights too: a module may freeze some of them (EAGLE's shared LM head rows).
-    return engines / "compiled" / compiled.key(f"artifact:{_weights_id(str(artifact))}:{target.forward.where.name}",
-                                               target.dtype)
+    return engines / "compiled" / compiled.key(f"artifact:{_weights_id(str(artifact))}:{target_pass.name}", dtype)
 
 
 def attach_companion_pass(module: torch.nn.Module, artifact: Path, target: LoadedModel, engines: Path, exported,

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -564,3 +565,68 @@ def test_timing_loads_one_candidate_package_at_a_time_and_the_eager_pass_repacks
     assert {g: list(m) for g, m in measured.items()} == {"one": [1], "wide": [2, 4, 8, 16, 32, 64, 128]}
     assert all(list(t) == [*compiled.OPTIONS, "eager"] for m in measured.values() for t in m.values())
     assert all(m._packed is not None for m in exported.module.modules() if isinstance(m, linear.PackedLinear))
+
+
+def _forbid_in_this_process(monkeypatch):
+    """What a build's own process must not do (issue 58): load the model, or load a package (a package's shared library
+    stays mapped as long as the process lives). Its steps' processes (compiled._child) do both."""
+    import torch._inductor.package as package
+
+    def refuse(what):
+        def call(*args, **kwargs):
+            raise AssertionError(f"the building process itself ran {what}")
+        return call
+
+    monkeypatch.setattr(models, "_load_eager", refuse("_load_eager"))
+    monkeypatch.setattr(package, "load_package", refuse("load_package"))
+
+
+def _mapped_libraries() -> set[str]:
+    return {line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith(".so")}
+
+
+def test_a_build_compiles_and_times_in_processes_of_their_own_and_maps_no_package_itself(tmp_path, monkeypatch):
+    """A released package's shared library is never unmapped (~0.6 GB each for the bundled model): each graph's
+    compilation and each candidate's timing run in a short-lived process of their own, and the building process never
+    loads the model nor any package; the build's outputs are what an in-process build writes (every candidate timed
+    with eager at every width; the choices from those times), and its load measure counts its steps' CPU as its own."""
+    model_dir, engines = tmp_path / "tiny", tmp_path / "engines"
+    tiny_llama(vocab=96, hidden=32, layers=1, max_pos=1024, seed=6).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    before = _mapped_libraries()
+    _forbid_in_this_process(monkeypatch)
+    info = models.build_fast_pass(str(model_dir), "float32", engines)
+    [out] = [p.parent for p in (engines / "compiled").glob("*/info.json")]
+    assert not {lib for lib in _mapped_libraries() - before if str(tmp_path) in lib or "aotinductor" in lib or
+                lib.startswith(os.path.realpath(tempfile.gettempdir()))}, "a package's library is mapped here"
+    assert info["built"] == {"one": [1, 1], "wide": [2, SMALL_QUERY]} and set(info["graphs"]) == {"one", "wide"}
+    assert {g: list(m) for g, m in info["measured"].items()} == {"one": ["1"], "wide": ["2", "4", "8", "16", "32", "64", "128"]}
+    assert all(set(t) == {*compiled.OPTIONS, "eager"} for m in info["measured"].values() for t in m.values())
+    spread = {g: {int(n): t for n, t in m.items()} for g, m in info["spread"].items()}
+    assert info["options"] == {g: compiled.fastest(m, spread[g]) for g, m in info["measured"].items()}
+    assert compiled.built(out) and info["threads"] == torch.get_num_threads()
+    # The timing's own CPU (its processes') is not another process's: a build on an otherwise idle machine is final.
+    if os.getloadavg()[0] < 0.5:
+        assert info["provisional"] is None, info["others"]
+    # A recheck measures the same way, in processes of their own.
+    again = models.recheck_fast_pass(str(model_dir), "float32", engines)
+    assert json.loads(json.dumps(again["built"])) == info["built"] and set(again["measured"]) == {"one", "wide"}
+    assert not {lib for lib in _mapped_libraries() - before if "aotinductor" in lib}
+
+
+def test_the_shipped_eagle_modules_pass_is_built_without_the_targets_packages(store, eagle_artifacts, tmp_path, monkeypatch):
+    """`python -m app compile` builds a shipped EAGLE module's pass without loading the target's compiled packages, or
+    the target, in its own process (each step in one of its own), into the directory a serving process reads."""
+    from app.modes import MODES
+
+    model_dir, engines, _ = store
+    copy = tmp_path / "engines"
+    shutil.copytree(engines, copy)
+    path, _ = eagle_artifacts["hybrid"]
+    target = models.load(str(model_dir), engines=copy, fast="build")
+    where = models.companion_pass_dir(target, path, copy)
+    shutil.rmtree(where)
+    _forbid_in_this_process(monkeypatch)
+    info = models.build_companion_pass(str(model_dir), "float32", MODES["eagle"], path, copy)
+    assert compiled.built(where) and info == json.loads((where / "info.json").read_text())
+    assert info["built"] == {"draft": [1, SMALL_QUERY]} and set(info["measured"]["draft"]) == {"1", "2", "4", "8", "16", "32", "64", "128"}

@@ -18,7 +18,7 @@ GPU = ROOT / "deploy" / "gpu"
 def test_the_compose_file_runs_the_ui_against_trtllm_serve():
     compose = yaml.safe_load((GPU / "compose.yaml").read_text())
     server, ui = compose["services"]["trtllm"], compose["services"]["ui"]
-    version = trt.INSTALL.rsplit("==", 1)[1]
+    version = trt.VERSION
     assert server["image"] == f"nvcr.io/nvidia/tensorrt-llm/release:${{TRTLLM_VERSION:-{version}}}", "the version the app pins"
     cmd = server["command"]
     assert cmd[0] == "trtllm-serve" and cmd[cmd.index("--backend") + 1] == "pytorch"

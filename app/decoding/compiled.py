@@ -70,8 +70,10 @@ OPTIONS = {
 # default is one per core, up to 32, each a process importing torch), the eager model without its oneDNN-packed copies
 # while the graphs compile (they never read them), what each compilation held given back before the next, and one
 # candidate package loaded at a time while timing (a loaded package holds its weights twice: its shared library's data
-# and the runtime's copy, ~1.25 GB for the bundled model in float32). Not bounded here: a released package's shared
-# library stays mapped (~0.6 GB each, torch never unloads it), so the timing step still peaks above 5 GB in float32.
+# and the runtime's copy, ~1.25 GB for the bundled model in float32). A released package's shared library stays mapped
+# (~0.6 GB each, torch never unloads it), so an Exported that says how to make it again (`recipe`) has each graph
+# compiled and each candidate timed in a short-lived process of its own (`_child`): what it mapped goes with it, and
+# the building process keeps only the decision (it never loads the model when it does not hold it already).
 BUILD_CONFIG = {"compile_threads": 1}
 FEW = 4  # bfloat16 without native instructions: the widest pass whose products stay in bfloat16 (module docstring)
 # A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
@@ -83,20 +85,26 @@ BUSY = 0.25  # other processes' share of the CPU above which a measurement is pr
 
 class Others:
     """What other processes took of this machine's CPU while the block ran: system-wide busy time less this process's
-    own CPU time, over wall time times cores (`share`; None where /proc/stat cannot be read)."""
+    own CPU time and its finished children's (the timing processes, `_child`), over wall time times cores (`share`;
+    None where /proc/stat cannot be read)."""
 
     def __enter__(self) -> "Others":
-        self._start = (_busy_seconds(), time.process_time(), time.perf_counter())
+        self._start = (_busy_seconds(), _own_seconds(), time.perf_counter())
         self.share: float | None = None
         return self
 
     def __exit__(self, *exc) -> None:
-        busy, own, wall = _busy_seconds(), time.process_time(), time.perf_counter()
+        busy, own, wall = _busy_seconds(), _own_seconds(), time.perf_counter()
         if busy is None or self._start[0] is None:
             return
         cores = os.cpu_count() or 1
         spent = (busy - self._start[0]) - (own - self._start[1])
         self.share = round(max(0.0, spent / max(1e-9, (wall - self._start[2]) * cores)), 3)
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _busy_seconds() -> float | None:
@@ -156,12 +164,31 @@ class _DraftPass(nn.Module):
 class Exported:
     """What a build exports and times: a pass over a slot cache (`module`, called with `examples(n, slots, at)`), the
     dynamic dimensions of those inputs for a graph of n-token passes (`dims(n, slots)`: n is 1 or a Dim) and the
-    graphs with the widths each is built for."""
+    graphs with the widths each is built for. `recipe`: how another process makes the same Exported
+    ("package.module:function" and its JSON arguments), so that each graph's compilation (when `module` is None: the
+    building process holds no model) and each candidate's timing run in a process of their own (`_child`)."""
 
-    module: nn.Module
-    examples: Callable[[int, int, int], tuple]
-    dims: Callable[[object, object], tuple]
-    graphs: dict[str, tuple[int, int]]
+    module: nn.Module | None
+    examples: Callable[[int, int, int], tuple] | None
+    dims: Callable[[object, object], tuple] | None
+    graphs: dict[str, tuple[int, int]] | None
+    recipe: tuple[str, list] | None = None
+
+    @classmethod
+    def elsewhere(cls, recipe: tuple[str, list], graphs: dict | None = None) -> "Exported":
+        """An Exported this process does not make: only how another one does (`graphs` None: the first graph's
+        compilation tells them)."""
+        return cls(None, None, None, graphs, recipe)
+
+
+def make(recipe: tuple[str, list]) -> Exported:
+    """The Exported a recipe makes, its recipe attached."""
+    import importlib
+
+    module, _, name = recipe[0].partition(":")
+    exported = getattr(importlib.import_module(module), name)(*recipe[1])
+    exported.recipe = (recipe[0], list(recipe[1]))
+    return exported
 
 
 def _kv(config, kv_dtype: torch.dtype, slots: int) -> list[torch.Tensor]:
@@ -214,15 +241,19 @@ def graphs(dtype: torch.dtype) -> dict[str, tuple[int, int]]:
 def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
     """Export the graphs of a target `model` (packed, eval, on the CPU), compile each with every option set (OPTIONS),
     time them against each other and the eager pass, and keep in `out` the fastest of each; returns what it took."""
+    return build_exported(prepared_target(model, kv_dtype), out, log)
+
+
+def prepared_target(model: nn.Module, kv_dtype: torch.dtype) -> Exported:
+    """A target `model`'s pass as a build exports and times it (its widest products widened, linear.widen)."""
     linear.widen(model, rows=FEW + 1)
-    return build_exported(target_pass(model, kv_dtype), out, log)
+    return target_pass(model, kv_dtype)
 
 
 def recheck_target(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print,
                    others=None) -> dict:
     """`recheck` for a target `model`'s built pass, the model prepared as `build` prepares it."""
-    linear.widen(model, rows=FEW + 1)
-    return recheck(target_pass(model, kv_dtype), out, log, others)
+    return recheck(prepared_target(model, kv_dtype), out, log, others)
 
 
 def build_draft(module: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
@@ -231,34 +262,90 @@ def build_draft(module: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callab
 
 
 def build_exported(exported: Exported, out: Path, log: Callable[[str], None] = print) -> dict:
-    from torch.export import Dim
-
+    """`build` for any Exported: its graphs compiled here, or each in a process of its own where this one does not
+    hold the module (Exported.elsewhere); then timed (`decide`)."""
     start = time.perf_counter()
     seconds = {}
-    slots = Dim("slots", min=16, max=1 << 24)
-    unpack(exported.module)  # the eager pass repacks them when `measure` first calls it
-    for graph, (low, high) in exported.graphs.items():
-        t = time.perf_counter()
-        n = 1 if high == 1 else Dim(f"n_{graph}", min=low, max=high)
-        # A width inside the range, not at its ends (export would specialize an example of width 1).
-        example = exported.examples(low if high == 1 else min(max(low + 1, 2), high), EXAMPLE_SLOTS, 16)
-        log(f"exporting the graph of {low}..{high}-token passes")
-        with torch.no_grad():
-            program = torch.export.export(exported.module, example, dynamic_shapes=exported.dims(n, slots), strict=False)
-            for name, options in OPTIONS.items():
-                log(f"compiling the graph of {low}..{high}-token passes: {name} products (inductor, C++ kernels)")
-                # Under no_grad, or inductor's freezing leaves the products unpacked (plain aten::mm calls).
-                with torch._inductor.config.patch({**options, **BUILD_CONFIG}):
-                    torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}-{name}.pt2"))
-                release()
-        del program, example
-        release()
-        seconds[graph] = round(time.perf_counter() - t, 1)
+    if exported.module is None:
+        graphs, index = exported.graphs, 0
+        while graphs is None or index < len(graphs):
+            done = _child({"do": "compile", "recipe": exported.recipe, "graph": index, "out": str(out)})
+            graphs = {g: tuple(w) for g, w in done["graphs"].items()}
+            seconds[done["name"]] = done["seconds"]
+            index += 1
+        exported.graphs = graphs
+    else:
+        unpack(exported.module)  # the eager pass repacks them when `measure` first calls it
+        for graph in exported.graphs:
+            seconds[graph] = compile_graph(exported, graph, out, log)
     log("timing each graph's builds against each other and the eager pass at its widths")
     info = decide(exported, out, {g: {name: out / f"{g}-{name}.pt2" for name in OPTIONS} for g in exported.graphs}, log)
     info.update(seconds=round(time.perf_counter() - start, 1), graphs=seconds)
     _write_info(out, info)
     return info
+
+
+def compile_graph(exported: Exported, graph: str, out: Path, log: Callable[[str], None] = print) -> float:
+    """Export one graph of `exported` and compile it with every option set into `out/<graph>-<options>.pt2`, giving
+    back what each compilation held before the next; returns the seconds it took."""
+    from torch.export import Dim
+
+    t = time.perf_counter()
+    low, high = exported.graphs[graph]
+    slots = Dim("slots", min=16, max=1 << 24)
+    n = 1 if high == 1 else Dim(f"n_{graph}", min=low, max=high)
+    # A width inside the range, not at its ends (export would specialize an example of width 1).
+    example = exported.examples(low if high == 1 else min(max(low + 1, 2), high), EXAMPLE_SLOTS, 16)
+    log(f"exporting the graph of {low}..{high}-token passes")
+    with torch.no_grad():
+        program = torch.export.export(exported.module, example, dynamic_shapes=exported.dims(n, slots), strict=False)
+        for name, options in OPTIONS.items():
+            log(f"compiling the graph of {low}..{high}-token passes: {name} products (inductor, C++ kernels)")
+            # Under no_grad, or inductor's freezing leaves the products unpacked (plain aten::mm calls).
+            with torch._inductor.config.patch({**options, **BUILD_CONFIG}):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}-{name}.pt2"))
+            release()
+    del program, example
+    release()
+    return round(time.perf_counter() - t, 1)
+
+
+def _child(job: dict) -> dict:
+    """Run one step of a build (`job`: compile one graph, or time one candidate) in a short-lived process of its own,
+    which makes the Exported from its recipe (`make`), and return what it reports. Its kernels run on this process's
+    thread count (the packages are built for it); its log goes where this process's stderr goes."""
+    import subprocess
+    import sys
+    import tempfile
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    with tempfile.TemporaryDirectory(prefix="fast-pass-step-") as tmp:
+        result = Path(tmp) / "result.json"
+        job = {**job, "threads": torch.get_num_threads(), "result": str(result)}
+        code = "import sys; from app.decoding import compiled; compiled._run_child(sys.argv[1])"
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(job)], env=env, stdin=subprocess.DEVNULL)
+        if done.returncode or not result.exists():
+            raise RuntimeError(f"a fast-pass build step ({job['do']}) failed in its own process (exit {done.returncode})")
+        return json.loads(result.read_text())
+
+
+def _run_child(text: str) -> None:
+    """The process of one step (`_child`)."""
+    import sys
+
+    job = json.loads(text)
+    torch.set_num_threads(job["threads"])
+    exported = make(job["recipe"])
+    log = lambda line: print(f"[compile] {line}", file=sys.stderr, flush=True)  # noqa: E731
+    if job["do"] == "compile":
+        graph = list(exported.graphs)[job["graph"]]
+        unpack(exported.module)
+        report = {"name": graph, "graphs": exported.graphs, "seconds": compile_graph(exported, graph, Path(job["out"]), log)}
+    else:
+        times = time_candidate(exported, job["graph"], job["name"], Path(job["path"]), job["reps"])
+        report = {"times": {str(n): t for n, t in times.items()}}
+    Path(job["result"]).write_text(json.dumps(report))
 
 
 def unpack(module: nn.Module) -> int:
@@ -285,6 +372,7 @@ def recheck(exported: Exported, out: Path, log: Callable[[str], None] = print, o
     anew: for good when the machine is quiet, else still provisional. Nothing is compiled. Returns the new info.
     `others`: what tells the machine's load (Others)."""
     info = json.loads((out / "info.json").read_text())
+    exported.graphs = exported.graphs or {g: tuple(w) for g, w in info["built"].items()}
     candidates = {}
     for graph in info["built"]:
         candidates[graph] = {info["options"][graph]: out / f"{graph}.pt2"}
@@ -353,31 +441,48 @@ def measure(exported: Exported, candidates: dict[str, dict[str, Path]], reps: in
     alike; one candidate package is loaded at a time, BUILD_CONFIG): ({graph:
     {n: {name or "eager": ms}}}, {graph: {n: {name: spread}}}), the fastest round (other load only adds time) and how
     far the median round lies above it, as a share."""
-    from torch._inductor.package import load_package
-
     result, spread = {}, {}
     for graph, (low, high) in exported.graphs.items():
         widths = _widths_to_time(low, high)
         times = {n: {name: [] for name in [*candidates[graph], "eager"]} for n in widths}
         # One candidate package loaded at a time (each holds its weights twice), timed in rounds with eager; eager's
-        # times are those of every candidate's rounds.
+        # times are those of every candidate's rounds. In a process of its own where the Exported has a recipe (its
+        # shared library is never unmapped while its process lives).
         for name, path in candidates[graph].items():
-            runs = {name: load_package(str(path), num_runners=1), "eager": exported.module}
+            if exported.recipe is not None:
+                job = {"do": "time", "recipe": exported.recipe, "graph": graph, "name": name, "path": str(path), "reps": reps}
+                got = {int(n): t for n, t in _child(job)["times"].items()}
+            else:
+                got = time_candidate(exported, graph, name, path, reps)
             for n in widths:
-                inputs = exported.examples(n, MEASURED_CONTEXT + max(n, 16), MEASURED_CONTEXT)
-                with torch.inference_mode():
-                    for rep in range(reps + 1):
-                        for run_name, run in runs.items():
-                            t = time.perf_counter()
-                            run(*inputs)
-                            if rep:  # the first call of each warms up
-                                times[n][run_name].append(time.perf_counter() - t)
-            del runs
-            release()
+                for run_name, t in got[n].items():
+                    times[n][run_name] += t
         result[graph] = {n: {name: round(1e3 * min(t), 2) for name, t in times[n].items()} for n in widths}
         spread[graph] = {n: {name: round(statistics.median(t) / min(t) - 1, 3) for name, t in times[n].items()}
                          for n in widths}
     return result, spread
+
+
+def time_candidate(exported: Exported, graph: str, name: str, path: Path, reps: int) -> dict[int, dict[str, list]]:
+    """One candidate package of `graph` and the eager pass, timed in rounds at the graph's widths (`measure`):
+    {n: {name: [seconds], "eager": [seconds]}}; the package is released after."""
+    from torch._inductor.package import load_package
+
+    low, high = exported.graphs[graph]
+    times = {n: {name: [], "eager": []} for n in _widths_to_time(low, high)}
+    runs = {name: load_package(str(path), num_runners=1), "eager": exported.module}
+    for n in times:
+        inputs = exported.examples(n, MEASURED_CONTEXT + max(n, 16), MEASURED_CONTEXT)
+        with torch.inference_mode():
+            for rep in range(reps + 1):
+                for run_name, run in runs.items():
+                    t = time.perf_counter()
+                    run(*inputs)
+                    if rep:  # the first call of each warms up
+                        times[n][run_name].append(time.perf_counter() - t)
+    del runs
+    release()
+    return times
 
 
 def fastest(times: dict, spread: dict | None = None, first: str | None = None) -> str:

@@ -35,7 +35,7 @@ from app.modes import ConfigError, DecodeRequest, Mode, configs
 from app.service.backends.base import Availability, Prompt
 from app.service.jobs import Limits, Work
 
-INSTALL = "pip install --extra-index-url https://pypi.nvidia.com/ tensorrt-llm==1.2.1"
+VERSION = "1.2.1"  # the release this backend is written against (NVIDIA's container tag in deploy/gpu)
 NOT_VISIBLE = ["draft tree", "rejected draft tokens", "draft and verify time"]
 REUSED = "TensorRT-LLM engine of this configuration, reused"
 LLM_CLASSES = {"pytorch": "tensorrt_llm.LLM", "tensorrt": "tensorrt_llm._tensorrt_engine.LLM"}
@@ -49,7 +49,12 @@ def config_class(decoding_type: str) -> str:
 def probe() -> Availability:
     """find_spec first (importing tensorrt_llm needs libcuda), then a guarded import, then a GPU."""
     if importlib.util.find_spec("tensorrt_llm") is None:
-        return Availability(False, f"TensorRT-LLM is not installed (it needs an NVIDIA GPU, compute capability >= 8.0, Linux; {INSTALL})")
+        # Never "pip install" here: TensorRT-LLM's own pins (torch <= 2.9, transformers 4.57, numpy < 2) would break
+        # this environment. It runs beside the app, in NVIDIA's container, and the remote backend drives it.
+        return Availability(False, f"TensorRT-LLM is not in this environment, and cannot be: its pins clash with this "
+                                   f"app's. On a Linux host with an NVIDIA GPU (compute capability >= 8.0) run it as its "
+                                   f"own server (deploy/gpu/compose.yaml: NVIDIA's TensorRT-LLM {VERSION} container) and "
+                                   "choose the remote backend (docs/tensorrt-llm.md)")
     try:
         importlib.import_module("tensorrt_llm")
     except (ImportError, OSError) as err:
