@@ -11,7 +11,7 @@ APP = Path(__file__).resolve().parent.parent / "app"
 # Bottom first. A module belongs to the longest prefix listed; it may import its own layer and those below.
 LAYERS = [
     ["app.modes"],
-    ["app.decoding", "app.decoding.drafters.base", "app.prompts"],  # the loop and the drafter interface it calls
+    ["app.decoding", "app.decoding.drafters.base", "app.prompts", "app.figures"],  # the loop and the drafter interface it calls
     ["app.heads"],
     ["app.decoding.drafters"],
     ["app.models"],

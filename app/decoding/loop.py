@@ -187,8 +187,9 @@ def generate(
     t1 = time.perf_counter()
     verdict = Verdict([], first, "next")
     view = target_view([], [], verdict, first_pass.logits[-1:], basis)
-    with clock.paused():
-        yield event(0, "prefill", Proposal(), verdict, new, reason, 0.0, t1 - t0, view)
+    first_event = event(0, "prefill", Proposal(), verdict, new, reason, 0.0, t1 - t0, view)
+    with clock.paused():  # made before the pause: its clock reading must not be taken back at the next step
+        yield first_event
     output = list(new)
     if reason:
         return
@@ -208,8 +209,9 @@ def generate(
         t3 = time.perf_counter()
         view = target_view(prop.draft_tokens, prop.draft_parents, verdict, out.logits, basis)
         new, reason = finish([prop.tokens[i] for i in verdict.accepted] + [verdict.added], output)
+        step_event = event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1, view)
         with clock.paused():
-            yield event(step, "decode", prop, verdict, new, reason, (t1 - t0) + (t3 - t2), t2 - t1, view)
+            yield step_event
         output += new
         if reason:
             return
