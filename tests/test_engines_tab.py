@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 import textwrap
 import time
@@ -29,7 +28,8 @@ from app.service.policy import Policy
 from app.ui.engines_tab import HEADERS, elsewhere, fast_pass_text, settings_text
 from app.ui.sessions import visitor_of
 from app.ui.web import Studio
-from helpers import free_port, running_server
+from helpers import free_port, running_server, serve_engines
+from test_web import browser  # noqa: F401  (the fixture)
 
 API_SERVER = textwrap.dedent('''
     """A stand-in for vLLM's OpenAI server (tests/test_engines_tab.py): /health, and completions that say nothing."""
@@ -89,18 +89,9 @@ def vllm(tmp_path_factory) -> vllm_engines.Settings:
     return vllm_engines.Settings(python=stand_in_vllm(tmp_path_factory.mktemp("vllm")))
 
 
-def new_store(root: Path) -> Path:
-    """A store of its own sharing the dequantized models through a link (as tests/test_web.py's)."""
-    engines = root / "engines"
-    engines.mkdir()
-    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
-    models.locate(models.BUNDLED)
-    return engines
-
-
 @pytest.fixture
 def store(tmp_path) -> Path:
-    return new_store(tmp_path)
+    return serve_engines(tmp_path)
 
 
 def services(store, vllm, **kwargs):
@@ -323,7 +314,7 @@ def app(tmp_path_factory, vllm):
     """The app as `python -m app` runs it, on a store with a vLLM server another process started (this test's
     Service) and builds whose settings make long cells."""
     tmp = tmp_path_factory.mktemp("app")
-    store = new_store(tmp)
+    store = serve_engines(tmp)
     other = Service(engines=store, vllm_settings=vllm)
     there, _ = other.vllm_engine(ngram(other, 6, 3), other.model)
     for data in ({"speculative_config": {"decoding_type": "Suffix"}, "backend": "vllm", "dtype": "bfloat16"},
@@ -339,20 +330,6 @@ def app(tmp_path_factory, vllm):
             yield url, there["id"]
     finally:
         other.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(chromium).exists():
-        pytest.fail("chromium is missing: scripts/test.sh installs Debian's chromium package")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, headless=True,
-                              args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 
 from app.service import load
 from app.ui import charts, load_tab
+from test_ui_streams import Job  # a finished job's batches
 
 
 def pt(row, n, tps, spt, tau=1.0, identical=1.0, at=None):
@@ -154,17 +155,6 @@ class SlowSweep:
     @staticmethod
     def relative(text):
         return text
-
-
-class Job:
-    def __init__(self, messages):
-        self.messages, self.cancelled = messages, False
-
-    def batches(self, every):
-        yield self.messages
-
-    def cancel(self):
-        self.cancelled = True
 
 
 def test_the_load_tab_counts_the_seconds_while_the_engines_start():
