@@ -159,7 +159,7 @@ def falls(cost: dict) -> tuple[tuple[int, float], tuple[int, float]] | None:
 
 
 def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, repeats: int = 5,
-                most: int = 40) -> dict:
+                most: int = 40, budget_s: float = 30.0) -> dict:
     """Milliseconds of one target pass over k new tokens after `prompt_ids` (a verify step of k - 1
     drafted tokens), the fastest of its readings, and each relative to k = 1.
 
@@ -168,14 +168,15 @@ def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, 
     without native instructions grows about linearly in k), so the bench records it with its results.
 
     The sizes are timed round-robin, so drift of the machine hits all alike (round 0 warms up), for at least `repeats`
-    rounds and then on, up to `most`, while the fastest readings still have a wider pass cheaper than a narrower one
-    beyond the noise: other load only ever adds time, so a burst that hit one size's readings is outlasted by the
-    next quiet one. `relative` is the curve as it may be printed (figures.monotone); `falls` says whether it needed
+    rounds and then on, up to `most` rounds or `budget_s` seconds (someone is waiting for it), while the fastest
+    readings still have a wider pass cheaper than a narrower one beyond the noise: other load only ever adds time, so a
+    burst that hit one size's readings is outlasted by the next quiet one. `relative` is the curve as it may be printed (figures.monotone); `falls` says whether it needed
     more than the noise for that.
     """
     session = TransformersTarget(target.model, hidden_states=False, forward=target.forward)
     session.prefill(prompt_ids)
     best = {k: math.inf for k in sizes}
+    start = time.perf_counter()
     for r in range(most + 1):
         for k in sizes:
             tokens = [prompt_ids[i % len(prompt_ids)] for i in range(k - 1)]
@@ -185,7 +186,8 @@ def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, 
             session.commit([])  # keep only the root: the context grows by one token per pass
             if r:
                 best[k] = min(best[k], elapsed)
-        if r >= repeats and figures.monotone([best[k] for k in sizes])[1] is None:
+        if r >= repeats and (figures.monotone([best[k] for k in sizes])[1] is None
+                             or time.perf_counter() - start > budget_s):
             break
     ms = [round(1000 * best[k], 2) for k in sizes]
     return {"tokens": list(sizes), "ms": ms,

@@ -123,6 +123,7 @@ def test_a_ratio_measured_while_the_load_changes_is_possible_and_a_quiet_repeat_
 def test_figures_take_a_reading_within_the_noise_at_its_bound_and_flag_one_beyond():
     assert figures.at_least_one(0.98) == (1.0, True) and figures.at_least_one(0.9) == (1.0, False)
     assert figures.at_least_one(1.3) == (1.3, True)
+    assert figures.at_least_one(0.8, reach=1.3) == (1.0, True) and not figures.at_least_one(0.8, reach=1.1)[1]
     assert figures.bounded_interval((1.5, 11.16), 3.78) == (1.5, 3.78) and figures.bounded_interval(None, 2) is None
     assert figures.within(3.8, 3.78) and not figures.within(4.13, 3.78)
     assert figures.monotone([1.0, 1.5, 2.20, 2.17, 3.0]) == ([1.0, 1.5, 2.20, 2.20, 3.0], None)

@@ -73,8 +73,10 @@ def test_tokens_per_step(mode):
     assert list(accepted.y) == [len(s["accepted_tokens"]) for s in steps]
     assert [a + b for a, b in zip(accepted.y, added.y)] == [len(s["tokens"]) for s in steps]
     assert sum(accepted.y) + sum(added.y) == steps[-1]["totals"]["new_tokens"]
-    assert len(line.y) == len(steps)
-    assert line.y[-1] == pytest.approx(steps[-1]["totals"]["tokens_per_step"])
+    assert len(line.y) == len(steps) - 1 and list(line.x) == [s["step"] for s in steps[1:]]  # the prefill's left out
+    t = steps[-1]["totals"]
+    assert line.y[-1] == pytest.approx((t["new_tokens"] - 1) / (t["target_steps"] - 1))  # the status's τ
+    assert line.name == f"τ after the prefill = {line.y[-1]:.2f}"
     assert fig.layout.barmode == "stack"
 
 
@@ -84,8 +86,9 @@ def test_tokens_per_step_hist(mode):
     fig = charts.tokens_per_step_hist(steps)
     _common(fig)
     assert len(fig.data) == 1 and fig.data[0].type == "histogram"
-    assert sorted(fig.data[0].x) == sorted(len(s["tokens"]) for s in steps)
-    assert f"{steps[-1]['totals']['tokens_per_step']:.2f}" in fig.layout.xaxis.title.text
+    assert steps[0]["kind"] == "prefill" and sorted(fig.data[0].x) == sorted(len(s["tokens"]) for s in steps[1:])
+    t = steps[-1]["totals"]
+    assert f"(τ = {(t['new_tokens'] - 1) / (t['target_steps'] - 1):.2f})" in fig.layout.xaxis.title.text
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -162,8 +165,9 @@ def test_empty_input_gives_annotated_figure(build):
 
 @pytest.mark.parametrize("build", STEP_CHARTS)
 def test_one_event(build):
-    # The timing chart names a prefill instead of drawing it (test_timing_of_a_prefill_alone): give it a decoding step.
-    one = load("medusa")["steps"][1:2] if build is charts.timing else load("medusa")["steps"][:1]
+    # The timing chart names a prefill instead of drawing it (test_timing_of_a_prefill_alone) and the histogram counts
+    # decoding passes (τ after the prefill): give them a decoding step.
+    one = load("medusa")["steps"][1:2] if build in (charts.timing, charts.tokens_per_step_hist) else load("medusa")["steps"][:1]
     fig = build(one)
     _common(fig)
     assert fig.data and not fig.layout.annotations
@@ -251,8 +255,15 @@ def test_tau_vs_cost_places_each_mode_between_iso_speedup_rays():
     assert cheap.layout.xaxis.range[0] < 0.77  # a step measured cheaper than autoregressive's stays in view
     # The chart: EAGLE drawn at step 0.82, past the 1.5× ray, while its table row said "load changed".
     withheld = charts.tau_vs_cost(rows[:2] + [{"mode": "EAGLE", "decoding_tau": 2.9, "step_cost": 0.82,
-                                               "doubt": "a step took 0.82 of an autoregressive step"}])
+                                               "step_doubt": "a step took 0.82 of an autoregressive step"}])
     assert {t.name for t in withheld.data if t.name} == {"Autoregressive", "Prompt lookup"}
+    assert any(a.text.endswith("withheld (the table says why): EAGLE") for a in withheld.layout.annotations)
+    assert "withheld for EAGLE" in charts.tau_vs_cost([rows[0], withheld_row := {
+        "mode": "EAGLE", "decoding_tau": 2.9, "step_cost": 0.82, "step_doubt": "…"}]).layout.annotations[0].text.replace("<br>", " ")
+    # A whole-run ratio above τ (a cheaper prefill) withholds that ratio only: the step still stands, and is drawn.
+    prefill = charts.tau_vs_cost(rows[:2] + [{**withheld_row, "step_cost": 1.4, "step_doubt": None,
+                                              "doubt": "the whole run's 3.1× … more than τ 2.90 allows"}])
+    assert {t.name for t in prefill.data if t.name} == {"Autoregressive", "Prompt lookup", "EAGLE"}
 
 
 def test_compare_with_every_speedup_withheld_says_so():

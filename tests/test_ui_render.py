@@ -699,12 +699,28 @@ def test_a_baseline_timed_under_other_load_gives_no_ratio_only_the_reason():
     recorded = {name: Recording(name) for name in ("prompt_lookup", "autoregressive")}
     recorded["prompt_lookup"].events, recorded["autoregressive"].events = run, busy
     row = compare_tab.summary_row("prompt_lookup", recorded["prompt_lookup"], recorded["autoregressive"], REGISTRY)
-    assert row["speedup"] is None and "load changed" in row["doubt"]
-    assert "load changed" in render.summary_table([row])
+    assert row["speedup"] is None and "load changed" in row["doubt"] and row["step_doubt"] == row["doubt"]
+    assert "load changed" in render.summary_table([row]) and row["decoding_speedup"] is None
     # Under the same load the same run is a result, with its interval.
     quiet = _run(0.5, [(1, 0.1, 0.0, 0.1)] * 8)
     assert traces.speedup_parts(run, quiet)["doubt"] is None
     assert "1.60×" in render.speedup_line(run, quiet)
+
+
+def test_a_step_below_one_autoregressive_step_within_its_own_spread_is_taken_at_the_bound():
+    """The issue-58 first click under a busy loop: a burst of load lands on a few of the baseline's steps and the mean
+    step reads 0.85 of an autoregressive one. The steps' spread reaches past 1, so the reading is possible: shown at
+    the bound (speedup τ) with its interval, not withheld. The same mean with steady steps has no such reach."""
+    bursty = _run(0.5, [(1, 0.08, 0.0, 0.08)] * 12 + [(1, 0.4, 0.0, 0.4)] * 2)  # mean 0.126 s a token
+    run = _run(0.5, [(2, 0.107, 0.01, 0.09)] * 7)  # 0.85 of that
+    parts = traces.speedup_parts(run, bursty)
+    assert parts["doubt"] is None and parts["step_cost"] == 1.0 and parts["decoding"] == 2.0
+    low, high = parts["interval"]
+    assert low < 1.5 and high == 2.0, parts["interval"]
+    assert "(95 % of the step times' spread: " in render.speedup_line(run, bursty)
+    steady = _run(0.5, [(1, 0.126, 0.0, 0.126)] * 14)
+    refused = traces.speedup_parts(run, steady)
+    assert refused["doubt"].startswith("a step took 0.85 of an autoregressive step (its spread reaching 0.85)")
 
 
 def test_a_baseline_on_the_eager_pass_and_a_run_on_the_fast_pass_give_no_ratio():
@@ -743,6 +759,8 @@ def test_a_whole_run_ratio_above_tau_is_not_shown():
     recorded["prompt_lookup"].events, recorded["autoregressive"].events = run, cold
     row = compare_tab.summary_row("prompt_lookup", recorded["prompt_lookup"], recorded["autoregressive"], REGISTRY)
     assert row["speedup"] is None and "more than τ 2.00 allows" in row["doubt"]  # Compare's ratio is the whole run's
+    assert row["step_doubt"] is None and row["decoding_speedup"] == pytest.approx(1.6)  # the step's figures stand
+    assert ">1.60× after the prefill</span>" in render.summary_table([row])
 
 
 def test_the_interval_comes_from_the_spread_of_step_times():

@@ -738,7 +738,13 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     table = page.inner_text("#cmp-table")
     assert "Prompt lookup" in table and "Lookahead" in table and "✓" in table
     page.wait_for_function("document.querySelectorAll('#cmp-speedup .bars .point').length >= 3")
-    page.wait_for_function("document.querySelectorAll('#cmp-tau-cost .scatterlayer .trace .point').length >= 3")
+    # A row whose step time the machine's load made doubtful is not drawn but named on the chart (the table says why).
+    page.wait_for_function("""() => {
+        const drawn = document.querySelectorAll('#cmp-tau-cost .scatterlayer .trace .point').length;
+        const note = [...document.querySelectorAll('#cmp-tau-cost .annotation-text')].map(a => a.textContent).join(' ');
+        const named = note.includes('withheld') ? (note.split(':').pop().match(/,/g) || []).length + 1 : 0;
+        return drawn + named >= 3 && (drawn >= 2 || note.includes('No step time to draw'));
+    }""")
     screenshot("compare")
     page.get_by_role("tab", name="Learn").click()
     page.wait_for_selector("#learn-tree svg")

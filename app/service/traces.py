@@ -214,19 +214,22 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None,
         return None
     ar_step = base["seconds"] / base["tokens"]  # autoregressive commits one token a step
     step = run["seconds"] / run["steps"]
-    cost, possible = figures.at_least_one(step / ar_step)
+    interval = spread(step_times(events), step_times(baseline))
+    # How far the step times' spread lets the step cost reach above its reading (the interval is symmetric in log).
+    reach = math.sqrt(interval[1] / interval[0]) if interval and interval[0] > 0 else 1.0
+    cost, possible = figures.at_least_one(step / ar_step, reach)
     parts = {"tau": run["tokens"] / run["steps"], "step_cost": cost, "verify": None, "draft": None, "loop": None}
-    doubt = None if possible else (f"a step took {step / ar_step:.2f} of an autoregressive step, less than the one-token "
-                                   "target pass it contains")
+    doubt = None if possible else (f"a step took {step / ar_step:.2f} of an autoregressive step (its spread reaching "
+                                   f"{step / ar_step * reach:.2f}), less than the one-token target pass it contains")
     if run["verify_s"] is not None:
         verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
         parts.update(verify=verify, draft=draft, loop=max(0.0, cost - verify - draft))
         if base["verify_s"]:  # a verify pass against the baseline's own pass over one token
             ratio = (run["verify_s"] / run["steps"]) / (base["verify_s"] / base["steps"])
-            if not figures.at_least_one(ratio)[1] and doubt is None:
+            if not figures.at_least_one(ratio, reach)[1] and doubt is None:  # the verify times share the steps' noise
                 doubt = f"a verify pass took {ratio:.2f} of the baseline's one-token pass, though it contains one"
     parts["decoding"] = parts["tau"] / cost
-    parts["interval"] = figures.bounded_interval(spread(step_times(events), step_times(baseline)), parts["tau"])
+    parts["interval"] = figures.bounded_interval(interval, parts["tau"])
     parts["doubt"] = (f"{doubt}: the machine's load changed between this run and its baseline in a way the race did not "
                       "even out; run again for the ratio" if doubt else None)
     kinds = [pass_kind(p) for p in passes]

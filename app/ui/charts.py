@@ -199,7 +199,7 @@ def race_runs(runs: Mapping[str, list[dict]], until: float | None = None, modes:
 
 def tokens_per_step(events: list[dict], cursor: int | None = None) -> go.Figure:
     """Tokens committed by each target pass (accepted drafts + the target's own token, stacked)
-    and the running mean τ; `cursor`: a step number to mark."""
+    and the running mean τ after the prefill (the status's and the speedup's τ); `cursor`: a step number to mark."""
     title = "Tokens per target pass"
     events = steps(events)
     if not events:
@@ -208,25 +208,30 @@ def tokens_per_step(events: list[dict], cursor: int | None = None) -> go.Figure:
     committed = [len(e.get("tokens") or []) for e in events]
     accepted = [min(len(e.get("accepted_tokens") or []), c) for e, c in zip(events, committed)]
     added = [c - a for c, a in zip(committed, accepted)]
+    # The prefill's pass commits one token whatever the mode: the mean starts after it, as the status's τ does.
+    decode = [(step, c) for step, c, e in zip(x, committed, events) if e.get("kind") != "prefill"]
     tau, total = [], 0
-    for i, c in enumerate(committed):
+    for i, (_, c) in enumerate(decode):
         total += c
         tau.append(total / (i + 1))
     fig = go.Figure()
     fig.add_trace(go.Bar(x=x, y=accepted, name="accepted draft", marker=dict(color=ACCEPTED)))
     fig.add_trace(go.Bar(x=x, y=added, name="target's token", marker=dict(color=ADDED, pattern=dict(shape="/"))))
-    fig.add_trace(go.Scatter(x=x, y=tau, name=f"τ (mean) = {tau[-1]:.2f}", mode="lines", line=dict(color=TAU, width=3)))
+    if tau:
+        fig.add_trace(go.Scatter(x=[step for step, _ in decode], y=tau, name=f"τ after the prefill = {tau[-1]:.2f}",
+                                 mode="lines", line=dict(color=TAU, width=3)))
     fig.update_layout(barmode="stack", bargap=0.15)
     _cursor(fig, cursor if cursor in x else None, f"step {cursor}")
     return _layout(fig, title, "step", "tokens")
 
 
 def tokens_per_step_hist(events: list[dict]) -> go.Figure:
-    """How often a target pass committed 1, 2, 3… tokens."""
+    """How often a decoding pass (after the prefill, whose pass commits one token whatever the mode) committed 1, 2,
+    3… tokens; τ as the status gives it."""
     title = "Passes by tokens"  # short: this chart shares a row with two others
-    events = steps(events)
+    events = [e for e in steps(events) if e.get("kind") != "prefill"]
     if not events:
-        return _empty(title)
+        return _empty(title, "No decoding pass yet: the prefill's pass commits one token in every mode.")
     counts = [len(e.get("tokens") or []) for e in events]
     tau = sum(counts) / len(counts)
     fig = go.Figure(go.Histogram(x=counts, xbins=dict(start=-0.5, end=max(counts) + 0.5, size=1),
@@ -362,18 +367,20 @@ def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
     autoregressive steps (`step_cost`, traces.speedup_parts). The speedup is τ ÷ step time, the same all along
     each dotted ray from the origin: up is better drafting, left is cheaper steps. Autoregressive is (1, 1)."""
     title = "τ vs step time"
-    points = []
+    points, left_out = [], []
     for r in rows or []:
         if not isinstance(r, Mapping):
             continue
         mode = mode_key(str(r.get("mode", "")), modes)
-        if mode != "autoregressive" and r.get("doubt"):
-            continue  # a row whose ratio is withheld (figures) is not drawn as one either
+        if mode != "autoregressive" and r.get("step_doubt"):
+            left_out.append(_name(mode, modes, mode))  # a step time withheld (figures) is not drawn as one either
+            continue
         tau, cost = (1.0, 1.0) if mode == "autoregressive" else (_number(r.get("decoding_tau")), _number(r.get("step_cost")))
         if tau is not None and cost is not None and cost > 0:
             points.append((mode, tau, cost))
     if len(points) < 2:
-        return _empty(title, "No comparison yet: run one prompt through several modes.")
+        return _empty(title, f"No step time to draw: withheld for {', '.join(left_out)} (the table says why)." if left_out
+                      else "No comparison yet: run one prompt through several modes.")
     # Steps read at least one autoregressive step (figures); the margin keeps the (1, 1) point off the edge.
     x_low = min(0.9, min(c for _, _, c in points) * 0.85)
     y_low = 0.9
@@ -402,6 +409,10 @@ def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
         ))
     legend = {} if labelled else {"legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"),
                                   "height": max(HEIGHT, LEGEND_ROOM + LEGEND_ROW * len(points))}
+    if left_out:  # named, so a missing point reads as withheld rather than lost
+        fig.add_annotation(text="Not drawn, step time withheld (the table says why): " + ", ".join(left_out),
+                           x=0, y=1, xref="paper", yref="paper", xanchor="left", yanchor="top", showarrow=False,
+                           font=dict(color=FONT, size=13), name="left out")
     fig.update_layout(showlegend=not labelled, xaxis=dict(range=[x_low, x_high]), yaxis=dict(range=[y_low, y_high]), **legend)
     return _layout(fig, title, "step time (× autoregressive)", "τ after the prefill")
 

@@ -133,9 +133,13 @@ def summary_row(mode: str, run: Recording, baseline: Recording | None, modes: Mo
     parts = traces.speedup_parts(run.events, baseline.events, (run.pass_note, baseline.pass_note)) \
         if baseline is not None else None
     # A ratio measured under other load than its baseline's, or above what its τ allows, is left out, and says why.
-    doubt = (parts["doubt"] or parts["overall_doubt"]) if parts else None
+    # Only a step's own doubt (`step_doubt`) withholds the ratio after the prefill and the step time; a whole-run ratio
+    # above τ (a cheaper prefill) withholds the whole-run figure alone.
+    step_doubt = parts["doubt"] if parts else None
+    doubt = step_doubt or (parts["overall_doubt"] if parts else None)
     speedup = (parts.get("overall") if parts else tps / base_tps) if base_tps and not doubt else None  # at most τ (figures)
     return {"mode": lessons.label(mode, modes), "tokens_per_s": tps, "speedup": speedup, "doubt": doubt,
+            "step_doubt": step_doubt, "decoding_speedup": parts["decoding"] if parts and not step_doubt else None,
             "load": parts["load"] if parts else None, "step_cost": parts["step_cost"] if parts else None,
             "decoding_tau": parts["tau"] if parts else None,
             "tau": parts["tau"] if parts else t.get("tokens_per_step"), "acceptance_rate": (t["accepted"] / t["drafted"]) if t.get("drafted") else None,

@@ -775,8 +775,12 @@ def summary_table(rows: list[dict] | None) -> str:
         is_best = best is not None and speed == best and best > 1 and len(rows) > 1  # no star for the least slow
         best_attr = ' class="best"' if is_best else ""
         doubt = r.get("doubt")
-        speed_cell = (f'<span class="doubt" title="{esc(doubt)}">load changed</span>' if isinstance(doubt, str) and speed is None
-                      else num(speed, '{:.2f}×'))
+        after = r.get("decoding_speedup")
+        if isinstance(doubt, str) and speed is None:  # withheld: the reason on hover, and what still stands
+            said = f"{after:.2f}× after the prefill" if is_number(after) else "load changed"
+            speed_cell = f'<span class="doubt" title="{esc(doubt)}">{said}</span>'
+        else:
+            speed_cell = num(speed, '{:.2f}×')
         load = r.get("load")
         if isinstance(load, Mapping) and is_number(load.get("run")) and is_number(load.get("baseline")):
             speed_cell += f' <span class="doubt" title="{esc(traces.load_said(load))}">⚠</span>'
