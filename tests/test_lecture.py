@@ -168,23 +168,19 @@ def test_browser_first_run_on_a_fresh_page_shows_speculation_earning(page):
     lookup's τ and its speedup with its interval, the run and its baseline raced step by step under that same load.
     The counter-example is one click away.
 
-    Not yet always on the first Run: with both cores busy and the browser drawing on them too, a fresh page's first
-    race still read a step at 0.74 of an autoregressive one (withheld, with the reason) in 1 of 4 tries; issue 58 keeps
-    that open. Up to three Runs; what a withheld one says must be why, and nothing printed may be beyond τ."""
+    The first Run, not a later one: with both cores busy and the browser drawing on them too, a few of a race's steps
+    on one side can take a burst of load (a fresh page's first race once read a step at 0.74 of an autoregressive one,
+    withheld); a reading that its own spread carries back to the bound is taken there, with that spread."""
     with busy_cores():
-        for attempt in range(3):
-            page.click("#run")
-            wait_status(page, "finished")
-            status = wait_status(page, VERDICT)  # the race's verdict comes with the end
-            if "No speedup shown" not in status:
-                break
-            assert "load changed" in status, status
+        page.click("#run")
+        wait_status(page, "finished")
+        status = wait_status(page, VERDICT)  # the race's verdict comes with the end
     tau = float(re.search(r"τ (\d+\.\d+) tokens/pass after the prefill", status).group(1))
     assert tau >= 1.5, status
-    if "No speedup shown" not in status:  # else issue 58's open part: withheld, with the reason (checked above)
-        found = re.search(r"after the prefill (\d+\.\d+)× \(95 % of the step times' spread: (\d+\.\d+)–(\d+\.\d+)×\)", status)
-        decoding, low, high = map(float, found.group(1, 2, 3))
-        assert 1.2 < decoding <= tau and low <= decoding <= high <= tau, status
+    found = re.search(r"after the prefill (\d+\.\d+)× \(95 % of the step times' spread: (\d+\.\d+)–(\d+\.\d+)×\)", status)
+    assert found, status
+    decoding, low, high = map(float, found.group(1, 2, 3))
+    assert 1.2 < decoding <= tau and low <= decoding <= high <= tau, status
     assert "copies the paragraph" in page.inner_text("#prompt-why")
     page.click("#counter-example")  # the note follows the prompt: the counter-example's, then none for another text
     page.wait_for_function("/nothing in the prompt to copy/.test(document.querySelector('#prompt-why').innerText)")
