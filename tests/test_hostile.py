@@ -377,8 +377,9 @@ def post_from(url, path, body, source="127.0.0.1", headers=None, raw: bytes | No
 def test_http_soak_of_forged_identities_leaves_another_client_served_and_nothing_behind(server):
     """200 hostile and normal requests from one address under 20 forged X-Forwarded-For identities, four at a time,
     while another client (another loopback address) asks for a short completion every few seconds: each of its
-    answers comes within 10 s, the forged identities share one address's bound, the server's memory levels off, and
-    afterwards nothing runs."""
+    answers comes within 10 s (or, on a machine so busy that one completion alone takes longer than 2.5 s, within four
+    of those: a wait for the one job ahead of it and its own, never a queue of the flood's), the forged identities
+    share one address's bound, the server's memory levels off, and afterwards nothing runs."""
     import time
 
     import psutil
@@ -391,6 +392,9 @@ def test_http_soak_of_forged_identities_leaves_another_client_served_and_nothing
                completion(specdec={"speculative_config": {"decoding_type": "Draft_Target", "speculative_model": "/etc"}}),
                completion("x" * 200_000), completion(), completion(stream=True), completion("Count to three.")]
     waits = []
+    start = time.monotonic()
+    assert post_from(server, "/v1/completions", completion(), source="127.0.0.2")[0] == 200
+    alone = time.monotonic() - start  # this machine's pace now: the bound below scales with it
 
     def other_client():
         start = time.monotonic()
@@ -406,7 +410,7 @@ def test_http_soak_of_forged_identities_leaves_another_client_served_and_nothing
                or (status == 200 and body.endswith("data: [DONE]\n\n")) for status, body in answers)  # a stream
     busy = [b["error"]["message"] for s, b in answers if s == 429]
     assert all("already ha" in m or "busy" in m for m in busy), busy[:3]
-    assert len(waits) >= 2 and all(w[1] == 200 and w[0] <= 10 for w in waits), waits
+    assert len(waits) >= 2 and all(w[1] == 200 and w[0] <= max(10.0, 4 * alone) for w in waits), (waits, alone)
     assert samples[-1] - samples[2] <= 64, samples
     deadline = time.monotonic() + 30
     while proc.cpu_percent(1.0) > 20 and time.monotonic() < deadline:

@@ -32,8 +32,6 @@ rejected (+ unweighed: the target decided nothing there), + copied: from prompt 
 
 from __future__ import annotations
 
-import html
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -41,7 +39,9 @@ from app.modes import MODES, Modes
 from app.service import traces
 from app.service.traces import ADDED_KINDS, is_number, steps
 from app.decoding import tree
-from app.ui import explain
+from app.ui import explain, markup
+# The display's helpers, used as render.esc etc. across the UI:
+from app.ui.markup import draft_q, esc, norm_texts, num, pruning_html, quotes, tok  # noqa: F401
 
 MAX_TREE_NODES = 64
 # Tree SVG node looks (group attributes, box attributes, label weight): the accepted path is thick,
@@ -135,94 +135,13 @@ LEGEND = (
 # ----------------------------------------------------------------------------- text helpers
 
 
-def esc(text: Any) -> str:
-    """html.escape, plus the characters template engines act on ($ { } `) as character references."""
-    return (
-        html.escape(str(text), quote=True)
-        .replace("$", "&#36;")
-        .replace("{", "&#123;")
-        .replace("}", "&#125;")
-        .replace("`", "&#96;")
-    )
-
-
-def norm_texts(texts: Mapping[Any, str] | None) -> dict[int, str]:
-    """Token id -> text piece; JSON turns the int keys into strings, so accept both."""
-    out: dict[int, str] = {}
-    for key, value in (texts or {}).items():
-        try:
-            out[int(key)] = str(value)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def _piece(tid: Any, texts: dict[int, str]) -> str:
-    try:
-        return texts.get(int(tid), f"⟨{int(tid)}⟩")
-    except (TypeError, ValueError):
-        return "⟨?⟩"
-
-
-def _show(piece: str, breaks: bool = False) -> str:
-    """Escaped piece with whitespace made visible: ↵ for a newline (plus a real line break where the text is
-    the output, `breaks`; a rejected or drafted newline must not break the line), ⇥ for a tab."""
-    if piece == "":
-        return '<span class="ws">∅</span>'
-    out = esc(piece)
-    if "\n" in out or "\t" in out or "\r" in out:
-        out = (
-            out.replace("\r", "")
-            .replace("\t", '<span class="ws">⇥</span>\t')
-            .replace("\n", '<span class="ws">↵</span>' + ("<br>" if breaks else ""))
-        )
-    return out
-
-
-def _is_special(piece: str) -> bool:
-    return piece.startswith("<|") and piece.endswith("|>")
-
-
-def tok(tid: Any, texts: dict[int, str], cls: str = "", attrs: str = "", breaks: bool = False) -> str:
-    piece = _piece(tid, texts)
-    classes = "tok" + (" " + cls if cls else "") + (" special" if _is_special(piece) else "")
-    return f'<span class="{classes}" data-tok="{esc(tid)}"{attrs}>{_show(piece, breaks)}</span>'
-
-
-def _quote(tid: Any, texts: dict[int, str]) -> str:
-    """A token's text for a tooltip or a sentence: quoted, with whitespace spelled out."""
-    piece = _piece(tid, texts).replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
-    return f"“{piece}”"
-
-
-def _ms(seconds: Any) -> str:
-    if not isinstance(seconds, (int, float)):
-        return "–"
-    ms = seconds * 1000
-    return f"{ms:.1f} ms" if ms < 10 else f"{ms:.0f} ms"
-
-
-def num(value: Any, fmt: str = "{:.2f}") -> str:
-    return fmt.format(value) if is_number(value) else "–"
-
-
-def _wrap(body: str, cls: str = "") -> str:
-    return f'<div class="specdec{" " + cls if cls else ""}">{body}</div>'
-
-
 # ----------------------------------------------------------------------------- tree helpers
-
-
-def _clean_parents(parents: list[Any], n: int) -> list[int]:
-    # A parent must precede its child (anything else hangs off the root); missing ones make a chain.
-    out = [p if isinstance(p, int) and -1 <= p < i else -1 for i, p in enumerate(parents[:n])]
-    return out + [i - 1 for i in range(len(out), n)]
 
 
 def _parents(event: Mapping) -> tuple[list[int], list[int]]:
     proposed = event.get("proposed") or {}
     tokens = list(proposed.get("tokens") or [])
-    return tokens, _clean_parents(list(proposed.get("parents") or []), len(tokens))
+    return tokens, markup.clean_parents(list(proposed.get("parents") or []), len(tokens))
 
 
 def rejected_branch(parents: list[int], accepted: list[int], rejected: Iterable[int]) -> list[int]:
@@ -267,10 +186,6 @@ def _split(event: Mapping) -> tuple[list[int], list[int], str]:
 
 
 # ----------------------------------------------------------------------------- narration
-
-def quotes(ids: list[int], texts: dict[int, str], most: int = 6) -> str:
-    shown = "".join(_piece(t, texts) for t in ids[:most]).replace("\n", "↵")
-    return f"“{shown}”" + ("…" if len(ids) > most else "")
 
 
 def _drafted(mode: str | None, source: Mapping, n: int, texts: dict[int, str], modes: Modes) -> str:
@@ -326,11 +241,11 @@ def _step_title(event: Mapping, texts: dict[int, str], number: Any) -> str:
         lines.append(f"accepted {len(accepted)} (the engine does not show its draft)" if engine else
                      f"drafted {len(tokens)} · accepted {len(accepted)} · rejected {len(event.get('rejected') or [])}")
     if added:
-        lines.append(f"target added {_quote(added[0], texts)} ({kind})")
+        lines.append(f"target added {markup.quote(added[0], texts)} ({kind})")
     elif event.get("added_token") is None and event.get("tokens"):
         lines.append("nothing added: the output ended inside the accepted draft")
     if not engine:
-        lines.append(f"draft {_ms(event.get('draft_time_s'))} · verify {_ms(event.get('verify_time_s'))}")
+        lines.append(f"draft {markup.ms(event.get('draft_time_s'))} · verify {markup.ms(event.get('verify_time_s'))}")
     if event.get("finish_reason"):
         lines.append(f"finished: {event['finish_reason']}")
     return esc("\n".join(lines))
@@ -342,7 +257,7 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
     texts = norm_texts(texts)
     events = steps(events)
     if not events:
-        return _wrap(LEGEND + '<div class="sd-empty">No tokens yet. Run a prompt: every target pass '
+        return markup.wrap(LEGEND + '<div class="sd-empty">No tokens yet. Run a prompt: every target pass '
                      "appears here as a numbered step.</div>", "sd-view")
     parts: list[str] = []
     for i, event in enumerate(events):
@@ -361,7 +276,7 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
             inner.append(f'<span class="more-rejected" title="{said}" aria-label="{said}">✗{more}</span>')
         inner += [tok(t, texts, f"tok-added tok-{kind}", breaks=True) for t in added]
         if not event.get("tokens") and event.get("text"):
-            inner.append(f'<span class="tok tok-text">{_show(str(event["text"]), breaks=True)}</span>')
+            inner.append(f'<span class="tok tok-text">{markup.show(str(event["text"]), breaks=True)}</span>')
         # The step's numbers for a pointer (title) and for a screen reader (aria-label): not behind a hover only.
         said = _step_title(event, texts, number)
         parts.append(f'<span class="step" data-step="{esc(number)}" title="{said}" role="group" aria-label="{said}">'
@@ -369,7 +284,7 @@ def step_view(events: list[dict], texts: Mapping[Any, str]) -> str:
     finish = events[-1].get("finish_reason")
     if finish:
         parts.append(f'<span class="sd-finish" title="why the generation stopped">■ {esc(finish)}</span>')
-    return _wrap(LEGEND + '<div class="sd-text">' + "".join(parts) + "</div>", "sd-view")
+    return markup.wrap(LEGEND + '<div class="sd-text">' + "".join(parts) + "</div>", "sd-view")
 
 
 # ----------------------------------------------------------------------------- step detail
@@ -383,7 +298,7 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     (a merged tree's name counts as its tree's); `modes` the registry that knows it."""
     texts = norm_texts(texts)
     if not event or not isinstance(event, Mapping):
-        return _wrap('<div class="sd-empty">Pick a step to see its draft, what the target accepted, '
+        return markup.wrap('<div class="sd-empty">Pick a step to see its draft, what the target accepted, '
                      "and where the draft came from.</div>", "sd-detail")
     context = list(prompt_ids or []) + list(history_ids or [])
     number = event.get("step", "?")
@@ -401,7 +316,7 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
                    f"{source.get('engine')} engine step: its draft and timings are not visible"]
     else:
         summary = [f"drafted {len(tokens)}", f"accepted {len(accepted)}",
-                   f"draft {_ms(event.get('draft_time_s'))}, verify {_ms(event.get('verify_time_s'))}"]
+                   f"draft {markup.ms(event.get('draft_time_s'))}, verify {markup.ms(event.get('verify_time_s'))}"]
     out.append(f'<p class="sd-summary">{esc(" · ".join(summary))}</p>')
 
     committed = [tok(t, texts, "tok-accepted") for t in accepted]
@@ -449,7 +364,7 @@ def step_detail(event: Mapping | None, texts: Mapping[Any, str], prompt_ids: lis
     out.append('<section class="sd-source"><h5>Where the draft came from</h5>')
     out.append(_source_html(said, event, source, texts, context, len(prompt_ids or []), tokens, parents, accepted))
     out.append("</section>")
-    return _wrap("".join(out), "sd-detail")
+    return markup.wrap("".join(out), "sd-detail")
 
 
 def _p(value: Any) -> str:
@@ -549,15 +464,6 @@ def _merged_html(branch: Mapping, texts, tokens, accepted_nodes) -> str:
             f"{counts} (tagged PL). {esc(len(won))} of them were accepted.</p>")
 
 
-def pruning_html(source, measure: str) -> str:
-    threshold = source.get("min_path_prob")
-    if not threshold:
-        return ""
-    return (f'<p class="sd-note">Pruned: nodes whose path probability ({esc(measure)}) is below '
-            f"min_path_prob = {esc(threshold)} were not verified — fewer nodes, a cheaper target pass; "
-            "verification itself is unchanged, so the output is too.</p>")
-
-
 # ----------------------------------------------------------------------------- tree SVG
 
 
@@ -581,26 +487,6 @@ def _keep(parents: list[int], accepted: list[int], limit: int) -> list[int]:
             keep.add(p)
             p = parents[p]
     return sorted(keep)
-
-
-def draft_q(scores: list[Any] | None, parents: list[int], kind: str = "q") -> list[float | None]:
-    """Each node's q, the draft's own probability for its token, from the scores a tree drafter reports (its
-    explainer's TREE_SCORES): "q" are that already (Medusa: its head's probability); "path_log_q" are the cumulative
-    log q of the node's path (EAGLE: q given the parent's path), so q = exp(score − its parent's score). None where
-    unknown (a merged tree's prompt lookup nodes have no score)."""
-    scores = list(scores or [])
-    known = [float(x) if is_number(x) else None for x in scores]
-    if kind != "path_log_q":
-        return [x if x is not None and 0 <= x <= 1 else None for x in known]
-    parents = _clean_parents(list(parents or []), len(known))
-    out: list[float | None] = []
-    for x, parent in zip(known, parents):
-        above = 0.0 if parent < 0 else known[parent]
-        if x is None or above is None:
-            out.append(None)
-        else:  # a path of probability 0 is stored as -1e9 (JSON has no -inf): its q is 0, whatever its parent's
-            out.append(0.0 if x <= -1e8 else min(1.0, math.exp(x - above)))
-    return out
 
 
 def _q(value: float, digits: int = 2) -> str:
@@ -638,7 +524,7 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
     tokens = list(tokens or [])
     if not tokens:
         return '<div class="sd-tree tree-empty sd-note">No draft tree this step.</div>'
-    parents = _clean_parents(list(parents or []), len(tokens))
+    parents = markup.clean_parents(list(parents or []), len(tokens))
     acc_path = [a for a in (accepted or []) if isinstance(a, int) and 0 <= a < len(tokens)]
     acc = set(acc_path)
     keep = _keep(parents, acc_path, MAX_TREE_NODES)
@@ -662,7 +548,7 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
     char, pad, node_h, pitch, gap, root_w, x0 = 7.9, 10, 24, 32, 36, 54, 8
     copied = {i for i in copied if isinstance(i, int)}
     tag = {i: ("PL " + score[i] if i in score else "PL") if i in copied else score.get(i) for i in keep}
-    labels = {i: ("✓ " if i in acc else "") + _label(_piece(tokens[i], texts)) for i in keep}
+    labels = {i: ("✓ " if i in acc else "") + _label(markup.text_of(tokens[i], texts)) for i in keep}
     widths = {i: (len(labels[i]) + (len(tag[i]) + 1 if tag[i] else 0)) * char + 2 * pad for i in keep}
     col = max(widths.values()) + gap
     width = int(x0 + root_w + gap + max(depth[i] for i in keep) * col)
@@ -688,7 +574,7 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
     for i in keep:
         on_path = i in acc
         x, yy = cx(depth[i]), cy(i)
-        tip = f"node {i} · depth {depth[i]} · {_quote(tokens[i], texts)}"
+        tip = f"node {i} · depth {depth[i]} · {markup.quote(tokens[i], texts)}"
         if i in own:
             tip += f" · draft q {_q(own[i], 3)}"
             tip += f", its path's {_q(path_q[i], 3)}" if i in path_q and depth[i] > 1 else ""
@@ -709,8 +595,8 @@ def tree_svg(tokens: list[int], parents: list[int], accepted: list[int], texts: 
             f'<text x="{x + pad:.1f}" y="{yy + 4.5:.1f}" font-size="13" fill="currentColor"{weight}>'
             f"{esc(labels[i])}{extra}</text></g>"
         )
-    root_tip = "root: the last committed token" + (f" {_quote(root, texts)}" if root is not None else "")
-    root_label = _label(_piece(root, texts), 6) if root is not None else "root"
+    root_tip = "root: the last committed token" + (f" {markup.quote(root, texts)}" if root is not None else "")
+    root_label = _label(markup.text_of(root, texts), 6) if root is not None else "root"
     root_svg = (f'<g class="root"><title>{esc(root_tip)}</title>'
                 f'<rect x="{x0}" y="{cy(-1) - node_h / 2:.1f}" width="{root_w}" height="{node_h}" rx="12" '
                 'fill="none" stroke="currentColor" stroke-width="1.5"/>'
@@ -754,7 +640,7 @@ def summary_table(rows: list[dict] | None) -> str:
     """The Compare tab's table: one row per mode; ✓ / ✗ = output identical to autoregressive."""
     rows = [r for r in (rows or []) if isinstance(r, Mapping)]
     if not rows:
-        return _wrap('<div class="sd-empty">No comparison yet. Run one prompt through several modes to '
+        return markup.wrap('<div class="sd-empty">No comparison yet. Run one prompt through several modes to '
                      "compare their speed.</div>", "sd-compare")
     speedups = [r.get("speedup") for r in rows if isinstance(r.get("speedup"), (int, float))]
     best = max(speedups) if speedups else None
@@ -791,7 +677,7 @@ def summary_table(rows: list[dict] | None) -> str:
             f"<td>{mark}</td><td>{num(r.get('new_tokens'), '{:.0f}')}</td>"
             f"<td>{num(r.get('elapsed_s'))}</td></tr>"
         )
-    return _wrap(f'<table class="sd-table">{head}{"".join(body)}</table>', "sd-compare")
+    return markup.wrap(f'<table class="sd-table">{head}{"".join(body)}</table>', "sd-compare")
 
 
 def speedup_line(events: list[dict] | None, baseline: list[dict] | None,

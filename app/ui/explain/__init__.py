@@ -12,7 +12,7 @@ An explainer module may define (what it leaves out is the generic explainer's):
                     the Run tab's line on what one step of this config verifies
   SCORED_TREE       True: its draft is drawn as a tree with node scores even when it is a chain
   TREE_SCORES       what those scores are: "q" (each node's own draft probability; the default) or "path_log_q" (the
-                    cumulative log q of the node's path); the tree shows q either way (render.draft_q)
+                    cumulative log q of the node's path); the tree shows q either way (markup.draft_q)
 """
 
 from __future__ import annotations

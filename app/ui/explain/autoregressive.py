@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.ui import render
+from app.ui import markup
 
 RECORDING = 'the baseline: one target pass per token, nothing drafted.'
 LEARN = """\

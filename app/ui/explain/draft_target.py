@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.ui import render
+from app.ui import markup
 
 RECORDING = 'a one-layer draft, distilled from the target, drafts one token per small pass.'
 LEARN = """\
@@ -47,7 +47,7 @@ def _draft_probs_html(source, texts, tokens, event) -> str:
         p = probs[i] if i < len(probs) and isinstance(probs[i], (int, float)) else None
         bar = f'<span class="bar" style="width:{max(0.0, min(1.0, p)) * 8:.2f}em"></span>' if p is not None else ""
         cls = "tok-accepted" if i in acc else "tok-rejected"
-        rows.append(f"<tr><td>{i + 1}</td><td>{render.tok(t, texts, cls)}</td><td>{bar}</td><td>{render.num(p, '{:.3f}')}</td></tr>")
+        rows.append(f"<tr><td>{i + 1}</td><td>{markup.tok(t, texts, cls)}</td><td>{bar}</td><td>{markup.num(p, '{:.3f}')}</td></tr>")
     return ("<p>Draft-target: the small draft model proposed these tokens one by one; q is its probability for "
             "each. The target accepts a token when it agrees (greedy) or with probability min(1, p/q).</p>"
             f'<table class="sd-probs"><tr><th>#</th><th>token</th><th></th><th>q</th></tr>{"".join(rows)}</table>')

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.ui import render
+from app.ui import markup
 
 RECORDING = "a draft layer on the target's features grows a tree per step; the target keeps the best branch."
 RECORDING_MERGED = "EAGLE's tree with prompt lookup's copy merged in: the best of both in one pass."
@@ -44,12 +44,12 @@ def drafted(source, n, texts) -> str:
 
 def source_html(event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
     if source.get("static_nodes"):
-        shape = f"a static tree of {render.esc(source['static_nodes'])} rank paths"
+        shape = f"a static tree of {markup.esc(source['static_nodes'])} rank paths"
     else:
-        shape = (f"an EAGLE-2 dynamic tree: depth {render.esc(source.get('depth', '?'))}, top_k "
-                 f"{render.esc(source.get('top_k', '?'))}, the best {render.esc(source.get('total_tokens', '?'))} − 1 nodes kept")
+        shape = (f"an EAGLE-2 dynamic tree: depth {markup.esc(source.get('depth', '?'))}, top_k "
+                 f"{markup.esc(source.get('top_k', '?'))}, the best {markup.esc(source.get('total_tokens', '?'))} − 1 nodes kept")
     return (f"<p>EAGLE: a one-layer draft model reads the target's features and grows {shape}. "
             "A node's q is the draft's probability for its token after its parent's path; the tree keeps the nodes "
             "whose paths have the highest product of q (the draft's confidence); "
             "verification is greedy match or recursive rejection (lossless).</p>"
-            + render.pruning_html(source, "its cumulative draft probability; a level with no such node ends the drafting"))
+            + markup.pruning_html(source, "its cumulative draft probability; a level with no such node ends the drafting"))

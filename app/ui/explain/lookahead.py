@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.ui import render
+from app.ui import markup
 
 RECORDING = "no draft model: the window's n-grams hit on text that repeats a pattern."
 LEARN = """\
@@ -54,10 +54,10 @@ def _lookahead_html(source, texts, context, accepted) -> str:
             offset = 1 if level == 0 else level  # level 0 starts after the root; level l at t + l
             cells = ["<td></td>"] * width
             if level == 0 and root is not None:
-                cells[0] = f'<td class="grid-root">{render.tok(root, texts, "tok-root")}</td>'
+                cells[0] = f'<td class="grid-root">{markup.tok(root, texts, "tok-root")}</td>'
             for i, t in enumerate(row):
                 if offset + i < width:
-                    cells[offset + i] = f"<td>{render.tok(t, texts)}</td>"
+                    cells[offset + i] = f"<td>{markup.tok(t, texts)}</td>"
             body.append(f"<tr><th>level {level}</th>{''.join(cells)}</tr>")
         out.append("<p>Jacobi window: each column is a trajectory of guesses at a position; one pass "
                    "refines every level, and each column's tokens become new n-grams for the pool.</p>"
@@ -78,14 +78,14 @@ def _lookahead_html(source, texts, context, accepted) -> str:
     best = max(range(len(candidates)), key=lambda j: (agree(candidates[j]), -j))
     if not agree(candidates[best]):
         best = None
-    key = render.tok(root, texts, "tok-root") if root is not None else "the current token"
+    key = markup.tok(root, texts, "tok-root") if root is not None else "the current token"
     out.append(f"<p>Pool candidates verified for {key} (n-grams that followed it before):</p>")
     for j, cand in enumerate(candidates):
         if j == best:
             k = agree(cand)
-            toks = [render.tok(t, texts, "tok-accepted" if i < k else "tok-rejected") for i, t in enumerate(cand)]
+            toks = [markup.tok(t, texts, "tok-accepted" if i < k else "tok-rejected") for i, t in enumerate(cand)]
             out.append(f'<div class="cand cand-accepted">✓ {"".join(toks)} <span class="sd-note">'
                        f"accepted {k} of {len(cand)}</span></div>")
         else:
-            out.append(f'<div class="cand">· {"".join(render.tok(t, texts) for t in cand)}</div>')
+            out.append(f'<div class="cand">· {"".join(markup.tok(t, texts) for t in cand)}</div>')
     return "".join(out)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.ui import render
+from app.ui import markup
 
 RECORDING = "heads on the target's last hidden state guess several positions ahead, as a tree."
 RECORDING_MERGED = "Medusa's tree and prompt lookup's copy verified in one pass: each wins where the other misses."
@@ -45,8 +45,8 @@ def source_html(event, source, texts, context, prompt_len, tokens, parents, acce
     heads = source.get("heads")
     rule = ("typical acceptance: accept x if p(x) &gt; min(ε, δ·exp(−H(p))) — <b>not lossless</b>"
             if source.get("acceptance") == "typical" else "greedy match / exact rejection sampling (lossless)")
-    return (f'<p>Medusa: {render.esc(heads if heads is not None else "?")} heads read the target\'s last hidden state; '
+    return (f'<p>Medusa: {markup.esc(heads if heads is not None else "?")} heads read the target\'s last hidden state; '
             "a node at depth d is head d's rank-r guess for the token d places after the root (the tree "
             "choices list these rank paths). A node's q is its head's probability for its token.</p>"
-            f"{render.pruning_html(source, 'the product of the heads’ probabilities along it')}"
+            f"{markup.pruning_html(source, 'the product of the heads’ probabilities along it')}"
             f"<p>Verification: {rule}.</p>")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.ui import render
+from app.ui import markup
 
 RECORDING = 'the answer copies its input, so matches in the prompt are accepted many tokens at a time.'
 LEARN = """\
@@ -39,7 +39,7 @@ def drafted(source, n, texts) -> str:
         return f"Prompt lookup copied {n} token(s)"
     where = "the prompt" if match.get("in_prompt") else "the text written so far"
     key = [t for t in match.get("ngram") or [] if isinstance(t, int)]
-    return f"Prompt lookup copied {n} token(s) that followed {render.quotes(key, texts)} earlier in {where}"
+    return f"Prompt lookup copied {n} token(s) that followed {markup.quotes(key, texts)} earlier in {where}"
 
 
 def source_html(event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
@@ -55,7 +55,7 @@ def _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents) -> 
     n, pos = len(ngram), match.get("position")
     cont = match.get("continuation_position", (pos or 0) + n)
     if not isinstance(pos, int) or pos < 0 or pos + n > len(context) or context[pos : pos + n] != ngram:
-        key = "".join(render.tok(t, texts, "ctx-key") for t in ngram)
+        key = "".join(markup.tok(t, texts, "ctx-key") for t in ngram)
         return f'<p>Matched n-gram {key} (its context is not available here).</p>'
     if not isinstance(cont, int):
         cont = pos + n
@@ -73,15 +73,15 @@ def _prompt_lookup_html(source, texts, context, prompt_len, tokens, parents) -> 
     row = ['<span class="sd-note">… </span>' if lo > 0 else ""]
     for i in range(lo, hi):
         cls = " ".join(c for c in ("ctx", classes.get(i), "ctx-out" if i >= prompt_len else None) if c)
-        row.append(render.tok(context[i], texts, cls, f' data-pos="{i}"'))
+        row.append(markup.tok(context[i], texts, cls, f' data-pos="{i}"'))
     if hi < size:
         row.append('<span class="sd-note"> …</span>')
-    key = "".join(render.tok(t, texts, "ctx-key") for t in context[size - n :])
+    key = "".join(markup.tok(t, texts, "ctx-key") for t in context[size - n :])
     others = [m.get("position") for m in (source.get("matches") or [])[1:] if isinstance(m, Mapping)]
     extra = (f'<p class="sd-note">{len(others)} more match(es) at positions '
-             f'{render.esc(", ".join(str(p) for p in others))} were drafted as other branches.</p>') if others else ""
+             f'{markup.esc(", ".join(str(p) for p in others))} were drafted as other branches.</p>') if others else ""
     return (f"<p>Prompt lookup: the last {n} token(s) of the text, {key}, occur earlier in {where} at "
-            f"position {render.esc(pos)}. The draft copies the {draft_len} token(s) that followed there.</p>"
+            f"position {markup.esc(pos)}. The draft copies the {draft_len} token(s) that followed there.</p>"
             f'<div class="sd-row">{"".join(row)}</div>'
             '<p class="sd-note">boxed: the matched n-gram · underlined: the continuation copied as the draft · '
             "dashed box: the end of the text it matched</p>" + extra)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.ui import render
+from app.ui import markup
 
 RECORDING = 'the answer repeats what it has written, and the counts pick the continuation that recurs most.'
 LEARN = """\
@@ -41,7 +41,7 @@ def drafted(source, n, texts) -> str:
     key = [t for t in suffix.get("match") or [] if isinstance(t, int)]
     count = suffix.get("count")
     seen = f", seen {count - 1} time(s) before" if isinstance(count, int) and count > 1 else ""
-    return f"Suffix decoding drafted the most frequent continuation of {render.quotes(key, texts)}{seen}: {n} token(s)"
+    return f"Suffix decoding drafted the most frequent continuation of {markup.quotes(key, texts)}{seen}: {n} token(s)"
 
 
 def source_html(event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
@@ -55,23 +55,23 @@ def _suffix_html(suffix, texts, context, prompt_len, tokens, parents) -> str:
                 "likely enough, so nothing was drafted.</p>")
     match = [t for t in suffix["match"] if isinstance(t, int)]
     m, size = len(match), len(context)
-    key = "".join(render.tok(t, texts, "ctx-key") for t in match)
+    key = "".join(markup.tok(t, texts, "ctx-key") for t in match)
     earlier = [i for i in range(size - m) if context[i : i + m] == match] if context[size - m :] == match else []
     follows: dict[int, int] = {}
     for i in earlier:
         follows[context[i + m]] = follows.get(context[i + m], 0) + 1
     probs = suffix.get("probs") or []
     shape = "tree of the most probable continuations" if suffix.get("tree") else "chain along the most frequent continuation"
-    drafted = "".join(render.tok(t, texts, "ctx-cont") + (f'<sub class="sd-note">{render.esc(probs[i])}</sub>' if i < len(probs) else "")
+    drafted = "".join(markup.tok(t, texts, "ctx-cont") + (f'<sub class="sd-note">{markup.esc(probs[i])}</sub>' if i < len(probs) else "")
                       for i, t in enumerate(tokens))
-    rows = "".join(f"<tr><td>{render.tok(t, texts, '')}</td><td>{render.esc(n)}</td></tr>"
+    rows = "".join(f"<tr><td>{markup.tok(t, texts, '')}</td><td>{markup.esc(n)}</td></tr>"
                    for t, n in sorted(follows.items(), key=lambda kv: -kv[1])[:8])
     table = (f'<table class="sd-table"><tr><th>what followed it</th><th>times</th></tr>{rows}</table>'
              if rows else "")
-    where = (f"at position{'s' if len(earlier) > 1 else ''} {render.esc(', '.join(str(i) for i in earlier[:12]))}"
+    where = (f"at position{'s' if len(earlier) > 1 else ''} {markup.esc(', '.join(str(i) for i in earlier[:12]))}"
              + (" …" if len(earlier) > 12 else "")) if earlier else ""
-    return (f"<p>Suffix decoding: the last {m} token(s) of the text, {key}, occurred {render.esc(len(earlier))} time(s) "
-            f"before {where} (prompt: positions below {render.esc(prompt_len)}). The draft is a {shape}; each token's "
+    return (f"<p>Suffix decoding: the last {m} token(s) of the text, {key}, occurred {markup.esc(len(earlier))} time(s) "
+            f"before {where} (prompt: positions below {markup.esc(prompt_len)}). The draft is a {shape}; each token's "
             f"estimated probability is how often it followed, over how often its path occurred: {drafted}. "
-            f"Their sum, {render.esc(suffix.get('score'))}, was the best of the match lengths tried (a match of m tokens "
+            f"Their sum, {markup.esc(suffix.get('score'))}, was the best of the match lengths tried (a match of m tokens "
             "drafts at most spec-factor × m).</p>" + table)
