@@ -343,13 +343,24 @@ STAND_INS = Path(__file__).resolve().parent / "stand_ins"
 
 
 @contextlib.contextmanager
-def trtllm_stand_in():
-    """tests/stand_ins/tensorrt_llm (TensorRT-LLM 1.2's rules, no GPU) importable as `tensorrt_llm`; removed after."""
+def trtllm_stand_in(pins: bool = False):
+    """tests/stand_ins/tensorrt_llm (TensorRT-LLM 1.2's rules, no GPU) importable as `tensorrt_llm`; removed after.
+    Upstream pins numpy<2 and the stand-in refuses to import beside numpy 2 as upstream would not run there; tests of
+    the glue code opt out of that one check knowingly (pins=False), a test of the check itself keeps it (pins=True)."""
+    previous = os.environ.get("TRTLLM_STAND_IN_IGNORE_PINS")
+    if pins:
+        os.environ.pop("TRTLLM_STAND_IN_IGNORE_PINS", None)
+    else:
+        os.environ["TRTLLM_STAND_IN_IGNORE_PINS"] = "1"
     sys.path.insert(0, str(STAND_INS))
     try:
         yield
     finally:
         sys.path.remove(str(STAND_INS))
+        if previous is None:
+            os.environ.pop("TRTLLM_STAND_IN_IGNORE_PINS", None)
+        else:
+            os.environ["TRTLLM_STAND_IN_IGNORE_PINS"] = previous
         for module in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
             del sys.modules[module]
 

@@ -9,6 +9,7 @@ import yaml
 
 from app.modes import configs
 from app.service.backends import tensorrt_llm as trt
+from app.service.engines import spec_for, trtllm_plan
 from helpers import trtllm_stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,12 +41,15 @@ def test_the_trtllm_serve_yaml_is_this_apps_translation_and_upstream_accepts_it(
     spec = options["speculative_config"]
     request = configs.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": spec["speculative_model"]},
                              "backend": "tensorrt_llm"})
-    assert spec == {k: v for k, v in trt.trtllm_speculative_config(request).items() if v is not None}
+    # What the plan sends the engine: on the PyTorch backend an EAGLE-3 checkpoint as `Eagle3` (upstream would convert
+    # `Eagle` to it with a warning, TorchLlmArgs.validate_speculative_config).
+    assert spec == trtllm_plan(spec_for(request, "meta-llama/Llama-3.1-8B-Instruct"))["llm"]["speculative_config"]
+    assert spec["decoding_type"] == "Eagle3"
     assert options["enable_iter_perf_stats"] is True
     with trtllm_stand_in():
         from tensorrt_llm import llmapi
 
-        made = llmapi.EagleDecodingConfig(**spec)
+        made = llmapi.Eagle3DecodingConfig(**spec)
         assert (made.max_draft_len, made.num_eagle_layers, made.allow_advanced_sampling) == (5, 5, True)
 
 

@@ -428,6 +428,7 @@ def test_eagle_plans_pass_what_tensorrt_llm_1_2_means(tmp_path):
     static = trt_plan(request({"decoding_type": "Eagle", "speculative_model": "org/eagle3", "use_dynamic_tree": False,
                                "eagle_choices": [[0], [0, 0], [1], [0, 0, 0]]}, backend="tensorrt_llm"))
     assert static["llm"]["speculative_config"]["max_draft_len"] == 3, "upstream resets it to the tree's depth"
+    assert "eagle_choices" not in static["llm"]["speculative_config"], "1.2's PyTorch backend: a chain of that depth"
 
 
 def test_medusa_plan_takes_the_head_count_from_the_artifact():
@@ -483,7 +484,9 @@ def test_the_tensorrt_llm_builder_runs_its_plan(tmp_path, tiny_dir, fake_trtllm)
     assert {"plan.json", "engine/rank0.engine", "medusa/config.json", "medusa/medusa_lm_head.safetensors"} <= set(manifest["files"])
     kwargs = json.loads((build / "engine" / "kwargs.json").read_text())
     assert kwargs["model"] == str(tiny_dir) and kwargs["tensor_parallel_size"] == 1
-    assert kwargs["build_config"] == {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120, "max_draft_len": 3}
+    # max_input_len / max_seq_len are the app's (a 4096-token prompt, 1024 new tokens), not BuildConfig's default 1024
+    assert kwargs["build_config"] == {"max_batch_size": 8, "max_num_tokens": 8192, "max_input_len": 4096, "max_seq_len": 5120,
+                                      "max_draft_len": 3}
     spec = kwargs["speculative_config"]
     assert spec["max_draft_len"] == 3 and sorted(spec["medusa_choices"]) == [[0], [0, 0], [1]]
     # the temporary directory the engine was built in is now the build directory

@@ -44,6 +44,7 @@ from app import models
 from app.modes import MODES, ConfigError, DecodeRequest, configs
 from app.service.backends import tensorrt_llm as trt
 from app.service.errors import BuildError, EngineError
+from app.service.jobs import Limits
 
 Progress = Callable[[float, str], None]
 Builder = Callable[[Path, Progress], dict]
@@ -72,8 +73,11 @@ ENGINE_KINDS = {
     "as a plain model directory), `medusa/` (the heads exported in Medusa's own layout) or `eagle3/` (the EAGLE-3 "
     "module); while it runs, server.json (pid, port) and server.log",
 }
-# Build settings of a TensorRT engine (BuildConfig); a spec may override them.
-TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 5120}
+# Build settings of a TensorRT engine (BuildConfig); a spec may override them. The engine refuses a prompt over its
+# max_input_len (BuildConfig's default 1024; LlmRequest::validate) and prompt + new tokens over its max_seq_len, so both
+# come from what this app accepts: its longest prompt, and that plus its longest generation.
+TRT_BUILD_DEFAULTS = {"max_batch_size": 8, "max_num_tokens": 8192, "max_input_len": Limits.max_prompt_tokens,
+                      "max_seq_len": Limits.max_prompt_tokens + Limits.max_new_tokens}
 # Fields of our configs that only steer a run, never what is built (per decoding_type).
 def _heads(mode: str) -> bool:
     """Whether the mode drafts with trained heads or a module beside the target (its registry entry says)."""
@@ -404,9 +408,10 @@ def _dir_bytes(path: str) -> int | None:
 
 
 def _model_dir(name: str, engines: Path) -> str:
-    """Where models.locate puts or finds `name`, without preparing it."""
+    """Where models.locate puts or finds `name`, without preparing it: an absolute path for a registry alias or a
+    local directory (engines such as TensorRT-LLM take any other string for a hub id and download it)."""
     if name in models.ALIASES or name in models.DRAFT_ALIASES:
-        return str(engines / "models" / name)
+        return str((engines / "models" / name).absolute())
     path = Path(name).expanduser()
     return str(path.resolve()) if path.is_dir() else name
 
@@ -497,6 +502,9 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
     notes: list[str] = []  # the artifact's; Service.engine_plan adds trt.trtllm_notes (runtime fields are not in a spec)
     cannot_run: list[str] = []
     speculative = trt.trtllm_speculative_config(request)
+    if speculative is not None and spec.mode == "eagle" and flavour == "pytorch":
+        speculative, dropped = trt.eagle3_on_pytorch(speculative)
+        notes += dropped
     if speculative is not None:
         given = spec.config.get("speculative_model")
         # resolve() made sure an artifact mode has one
@@ -514,6 +522,8 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
                 src = "{build_dir}/medusa"
         elif spec.mode == "eagle":
             src = _eagle_plan(src, artifact, flavour, speculative, prepare, notes, cannot_run)
+        elif _draft_model(spec.mode) and src:
+            src = _model_dir(src, engines)  # a registry alias is a directory of ours, not a hub id to download
         if "speculative_model" in speculative:
             speculative["speculative_model"] = src
         llm["speculative_config"] = {k: v for k, v in speculative.items() if v is not None}
@@ -524,16 +534,20 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
         build = {**TRT_BUILD_DEFAULTS, **spec.config.get("build_config", {}),
                  "speculative_decoding_mode": request.entry.trtllm_engine_mode or "NONE",
                  "max_draft_len": trt.trtllm_engine_draft_len(request)}
+        # A spec from before max_input_len was set, or one that lowers max_seq_len only: the prompt fits the sequence.
+        build["max_input_len"] = min(build.get("max_input_len", TRT_BUILD_DEFAULTS["max_input_len"]), build["max_seq_len"])
         llm["build_config"] = build
         plan["save"] = "{build_dir}/engine"
         command = trt.trtllm_build_plan(request, "{checkpoint_dir}", "{build_dir}/engine", build["max_batch_size"])
-        command += ["--max_seq_len", str(build["max_seq_len"]), "--max_num_tokens", str(build["max_num_tokens"])]
+        command += ["--max_input_len", str(build["max_input_len"]), "--max_seq_len", str(build["max_seq_len"]),
+                    "--max_num_tokens", str(build["max_num_tokens"])]
         plan["trtllm_build"] = {
             "command": command,
             "checkpoint_dir": f"a TensorRT-LLM checkpoint converted from {model_dir} by its model family's "
             "convert_checkpoint.py" + (" with --medusa_model_dir <the heads>" if spec.mode == "medusa" else ""),
         }
     else:
+        llm["max_input_len"] = TRT_BUILD_DEFAULTS["max_input_len"]  # BaseLlmArgs.max_input_len, default 1024
         plan["note"] = "TensorRT-LLM's PyTorch backend builds no engine: LLM(**llm) loads the checkpoint at run time"
     return plan
 
@@ -544,6 +558,13 @@ def trtllm_serve_kwargs(store: EngineStore, spec: BuildSpec) -> dict:
     otherwise loads the checkpoint itself."""
     spec = resolve(spec)
     plan = trtllm_plan(spec, store.root)
+    if plan["cannot_run"]:
+        raise EngineError(f"TensorRT-LLM would refuse this: {'; '.join(plan['cannot_run'])}")
+    # The model and a draft model of the registry are this app's directories, prepared here for every mode (the
+    # PyTorch backend builds nothing that would prepare them): what the plan names exists before the engine starts.
+    for name in (spec.model, spec.config.get("speculative_model")):
+        if name in models.ALIASES or name in models.DRAFT_ALIASES:
+            models.locate(name, store.root)
     llm = dict(plan["llm"])
     if plan["save"] or plan["prepare"]:
         build_dir = store.builds / store.build(spec)["id"]

@@ -12,14 +12,16 @@ accepted count is read as (tokens streamed in that iteration) - 1, the iteration
 engine itself (RequestOutput.decoding_iter) where it gives them.
 
 A run's figures are its own request's: decoding_iter and avg_decoded_tokens_per_iter of its result
-(executor/result.py; the C++ request computes the latter as its generated tokens / its iterations).
+(executor/result.py; the C++ request computes the latter as its generated tokens / its iterations), and the drafted
+and accepted totals of its perf metrics (CompletionOutput.request_perf_metrics, with return_perf_metrics=True).
 LLM.get_stats is engine-wide and is not read: IterationResult.get_results drains one executor-wide
 queue of iterations, each counting every request it scheduled, and waits out its timeout before it
 returns (executor/result.py, executor/executor.py).
 
 One engine at a time: each LLM reserves KvCacheConfig.free_gpu_memory_fraction (default 0.9) of the
 free GPU memory for its KV cache (llm_args.py), so a second one in this process would not fit. Another
-configuration shuts the current engine down first, once no generation is using it, and the run says so.
+configuration shuts the current engine down first, once no generation is using it, and the run says so. Building and
+loading an engine (minutes, for a TensorRT engine) happen off the backend's lock: other submits are answered at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from app.modes import ConfigError, DecodeRequest, Mode, configs
 from app.service.backends.base import Availability, Prompt
+from app.service.errors import EngineError
 from app.service.jobs import Limits, Work
 
 VERSION = "1.2.1"  # the release this backend is written against (NVIDIA's container tag in deploy/gpu)
@@ -130,6 +133,7 @@ class TensorRTLLMBackend:
         self.llm_kwargs = llm_kwargs
         self._lock = threading.Condition()
         self._engine: tuple[tuple, str, Any] | None = None  # (key, what it serves, LLM): one per GPU
+        self._opening: tuple[tuple, str, float] | None = None  # (key, what, since when) while built or loaded, off the lock
         self._running = 0  # generations streaming from it now
         self._availability: Availability | None = None
 
@@ -151,18 +155,12 @@ class TensorRTLLMBackend:
         state = self.availability()
         if not state.available:
             raise ConfigError(state.reason)
-        # Opened here, so that a configuration TensorRT-LLM refuses fails before the job is queued.
+        # Opened here, as a vLLM engine is started in its prepare(), so that a configuration TensorRT-LLM refuses fails
+        # before the job is queued; but off the backend's lock (_acquire), so that one first request's build (a
+        # TensorRT engine: minutes) holds up no other submit. None while another submit opens this same configuration:
+        # the job then waits for it in its worker.
         llm, opened = self._acquire(model, request)
-        text = prompt.text
-        templated = bool(prompt.messages or not prompt.raw)
-        if templated:
-            turns = prompt.messages or [{"role": "user", "content": prompt.text}]
-            text = llm.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-        # A raw prompt gets the special tokens TensorRT-LLM would add to it (SamplingParams.add_special_tokens
-        # defaults to True); a chat template writes its own.
-        prompt_ids = llm.tokenizer.encode(text, add_special_tokens=not templated)
-        if len(prompt_ids) > limits.max_prompt_tokens:
-            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this server takes at most {limits.max_prompt_tokens}")
+        prompt_ids = None if llm is None else _prompt_ids(llm, prompt, limits)
 
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
             from tensorrt_llm import SamplingParams
@@ -173,25 +171,26 @@ class TensorRTLLMBackend:
                 yield {"type": "end", "finish_reason": "cancelled", "text": "", "token_ids": [], "totals": {}, "error": None}
                 return
             try:
+                ids_in = prompt_ids if prompt_ids is not None else _prompt_ids(llm, prompt, limits)
                 yield {"type": "start", "backend": self.name, "model": model, "mode": request.mode,
-                       "prompt_ids": prompt_ids, "texts": _texts(llm, prompt_ids), "not_visible": NOT_VISIBLE,
+                       "prompt_ids": ids_in, "texts": _texts(llm, ids_in), "not_visible": NOT_VISIBLE,
                        "pass": reopened or opened or REUSED}
                 kwargs = sampling_kwargs(request)
                 if "lookahead_config" in kwargs:
                     from tensorrt_llm.llmapi import LookaheadDecodingConfig
 
                     kwargs["lookahead_config"] = LookaheadDecodingConfig(**kwargs["lookahead_config"])
-                generation = llm.generate_async(prompt_ids, sampling_params=SamplingParams(**kwargs), streaming=True)
+                generation = llm.generate_async(ids_in, sampling_params=SamplingParams(**kwargs), streaming=True)
                 ids: list[int] = []
-                finish, totals = None, {}
-                for step in steps_from_diffs(_stream(generation, cancel)):
+                finish, totals, last = None, {}, {}
+                for step in steps_from_diffs(_stream(generation, cancel, last)):
                     ids += step["tokens"]
                     finish, totals = step["finish_reason"], step["totals"]
                     yield {**step, "texts": _texts(llm, step["tokens"])}
+                totals = {**totals, "avg_decoded_tokens_per_iter": getattr(generation, "avg_decoded_tokens_per_iter", None)}
                 yield {"type": "end", "finish_reason": finish or ("cancelled" if cancel.is_set() else None),
                        "text": llm.tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids,
-                       "totals": {**totals, "avg_decoded_tokens_per_iter": getattr(generation, "avg_decoded_tokens_per_iter", None)},
-                       "error": None}
+                       "totals": with_perf_metrics(totals, last.get("perf")), "error": None}
             finally:
                 with self._lock:
                     self._running -= 1
@@ -203,31 +202,64 @@ class TensorRTLLMBackend:
                  running: bool = False) -> tuple[Any, str | None]:
         """(the LLM for (model, mode config), how it was opened in words; None for that when it was open already).
 
-        One engine at a time (see the module's docstring): another configuration's engine is shut down first.
-        While a generation streams from it, prepare() refuses (a submit must not block) and a worker waits
-        (None, None when it is cancelled meanwhile). `running` counts the caller among the engine's users."""
+        One engine at a time (see the module's docstring): another configuration's engine is shut down first. The lock
+        guards only the bookkeeping: the slot is reserved (`_opening`) and the engine built and loaded without it. While
+        the GPU is another configuration's (a generation streams from it, or it is being opened), prepare() refuses at
+        once and a worker waits (None, None when it is cancelled meanwhile); while this configuration is being opened,
+        prepare() gets (None, None) at once and its worker waits. `running` counts the caller among the engine's users."""
         key = (model, request.speculative_config.model_dump_json(), request.trtllm_backend)
         with self._lock:
-            while self._engine is not None and self._engine[0] != key and self._running:
+            while True:
+                if self._engine is not None and self._engine[0] == key:
+                    self._running += running
+                    return self._engine[2], None
+                busy = self._busy()
+                if busy is None:
+                    break
                 if cancel is None:
-                    raise ConfigError(f"the GPU is busy with TensorRT-LLM for {self._engine[1]}: it holds one engine at a "
-                                      "time (each reserves most of the free GPU memory), so another configuration starts only "
-                                      "when that generation ends; try again then")
+                    if self._opening is not None and self._opening[0] == key:
+                        return None, None
+                    raise ConfigError(busy)
                 if cancel.is_set():
                     return None, None
                 self._lock.wait(timeout=0.5)
-            opened = None
-            if self._engine is None or self._engine[0] != key:
-                what = f"{request.mode} on {model}"
-                opened = "TensorRT-LLM engine opened for this configuration"
-                if self._engine is not None:
-                    opened += (f"; the one for {self._engine[1]} was shut down first (one engine per GPU: each reserves "
-                               "most of the free GPU memory for its KV cache)")
-                    self.close()
+            what = f"{request.mode} on {model}"
+            self._opening, (old, self._engine) = (key, what, time.monotonic()), (self._engine, None)
+        try:
+            opened = "TensorRT-LLM engine opened for this configuration"
+            if old is not None:
+                opened += (f"; the one for {old[1]} was shut down first (one engine per GPU: each reserves most of the free "
+                           "GPU memory for its KV cache)")
+                old[2].shutdown()
+            # The store's build of this configuration (a TensorRT engine for lookahead and Medusa: minutes), then its LLM.
+            try:
                 kwargs = llm_objects(self.llm_kwargs(model, request))
-                self._engine = (key, what, import_object(LLM_CLASSES[trtllm_backend(request)])(**kwargs))
+            except EngineError as err:  # a build the store refuses or that failed: said to the user, as vLLM's are
+                raise ConfigError(str(err)) from None
+            llm = import_object(LLM_CLASSES[trtllm_backend(request)])(**kwargs)
+        except BaseException:
+            with self._lock:
+                self._opening = None
+                self._lock.notify_all()
+            raise
+        with self._lock:
+            self._engine, self._opening = (key, what, llm), None
             self._running += running
-            return self._engine[2], opened
+            self._lock.notify_all()
+        return llm, opened
+
+    def _busy(self) -> str | None:
+        """Why the GPU cannot take another configuration now, in words; None when it can. Called under the lock."""
+        if self._opening is not None:
+            _, what, since = self._opening
+            return (f"the GPU is busy: TensorRT-LLM is building or loading the engine for {what} (for {time.monotonic() - since:.0f} s "
+                    "so far; a TensorRT engine's build takes minutes) and it holds one engine at a time (each reserves most "
+                    "of the free GPU memory); try again when it is ready")
+        if self._engine is not None and self._running:
+            return (f"the GPU is busy with TensorRT-LLM for {self._engine[1]}: it holds one engine at a time (each reserves "
+                    "most of the free GPU memory), so another configuration starts only when that generation ends; try "
+                    "again then")
+        return None
 
     def close(self) -> None:
         """Shut the engine down (TensorRT-LLM frees its GPU memory and workers on LLM.shutdown)."""
@@ -237,10 +269,45 @@ class TensorRTLLMBackend:
                 engine[2].shutdown()
 
 
-def _stream(generation, cancel: threading.Event) -> Iterator[tuple[list[int], float, str | None, int | None]]:
+def _prompt_ids(llm, prompt: Prompt, limits: Limits) -> list[int]:
+    """The prompt in the engine's tokens: a chat prompt rendered with the model's template; a raw prompt with the
+    special tokens TensorRT-LLM would add to it (SamplingParams.add_special_tokens defaults to True), a chat template
+    writing its own. Refused above the server's limit (the engine itself is built for that many: engines.py)."""
+    text = prompt.text
+    templated = bool(prompt.messages or not prompt.raw)
+    if templated:
+        turns = prompt.messages or [{"role": "user", "content": prompt.text}]
+        text = llm.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+    ids = llm.tokenizer.encode(text, add_special_tokens=not templated)
+    if len(ids) > limits.max_prompt_tokens:
+        raise ConfigError(f"the prompt has {len(ids)} tokens; this server takes at most {limits.max_prompt_tokens}")
+    return ids
+
+
+def with_perf_metrics(totals: dict[str, Any], perf: Any) -> dict[str, Any]:
+    """The run's end totals with the request's own speculative-decoding counters: CompletionOutput.request_perf_metrics
+    (executor/result.py, asked for with SamplingParams.return_perf_metrics), whose speculative_decoding part the C++
+    request fills. Drafted and accepted come from there when it counted drafting; the stream's own count of accepted
+    tokens stays beside it. 1.2.1's PyTorch backend with its default TorchSampler leaves these counters at zero
+    while it drafts (fixed upstream later): then the stream's count stands and the totals say so."""
+    spec = getattr(perf, "speculative_decoding", None)
+    if spec is None:
+        return {**totals, "perf_metrics": None}
+    counters = {"drafted": spec.total_draft_tokens, "accepted": spec.total_accepted_draft_tokens,
+                "acceptance_rate": spec.acceptance_rate}
+    out = {**totals, "perf_metrics": counters, "accepted_in_stream": totals.get("accepted")}
+    if counters["drafted"]:
+        out.update(drafted=counters["drafted"], accepted=counters["accepted"], accepted_from="request_perf_metrics")
+    else:
+        out["accepted_from"] = "token stream (request_perf_metrics counted no draft tokens)"
+    return out
+
+
+def _stream(generation, cancel: threading.Event, last: dict | None = None) -> Iterator[tuple[list[int], float, str | None, int | None]]:
     """A streaming generate_async result read from this worker thread: one (token_ids_diff, elapsed, finish,
     decoding_iter) per streamed response, as it arrives; a set `cancel` aborts the request. The finish reason is
-    upstream's own ('stop' for the end id and for stop words alike, 'length', 'timeout', 'cancelled').
+    upstream's own ('stop' for the end id and for stop words alike, 'length', 'timeout', 'cancelled'). `last` gets the
+    latest response's request_perf_metrics ("perf"), which each response carries when they were asked for.
 
     Iterated synchronously: upstream's result makes its asyncio queue only when an event loop is running
     where it is created, and its async iteration asserts that one was (executor/result.py
@@ -249,6 +316,8 @@ def _stream(generation, cancel: threading.Event) -> Iterator[tuple[list[int], fl
     try:
         for out in generation:
             completion = out.outputs[0]
+            if last is not None:
+                last["perf"] = getattr(completion, "request_perf_metrics", None)
             yield (list(completion.token_ids_diff), time.perf_counter() - start, completion.finish_reason,
                    getattr(out, "decoding_iter", None))
             if cancel.is_set():
@@ -333,13 +402,32 @@ def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
     """The `speculative_config` for TensorRT-LLM's LLM(...) / trtllm-serve YAML, as plain data; None = none.
     Fields as TensorRT-LLM 1.2 names and means them (the entry's `trtllm_fields`, app/modes/mappings.py); what it has
     no field for is left out and said by trtllm_notes. What comes from a trained artifact (Medusa's head count,
-    EAGLE-3's capture layers) is the build plan's to add (engines.trtllm_plan)."""
+    EAGLE-3's capture layers) and what the backend that runs it makes of it (EAGLE on PyTorch: eagle3_on_pytorch) is
+    the build plan's to add (engines.trtllm_plan): the plan's `llm.speculative_config` is what reaches the engine."""
     entry, c = request.entry, request.speculative_config
     if not entry.trtllm:
         raise ConfigError(f"TensorRT-LLM has no {c.mode} decoding: {entry.trtllm_missing}")
     if entry.trtllm_fields is None:
         return None
     return {"decoding_type": c.decoding_type, **entry.trtllm_fields(c, trtllm_backend(request))}
+
+
+def eagle3_on_pytorch(speculative: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """EAGLE's speculative config as TensorRT-LLM 1.2's PyTorch backend takes it, and what that leaves out, in words.
+
+    That backend runs EAGLE-3 only: TorchLlmArgs.validate_speculative_config turns a `decoding_type: Eagle` config into
+    an Eagle3DecodingConfig with a warning ("'Eagle' is not supported on the PyTorch backend; only 'Eagle3' is
+    supported"), so an EAGLE-3 module is sent as `Eagle3` (the engine backend refuses `Eagle3`, and keeps `Eagle`). A
+    static tree makes EagleDecodingConfig.validate_eagle_choices log "The Draft token tree is still under development,
+    PLEASE DO NOT USE IT": a chain of the tree's depth is sent instead (max_draft_len is that depth already); its
+    dynamic tree is not available there either (this module's mapping leaves use_dynamic_tree out and says why)."""
+    out = {**speculative, "decoding_type": "Eagle3"}
+    choices = out.pop("eagle_choices", None)
+    notes = [] if choices is None else [
+        f"the static tree ({len(choices)} nodes) is not sent: TensorRT-LLM 1.2's PyTorch backend marks its draft token "
+        f"tree as still under development (\"PLEASE DO NOT USE IT\"), so it drafts a chain of the tree's depth, "
+        f"{out['max_draft_len']} tokens"]
+    return out, notes
 
 
 def trtllm_engine_draft_len(request: DecodeRequest) -> int:

@@ -4,11 +4,16 @@ Only the fields this project may send are mirrored; like upstream (StrictBaseMod
 field is an error, so a name upstream does not have cannot slip through.
 """
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Literal, Optional, Set, Union
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator,
+                      model_validator)
+
+
+logger = logging.getLogger("tensorrt_llm")  # upstream's own logger name (tensorrt_llm/logger.py)
 
 
 class StrictBaseModel(BaseModel):
@@ -82,6 +87,14 @@ class EagleDecodingConfig(DecodingBaseConfig):
     #  Defaults to {1, num_layers//2-1, num_layers-4}."
     eagle3_layers_to_capture: Optional[Set[int]] = None
 
+    @field_validator("eagle_choices", mode="before")
+    @classmethod
+    def validate_eagle_choices(cls, v):
+        # llm_args.py EagleDecodingConfig.validate_eagle_choices (1.2): a static tree is accepted, with this warning.
+        if v is not None:
+            logger.warning("NOTE: The Draft token tree is still under development, PLEASE DO NOT USE IT !!!")
+        return v
+
     @property
     def num_capture_layers(self) -> int:
         # llm_args.py EagleDecodingConfig.num_capture_layers: the set's size, else "the Eagle3 base set": 3.
@@ -111,6 +124,20 @@ class EagleDecodingConfig(DecodingBaseConfig):
         if self.speculative_model is None:
             raise ValueError("Draft model must be provided for EAGLE")
         return self
+
+
+class Eagle3DecodingConfig(EagleDecodingConfig):
+    # llm_args.py (1.2): the PyTorch backend's EAGLE-3; TrtLlmArgs.validate_speculative_config refuses it (see llm.py).
+    decoding_type: Literal["Eagle3"] = "Eagle3"
+
+
+# TorchLlmArgs.validate_speculative_config (1.2): what it logs when it turns an EagleDecodingConfig into an Eagle3 one.
+EAGLE_ON_PYTORCH = ("speculative_config.decoding_type 'Eagle' is not supported on the PyTorch backend; only 'Eagle3' is "
+                    "supported. 'Eagle' is treated as 'Eagle3' for backward compatibility. EAGLE (v1/v2) draft "
+                    "checkpoints are incompatible with Eagle3—use an Eagle3 draft model.")
+# TrtLlmArgs.validate_speculative_config (1.2): Eagle3 on the engine backend.
+EAGLE3_ON_ENGINE = ("speculative_config.decoding_type 'Eagle3' is only supported on the PyTorch backend. "
+                    "Use decoding_type 'Eagle' for the TensorRT backend.")
 
 
 class NGramDecodingConfig(DecodingBaseConfig):
@@ -151,8 +178,10 @@ class DraftTargetDecodingConfig(DecodingBaseConfig):
 
 @dataclass
 class BuildConfig:
-    # tensorrt_llm/builder.py BuildConfig (the fields this project sets); TrtLlmArgs only.
+    # tensorrt_llm/builder.py BuildConfig (the fields this project sets); TrtLlmArgs only. max_input_len defaults to
+    # 1024 (BuildConfig, and BaseLlmArgs.max_input_len's default): a longer prompt is refused by the engine built.
     max_batch_size: int = 2048
     max_num_tokens: int = 8192
+    max_input_len: int = 1024
     max_seq_len: Optional[int] = None
     max_draft_len: int = 0
