@@ -1,0 +1,290 @@
+"""The GPU host's check of TensorRT-LLM (issue 61, item 5), run by scripts/gpu-check.sh with the app's interpreter.
+
+Every mode TensorRT-LLM runs, on each of its backends that runs it (the mode's entry's `trtllm`), with the app's own
+artifacts: the plan is the app's (engines.spec_for, EngineStore.plan), the artifacts are exported as the store's
+builder exports them, and the engine is this project's worker (app/service/backends/trtllm_worker.py) in TensorRT-LLM's
+own environment (.venv-trtllm). Each runs PROMPTS prompts greedily; per mode it prints: ran or refused (with the
+reason), τ (tokens per engine iteration), tokens/s, and the share identical to autoregressive on the same backend.
+The stream is read the way the app reads it (backends/tensorrt_llm.py steps_from_diffs, with_perf_metrics).
+
+    .venv/bin/python scripts/gpu_check.py [--dry-run]
+
+--dry-run starts and prepares nothing: it prints what each mode would start and send, or why it is refused.
+Exit status: 1 when a mode that is not refused does not run (or its stream does not add up), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app import models, prompts, runner  # noqa: E402
+from app.modes import MODES, ConfigError  # noqa: E402
+from app.service import engines  # noqa: E402
+from app.service.backends import tensorrt_llm as trt  # noqa: E402
+from app.service.errors import EngineError  # noqa: E402
+
+ROOT = models.ROOT
+WORKER = ROOT / "app" / "service" / "backends" / "trtllm_worker.py"
+PYTHON = ROOT / ".venv-trtllm" / "bin" / "python"
+OUT = models.DEFAULT_ENGINES / "gpu-check"
+PROMPTS = 3
+MAX_NEW_TOKENS = 64
+START_TIMEOUT_S = 600.0  # a TensorRT engine is built from the checkpoint when the worker starts
+
+
+def cases():
+    """(mode entry, TensorRT-LLM backend) for every mode TensorRT-LLM runs; autoregressive first (the baseline)."""
+    for mode in MODES:
+        for flavour in mode.trtllm:
+            yield mode, flavour
+
+
+def request_for(mode, flavour: str):
+    """The mode's default request on that backend, as the app checks it; a draft-model mode with the bundled draft."""
+    fields = {"decoding_type": mode.decoding_type}
+    if mode.draft_model:
+        fields["speculative_model"] = runner.default_draft(models.BUNDLED)
+    request = MODES.parse({"speculative_config": fields, "backend": "tensorrt_llm", "trtllm_backend": flavour,
+                           "max_new_tokens": MAX_NEW_TOKENS})
+    trt.check(request)
+    return request
+
+
+def fill(value, build_dir: Path):
+    if isinstance(value, str):
+        return value.replace("{build_dir}", str(build_dir))
+    if isinstance(value, dict):
+        return {k: fill(v, build_dir) for k, v in value.items()}
+    if isinstance(value, list):
+        return [fill(v, build_dir) for v in value]
+    return value
+
+
+def worker_plan(mode, flavour: str, store: engines.EngineStore, root: Path = OUT) -> tuple[dict, dict, Path]:
+    """(the app's plan, the worker's --llm file's content, the case's directory). The worker's LLM builds a
+    TensorRT engine from the checkpoint itself (the plan's build_config), so nothing is saved ahead of it."""
+    request = request_for(mode, flavour)
+    spec = engines.spec_for(request, models.BUNDLED)
+    plan = store.plan(spec)
+    if plan["cannot_run"]:
+        raise EngineError("; ".join(plan["cannot_run"]))
+    out = root / f"{mode.name}-{flavour}"
+    llm = fill(plan["llm"], out)
+    if flavour == "pytorch" and mode.name in ("prompt_lookup", "draft_target"):
+        llm["disable_overlap_scheduler"] = True  # as engines.trtllm_serve_kwargs sends it (upstream's examples do)
+    file = {"trtllm_backend": flavour, "llm": llm, "serves": f"{mode.name} on {models.BUNDLED} ({flavour} backend)"}
+    return {**plan, "request": request}, file, out
+
+
+def command(llm_file: Path, port: int, python: Path = PYTHON) -> list[str]:
+    return [str(python), str(WORKER), "--host", "127.0.0.1", "--port", str(port), "--llm", str(llm_file)]
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """A chat prompt with the model's template, as the app's in-process backend renders it (_prompt_ids)."""
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+# ----------------------------------------------------------------------------- a real run
+
+
+def prepare(plan: dict, out: Path) -> None:
+    """The model (and a draft model of the registry) prepared, and the artifacts exported as the store's builder
+    exports them (engines.trtllm_builder), into the case's directory."""
+    where = models.locate(models.BUNDLED)
+    draft = plan["request"].speculative_config.model_dump().get("speculative_model")
+    if draft in models.DRAFT_ALIASES:
+        models.locate(draft)
+    for step in plan["prepare"]:
+        target = Path(fill(step["to"], out))
+        if target.exists():
+            continue
+        export = {"export_medusa": engines._export_medusa,
+                  "export_eagle": lambda *a: engines._export_eagle(*a, layout="modelopt")}[step["step"]]
+        export(Path(step["from"]), Path(where), target, models.BUNDLED)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def health(port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as err:  # 503 while it loads
+        return json.loads(err.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start(file: dict, out: Path, python: Path) -> tuple[subprocess.Popen, int]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "llm.json").write_text(json.dumps(file, indent=1))
+    port = free_port()
+    log = open(out / "worker.log", "ab")
+    proc = subprocess.Popen(command(out / "llm.json", port, python), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, cwd=out)
+    log.close()
+    began = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the worker exited with status {proc.returncode}; its log ends:\n{log_tail(out / 'worker.log')}")
+        state = health(port)
+        if state and state.get("ready"):
+            print(f"  worker ready after {time.monotonic() - began:.0f} s: TensorRT-LLM {state.get('tensorrt_llm')}, "
+                  f"{state.get('llm_class')}", flush=True)
+            return proc, port
+        if time.monotonic() - began > START_TIMEOUT_S:
+            stop(proc, port)
+            raise RuntimeError(f"the worker was not ready within {START_TIMEOUT_S:.0f} s; its log ends:\n{log_tail(out / 'worker.log')}")
+        time.sleep(2)
+
+
+def stop(proc: subprocess.Popen, port: int) -> None:
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/shutdown", b"{}"), timeout=10).read()
+        proc.wait(timeout=120)
+    except (urllib.error.URLError, OSError, subprocess.TimeoutExpired):
+        pass
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def generate(port: int, ids: list[int], sampling: dict) -> dict:
+    """One request, read as the app reads the stream: its steps, totals and output."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/generate", json.dumps({"prompt_token_ids": ids, "sampling_params": sampling}),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"the worker refused the request: {response.read().decode(errors='replace')}")
+    lines = [json.loads(line) for line in response if line.strip()]
+    conn.close()
+    final = lines[-1] if lines and lines[-1].get("done") else None
+    if final is None or final["error"]:
+        raise RuntimeError(f"the stream ended without its final line: {final}")
+    streamed = [(line["token_ids_diff"], line["elapsed_s"], line["finish_reason"], line["decoding_iter"]) for line in lines[:-1]]
+    steps = list(trt.steps_from_diffs(streamed))
+    tokens = [t for step in steps for t in step["tokens"]]
+    if tokens != final["token_ids"]:
+        raise RuntimeError(f"the streamed steps add up to {len(tokens)} tokens but the output has {len(final['token_ids'])}")
+    perf = final["perf_metrics"]
+    perf = None if perf is None else SimpleNamespace(speculative_decoding=SimpleNamespace(**perf["speculative_decoding"]))
+    totals = trt.with_perf_metrics(steps[-1]["totals"] if steps else {}, perf)
+    return {"tokens": tokens, "totals": totals, "elapsed_s": final["elapsed_s"]}
+
+
+def run_case(plan: dict, file: dict, out: Path, texts: list[str], tokenizer, python: Path) -> list[dict]:
+    prepare(plan, out)
+    proc, port = start(file, out, python)
+    try:
+        sampling = trt.sampling_kwargs(plan["request"])
+        return [generate(port, prompt_ids(tokenizer, text), sampling) for text in texts]
+    finally:
+        stop(proc, port)
+
+
+def summary(results: list[dict], baseline: list[dict] | None) -> str:
+    new = sum(len(r["tokens"]) for r in results)
+    iters = sum(r["totals"].get("target_steps") or 0 for r in results)
+    seconds = sum(r["elapsed_s"] for r in results)
+    tau = f"{new / iters:.2f}" if iters else "n/a"
+    rate = f"{new / seconds:.1f}" if seconds else "n/a"
+    accepted = ", ".join(sorted({str(r["totals"].get("accepted_from")) for r in results}))
+    if baseline is results:
+        same = "(the baseline)"
+    elif baseline is None:
+        same = "n/a (autoregressive did not run on this backend)"
+    else:
+        prefix = [_common(r["tokens"], b["tokens"]) for r, b in zip(results, baseline)]
+        share = sum(prefix) / max(sum(len(b["tokens"]) for b in baseline), 1)
+        exact = sum(r["tokens"] == b["tokens"] for r, b in zip(results, baseline))
+        same = f"{exact}/{len(results)} prompts, {share:.0%} of tokens (common prefix)"
+    return f"ran; τ {tau} tokens/iteration, {rate} tokens/s, identical to autoregressive: {same}; accepted counted from: {accepted}"
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="print what each mode would start and send; start nothing")
+    parser.add_argument("--python", type=Path, default=PYTHON, help="TensorRT-LLM's interpreter (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=OUT, help="where each mode's files go (default %(default)s)")
+    args = parser.parse_args(argv)
+    args.python = args.python.absolute()  # not resolved: a venv's python is a symlink that must stay inside the venv
+    store = engines.EngineStore(models.DEFAULT_ENGINES)
+    texts = [p["text"] for p in prompts.load_prompts(None, None, 1)[:PROMPTS]]
+    tokenizer = None if args.dry_run else models.load_tokenizer(models.BUNDLED)
+    baselines: dict[str, list[dict] | None] = {}
+    failed, ran, refused = [], 0, 0
+    for mode, flavour in cases():
+        title = f"{mode.name} on TensorRT-LLM's {flavour} backend ({trt.LLM_CLASSES[flavour]})"
+        try:
+            plan, file, out = worker_plan(mode, flavour, store, args.out.absolute())
+        except (ConfigError, EngineError) as err:
+            refused += 1
+            print(f"== {title}\n  refused: {err}\n", flush=True)
+            continue
+        if args.dry_run:
+            ran += 1
+            steps = [f"{s['step']} from {s['from']} to {fill(s['to'], out)}" for s in plan["prepare"]] or ["nothing to export"]
+            print(f"== {title}\n  would prepare: {models.BUNDLED} in {models.DEFAULT_ENGINES / 'models'}; {'; '.join(steps)}\n"
+                  f"  would start: {' '.join(command(out / 'llm.json', 0, args.python)).replace('--port 0', '--port <free port>')}\n"
+                  f"  {out / 'llm.json'}: {json.dumps(file)}\n"
+                  f"  would send, for each of {len(texts)} prompts (token ids from the app's tokenizer): "
+                  f"sampling_params {json.dumps(trt.sampling_kwargs(plan['request']))}\n"
+                  + "".join(f"  note: {n}\n" for n in trt.trtllm_notes(plan["request"]) + plan["notes"]), flush=True)
+            continue
+        print(f"== {title}", flush=True)
+        try:
+            results = run_case(plan, file, out, texts, tokenizer, args.python)
+        except Exception as err:  # noqa: BLE001 - whatever stops a supported mode is the check's finding
+            failed.append(mode.name + "/" + flavour)
+            print(f"  DID NOT RUN: {type(err).__name__}: {err}\n", flush=True)
+            continue
+        ran += 1
+        if mode.name == "autoregressive":
+            baselines[flavour] = results
+        print(f"  {summary(results, baselines.get(flavour))}\n", flush=True)
+    what = "would run" if args.dry_run else "ran"
+    print(f"{ran} {what}, {refused} refused, {len(failed)} did not run" + (f": {', '.join(failed)}" if failed else "")
+          + ("; nothing was started (dry run)" if args.dry_run else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
