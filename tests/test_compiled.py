@@ -518,24 +518,31 @@ def _eager_target(tmp_path):
 
 def test_the_build_compiles_with_one_worker_and_without_the_eager_packed_copies(tmp_path, monkeypatch):
     """The build's peak memory is bounded by settings it chooses itself, whatever inductor's defaults (one compile
-    worker per core, each a process importing torch): every compilation runs with compile_threads=1 and the option
-    set it builds, and the eager model's oneDNN-packed copies are dropped while the graphs compile."""
+    worker per core, each a process importing torch): every compilation runs with compile_threads=1, the weights
+    appended to its shared library after linking (not in an object the linker copies) and the option set it builds,
+    the eager model's oneDNN-packed copies are dropped while the graphs compile, and each package is written after
+    its compilation."""
+    import torch._inductor.package
+
     model = _eager_target(tmp_path)
     assert any(m._packed is not None for m in model.modules() if isinstance(m, linear.PackedLinear))
-    seen = []
+    seen, packaged = [], []
 
-    def compile_and_package(program, package_path):
+    def aot_compile(gm, args, kwargs=None, *, options=None):
         cfg = torch._inductor.config
         packed = [m for m in model.modules() if isinstance(m, linear.PackedLinear) and m._packed is not None]
-        seen.append((os.path.basename(package_path), cfg.compile_threads, cfg.freezing, cfg.max_autotune, len(packed)))
-        return package_path
+        seen.append((cfg.compile_threads, cfg.aot_inductor.force_mmap_weights, cfg.freezing, cfg.max_autotune, len(packed)))
+        return [f"compiled {len(seen)}"]
 
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)
+    monkeypatch.setattr(torch._inductor, "aot_compile", aot_compile)
+    monkeypatch.setattr(torch._inductor.package, "package_aoti", lambda path, files: packaged.append((os.path.basename(path), files)))
     monkeypatch.setattr(compiled, "decide", lambda *a, **k: {})
     with torch._inductor.config.patch(compile_threads=4):  # inductor's default on a 4-core machine
         compiled.build(model, tmp_path, torch.float32, log=lambda _: None)
         assert torch._inductor.config.compile_threads == 4, "the setting is scoped to the build's compilations"
-    assert seen == [(f"{g}-{name}.pt2", 1, True, name == "autotuned", 0) for g in ("one", "wide") for name in compiled.OPTIONS]
+    assert seen == [(1, True, True, name == "autotuned", 0) for g in ("one", "wide") for name in compiled.OPTIONS]
+    assert packaged == [(f"{g}-{name}.pt2", [f"compiled {i}"])
+                        for i, (g, name) in enumerate(((g, name) for g in ("one", "wide") for name in compiled.OPTIONS), 1)]
 
 
 def test_timing_loads_one_candidate_package_at_a_time_and_the_eager_pass_repacks(tmp_path, monkeypatch):

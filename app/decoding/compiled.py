@@ -72,9 +72,13 @@ OPTIONS = {
 # candidate package loaded at a time while timing (a loaded package holds its weights twice: its shared library's data
 # and the runtime's copy, ~1.25 GB for the bundled model in float32). A released package's shared library stays mapped
 # (~0.6 GB each, torch never unloads it), so an Exported that says how to make it again (`recipe`) has each graph
-# compiled and each candidate timed in a short-lived process of its own (`_child`): what it mapped goes with it, and
-# the building process keeps only the decision (it never loads the model when it does not hold it already).
-BUILD_CONFIG = {"compile_threads": 1}
+# compiled with each option set and each candidate timed in a short-lived process of its own (`_child`): what it
+# mapped goes with it, and the building process keeps only the decision (it never loads the model when it does not
+# hold it already). The weights are appended to the shared library once it is linked (force_mmap_weights), not
+# assembled into an object the linker copies: at the end of each compilation the linker held ~0.7 GB beside the
+# compiling process (its peak, and the build's). A loaded package reads them from the same file into the same runtime
+# copy, so it runs and loads as before.
+BUILD_CONFIG = {"compile_threads": 1, "aot_inductor.force_mmap_weights": True}
 FEW = 4  # bfloat16 without native instructions: the widest pass whose products stay in bfloat16 (module docstring)
 # A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
 EXAMPLE_SLOTS = 257
@@ -262,16 +266,20 @@ def build_draft(module: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callab
 
 
 def build_exported(exported: Exported, out: Path, log: Callable[[str], None] = print) -> dict:
-    """`build` for any Exported: its graphs compiled here, or each in a process of its own where this one does not
-    hold the module (Exported.elsewhere); then timed (`decide`)."""
+    """`build` for any Exported: its graphs compiled here, or each graph with each option set in a process of its
+    own where this one does not hold the module (Exported.elsewhere); then timed (`decide`)."""
     start = time.perf_counter()
     seconds = {}
     if exported.module is None:
         graphs, index = exported.graphs, 0
         while graphs is None or index < len(graphs):
-            done = _child({"do": "compile", "recipe": exported.recipe, "graph": index, "out": str(out)})
+            # One compilation a process: what one leaves in its process (~0.25 GB for the bundled model in float32,
+            # after release) the next would hold at its own peak (issue 58).
+            for name in OPTIONS:
+                job = {"do": "compile", "recipe": exported.recipe, "graph": index, "options": name, "out": str(out)}
+                done = _child(job)
+                seconds[done["name"]] = round(seconds.get(done["name"], 0) + done["seconds"], 1)
             graphs = {g: tuple(w) for g, w in done["graphs"].items()}
-            seconds[done["name"]] = done["seconds"]
             index += 1
         exported.graphs = graphs
     else:
@@ -285,9 +293,11 @@ def build_exported(exported: Exported, out: Path, log: Callable[[str], None] = p
     return info
 
 
-def compile_graph(exported: Exported, graph: str, out: Path, log: Callable[[str], None] = print) -> float:
-    """Export one graph of `exported` and compile it with every option set into `out/<graph>-<options>.pt2`, giving
-    back what each compilation held before the next; returns the seconds it took."""
+def compile_graph(exported: Exported, graph: str, out: Path, log: Callable[[str], None] = print,
+                  names: list[str] | None = None) -> float:
+    """Export one graph of `exported` and compile it with every option set (or those `names`) into
+    `out/<graph>-<options>.pt2`, giving back what each compilation held before the next; returns the seconds it took."""
+    from torch._inductor.package import package_aoti
     from torch.export import Dim
 
     t = time.perf_counter()
@@ -299,11 +309,19 @@ def compile_graph(exported: Exported, graph: str, out: Path, log: Callable[[str]
     log(f"exporting the graph of {low}..{high}-token passes")
     with torch.no_grad():
         program = torch.export.export(exported.module, example, dynamic_shapes=exported.dims(n, slots), strict=False)
-        for name, options in OPTIONS.items():
+        for name in names or OPTIONS:
+            options = OPTIONS[name]
             log(f"compiling the graph of {low}..{high}-token passes: {name} products (inductor, C++ kernels)")
             # Under no_grad, or inductor's freezing leaves the products unpacked (plain aten::mm calls).
             with torch._inductor.config.patch({**options, **BUILD_CONFIG}):
-                torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"{graph}-{name}.pt2"))
+                files = torch._inductor.aot_compile(program.module(check_guards=False), *program.example_inputs,
+                                                    options={"aot_inductor.package": True})
+            # Packaged once what the compilation held is given back (its graph and frozen constants linger until
+            # collected): writing the package holds its shared library, weights and all, in memory more than twice
+            # over for a moment (up to ~1.8 GB for the bundled model in float32; torch's package_aoti).
+            release()
+            package_aoti(str(out / f"{graph}-{name}.pt2"), files)
+            del files
             release()
     del program, example
     release()
@@ -311,9 +329,9 @@ def compile_graph(exported: Exported, graph: str, out: Path, log: Callable[[str]
 
 
 def _child(job: dict) -> dict:
-    """Run one step of a build (`job`: compile one graph, or time one candidate) in a short-lived process of its own,
-    which makes the Exported from its recipe (`make`), and return what it reports. Its kernels run on this process's
-    thread count (the packages are built for it); its log goes where this process's stderr goes."""
+    """Run one step of a build (`job`: compile one graph with one option set, or time one candidate) in a short-lived
+    process of its own, which makes the Exported from its recipe (`make`), and return what it reports. Its kernels run
+    on this process's thread count (the packages are built for it); its log goes where this process's stderr goes."""
     import subprocess
     import sys
     import tempfile
@@ -341,7 +359,8 @@ def _run_child(text: str) -> None:
     if job["do"] == "compile":
         graph = list(exported.graphs)[job["graph"]]
         unpack(exported.module)
-        report = {"name": graph, "graphs": exported.graphs, "seconds": compile_graph(exported, graph, Path(job["out"]), log)}
+        seconds = compile_graph(exported, graph, Path(job["out"]), log, names=[job["options"]])
+        report = {"name": graph, "graphs": exported.graphs, "seconds": seconds}
     else:
         times = time_candidate(exported, job["graph"], job["name"], Path(job["path"]), job["reps"])
         report = {"times": {str(n): t for n, t in times.items()}}
