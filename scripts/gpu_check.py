@@ -16,7 +16,6 @@ Exit status: 1 when a mode that is not refused does not run (or its stream does 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import signal
@@ -27,13 +26,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app import models, prompts, runner  # noqa: E402
 from app.modes import MODES, ConfigError  # noqa: E402
-from app.service import engines  # noqa: E402
+from app.service import engines, trtllm_engines  # noqa: E402
 from app.service.backends import tensorrt_llm as trt  # noqa: E402
 from app.service.errors import EngineError  # noqa: E402
 
@@ -177,27 +175,14 @@ def stop(proc: subprocess.Popen, port: int) -> None:
 
 
 def generate(port: int, ids: list[int], sampling: dict) -> dict:
-    """One request, read as the app reads the stream: its steps, totals and output."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/generate", json.dumps({"prompt_token_ids": ids, "sampling_params": sampling}),
-                 {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"the worker refused the request: {response.read().decode(errors='replace')}")
-    lines = [json.loads(line) for line in response if line.strip()]
-    conn.close()
-    final = lines[-1] if lines and lines[-1].get("done") else None
-    if final is None or final["error"]:
-        raise RuntimeError(f"the stream ended without its final line: {final}")
-    streamed = [(line["token_ids_diff"], line["elapsed_s"], line["finish_reason"], line["decoding_iter"]) for line in lines[:-1]]
-    steps = list(trt.steps_from_diffs(streamed))
+    """One request, read as the service reads the stream (trtllm_engines.generate): its steps, totals and output."""
+    *steps, end = trtllm_engines.generate(port, ids, sampling)
+    if end["error"] or end["aborted"]:
+        raise RuntimeError(f"the request ended with {end['error'] or end['aborted']}")
     tokens = [t for step in steps for t in step["tokens"]]
-    if tokens != final["token_ids"]:
-        raise RuntimeError(f"the streamed steps add up to {len(tokens)} tokens but the output has {len(final['token_ids'])}")
-    perf = final["perf_metrics"]
-    perf = None if perf is None else SimpleNamespace(speculative_decoding=SimpleNamespace(**perf["speculative_decoding"]))
-    totals = trt.with_perf_metrics(steps[-1]["totals"] if steps else {}, perf)
-    return {"tokens": tokens, "totals": totals, "elapsed_s": final["elapsed_s"]}
+    if tokens != end["token_ids"]:
+        raise RuntimeError(f"the streamed steps add up to {len(tokens)} tokens but the output has {len(end['token_ids'])}")
+    return {"tokens": tokens, "totals": end["totals"], "elapsed_s": end["elapsed_s"]}
 
 
 def run_case(plan: dict, file: dict, out: Path, texts: list[str], tokenizer, python: Path) -> list[dict]:

@@ -265,23 +265,30 @@ class Processes:
 
     def stop(self, build_id: str) -> bool:
         """Stop the build's server and its workers; True when one was running."""
-        server = _read(self.builds / build_id / SERVER_JSON)
-        if not server or not _alive(server):
-            return False
+        return stop_server(_read(self.builds / build_id / SERVER_JSON))
+
+
+def stop_server(server: dict | None, timeout_s: float = 20.0) -> bool:
+    """Stop a server.json's process group (SIGTERM, then SIGKILL after `timeout_s`); True when it was running."""
+    if not server or not _alive(server):
+        return False
+    try:
+        os.killpg(server["pid"], signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _group_alive(server["pid"]):
+        time.sleep(0.2)
+    if _group_alive(server["pid"]):
         try:
-            os.killpg(server["pid"], signal.SIGTERM)
+            os.killpg(server["pid"], signal.SIGKILL)
         except ProcessLookupError:
-            return False
-        deadline = time.monotonic() + 20
+            pass
+        deadline = time.monotonic() + 5  # SIGKILL lands asynchronously: reaped before it did, the pid stays a zombie
         while time.monotonic() < deadline and _group_alive(server["pid"]):
-            time.sleep(0.2)
-        if _group_alive(server["pid"]):
-            try:
-                os.killpg(server["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _reap(server["pid"])
-        return True
+            time.sleep(0.05)
+    _reap(server["pid"])
+    return True
 
 
 def log_tail(path: Path, lines: int = 12) -> str:
