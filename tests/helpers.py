@@ -70,7 +70,7 @@ def output_of(events) -> list[int]:
     return [t for e in events for t in e.tokens]
 
 
-class Recording:
+class DrafterSpy:
     """Wraps a drafter and records (context, room, proposal) of every propose() call."""
 
     def __init__(self, inner):
@@ -239,6 +239,37 @@ def marginal(dist: dict, length: int) -> dict:
 # The commands that run the transformers backend's fast pass by default (building it first, minutes, on a fresh
 # store); tests run them eagerly unless they test that pass (tests/test_compiled.py).
 FAST_COMMANDS = ("generate", "bench", "serve", "ui")
+
+
+def run_cli(*args, timeout: float = 900, store: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m app ARGS` from the repository, offline, on the eager pass where the command takes it (`eager`), with
+    `--engines-dir store` when given; its output captured."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    store_args = ["--engines-dir", str(store)] if store is not None else []
+    return subprocess.run([sys.executable, "-m", "app", *eager(args), *store_args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+
+
+@contextlib.contextmanager
+def chromium():
+    """Debian's chromium driven by Playwright (never `playwright install`), headless; closed after."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(path).exists():
+        pytest.fail("chromium is missing: scripts/test.sh installs Debian's chromium package")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 def eager(args) -> list[str]:

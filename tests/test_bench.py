@@ -1,16 +1,13 @@
 """`python -m app bench`: the summary arithmetic, the verify-cost curve, and the command's JSON contract end to end."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import eager
+from helpers import run_cli
 from app import bench, runner
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
@@ -126,11 +123,6 @@ def test_verify_cost_stops_at_its_time_budget_when_the_curve_never_settles(tiny_
     target = LoadedModel(name="tiny", model=tiny_model, tokenizer=None, dtype="float32")
     cost = runner.verify_cost(target, list(range(1, 20)), sizes=(9, 1), repeats=3, most=10**5, budget_s=5.0)
     assert cost["tokens"] == [9, 1] and next(ticks) < 40, "rounds went on past the budget"
-
-
-def run_cli(*args, timeout=900):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "app", *eager(args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_a_speculating_engine_peer_is_measured_by_its_own_counters():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import eager
+from helpers import run_cli
 from app import models
 from app.training import data
 from app.modes import MODES
@@ -106,11 +106,6 @@ def test_the_shipped_draft_is_built_once_when_processes_ask_for_it_together(bund
     rebuilt = subprocess.run([sys.executable, "-c", code, name, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert rebuilt.returncode == 0 and "building the draft model" in rebuilt.stderr
     assert json.loads(stamp.read_text())["sha256"] != "an older draft"
-
-
-def run_cli(*args, timeout=900):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "app", *eager(args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.bundled

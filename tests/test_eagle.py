@@ -22,7 +22,7 @@ from app.decoding.tree import depths, from_paths
 from app.heads import eagle as E
 from app.heads import vocab
 from app.heads.eagle import EagleConfig, EagleError, EagleModule
-from helpers import Recording, check_target_probs, run
+from helpers import DrafterSpy, check_target_probs, run
 from test_sampling_exactness import PROMPT as SAMPLING_PROMPT
 from test_sampling_exactness import RUNS, T1, WARPED, cached, check_against_exact, exact_distribution, sample_runs
 
@@ -272,7 +272,7 @@ def test_static_tree_hand_made_tables():
 def test_greedy_dynamic_tree_equals_autoregressive(tiny_model, random_module, shape, prompt):
     total, depth, top_k = shape
     ref = ar_reference(tiny_model, PROMPTS[prompt])
-    rec = Recording(Eagle(random_module, tiny_model.get_input_embeddings(), total, depth, top_k))
+    rec = DrafterSpy(Eagle(random_module, tiny_model.get_input_embeddings(), total, depth, top_k))
     out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
     assert out == ref, f"differs at {first_difference(out, ref)}"
     check_proposals(rec.calls, max_nodes=total - 1, max_depth=depth, top_k=top_k)
@@ -285,7 +285,7 @@ def test_greedy_pruned_dynamic_tree_equals_autoregressive(tiny_model, trained, p
     ref = ar_reference(tiny_model, PROMPTS[prompt])
     sizes = {}
     for p in (0.0, 1e-4, 0.003, 0.03):
-        rec = Recording(Eagle(trained, tiny_model.get_input_embeddings(), 16, 4, 3, min_path_prob=p))
+        rec = DrafterSpy(Eagle(trained, tiny_model.get_input_embeddings(), 16, 4, 3, min_path_prob=p))
         out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
         assert out == ref, f"min_path_prob {p}: differs at {first_difference(out, ref)}"
         check_proposals(rec.calls, max_nodes=15, max_depth=4, top_k=3)
@@ -302,7 +302,7 @@ def test_greedy_pruned_dynamic_tree_equals_autoregressive(tiny_model, trained, p
 @pytest.mark.parametrize("tree", list(STATIC))
 def test_greedy_static_tree_equals_autoregressive(tiny_model, random_module, tree, prompt):
     ref = ar_reference(tiny_model, PROMPTS[prompt])
-    rec = Recording(Eagle(random_module, tiny_model.get_input_embeddings(), static_choices=STATIC[tree]))
+    rec = DrafterSpy(Eagle(random_module, tiny_model.get_input_embeddings(), static_choices=STATIC[tree]))
     out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
     assert out == ref, f"differs at {first_difference(out, ref)}"
     check_proposals(rec.calls)
@@ -315,7 +315,7 @@ def test_greedy_with_reduced_draft_vocabulary(tiny_model, prompt):
     assert len(module.d2t) == 40 and int(module.d2t.max()) > 0
     ref = ar_reference(tiny_model, PROMPTS[prompt])
     for kwargs in (dict(), dict(static_choices=EAGLE1_TREE)):
-        rec = Recording(Eagle(module, tiny_model.get_input_embeddings(), **kwargs))
+        rec = DrafterSpy(Eagle(module, tiny_model.get_input_embeddings(), **kwargs))
         out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
         assert out == ref
         check_proposals(rec.calls, module=module)
@@ -327,7 +327,7 @@ def test_trees_trimmed_near_the_context_end(short_model):
     ref = ar_reference(short_model, prompt, max_new_tokens=40)
     assert len(prompt) + len(ref) == short_model.config.max_position_embeddings
     for kwargs in (dict(total_tokens=30, depth=8, top_k=4), dict(static_choices=EAGLE1_TREE)):
-        rec = Recording(Eagle(module, short_model.get_input_embeddings(), **kwargs))
+        rec = DrafterSpy(Eagle(module, short_model.get_input_embeddings(), **kwargs))
         out, events = run(short_model, rec, prompt, max_new_tokens=40)
         assert out == ref and events[-1].finish_reason == "length"
         check_proposals(rec.calls)
@@ -409,7 +409,7 @@ def test_drafts_match_an_independent_recomputation(tiny_model, random_module, tr
               "fused_layers": make_module(tiny_model, 11, aux=[0, 1, 2]),
               "eagle3": make_module(tiny_model, 13, 50, aux=[0, 1, 2], eagle3=True)}[which]
     kwargs = dict(total_tokens=16, depth=4, top_k=3) if tree == "dynamic" else dict(static_choices=EAGLE1_TREE)
-    rec = Recording(Eagle(module, tiny_model.get_input_embeddings(), **kwargs))
+    rec = DrafterSpy(Eagle(module, tiny_model.get_input_embeddings(), **kwargs))
     run(tiny_model, rec, PROMPTS["random_b"], max_new_tokens=24)
     assert len(rec.calls) >= 3
     for context, _, prop in rec.calls[:2] + rec.calls[-2:]:
@@ -609,7 +609,7 @@ def test_training_unroll_computes_what_tree_nodes_compute(tiny_model, eagle3):
 @pytest.mark.parametrize("eagle3", [False, True])
 def test_greedy_with_fused_target_layers_equals_autoregressive(tiny_model, prompt, eagle3):
     module = make_module(tiny_model, seed=12, aux=[1, 2], eagle3=eagle3)
-    rec = Recording(Eagle(module, tiny_model.get_input_embeddings(), 12, 4, 3))
+    rec = DrafterSpy(Eagle(module, tiny_model.get_input_embeddings(), 12, 4, 3))
     out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
     assert out == ar_reference(tiny_model, PROMPTS[prompt])
     check_proposals(rec.calls, max_nodes=11, max_depth=4, top_k=3)
@@ -733,7 +733,7 @@ def test_save_load_round_trip(tmp_path, tiny_model):
     E.check_compatible(loaded, tiny_model)
     embed = tiny_model.get_input_embeddings()
     out_a, _ = run(tiny_model, Eagle(module, embed), PROMPTS["random_a"], max_new_tokens=12)
-    rec = Recording(Eagle(loaded, embed))
+    rec = DrafterSpy(Eagle(loaded, embed))
     out_b, _ = run(tiny_model, rec, PROMPTS["random_a"], max_new_tokens=12)
     assert out_a == out_b
 
@@ -829,7 +829,7 @@ def test_bundled_random_module_equals_autoregressive(bundled, spec_bench_prompts
     ids = bundled.encode(spec_bench_prompts["writing"])
     kwargs = dict(max_new_tokens=24, eos_token_ids=bundled.eos_token_ids)
     ref, _ = run(model, Autoregressive(), ids, **kwargs)
-    rec = Recording(Eagle(module, model.get_input_embeddings()))
+    rec = DrafterSpy(Eagle(module, model.get_input_embeddings()))
     out, _ = run(model, rec, ids, **kwargs)
     assert out == ref, f"first difference at {first_difference(out, ref)}: {bundled.decode(out)!r} vs {bundled.decode(ref)!r}"
     check_proposals(rec.calls, max_nodes=23, max_depth=5, top_k=4, module=module)

@@ -17,7 +17,7 @@ from app.decoding.drafters.suffix import Suffix
 from app.decoding.sampling import SamplingParams, probs
 from app.decoding.target import TransformersTarget
 from app.decoding.types import Proposal
-from helpers import Recording, run
+from helpers import DrafterSpy, run
 
 MAX_NEW = 40
 
@@ -146,7 +146,7 @@ def test_draft_target_with_a_draft_vocabulary(tiny_model, tiny_draft, prompt, si
     output is still the target's own."""
     ids = sorted(range(0, 96, 96 // size))[:size]
     d2t = torch.tensor(ids) - torch.arange(size)
-    drafter = Recording(DraftModel(tiny_draft, 4, d2t=d2t))
+    drafter = DrafterSpy(DraftModel(tiny_draft, 4, d2t=d2t))
     out, events = run(tiny_model, drafter, PROMPTS[prompt], max_new_tokens=MAX_NEW)
     assert_same(out, ar_reference(tiny_model, PROMPTS[prompt]), f"draft_target(vocab {size})")
     with torch.inference_mode():
@@ -174,7 +174,7 @@ def test_draft_model_proposes_from_the_current_context(tiny_model, tiny_draft, s
     continuation of the current context (greedy: its argmax chain; sampling: q rows are its
     distributions after the drafted prefix), checked against a plain full forward."""
     params = SamplingParams() if sampling == "greedy" else SamplingParams(temperature=1.0, seed=0)
-    drafter = Recording(DraftModel(tiny_draft, 4))
+    drafter = DrafterSpy(DraftModel(tiny_draft, 4))
     _, events = run(tiny_model, drafter, PROMPTS["random_a"], sampling=params, max_new_tokens=MAX_NEW)
     assert sum(e.added_kind == "correction" for e in events) >= 3, "the test needs rejections"
     for context, _, prop in drafter.calls:

@@ -15,7 +15,7 @@ from app.decoding.sampling import SamplingParams
 from app.decoding.target import TransformersTarget
 from app.decoding.tree import depths
 from app.runner import output_ids
-from helpers import Recording, ancestors_path, check_target_probs, expected_added_kind, run
+from helpers import DrafterSpy, ancestors_path, check_target_probs, expected_added_kind, run
 
 PROMPTS = {
     "repeat": [5, 6, 7, 8] * 6,
@@ -198,7 +198,7 @@ def test_lookahead_proposal_depth_fits_room(room):
 
 def test_lookahead_proposals_fit_the_trt_llm_budget(tiny_model):
     for args in [(4, 3, 4), (5, 4, 5), (7, 5, 7), (2, 2, 1)]:
-        drafter = Recording(Lookahead(*args))
+        drafter = DrafterSpy(Lookahead(*args))
         run(tiny_model, drafter, PROMPTS["repeat"], max_new_tokens=40)
         assert max(len(p.tokens) for _, _, p in drafter.calls) <= max_draft_len(*args)
         assert any(p.num_draft < len(p.tokens) for _, _, p in drafter.calls), "the Jacobi window is run"
@@ -326,7 +326,7 @@ def test_prompt_one_short_of_the_context_gives_one_token(short_model):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_generation_stops_at_the_end_of_the_context(short_model, mode, sampling):
     prompt = PROMPTS["repeat"]  # 24 of the 48 positions
-    drafter = Recording(MODES[mode](short_model, short_model))
+    drafter = DrafterSpy(MODES[mode](short_model, short_model))
     out, events = run(short_model, drafter, prompt, sampling=SAMPLINGS[sampling], max_new_tokens=100)
     check_trace(events, max_new_tokens=100, context_limit=48, prompt_len=len(prompt))
     assert len(prompt) + len(out) == 48

@@ -27,7 +27,7 @@ from app.modes.notation import medusa_choices
 from app.heads import medusa as mh
 from app.heads import vocab
 from app.heads.medusa import MedusaConfig, MedusaError, MedusaHeads, medusa_loss
-from helpers import Recording, run, tiny_llama
+from helpers import DrafterSpy, run, tiny_llama
 
 MAX_NEW = 40
 V, H = 96, 32
@@ -271,7 +271,7 @@ def test_greedy_with_a_draft_vocabulary_equals_autoregressive(tiny_model, oracle
 def test_every_proposal_reads_the_hidden_state_under_the_root(tiny_model, oracle_heads, sampling):
     """The heads must read the hidden state that produced the root (at the token before it): checked
     against a plain full forward over the context, after accepted and rejected steps alike."""
-    rec = Recording(drafter(tiny_model, oracle_heads, "wide"))
+    rec = DrafterSpy(drafter(tiny_model, oracle_heads, "wide"))
     _, events = run(tiny_model, rec, PROMPTS["random_b"], sampling=sampling, max_new_tokens=MAX_NEW)
     assert sum(len(e.accepted) for e in events) >= (5 if sampling.greedy else 1), "the check needs accepted drafts"
     lm_head = tiny_model.get_output_embeddings()
@@ -306,7 +306,7 @@ def test_trees_trimmed_near_the_context_end(short_model):
     """A 48-token context: the last steps have less room than the tree; output still equals autoregressive."""
     heads = random_heads(seed=4)
     for prompt in ([5, 6, 7, 8] * 9, _random(7, n=30)):
-        rec = Recording(drafter(short_model, heads, "wide"))
+        rec = DrafterSpy(drafter(short_model, heads, "wide"))
         out, events = run(short_model, rec, prompt, max_new_tokens=100)
         assert out == ar_reference(short_model, prompt, 100)
         assert len(prompt) + len(out) == 48 and events[-1].finish_reason == "length"

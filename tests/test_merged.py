@@ -29,7 +29,7 @@ from app.decoding.tree import children, depths, graft, path_to
 from app.modes import configs
 from app.ui import render
 from app.ui import settings as run_settings
-from helpers import Recording, run
+from helpers import DrafterSpy, run
 from test_eagle import PROMPTS, ar_reference, make_module, trained  # noqa: F401 (fixture)
 from test_medusa import drafter as medusa_drafter
 from test_medusa import oracle_heads  # noqa: F401 (fixture)
@@ -115,7 +115,7 @@ def test_greedy_merged_tree_equals_autoregressive(tiny_model, trained, oracle_he
     primary = {"eagle": lambda: Eagle(trained, embed, 12, 4, 3),
                "eagle_pruned": lambda: Eagle(trained, embed, 12, 4, 3, min_path_prob=0.05),
                "medusa": lambda: medusa_drafter(tiny_model, oracle_heads, "small")}[kind]
-    rec = Recording(Merged(primary(), _pl()))
+    rec = DrafterSpy(Merged(primary(), _pl()))
     out, events = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
     assert out == ar_reference(tiny_model, PROMPTS[prompt])
     for (_, room, prop), event in zip(rec.calls, events[1:]):

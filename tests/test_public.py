@@ -6,7 +6,6 @@ in a real browser (Playwright + Debian's chromium)."""
 import json
 import math
 import re
-import shutil
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +19,7 @@ from app import models
 from app.modes import ConfigError
 from app.service.api import Service
 from app.service.policy import Policy
-from helpers import free_port, running_server, soak
+from helpers import chromium, free_port, running_server, soak
 
 pytestmark = pytest.mark.bundled
 
@@ -579,16 +578,8 @@ def rss_mb(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(chromium).exists():
-        pytest.fail("chromium is missing: scripts/test.sh installs Debian's chromium package")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, headless=True, args=["--headless", "--no-sandbox", "--disable-gpu",
-                                                                            "--disable-background-networking"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def visit(browser, url):

@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -30,7 +29,7 @@ from app.service.backends import remote
 from app.service.backends.base import Prompt
 from app.service.jobs import Limits
 from app.service.traces import Recording
-from helpers import earlier_design, free_port, running_server, eager
+from helpers import earlier_design, free_port, running_server, run_cli
 from test_web import ARTIFACTS, browser, inspect_step, set_number, wait_status  # noqa: F401  (browser is a fixture)
 
 pytestmark = [pytest.mark.bundled, pytest.mark.vllm]
@@ -80,8 +79,7 @@ def service(store):
 
 
 def cli(store: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app", *eager(args), "--engines-dir", str(store)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli(*args, timeout=timeout, store=store)
 
 
 # ----------------------------------------------------------------------------- engines in the store

@@ -7,7 +7,6 @@ ones the README and docs/ui.md show): a plain test run leaves the working tree a
 import json
 import os
 import re
-import shutil
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -16,16 +15,13 @@ import pytest
 
 from app.ui import settings
 from app.ui.lessons import label
-from helpers import free_port, running_server
+from helpers import chromium, free_port, running_server
 
 pytestmark = pytest.mark.bundled
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "assets" / "screenshots"
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", ROOT / "test-artifacts"))
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
 PROMPT = "Repeat this list exactly: apples, pears, plums, apples, pears, plums."
 RECORDINGS = sorted((ROOT / "assets" / "traces").glob("*.json"))
 RACED = ROOT / "assets" / "traces" / "eagle-roleplay-bfloat16.json"  # a recording with the baseline it raced
@@ -379,14 +375,8 @@ def test_api_engines_plan_build_and_remove(client):
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail("chromium is missing: scripts/test.sh installs Debian's chromium package")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ from app.service.traces import ADDED_KINDS, is_number, steps
 from app.decoding import tree
 from app.ui import explain, markup
 # The display's helpers, used as render.esc etc. across the UI:
-from app.ui.markup import draft_q, esc, norm_texts, num, pruning_html, quotes, tok  # noqa: F401
+from app.ui.markup import draft_q, esc, norm_texts, num, quotes, tok  # noqa: F401
 
 MAX_TREE_NODES = 64
 # Tree SVG node looks (group attributes, box attributes, label weight): the accepted path is thick,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from app.ui import markup
-
 RECORDING = 'the baseline: one target pass per token, nothing drafted.'
 LEARN = """\
 ### Autoregressive (the baseline)
