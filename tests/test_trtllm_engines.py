@@ -280,4 +280,4 @@ def test_a_start_cancelled_while_it_loads_stops_the_worker(processes, tmp_path):
     cancel.set()
     starter.join(30)
     assert errors and "was cancelled" in errors[0] and "its log ends" in errors[0]
-    assert _group_gone(pid) and slow.state(directory)["state"] == "stopped"
+    assert _until(lambda: _group_gone(pid), timeout=15) and slow.state(directory)["state"] == "stopped"

@@ -334,11 +334,18 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+def _reap(pid: int, timeout_s: float = 5.0) -> None:
+    """Collect a server this process started, once it has exited (a killed process is a zombie until then); a server
+    another process started is that one's to collect."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done or time.monotonic() > deadline:  # a SIGKILL lands asynchronously: under load, later than the group check
+            return
+        time.sleep(0.05)
 
 
 def _healthy(url: str) -> bool:
