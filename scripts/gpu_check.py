@@ -62,16 +62,6 @@ def request_for(mode, flavour: str):
     return request
 
 
-def fill(value, build_dir: Path):
-    if isinstance(value, str):
-        return value.replace("{build_dir}", str(build_dir))
-    if isinstance(value, dict):
-        return {k: fill(v, build_dir) for k, v in value.items()}
-    if isinstance(value, list):
-        return [fill(v, build_dir) for v in value]
-    return value
-
-
 def worker_plan(mode, flavour: str, store: engines.EngineStore, root: Path = OUT) -> tuple[dict, dict, Path]:
     """(the app's plan, the worker's --llm file's content, the case's directory). The worker's LLM builds a
     TensorRT engine from the checkpoint itself (the plan's build_config), so nothing is saved ahead of it."""
@@ -81,9 +71,9 @@ def worker_plan(mode, flavour: str, store: engines.EngineStore, root: Path = OUT
     if plan["cannot_run"]:
         raise EngineError("; ".join(plan["cannot_run"]))
     out = root / f"{mode.name}-{flavour}"
-    llm = fill(plan["llm"], out)
-    if flavour == "pytorch" and mode.name in ("prompt_lookup", "draft_target"):
-        llm["disable_overlap_scheduler"] = True  # as engines.trtllm_serve_kwargs sends it (upstream's examples do)
+    llm = engines.fill_build_dir(plan["llm"], out)
+    if engines.overlap_off(flavour, mode.name):
+        llm["disable_overlap_scheduler"] = True
     file = {"trtllm_backend": flavour, "llm": llm, "serves": f"{mode.name} on {models.BUNDLED} ({flavour} backend)"}
     return {**plan, "request": request}, file, out
 
@@ -109,7 +99,7 @@ def prepare(plan: dict, out: Path) -> None:
     if draft in models.DRAFT_ALIASES:
         models.locate(draft)
     for step in plan["prepare"]:
-        target = Path(fill(step["to"], out))
+        target = Path(engines.fill_build_dir(step["to"], out))
         if target.exists():
             continue
         export = {"export_medusa": engines._export_medusa,
@@ -246,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.dry_run:
             ran += 1
-            steps = [f"{s['step']} from {s['from']} to {fill(s['to'], out)}" for s in plan["prepare"]] or ["nothing to export"]
+            steps = [f"{s['step']} from {s['from']} to {engines.fill_build_dir(s['to'], out)}" for s in plan["prepare"]] or ["nothing to export"]
             print(f"== {title}\n  would prepare: {models.BUNDLED} in {models.DEFAULT_ENGINES / 'models'}; {'; '.join(steps)}\n"
                   f"  would start: {' '.join(command(out / 'llm.json', 0, args.python)).replace('--port 0', '--port <free port>')}\n"
                   f"  {out / 'llm.json'}: {json.dumps(file)}\n"

@@ -241,6 +241,19 @@ def marginal(dist: dict, length: int) -> dict:
 FAST_COMMANDS = ("generate", "bench", "serve", "ui")
 
 
+def collect(messages):
+    """A service job's messages as (its start message, its steps, its end message)."""
+    start, steps, end = None, [], None
+    for m in messages:
+        if m["type"] == "start":
+            start = m
+        elif m["type"] == "step":
+            steps.append(m)
+        else:
+            end = m
+    return start, steps, end
+
+
 def run_cli(*args, timeout: float = 900, store: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m app ARGS` from the repository, offline, on the eager pass where the command takes it (`eager`), with
     `--engines-dir store` when given; its output captured."""

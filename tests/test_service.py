@@ -27,7 +27,7 @@ from app.service.backends.base import Prompt
 from app.service.backends.remote import RemoteBackend, RemoteError, body_for
 from app.service.jobs import JobManager, Limits, QueueFull
 from app import runner
-from helpers import busy_cores, free_port, running_server, trtllm_stand_in
+from helpers import busy_cores, collect, free_port, running_server, trtllm_stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "List the days of the week, then list them again in the same order."
@@ -187,18 +187,6 @@ def service():
     s = Service(limits=Limits(max_concurrency=2, max_queue=4, max_new_tokens=64, max_prompt_tokens=300))
     yield s
     s.close()
-
-
-def collect(messages):
-    start, steps, end = None, [], None
-    for m in messages:
-        if m["type"] == "start":
-            start = m
-        elif m["type"] == "step":
-            steps.append(m)
-        else:
-            end = m
-    return start, steps, end
 
 
 @pytest.mark.bundled

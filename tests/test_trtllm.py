@@ -21,7 +21,7 @@ from app.service.backends import tensorrt_llm as trt
 from app.service.backends.base import Prompt
 from app.service.engines import EngineStore, spec_for, trtllm_plan, trtllm_serve_kwargs
 from app.ui import render
-from helpers import tiny_llama, trtllm_stand_in
+from helpers import collect, tiny_llama, trtllm_stand_in
 
 DRAFT = f"{models.BUNDLED}-draft"
 PREPARED = models.DEFAULT_ENGINES / "models"
@@ -48,18 +48,6 @@ def target(tmp_path) -> Path:
     path = tmp_path / "target"
     tiny_llama(vocab=96, hidden=32, layers=1).save_pretrained(path)
     return path
-
-
-def collect(messages):
-    start, steps, end = None, [], None
-    for m in messages:
-        if m["type"] == "start":
-            start = m
-        elif m["type"] == "step":
-            steps.append(m)
-        else:
-            end = m
-    return start, steps, end
 
 
 def within(seconds: float, call):

@@ -568,16 +568,22 @@ def trtllm_serve_kwargs(store: EngineStore, spec: BuildSpec) -> dict:
     llm = dict(plan["llm"])
     if plan["save"] or plan["prepare"]:
         build_dir = store.builds / store.build(spec)["id"]
-        llm = _fill(llm, build_dir)
+        llm = fill_build_dir(llm, build_dir)
         if plan["save"]:
             # The engine bakes in the build settings; the tokenizer still comes from the model.
             llm.pop("build_config", None)
-            llm.update(model=_fill(plan["save"], build_dir), tokenizer=plan["llm"]["model"])
+            llm.update(model=fill_build_dir(plan["save"], build_dir), tokenizer=plan["llm"]["model"])
     # No enable_iter_perf_stats: iteration statistics are engine-wide (every request of each iteration) and the backend
     # takes a run's figures from its own result (backends/tensorrt_llm.py).
-    if plan["trtllm_backend"] == "pytorch" and spec.mode in ("prompt_lookup", "draft_target"):
-        llm["disable_overlap_scheduler"] = True  # as the NGram / DraftTarget examples do
+    if overlap_off(plan["trtllm_backend"], spec.mode):
+        llm["disable_overlap_scheduler"] = True
     return llm
+
+
+def overlap_off(trtllm_backend: str, mode: str) -> bool:
+    """Whether an engine of this mode runs without the overlap scheduler, as upstream's NGram and DraftTarget examples
+    on the PyTorch backend do (a runtime field: not in the plan)."""
+    return trtllm_backend == "pytorch" and mode in ("prompt_lookup", "draft_target")
 
 
 def _artifact_config(src: str | None) -> dict:
@@ -665,13 +671,14 @@ def _check_eagle3_checkpoint(directory: Path, config: dict, captured: int, canno
                           f"captured layers = {width} inputs and its load fails on anything else")
 
 
-def _fill(value: Any, build_dir: Path) -> Any:
+def fill_build_dir(value: Any, build_dir: Path) -> Any:
+    """A plan's value with its `{build_dir}` placeholders made that build's directory."""
     if isinstance(value, str):
         return value.replace("{build_dir}", str(build_dir))
     if isinstance(value, dict):
-        return {k: _fill(v, build_dir) for k, v in value.items()}
+        return {k: fill_build_dir(v, build_dir) for k, v in value.items()}
     if isinstance(value, list):
-        return [_fill(v, build_dir) for v in value]
+        return [fill_build_dir(v, build_dir) for v in value]
     return value
 
 
@@ -697,9 +704,9 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
             export = {"export_medusa": _export_medusa,
                       # ModelOpt 0.37's layout: `midlayer.*` names, TensorRT-LLM's numbering in its config
                       "export_eagle": lambda *a: _export_eagle(*a, layout="modelopt")}[step["step"]]
-            export(Path(step["from"]), Path(where), Path(_fill(step["to"], out)), spec.model)
+            export(Path(step["from"]), Path(where), Path(fill_build_dir(step["to"], out)), spec.model)
         try:
-            kwargs = trt.llm_objects(_fill(plan["llm"], out))  # checked by the installed version's own classes
+            kwargs = trt.llm_objects(fill_build_dir(plan["llm"], out))  # checked by the installed version's own classes
         except ConfigError as err:
             raise BuildError(str(err)) from err
         if plan["save"]:  # the PyTorch backend has nothing to compile: its LLM is made when it serves
@@ -707,7 +714,7 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
             llm = trt.import_object(plan["llm_class"])(**kwargs)
             try:
                 progress(0.9, "saving the engine")
-                llm.save(_fill(plan["save"], out))
+                llm.save(fill_build_dir(plan["save"], out))
             finally:
                 llm.shutdown()
         kind = "tensorrt-engine" if plan["save"] else "tensorrt-pytorch"

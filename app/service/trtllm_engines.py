@@ -74,7 +74,7 @@ def unavailable(settings: Settings) -> str | None:
 
 def worker_file(plan: dict, build_dir: Path, serves: str | None = None) -> dict:
     """The worker's --llm file from a trtllm_plan: its LLM(...) arguments with the build's directory filled in."""
-    return {"trtllm_backend": plan["trtllm_backend"], "llm": engines._fill(plan["llm"], build_dir), "serves": serves}
+    return {"trtllm_backend": plan["trtllm_backend"], "llm": engines.fill_build_dir(plan["llm"], build_dir), "serves": serves}
 
 
 def command(settings: Settings, port: int, llm_file: Path) -> list[str]:
