@@ -41,8 +41,11 @@ def test_browser_a_link_copied_after_a_live_run_opens_showing_that_run(page, app
     `run=1`, and opening it runs the setup, saying that a link carries settings, not the run."""
     page.click("text=Sampling and length")
     set_number(page, "max_new_tokens", 24)
+    page.wait_for_function("() => [...document.querySelectorAll('input[aria-label=\"range slider for max_new_tokens\"]')]"
+                           ".some(e => e.value === '24')")  # the page took the value (its range follows the box)
     page.click("#run")
-    wait_status(page, VERDICT)
+    first = wait_status(page, VERDICT)
+    assert "24 tokens" in first, first  # the run ran the setting the link is to carry
     page.click("#copy-link")
     page.wait_for_function("() => /\\?/.test(document.querySelector('#link textarea, #link input')?.value || '')")
     link = page.locator("#link textarea, #link input").first.input_value()

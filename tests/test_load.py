@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.service import load
+from app.service import load, traces
 from app.ui import charts, load_tab
 from test_ui_streams import Job  # a finished job's batches
 
@@ -246,3 +246,91 @@ def test_public_mode_caps_a_sweep_and_a_sweep_needs_a_speculative_mode(tmp_path)
     finally:
         public.close()
         operator.close()
+
+
+class _Engine:
+    """A vLLM-shaped HTTP server on 127.0.0.1: /v1/completions streams `tokens` tokens `per_chunk` at a time, each
+    chunk `delays.pop(0)` seconds apart (the load of the moment); /metrics counts drafts when it speculates."""
+
+    def __init__(self, per_chunk: int, delays: list[float], calls: list[str], name: str, tokens: int = 8):
+        import http.server
+        import threading
+
+        engine = self
+        self.drafts = self.accepted = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                text = "" if per_chunk == 1 else "".join(
+                    f'vllm:spec_decode_{k}_total{{model_name="m"}} {v}\n'
+                    for k, v in (("num_drafts", engine.drafts), ("num_draft_tokens", 3 * engine.drafts),
+                                 ("num_accepted_tokens", engine.accepted)))
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(text.encode())
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                calls.append(f"{name}:{body['max_tokens']}")
+                delay = delays.pop(0) if body["max_tokens"] == tokens else 0.0
+                self.send_response(200)
+                self.end_headers()
+                for i in range(0, body["max_tokens"], per_chunk):
+                    time.sleep(delay)
+                    ids = list(range(i, min(i + per_chunk, body["max_tokens"])))
+                    if per_chunk > 1:
+                        engine.drafts, engine.accepted = engine.drafts + 1, engine.accepted + len(ids) - 1
+                    self.wfile.write(f"data: {json.dumps({'choices': [{'token_ids': ids}]})}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_the_one_request_point_runs_each_engine_twice_a_b_b_a_and_pools_them():
+    """One request's point is what the figures rule reads (a verify step contains a plain step), and engines run one
+    after the other: a load that rose during the pair would make the second engine look slow. At N = 1 each engine
+    runs twice, A B B A, pooled; at N > 1 once each. The load here falls, then rises: the first pair alone reads a
+    step of τ 2 at 0.4 plain steps (withheld); pooled, (20 + 80) ÷ (50 + 10) = 1.67."""
+    import threading
+
+    calls: list[str] = []
+    # Per-chunk delays in run order: plain 50 ms, spec 20 ms (2 tokens), spec 80 ms, plain 10 ms; then N = 2.
+    plain = _Engine(1, [0.050, 0.010, 0.02, 0.02], calls, "plain")
+    spec = _Engine(2, [0.020, 0.080, 0.04, 0.04], calls, "spec")
+    targets = (load.Target(load.PLAIN, plain.url, "m"), load.Target("vllm_ngram", spec.url, "m", {"method": "ngram"}))
+    points = list(load.points(targets[0], [targets[1]], [[1, 2, 3]] * 2, [1, 2], 8, threading.Event(), timeout_s=10))
+    assert [c for c in calls if c.endswith(":8")] == ["plain:8", "spec:8", "spec:8", "plain:8"] + ["plain:8"] * 2 + ["spec:8"] * 2
+    one = {p["row"]: p for p in points if p["n"] == 1}
+    assert {p["n"] for p in points} == {1, 2} and len(one) == 2
+    assert [q["prompt"] for q in one["vllm_ngram"]["requests"]] == [0, 0]  # two runs of one request, pooled
+    assert one["vllm_ngram"]["tau"] == pytest.approx(2.0) and one["vllm_ngram"]["moments"]["n"] == 6
+    first = load.speedups(points, "vllm_ngram")[0]
+    assert first["n"] == 1 and 1.3 < first["step_cost"] < 2.2, first
+    assert first["reach"] >= 1.0 and load_tab.note({"points": points}).startswith("**vLLM ngram")
+    for e in (plain, spec):
+        e.server.shutdown()
+
+
+def test_a_one_request_step_under_its_plain_step_is_withheld_unless_its_spread_reaches_it():
+    """The figures rule with the step times' spread, as the Run tab reads its race: a bursty plain run (a few slow
+    steps) whose interval reaches one plain step is read at the bound; steady steps with the same mean are withheld."""
+    def point(row, steps, tau):
+        spt = sum(s for _, s in steps) / sum(t for t, _ in steps)
+        return {**pt(row, 1, 1 / spt, spt, tau), "tau_streamed": tau, "moments": traces.moments(steps)}
+
+    steady_spec = [(2, 0.016)] * 8 + [(2, 0.018)] * 8  # a step of 17 ms, τ 2
+    bursty_plain = [(1, 0.010)] * 12 + [(1, 0.070)] * 4  # mean 25 ms: the step reads 0.68 plain steps
+    steady_plain = [(1, 0.024), (1, 0.026)] * 8  # the same mean, steady
+    bursty = load_tab.note({"points": [point(load.PLAIN, bursty_plain, 1.0), point("vllm_ngram", steady_spec, 2.0)]})
+    assert "costs 1.00 plain steps: 2.00× per request" in bursty, bursty
+    assert bursty.count("at N = 1") == 2 and "grew" not in bursty  # one N: said once (its head and its step)
+    steady = load_tab.note({"points": [point(load.PLAIN, steady_plain, 1.0), point("vllm_ngram", steady_spec, 2.0)]})
+    assert steady.startswith("**No figures from this sweep**") and "0.68 plain steps (its spread reaching 0.7" in steady
+    recorded = json.loads(json.dumps(load.document({"points": [
+        {**point(load.PLAIN, bursty_plain, 1.0), "requests": []}, {**point("vllm_ngram", steady_spec, 2.0), "requests": []}]})))
+    assert load_tab.note(load.parse(recorded)) == bursty  # a recording keeps what the rule reads

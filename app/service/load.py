@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from app.modes import ConfigError
+from app.service import traces
 from app.service.backends import remote
 
 DEFAULT_N = (1, 2, 4, 8, 16)
@@ -104,7 +105,7 @@ def _request(target: Target, prompt_ids: list[int], max_new_tokens: int, cancel:
     req = urllib.request.Request(target.url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     out: dict[str, Any] = {"token_ids": [], "chunks": 0, "first_s": None, "last_s": None, "finish_reason": None,
-                           "error": None}
+                           "error": None, "steps": []}
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as response:
             for chunk in remote.sse(response):
@@ -114,6 +115,8 @@ def _request(target: Target, prompt_ids: list[int], max_new_tokens: int, cancel:
                 ids = [int(t) for t in choice.get("token_ids") or []]
                 if ids:
                     now = time.perf_counter() - start
+                    if out["last_s"] is not None:  # an engine step after the first: (tokens, seconds) for its spread
+                        out["steps"].append((len(ids), now - out["last_s"]))
                     out["first_s"] = now if out["first_s"] is None else out["first_s"]
                     out["last_s"] = now
                     out["token_ids"] += ids
@@ -130,6 +133,12 @@ def _request(target: Target, prompt_ids: list[int], max_new_tokens: int, cancel:
 def measure(target: Target, prompts: list[list[int]], max_new_tokens: int, cancel: threading.Event,
             timeout_s: float = 300.0) -> dict[str, Any]:
     """N = len(prompts) requests sent to `target` at once; the point's figures and each request's."""
+    return point(target.row, *_measured(target, prompts, max_new_tokens, cancel, timeout_s), bool(target.speculative))
+
+
+def _measured(target: Target, prompts: list[list[int]], max_new_tokens: int, cancel: threading.Event,
+              timeout_s: float) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
+    """What `measure` makes its point of: each request's record, the wall time, the spec-decode counters' growth."""
     engine = remote.Engine(target.url, target.model)
     before = engine.counters() if target.speculative else {}
     start = time.perf_counter()
@@ -146,16 +155,19 @@ def measure(target: Target, prompts: list[list[int]], max_new_tokens: int, cance
     wall = max([r["last_s"] for r in results if r.get("last_s") is not None], default=time.perf_counter() - start)
     streamed_accepted = sum(len(r["token_ids"]) - r["chunks"] for r in results)
     counters = remote.settled(remote.Engine(target.url, target.model), before, streamed_accepted) if before else {}
-    return point(target.row, results, wall, counters, bool(target.speculative))
+    return results, wall, counters
 
 
-def point(row: str, results: list[dict[str, Any]], wall_s: float, counters: dict[str, Any], speculates: bool) -> dict[str, Any]:
-    """A sweep point from its requests' records (pure): see `points` for its fields."""
+def point(row: str, results: list[dict[str, Any]], wall_s: float, counters: dict[str, Any], speculates: bool,
+          n: int | None = None) -> dict[str, Any]:
+    """A sweep point from its requests' records (pure): see `points` for its fields. `n`: the requests sent at once
+    when `results` pools repeats of them (prompt i of a repeat is prompt i % n)."""
+    n_at_once = n or len(results)
     requests = []
     for i, r in enumerate(results):
-        n = len(r.get("token_ids") or [])
-        tpot = (r["last_s"] - r["first_s"]) / (n - 1) if n > 1 else None
-        requests.append({"prompt": i, "new_tokens": n, "chunks": r.get("chunks", 0), "ttft_s": r.get("first_s"),
+        count = len(r.get("token_ids") or [])
+        tpot = (r["last_s"] - r["first_s"]) / (count - 1) if count > 1 else None
+        requests.append({"prompt": i % n_at_once, "new_tokens": count, "chunks": r.get("chunks", 0), "ttft_s": r.get("first_s"),
                          "tpot_s": tpot, "elapsed_s": r.get("last_s"), "finish_reason": r.get("finish_reason"),
                          "error": r.get("error"), "token_ids": list(r.get("token_ids") or [])})
     tokens = sum(q["new_tokens"] for q in requests)
@@ -166,11 +178,12 @@ def point(row: str, results: list[dict[str, Any]], wall_s: float, counters: dict
     # (tokens - accepted would count passes only if no request's last step were cut by max_tokens after accepting more.)
     drafts = counters.get("num_drafts") if counters else None
     tau = (1 + counters["num_accepted_tokens"] / drafts if drafts else None) if speculates else 1.0
-    return {"row": row, "n": len(results), "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+    steps = [tuple(x) for r in results for x in r.get("steps") or []]
+    return {"row": row, "n": n_at_once, "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
             "seconds_per_token": sum(tpots) / len(tpots) if tpots else None,
             "ttft_s": sum(ttfts) / len(ttfts) if ttfts else None, "tau": tau,
             "tau_streamed": tokens / chunks if chunks else None, "new_tokens": tokens, "wall_s": wall_s,
-            "spec_decode": counters or None, "requests": requests}
+            "spec_decode": counters or None, "moments": traces.moments(steps), "requests": requests}
 
 
 def points(plain: Target, speculative: Sequence[Target], prompts: list[list[int]], ns: Sequence[int],
@@ -195,16 +208,29 @@ def points(plain: Target, speculative: Sequence[Target], prompts: list[list[int]
         _request(target, prompts[-1][:8], 4, cancel, time.perf_counter(), timeout_s)
     start = time.perf_counter()
     reference: dict[int, list[int]] = {}
+    order = [plain, *speculative]
     for n in ns:
-        for target in (plain, *speculative):
-            if cancel.is_set():
-                return
-            p = measure(target, prompts[:n], max_new_tokens, cancel, timeout_s)
-            if any(q["finish_reason"] == "cancelled" for q in p["requests"]):
-                return
-            failed = next((q["error"] for q in p["requests"] if q["error"]), None)
-            if failed:
-                raise LoadError(f"a request to the {target.row} engine failed: {failed}")
+        # At N = 1, the point the figures rule reads (one request's verify step contains a plain step), each engine
+        # runs twice in the order A B … B A and its two runs are pooled: a load that rose or fell during the pair
+        # weighs on both sides alike (an engine cannot be stepped in turn with another within a request, as the Run
+        # tab's race steps two runs).
+        rounds = [order, order[::-1]] if n == 1 else [order]
+        runs: dict[str, list[tuple[list[dict[str, Any]], float, dict[str, Any]]]] = {t.row: [] for t in order}
+        for targets in rounds:
+            for target in targets:
+                if cancel.is_set():
+                    return
+                results, wall, counters = _measured(target, prompts[:n], max_new_tokens, cancel, timeout_s)
+                if any(r["finish_reason"] == "cancelled" for r in results):
+                    return
+                failed = next((r["error"] for r in results if r["error"]), None)
+                if failed:
+                    raise LoadError(f"a request to the {target.row} engine failed: {failed}")
+                runs[target.row].append((results, wall, counters))
+        for target in order:
+            measured = runs[target.row]
+            p = point(target.row, [r for results, _, _ in measured for r in results], sum(w for _, w, _ in measured),
+                      _pooled([c for _, _, c in measured]), bool(target.speculative), n)
             if target is plain:
                 for q in p["requests"]:
                     reference.setdefault(q["prompt"], q["token_ids"])
@@ -214,6 +240,16 @@ def points(plain: Target, speculative: Sequence[Target], prompts: list[list[int]
             p["identical_share"] = sum(q["identical"] for q in judged) / len(judged) if judged else None
             p["at_s"] = time.perf_counter() - start
             yield p
+
+
+def _pooled(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """Repeats' spec-decode counter growths summed ({} for an engine without counters)."""
+    if not any(deltas):
+        return {}
+    out: dict[str, Any] = {key: sum(d.get(key, 0) for d in deltas) for key in remote.COUNTERS}
+    per_pos = [d.get("accepted_per_pos") or [] for d in deltas]
+    out["accepted_per_pos"] = [sum(p[i] for p in per_pos if i < len(p)) for i in range(max(map(len, per_pos)))]
+    return out
 
 
 def run(plain: Target, speculative: Sequence[Target], prompts: list[list[int]], ns: Sequence[int], max_new_tokens: int,
@@ -263,7 +299,9 @@ def speedups(points: list[dict], row: str, plain: str = PLAIN) -> list[dict[str,
     request), `throughput` (the row's tokens/s over the plain engine's), τ (tokens per engine step as streamed), and
     `step_cost` (a speculative step's time in plain steps at that N: time per token × τ; latency = τ ÷ step_cost).
     step_cost assumes the N requests share every step; a request that speculation finishes early leaves the rest a
-    smaller, cheaper batch, and step_cost can then fall below 1 (docs/benchmarks.md, suffix at N = 4)."""
+    smaller, cheaper batch, and step_cost can then fall below 1 (docs/benchmarks.md, suffix at N = 4).
+    `reach`: how far above its reading the 95 % interval of the step times' spread goes (traces.reach; 1 without
+    the points' `moments`)."""
     by = {(p["row"], p["n"]): p for p in points}
     out = []
     for n in sorted({p["n"] for p in points if p["row"] == row}):
@@ -274,7 +312,8 @@ def speedups(points: list[dict], row: str, plain: str = PLAIN) -> list[dict[str,
         tau = mine.get("tau_streamed") or mine.get("tau")
         spt, base_spt = mine.get("seconds_per_token"), base.get("seconds_per_token")
         latency = base_spt / spt if spt and base_spt else None
-        out.append({"n": n, "latency": latency,
+        interval = traces.spread_of(mine.get("moments"), base.get("moments"))
+        out.append({"n": n, "latency": latency, "reach": traces.reach(interval),
                     "throughput": mine["tokens_per_s"] / base["tokens_per_s"] if base.get("tokens_per_s") else None,
                     "tau": tau, "step_cost": spt * tau / base_spt if spt and base_spt and tau else None,
                     "plain_tokens_per_s": base.get("tokens_per_s")})
@@ -345,6 +384,10 @@ def parse(data: Any) -> dict[str, Any]:
                 and abs(value) < 1e9 else None
         if clean["tokens_per_s"] is None:
             raise LoadError("a point of the sweep has no tokens per second")
+        m = p.get("moments")
+        if isinstance(m, dict) and set(m) == {"n", "t", "s", "tt", "ts", "ss"} and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e12 for v in m.values()):
+            clean["moments"] = {k: float(v) for k, v in m.items()}
         points.append(clean)
     out = {"kind": "load-sweep", "points": points}
     for key in ("model", "dtype", "mode", "method", "cpu", "recorded", "finish_reason"):

@@ -170,27 +170,44 @@ def step_times(events: list[dict] | None) -> list[tuple[int, float]]:
     return out
 
 
+def moments(steps: list[tuple[int, float]]) -> dict[str, float] | None:
+    """What `spread` needs of a run's (tokens, seconds) steps, in six sums (a sweep keeps these, not every step)."""
+    if len(steps) < 2:
+        return None
+    return {"n": float(len(steps)), "t": float(sum(t for t, _ in steps)), "s": sum(s for _, s in steps),
+            "tt": float(sum(t * t for t, _ in steps)), "ts": sum(t * s for t, s in steps), "ss": sum(s * s for _, s in steps)}
+
+
 def spread(run: list[tuple[int, float]], base: list[tuple[int, float]]) -> tuple[float, float] | None:
     """A 95 % interval of the decoding speedup (tokens/s after the prefill over the baseline's) from the spread of
     step times. It says how much the figure rests on a few slow or fast steps; a machine whose load drifted during both
-    runs alike is not seen by it (the race steps both in turn for that). Each run's rate is a ratio of sums over its
-    steps, whose variance the delta method gives in one pass (a bootstrap took ~0.7 s for 4000 steps, per Compare row)."""
-    if len(run) < 2 or len(base) < 2:
+    runs alike is not seen by it (the race steps both in turn for that)."""
+    return spread_of(moments(run), moments(base))
+
+
+def spread_of(run: dict[str, float] | None, base: dict[str, float] | None) -> tuple[float, float] | None:
+    """`spread` from the two runs' `moments`. Each run's rate is a ratio of sums over its steps, whose variance the
+    delta method gives from the sums (a bootstrap took ~0.7 s for 4000 steps, per Compare row)."""
+    if not run or not base or run["n"] < 2 or base["n"] < 2:
         return None
 
-    def rate_and_relative_variance(steps):
-        n, tokens, seconds = len(steps), sum(t for t, _ in steps), sum(s for _, s in steps)
-        if seconds <= 0:
+    def rate_and_relative_variance(m):
+        if m["s"] <= 0:
             return None
-        rate = tokens / seconds
-        residual = sum((t - rate * s) ** 2 for t, s in steps) / (n - 1)
-        return rate, residual * n / seconds**2 / rate**2 if rate else math.inf
+        rate = m["t"] / m["s"]
+        residual = max(0.0, m["tt"] - 2 * rate * m["ts"] + rate * rate * m["ss"]) / (m["n"] - 1)  # Σ(t - rate·s)²
+        return rate, residual * m["n"] / m["s"] ** 2 / rate**2 if rate else math.inf
 
     a, b = rate_and_relative_variance(run), rate_and_relative_variance(base)
     if a is None or b is None or not b[0]:
         return None
     ratio, width = a[0] / b[0], 1.96 * math.sqrt(a[1] + b[1])  # on the log scale: a ratio's interval is not symmetric
     return ratio * math.exp(-width), ratio * math.exp(width)
+
+
+def reach(interval: tuple[float, float] | None) -> float:
+    """How far a reading's 95 % interval goes above it (symmetric in log): figures.at_least_one's `reach`."""
+    return math.sqrt(interval[1] / interval[0]) if interval and interval[0] > 0 else 1.0
 
 
 def pass_kind(note: str | None) -> str | None:
@@ -215,18 +232,17 @@ def speedup_parts(events: list[dict] | None, baseline: list[dict] | None,
     ar_step = base["seconds"] / base["tokens"]  # autoregressive commits one token a step
     step = run["seconds"] / run["steps"]
     interval = spread(step_times(events), step_times(baseline))
-    # How far the step times' spread lets the step cost reach above its reading (the interval is symmetric in log).
-    reach = math.sqrt(interval[1] / interval[0]) if interval and interval[0] > 0 else 1.0
-    cost, possible = figures.at_least_one(step / ar_step, reach)
+    up = reach(interval)  # how far the step times' spread lets the step cost reach above its reading
+    cost, possible = figures.at_least_one(step / ar_step, up)
     parts = {"tau": run["tokens"] / run["steps"], "step_cost": cost, "verify": None, "draft": None, "loop": None}
     doubt = None if possible else (f"a step took {step / ar_step:.2f} of an autoregressive step (its spread reaching "
-                                   f"{step / ar_step * reach:.2f}), less than the one-token target pass it contains")
+                                   f"{step / ar_step * up:.2f}), less than the one-token target pass it contains")
     if run["verify_s"] is not None:
         verify, draft = run["verify_s"] / run["steps"] / ar_step, run["draft_s"] / run["steps"] / ar_step
         parts.update(verify=verify, draft=draft, loop=max(0.0, cost - verify - draft))
         if base["verify_s"]:  # a verify pass against the baseline's own pass over one token
             ratio = (run["verify_s"] / run["steps"]) / (base["verify_s"] / base["steps"])
-            if not figures.at_least_one(ratio, reach)[1] and doubt is None:  # the verify times share the steps' noise
+            if not figures.at_least_one(ratio, up)[1] and doubt is None:  # the verify times share the steps' noise
                 doubt = f"a verify pass took {ratio:.2f} of the baseline's one-token pass, though it contains one"
     parts["decoding"] = parts["tau"] / cost
     parts["interval"] = figures.bounded_interval(interval, parts["tau"])

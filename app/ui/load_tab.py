@@ -55,16 +55,17 @@ def note(sweep: dict | None, row: str | None = None) -> str:
     first, last = rows[0], rows[-1]
     # figures: one request's speculative step contains a plain step (at N = 1 it costs at least one), and N requests
     # give at most N times one's throughput. A reading past either was timed under changing load: said, not printed.
-    if first["n"] == 1 and not figures.at_least_one(first["step_cost"])[1]:
+    if first["n"] == 1 and not figures.at_least_one(first["step_cost"], first["reach"])[1]:
         return (f"**No figures from this sweep**: at N = 1 a verify step of vLLM {method} measured "
-                f"{first['step_cost']:.2f} plain steps, less than the plain step it contains: the machine's load changed "
-                "between the two engines' runs; sweep again.")
-    growth = (last["plain_tokens_per_s"] / first["plain_tokens_per_s"]) if first["plain_tokens_per_s"] else None
+                f"{first['step_cost']:.2f} plain steps (its spread reaching {first['step_cost'] * first['reach']:.2f}), "
+                "less than the plain step it contains: the machine's load changed between the two engines' runs; "
+                "sweep again.")
+    growth = (last["plain_tokens_per_s"] / first["plain_tokens_per_s"]) if first["plain_tokens_per_s"] and last is not first else None
     if growth and not figures.within(growth, last["n"] / first["n"]):
         growth = None  # more than N requests can give: the first point was timed under other load
 
     def at(r: dict) -> str:
-        cost = figures.at_least_one(r["step_cost"])[0] if r["n"] == 1 else r["step_cost"]
+        cost = figures.at_least_one(r["step_cost"], r["reach"])[0] if r["n"] == 1 else r["step_cost"]
         return (f"at N = {r['n']} a verify step commits τ {r['tau']:.2f} tokens and costs {cost:.2f} plain "
                 f"steps: {_x(r['tau'] / cost if r['n'] == 1 else r['latency'])} per request")
 
@@ -81,7 +82,7 @@ def note(sweep: dict | None, row: str | None = None) -> str:
         body = f"{at(first)}: a verify step costs more plain steps than the tokens it commits"
     else:
         head = f"vLLM {method} still pays per request at N = {last['n']}, the largest N measured"
-        body = f"{at(first)}; {at(last)}" + (f", while {spare}" if spare else "")
+        body = (f"{at(first)}; {at(last)}" if last is not first else at(first)) + (f", while {spare}" if spare else "")
     tail = {"crosses": f" By total throughput it stops paying at N = {throughput.get('at')}.",
             "never_pays": " By total throughput it does not pay either.",
             "always_pays": f" By total throughput it pays up to N = {throughput.get('last')}."}.get(throughput["state"], "")
