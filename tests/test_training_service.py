@@ -284,6 +284,17 @@ def test_a_finished_eagle3_run_exports_what_engines_load(service, tmp_path):
     name = "trained:" + _fake_run(service.store, models.BUNDLED, "eagle", write=lambda d: eagle.save(module, d, models.BUNDLED))
     made = service.export_trained(name)
     assert made.name == "eagle-eagle3.zip" and made.stat().st_mtime == service.export_trained(name).stat().st_mtime
+    from app.ui.train_tab import TrainTab
+
+    tab = TrainTab(service)  # the button's handler, clicked three times: one download copy, not one a click
+    copies = {tab.export(name, None) for _ in range(3)}
+    assert len(copies) == 1 and len(list(tab._exports.rglob("*.zip"))) == 1
+    exports = tab._exports
+    del tab
+    import gc
+
+    gc.collect()
+    assert not exports.exists()  # gone with the tab
     with zipfile.ZipFile(made) as z:
         z.extractall(tmp_path)
     (folder,) = tmp_path.iterdir()

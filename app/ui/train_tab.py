@@ -8,10 +8,12 @@ the status lines), then the tab itself. Nothing here touches tensors or paths: r
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -167,6 +169,9 @@ class TrainTab:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.sessions = Sessions()  # each page's training run, for its Stop
+        # The downloads Gradio serves: one copy per run and format, replaced by a later export, gone with the tab.
+        self._exports = Path(tempfile.mkdtemp(prefix="specdec-export-"))
+        weakref.finalize(self, shutil.rmtree, self._exports, ignore_errors=True)
 
     def layout(self, run_heads: dict[str, gr.Dropdown]) -> None:
         """Build the tab inside the current Blocks context; `run_heads` are the Run tab's heads pickers per kind,
@@ -274,8 +279,10 @@ class TrainTab:
             made = self.service.export_trained(picked, visitor=visitor_of(request))
         except (ConfigError, ModelError, ValueError) as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
-        copy = Path(tempfile.mkdtemp(prefix="specdec-export-")) / made.name
-        shutil.copyfile(made, copy)
+        copy = self._exports / re.sub(r"[^A-Za-z0-9_-]", "_", picked)[:80] / made.name
+        if not copy.is_file() or copy.stat().st_mtime < made.stat().st_mtime:
+            copy.parent.mkdir(exist_ok=True)
+            shutil.copyfile(made, copy)
         return str(copy)
 
     def train(self, data: dict, request: gr.Request):
