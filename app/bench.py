@@ -17,6 +17,7 @@ from app.runner import DecodingConfig
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
 from app.runner import output_ids, run as run_mode, verify_cost
+from app import figures
 from app.service import traces
 
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
@@ -215,11 +216,37 @@ def summarize(runs: list[dict]) -> dict:
         s.update(_step_cost(step_times[(mode, cat)], step_times.get(("autoregressive", cat))))
         ratio = ratio_ci(runs, mode, "autoregressive", None if cat == "overall" else cat) if base else None
         s["speedup_ci"] = list(ratio[1:]) if ratio and ratio[1] is not None else None
+        s["doubt"] = None
+        if base and mode != "autoregressive" and mode not in PEERS and s["mean_accepted_tokens"]:
+            s.update(_possible(s))
         if cat == "overall":
             summary[mode].update(s)
         else:
             summary[mode].setdefault("categories", {})[cat] = s
     return dict(summary)
+
+
+def _possible(s: dict) -> dict:
+    """A mode's figures by the one rule (app/figures.py), against the autoregressive runs of this app's loop it was
+    interleaved with prompt by prompt: a speedup at most τ, its interval bounded by τ, a step at least one
+    autoregressive step (within the noise: at the bound). What breaks them is withheld (None) and `doubt` says why.
+    Peers (transformers' and vLLM's own runs) divide by another engine's baseline: no bound holds, none is applied."""
+    tau, out = s["mean_accepted_tokens"], {}
+    reasons = []
+    if s["speedup"] is not None and not figures.within(s["speedup"], tau):
+        reasons.append(f"its {s['speedup']:.2f}× is more than τ {tau:.2f} allows")
+        out["speedup"] = out["speedup_ci"] = None
+    elif s["speedup"] is not None:
+        out["speedup"] = min(s["speedup"], tau)
+        out["speedup_ci"] = list(figures.bounded_interval(s["speedup_ci"], tau)) if s["speedup_ci"] else None
+    if s.get("step_cost") is not None:
+        cost, possible = figures.at_least_one(s["step_cost"])
+        if not possible:
+            reasons.append(f"a step took {s['step_cost']:.2f} autoregressive steps, less than the pass it contains")
+        out["step_cost"] = cost if possible else None
+    out["doubt"] = ("; ".join(reasons) + ": the runs were timed under other load than their autoregressive runs"
+                    if reasons else None)
+    return out
 
 
 def _tau(runs: list[dict]) -> float | None:
@@ -290,6 +317,7 @@ def ratio_ci(runs: list[dict], a: str, b: str, category: str | None = None, leve
 # Our mode and the transformers peer doing the same job, compared side by side in a bench run.
 VERSUS = (("autoregressive", "hf_generate"), ("prompt_lookup", "hf_prompt_lookup"), ("draft_target", "hf_assisted"),
           *VLLM_PEERS.items())
+PEERS = frozenset(peer for _, peer in VERSUS)
 
 
 def versus(runs: list[dict]) -> list[dict]:
@@ -317,6 +345,7 @@ def format_table(summary: dict) -> str:
     width = max([18, *(len(m) + 2 for m in summary)])
     lines = [f"{'category':<16}{'mode':<{width}}{'tok/s':>8}{'speedup':>9}{'95% CI':>13}{'tau':>7}{'step (draft)':>14}"
              f"{'identical':>11}"]
+    withheld = []
     for cat in [*cats, "overall"]:
         for mode, s in summary.items():
             row = s if cat == "overall" else s.get("categories", {}).get(cat)
@@ -327,9 +356,14 @@ def format_table(summary: dict) -> str:
             ci = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci and mode != "autoregressive" else ""
             step = (f"{row['step_cost']:.2f} ({row['draft_cost']:.2f})" if row.get("step_cost") is not None
                     and mode != "autoregressive" else "")
-            lines.append(f"{cat:<16}{mode:<{width}}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{ci:>13}{tau:>7}"
+            speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+            if row.get("doubt"):
+                speedup, step = (speedup if row["speedup"] is not None else "withheld*"), step or "withheld*"
+                withheld.append(f"* {cat} / {mode}: {row['doubt']}")
+            lines.append(f"{cat:<16}{mode:<{width}}{row['tokens_per_s']:>8.1f}{speedup:>9}{ci:>13}{tau:>7}"
                          f"{step:>14}{row['identical_share']:>10.0%}")
         lines.append("")
+    lines += withheld + ([""] if withheld else [])
     lines.append("step (draft): a decoding step's time in autoregressive steps (of it, drafting). tau / step is the "
                  "speedup after the prefill with all prompts' tokens pooled; the speedup column averages each prompt's "
                  "tokens/s, prefill included, as Spec-Bench does")

@@ -40,9 +40,9 @@ def test_summary_is_a_ratio_of_means_per_category_and_overall():
     assert "rag" in table and "1.50x" in table and "2.00x" in table
 
 
-def paired(mode, tok_s, category="rag"):
-    """One run per prompt id, tokens/s as given."""
-    return [{**record(mode, category, x, 8, 8), "prompt_id": i} for i, x in enumerate(tok_s)]
+def paired(mode, tok_s, category="rag", steps=8):
+    """One run per prompt id, tokens/s as given; 8 tokens in `steps` target passes (τ 8 / steps)."""
+    return [{**record(mode, category, x, 8, steps), "prompt_id": i} for i, x in enumerate(tok_s)]
 
 
 def test_ratio_ci_is_a_paired_bootstrap_over_prompts():
@@ -88,7 +88,7 @@ def test_step_cost_is_a_decoding_step_in_autoregressive_steps():
 
 
 def test_summary_and_versus_carry_the_intervals():
-    runs = (paired("autoregressive", [10.0, 20.0, 30.0]) + paired("prompt_lookup", [15.0, 30.0, 50.0])
+    runs = (paired("autoregressive", [10.0, 20.0, 30.0]) + paired("prompt_lookup", [15.0, 30.0, 50.0], steps=4)
             + paired("hf_prompt_lookup", [12.0, 28.0, 35.0]) + paired("hf_generate", [10.0, 19.0, 30.0]))
     s = bench.summarize(runs)
     low, high = s["prompt_lookup"]["speedup_ci"]
@@ -228,3 +228,23 @@ def test_bench_rejects_an_invalid_config_with_status_2():
 def test_fast_bf16_means_native_bfloat16_instructions_not_just_avx512():
     flags = set(Path("/proc/cpuinfo").read_text().split())
     assert fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def test_the_summary_prints_no_speedup_beyond_tau_and_no_step_under_its_pass():
+    """The one rule in `bench`'s table: our mode's speedup over the autoregressive runs it was interleaved with is at
+    most τ (its interval bounded by τ), a step at least one autoregressive step; beyond, withheld with the reason.
+    A peer divides by another engine's baseline: its ratio stands as measured."""
+    runs = (paired("autoregressive", [10.0, 20.0, 30.0]) + paired("prompt_lookup", [30.0, 50.0, 90.0], steps=4)
+            + paired("suffix", [19.0, 38.0, 58.0], steps=4) + paired("hf_prompt_lookup", [30.0, 60.0, 90.0]))
+    for r in runs:  # decode seconds per step: prompt lookup 0.8 of autoregressive's, suffix 1.5
+        r.update(decode_steps=10, decode_s={"autoregressive": 1.0, "prompt_lookup": 0.8, "suffix": 1.5}.get(r["mode"], 0.0),
+                 draft_s=0.0, verify_s=0.0)
+    s = bench.summarize(runs)
+    pl, sx = s["prompt_lookup"], s["suffix"]
+    assert pl["speedup"] is None and pl["speedup_ci"] is None and pl["step_cost"] is None  # 2.83x at τ 2, step 0.8
+    assert "2.83× is more than τ 2.00 allows" in pl["doubt"] and "a step took 0.80 autoregressive steps" in pl["doubt"]
+    assert sx["doubt"] is None and sx["speedup"] == pytest.approx(1.925) and sx["step_cost"] == pytest.approx(1.5)
+    assert sx["speedup_ci"][1] <= 2.0  # bounded by τ
+    assert s["hf_prompt_lookup"]["speedup"] == pytest.approx(3.0) and s["hf_prompt_lookup"]["doubt"] is None
+    table = bench.format_table(s)
+    assert "withheld*" in table and "* overall / prompt_lookup: its 2.83× is more than τ 2.00 allows" in table

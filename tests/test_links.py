@@ -107,6 +107,9 @@ def test_a_run_of_a_recordings_setup_says_what_differs_when_tau_does():
     live.pass_note = "compiled pass, built in 240 s and loaded in 0.8 s"
     said = against_recording(live, recorded, "eagle-roleplay-bfloat16")
     assert said.startswith("This run of eagle-roleplay-bfloat16's setup: τ ") and "against the recording's" in said
+    t = recorded.events[-1]["totals"]  # τ after the prefill, as the status beside it says τ (one τ on one status)
+    assert f"τ {83 / (len(live.events) - 2):.2f} after the prefill against the recording's " \
+           f"{(t['new_tokens'] - 1) / (t['target_steps'] - 1):.2f}" in said
     assert "pass: compiled here, eager in the recording" in said and "dtype" not in said
     live.pass_note = recorded.pass_note
     assert "the same dtype and pass, on another machine" in against_recording(live, recorded, "x")

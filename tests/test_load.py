@@ -56,7 +56,7 @@ def test_note_explains_the_crossover_from_the_numbers():
     assert "costs 2.40 plain steps: 0.83× per request" in text
     assert "throughput grew 2.5× from N = 1 to N = 8" in text
     assert "By total throughput it stops paying at N = 4" in text
-    assert "made 1.70× at batch 1" in text
+    assert "made 1.70× at batch 1" in text  # SWEEP's `ours` has no `raced`: a recording's whole-run ratio
     always = {"points": SWEEP["points"][:2]}
     assert "still pays per request at N = 1" in load_tab.note(always)
     never = {"points": [pt("vllm_generate", 1, 20.0, 0.05), pt("vllm_suffix", 1, 10.0, 0.08, 1.2)]}
@@ -76,6 +76,7 @@ def test_note_prints_no_figure_past_what_one_step_or_n_requests_allow():
     grew = {"points": [pt("vllm_generate", 1, 10.0, 0.050), pt("vllm_ngram", 1, 15.0, 0.050 * 1.25 / 2, 2.0),
                        pt("vllm_generate", 4, 52.0, 0.080), pt("vllm_ngram", 4, 45.0, 0.080 * 2.4 / 2, 2.0)]}
     assert "5.2×" not in load_tab.note(grew) and "grew" not in load_tab.note(grew)
+    assert "No growth of the plain engine's throughput is read: from N = 1 to N = 4" in load_tab.note(grew)
     assert "grew 2.5×" in load_tab.note(SWEEP)
 
 
@@ -329,7 +330,11 @@ def test_a_one_request_step_under_its_plain_step_is_withheld_unless_its_spread_r
     bursty = load_tab.note({"points": [point(load.PLAIN, bursty_plain, 1.0), point("vllm_ngram", steady_spec, 2.0)]})
     assert "costs 1.00 plain steps: 2.00× per request" in bursty, bursty
     assert bursty.count("at N = 1") == 2 and "grew" not in bursty  # one N: said once (its head and its step)
-    steady = load_tab.note({"points": [point(load.PLAIN, steady_plain, 1.0), point("vllm_ngram", steady_spec, 2.0)]})
+    steady_points = [point(load.PLAIN, steady_plain, 1.0), point("vllm_ngram", steady_spec, 2.0)]
+    steady = load_tab.note({"points": steady_points})
+    assert "N=1: - per request (time per token), - tokens/s (all requests), tau 2.00 (withheld: at N = 1 a verify " \
+           "step measured 0.68 plain steps" in load.format_lines(steady_points)  # the bench's lines alike
+    assert [t.y for t in charts.load_sweep({"points": steady_points}).data[:2]] == [(None,), (None,)]  # nor drawn
     assert steady.startswith("**No figures from this sweep**") and "0.68 plain steps (its spread reaching 0.7" in steady
     recorded = json.loads(json.dumps(load.document({"points": [
         {**point(load.PLAIN, bursty_plain, 1.0), "requests": []}, {**point("vllm_ngram", steady_spec, 2.0), "requests": []}]})))

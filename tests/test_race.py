@@ -128,3 +128,28 @@ def test_figures_take_a_reading_within_the_noise_at_its_bound_and_flag_one_beyon
     assert figures.within(3.8, 3.78) and not figures.within(4.13, 3.78)
     assert figures.monotone([1.0, 1.5, 2.20, 2.17, 3.0]) == ([1.0, 1.5, 2.20, 2.20, 3.0], None)
     assert figures.monotone([1.0, 2.0, 1.5]) == ([1.0, 2.0, 2.0], 2)
+
+
+def test_the_load_tabs_batch_one_point_is_raced_and_read_by_the_same_rule(service):
+    """The Load tab's star (this app's loop at batch 1) was an autoregressive run, then the mode's, their whole-run
+    tokens/s divided: unraced, with no check. Now it races them step by step and reads them as the Run tab does,
+    under a busy loop too: a ratio after the prefill at most τ with its interval, or no ratio and the reason."""
+    from app.service import load
+    from app.ui import load_tab
+
+    data = {"speculative_config": {"decoding_type": "NGram"}, "max_new_tokens": 48, "backend": "transformers",
+            "dtype": "float32"}
+    with busy_cores():
+        ours = load.our_point(service, data, PROMPT, threading.Event())
+    assert ours["raced"] and ours["tau"] > 1.5, ours
+    if ours["speedup"] is None:  # withheld: said, as the Run tab says it
+        assert ours["doubt"] and "no ratio shown" in load_tab.ours_said(ours)
+    else:
+        low, high = ours["interval"]
+        assert ours["doubt"] is None and low <= ours["speedup"] <= high <= ours["tau"] * (1 + figures.NOISE)
+        assert "after the prefill at batch 1 (95 % of the step times' spread" in load_tab.ours_said(ours)
+    recorded = load.parse({"kind": "load-sweep", "points": [], "ours": ours})["ours"]
+    assert load_tab.ours_said(recorded) == load_tab.ours_said(ours)  # a recording says the same
+    stopped = threading.Event()
+    stopped.set()
+    assert load.our_point(service, data, PROMPT, stopped) is None

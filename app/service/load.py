@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app import figures
 from app.modes import ConfigError
-from app.service import traces
+from app.service import jobs, traces
 from app.service.backends import remote
+from app.service.backends.base import Prompt
 
 DEFAULT_N = (1, 2, 4, 8, 16)
 MAX_N = 32  # the operator's bound: each request holds KV cache in the engine's fixed 1 GiB
@@ -301,7 +303,11 @@ def speedups(points: list[dict], row: str, plain: str = PLAIN) -> list[dict[str,
     step_cost assumes the N requests share every step; a request that speculation finishes early leaves the rest a
     smaller, cheaper batch, and step_cost can then fall below 1 (docs/benchmarks.md, suffix at N = 4).
     `reach`: how far above its reading the 95 % interval of the step times' spread goes (traces.reach; 1 without
-    the points' `moments`)."""
+    the points' `moments`).
+
+    At N = 1 the figures rule (app/figures.py) applies: one request's verify step contains a plain step, so a
+    step_cost below 1 within its spread's reach is read as 1 (latency τ), and one beyond it withholds both ratios
+    (None) with `doubt` saying why. Above N = 1 a step may cost less (the note above): nothing is withheld."""
     by = {(p["row"], p["n"]): p for p in points}
     out = []
     for n in sorted({p["n"] for p in points if p["row"] == row}):
@@ -312,11 +318,22 @@ def speedups(points: list[dict], row: str, plain: str = PLAIN) -> list[dict[str,
         tau = mine.get("tau_streamed") or mine.get("tau")
         spt, base_spt = mine.get("seconds_per_token"), base.get("seconds_per_token")
         latency = base_spt / spt if spt and base_spt else None
-        interval = traces.spread_of(mine.get("moments"), base.get("moments"))
-        out.append({"n": n, "latency": latency, "reach": traces.reach(interval),
-                    "throughput": mine["tokens_per_s"] / base["tokens_per_s"] if base.get("tokens_per_s") else None,
-                    "tau": tau, "step_cost": spt * tau / base_spt if spt and base_spt and tau else None,
-                    "plain_tokens_per_s": base.get("tokens_per_s")})
+        reach = traces.reach(traces.spread_of(mine.get("moments"), base.get("moments")))
+        r = {"n": n, "latency": latency, "reach": reach,
+             "throughput": mine["tokens_per_s"] / base["tokens_per_s"] if base.get("tokens_per_s") else None,
+             "tau": tau, "step_cost": spt * tau / base_spt if spt and base_spt and tau else None,
+             "plain_tokens_per_s": base.get("tokens_per_s"), "doubt": None}
+        if n == 1 and r["step_cost"] is not None:
+            cost, possible = figures.at_least_one(r["step_cost"], reach)
+            if possible:
+                r["latency"] = tau / cost
+                r["throughput"] = None if r["throughput"] is None else min(r["throughput"], tau)
+            else:
+                r["doubt"] = (f"at N = 1 a verify step measured {r['step_cost']:.2f} plain steps (its spread reaching "
+                              f"{r['step_cost'] * reach:.2f}), less than the plain step it contains: the machine's load "
+                              "changed between the two engines' runs")
+                r["latency"] = r["throughput"] = None
+        out.append(r)
     return out
 
 
@@ -397,9 +414,21 @@ def parse(data: Any) -> dict[str, Any]:
         if isinstance(data.get(key), int):
             out[key] = data[key]
     ours = data.get("ours")
-    if isinstance(ours, dict) and isinstance(ours.get("speedup"), (int, float)) and not isinstance(ours["speedup"], bool):
-        out["ours"] = {"speedup": float(ours["speedup"]),
-                       "tau": float(ours["tau"]) if isinstance(ours.get("tau"), (int, float)) else None}
+    if isinstance(ours, dict):
+        out["ours"] = {"speedup": _positive(ours.get("speedup")), "tau": _positive(ours.get("tau")),
+                       "raced": ours.get("raced") is True,
+                       "doubt": ours["doubt"][:400] if isinstance(ours.get("doubt"), str) else None}
+        interval = ours.get("interval")
+        if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_positive(v) for v in interval):
+            out["ours"]["interval"] = [float(v) for v in interval]
+    return out
+
+
+def _positive(value: Any) -> float | None:
+    """A recorded number read back: a positive finite one, else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e9:
+        return float(value)
+    return None
     return out
 
 
@@ -433,7 +462,6 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
     `starting(mode)` is told each engine's mode (the request's, then autoregressive) before it is started or found
     running: a first start takes minutes, and a page says which one it waits for."""
     from app.prompts import load_prompts
-    from app.service.backends.base import Prompt
     from app.service.backends.vllm import encode
 
     ns = parse_ns(ns, allowed(service.policy))
@@ -510,24 +538,25 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
 
 
 def our_point(service, data: dict[str, Any], prompt: str, cancel: threading.Event) -> dict[str, Any] | None:
-    """This project's own loop at batch 1 (it runs one request at a time): the mode's tokens/s over autoregressive
-    decoding's on the sweep's first prompt, and its τ; None when either was stopped."""
-    from app.service.backends.base import Prompt
+    """This project's own loop at batch 1 (it runs one request at a time), raced step by step against autoregressive
+    decoding on the sweep's first prompt as the Run tab races (jobs.race), read by the same rule
+    (traces.speedup_parts): `speedup` after the prefill with its `interval`, τ, or `doubt` saying why no ratio is
+    shown; None when it was stopped."""
+    backend = service.backends["transformers"]
 
-    figures = {}
-    for name, spec in (("autoregressive", {"decoding_type": "Autoregressive"}), ("mode", data["speculative_config"])):
-        request = service.request({**data, "speculative_config": spec})
-        work = service.backends["transformers"].prepare(service.model, request, Prompt(prompt), service.limits)
-        totals: dict[str, Any] = {}
-        for message in work(cancel):
-            if message.get("type") == "step":
-                totals = message.get("totals") or totals
-        if cancel.is_set() or not totals.get("elapsed_s") or not totals.get("new_tokens"):
-            return None
-        figures[name] = totals
-    tokens_per_s = {k: t["new_tokens"] / t["elapsed_s"] for k, t in figures.items()}
-    return {"speedup": tokens_per_s["mode"] / tokens_per_s["autoregressive"], "tokens_per_s": tokens_per_s["mode"],
-            "tau": figures["mode"]["new_tokens"] / figures["mode"]["target_steps"]}
+    def work(spec: dict) -> Any:
+        return backend.prepare(service.model, service.request({**data, "speculative_config": spec}), Prompt(prompt),
+                               service.limits)
+
+    events: dict[str, list[dict]] = {"run": [], "baseline": []}
+    for message in jobs.race(work(data["speculative_config"]), work({"decoding_type": "Autoregressive"}), True)(cancel):
+        events[message["side"]].append(message)
+    parts = traces.speedup_parts(events["run"], events["baseline"])
+    if cancel.is_set() or parts is None:
+        return None
+    doubt = parts["doubt"]
+    return {"raced": True, "tau": parts["tau"], "speedup": None if doubt else parts["decoding"],
+            "interval": None if doubt else parts["interval"], "doubt": doubt}
 
 
 def format_lines(points: list[dict], plain: str = PLAIN) -> str:
@@ -541,7 +570,7 @@ def format_lines(points: list[dict], plain: str = PLAIN) -> str:
             through = "-" if r["throughput"] is None else f"{r['throughput']:.2f}x"
             tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
             lines.append(f"{row} / {plain} at N={r['n']}: {per} per request (time per token), {through} tokens/s "
-                         f"(all requests), tau {tau}")
+                         f"(all requests), tau {tau}" + (f" (withheld: {r['doubt']})" if r["doubt"] else ""))
         cross = crossover(rows, "latency")
         lines.append(f"{row}: " + {"crosses": f"stops paying per request between N={cross.get('last')} and N={cross.get('at')}",
                                    "never_pays": "does not pay per request at any N measured",

@@ -48,29 +48,27 @@ def note(sweep: dict | None, row: str | None = None) -> str:
     speculative step costs in plain steps, and how much the plain engine's throughput grew with N)."""
     points = (sweep or {}).get("points") or []
     row = row or next((p["row"] for p in points if p.get("row") != load.PLAIN), None)
-    rows = [r for r in load.speedups(points, row) if r["latency"] is not None and r["step_cost"] is not None] if row else []
+    measured = load.speedups(points, row) if row else []
+    method = html.escape((row or "").removeprefix("vllm_"))
+    # figures (load.speedups): one request's verify step contains a plain step; a reading past that was timed under
+    # changing load, and its sweep's figures are said, not printed. So is a growth past N requests' N times one's.
+    withheld = next((r["doubt"] for r in measured if r["doubt"]), None)
+    if withheld:
+        return f"**No figures from this sweep** of vLLM {method}: {withheld}; sweep again."
+    rows = [r for r in measured if r["latency"] is not None and r["step_cost"] is not None]
     if not rows:
         return ""
-    method = html.escape(row.removeprefix("vllm_"))
     first, last = rows[0], rows[-1]
-    # figures: one request's speculative step contains a plain step (at N = 1 it costs at least one), and N requests
-    # give at most N times one's throughput. A reading past either was timed under changing load: said, not printed.
-    if first["n"] == 1 and not figures.at_least_one(first["step_cost"], first["reach"])[1]:
-        return (f"**No figures from this sweep**: at N = 1 a verify step of vLLM {method} measured "
-                f"{first['step_cost']:.2f} plain steps (its spread reaching {first['step_cost'] * first['reach']:.2f}), "
-                "less than the plain step it contains: the machine's load changed between the two engines' runs; "
-                "sweep again.")
     growth = (last["plain_tokens_per_s"] / first["plain_tokens_per_s"]) if first["plain_tokens_per_s"] and last is not first else None
-    if growth and not figures.within(growth, last["n"] / first["n"]):
-        growth = None  # more than N requests can give: the first point was timed under other load
+    past_n = bool(growth) and not figures.within(growth, last["n"] / first["n"])
 
     def at(r: dict) -> str:
-        cost = figures.at_least_one(r["step_cost"], r["reach"])[0] if r["n"] == 1 else r["step_cost"]
+        cost = max(r["step_cost"], 1.0) if r["n"] == 1 else r["step_cost"]  # load.speedups: taken at the bound
         return (f"at N = {r['n']} a verify step commits τ {r['tau']:.2f} tokens and costs {cost:.2f} plain "
-                f"steps: {_x(r['tau'] / cost if r['n'] == 1 else r['latency'])} per request")
+                f"steps: {_x(r['latency'])} per request")
 
     spare = (f"the plain engine's throughput grew {growth:.1f}× from N = {first['n']} to N = {last['n']}: the batch "
-             "filled the compute a verify pass had spare" if growth else "")
+             "filled the compute a verify pass had spare" if growth and not past_n else "")
     cross = load.crossover(rows, "latency")
     throughput = load.crossover(rows, "throughput")
     if cross["state"] == "crosses":
@@ -86,10 +84,27 @@ def note(sweep: dict | None, row: str | None = None) -> str:
     tail = {"crosses": f" By total throughput it stops paying at N = {throughput.get('at')}.",
             "never_pays": " By total throughput it does not pay either.",
             "always_pays": f" By total throughput it pays up to N = {throughput.get('last')}."}.get(throughput["state"], "")
-    ours = (sweep or {}).get("ours")
-    mine = (f" This app's own loop, which runs one request at a time, made {_x(ours['speedup'])} at batch 1."
-            if isinstance(ours, dict) and ours.get("speedup") else "")
-    return f"**{head}**: {body}.{tail}{mine}"
+    if past_n:
+        tail += (f" (No growth of the plain engine's throughput is read: from N = {first['n']} to N = {last['n']} it "
+                 "measured more than that many requests can give, its first point timed under other load.)")
+    return f"**{head}**: {body}.{tail}{ours_said((sweep or {}).get('ours'))}"
+
+
+def ours_said(ours: dict | None) -> str:
+    """The sentence on this app's own loop at batch 1 (load.our_point): its ratio after the prefill with its
+    interval, or why none is shown."""
+    if not isinstance(ours, dict):
+        return ""
+    if ours.get("speedup") and not ours.get("raced"):  # a recording made before the race: its whole-run ratio
+        return f" This app's own loop, which runs one request at a time, made {_x(ours['speedup'])} at batch 1."
+    if ours.get("speedup"):
+        interval = ours.get("interval")
+        spread = f" (95 % of the step times' spread: {_x(interval[0])}–{_x(interval[1])})" if interval else ""
+        return (f" This app's own loop, which runs one request at a time, made {_x(ours['speedup'])} after the prefill at "
+                f"batch 1{spread}, raced step by step against its autoregressive run.")
+    if ours.get("doubt"):
+        return f" This app's own loop at batch 1: no ratio shown, {html.escape(str(ours['doubt']))}."
+    return ""
 
 
 def starting_line(mode: str | None, seconds: float, modes: Modes) -> str:

@@ -125,7 +125,8 @@ def against_recording(run: Recording, recorded: Recording, name: str) -> str:
     rounds by its kernel (CPU, compiled or eager pass), so outputs part after a while and τ with them."""
     if not run.events or not recorded.events or run.request != recorded.request or run.prompt != recorded.prompt:
         return ""
-    taus = [r.events[-1]["totals"]["new_tokens"] / max(r.events[-1]["totals"]["target_steps"], 1) for r in (run, recorded)]
+    # τ after the prefill, as the status beside this note says it (render.totals_line): one τ on one status.
+    taus = [(t["new_tokens"] - 1) / max(t["target_steps"] - 1, 1) for t in (r.events[-1]["totals"] for r in (run, recorded))]
     if run.token_ids == recorded.token_ids and round(taus[0], 2) == round(taus[1], 2):
         return ""
     differs = [f"{what}: {mine or '?'} here, {theirs or '?'} in the recording"
@@ -135,7 +136,7 @@ def against_recording(run: Recording, recorded: Recording, name: str) -> str:
     where = "; ".join(differs) if differs else "the same dtype and pass, on another machine (its CPU's kernels)"
     same = next((i for i, (a, b) in enumerate(zip(run.token_ids, recorded.token_ids)) if a != b),
                 min(len(run.token_ids), len(recorded.token_ids)))
-    return (f"This run of {name}'s setup: τ {taus[0]:.2f} against the recording's {taus[1]:.2f}, the outputs the same "
+    return (f"This run of {name}'s setup: τ {taus[0]:.2f} after the prefill against the recording's {taus[1]:.2f}, the outputs the same "
             f"for {same} tokens. What differs: {where}. A logit rounded otherwise changes a greedy token, and every "
             "draft after it.")
 
