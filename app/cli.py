@@ -393,7 +393,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
             spec = m["spec"]
             size = sum(m.get("files", {}).values()) / 2**20
             server = m.get("server")
-            state = "" if server is None else f"{server['state']} {server.get('url', '')}".rstrip()
+            # A vLLM server's URL, or the port of TensorRT-LLM's worker (it serves this app's own protocol only).
+            state = "" if server is None else f"{server['state']} {server.get('url') or server.get('port') or ''}".rstrip()
             print(f"{m['id']:16}  {spec['model'][:24]:24} {spec['mode']:14} {spec['backend']:12} {m['kind']:20} "
                   f"{m['created'][:24]:24} {m['duration_s']:8.1f} {size:8.1f}  {state}")
         if not builds:
@@ -427,8 +428,9 @@ def cmd_engines(args: argparse.Namespace) -> int:
     manifest = service.engine_build(data, progress=progress)
     json.dump(manifest, sys.stdout, indent=1)
     print()
-    if "server" in manifest:  # a vLLM engine: it keeps running after this command (engines stop / rm ID ends it)
-        print(f"{manifest['id']} {manifest['server'].get('url', manifest['server']['state'])}", file=sys.stderr)
+    if "server" in manifest:  # an engine's server: it keeps running after this command (engines stop / rm ID ends it)
+        server = manifest["server"]
+        print(f"{manifest['id']} {server.get('url') or server.get('port') or server['state']}", file=sys.stderr)
     return 0
 
 

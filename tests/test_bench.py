@@ -243,7 +243,7 @@ def test_the_summary_prints_no_speedup_beyond_tau_and_no_step_under_its_pass():
     pl, sx = s["prompt_lookup"], s["suffix"]
     assert pl["speedup"] is None and pl["speedup_ci"] is None and pl["step_cost"] is None  # 2.83x at τ 2, step 0.8
     assert "2.83× is more than τ 2.00 allows" in pl["doubt"] and "a step took 0.80 autoregressive steps" in pl["doubt"]
-    assert sx["doubt"] is None and sx["speedup"] == pytest.approx(1.925) and sx["step_cost"] == pytest.approx(1.5)
+    assert sx["doubt"] is None and sx["speedup"] == pytest.approx(115 / 60) and sx["step_cost"] == pytest.approx(1.5)
     assert sx["speedup_ci"][1] <= 2.0  # bounded by τ
     assert s["hf_prompt_lookup"]["speedup"] == pytest.approx(3.0) and s["hf_prompt_lookup"]["doubt"] is None
     table = bench.format_table(s)

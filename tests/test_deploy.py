@@ -1,64 +1,45 @@
 """The GPU deployment files (deploy/gpu): no docker or GPU here, so what can be checked without them is: the files
-parse, the two services agree with each other (model name, port, config path), the UI is published on loopback
-only, and the speculative config in trtllm-serve's YAML is what this app's own translation gives and what
-TensorRT-LLM 1.2's config class accepts (the stand-in package, tests/stand_ins)."""
+parse, the one container runs the app with TensorRT-LLM's own environment beside it (the interpreter the app looks
+for), the app's store is mounted so its artifacts reach the worker by path, and the UI is published on loopback only."""
 
 from pathlib import Path
 
 import yaml
 
-from app.modes import configs
+from app.service import trtllm_engines
 from app.service.backends import tensorrt_llm as trt
-from app.service.engines import spec_for, trtllm_plan
-from helpers import trtllm_stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "deploy" / "gpu"
 
 
-def test_the_compose_file_runs_the_ui_against_trtllm_serve():
+def test_the_compose_file_runs_the_app_which_starts_tensorrt_llm_in_its_own_environment():
     compose = yaml.safe_load((GPU / "compose.yaml").read_text())
-    server, ui = compose["services"]["trtllm"], compose["services"]["ui"]
-    version = trt.VERSION
-    assert server["image"] == f"nvcr.io/nvidia/tensorrt-llm/release:${{TRTLLM_VERSION:-{version}}}", "the version the app pins"
-    cmd = server["command"]
-    assert cmd[0] == "trtllm-serve" and cmd[cmd.index("--backend") + 1] == "pytorch"
-    mounted = {v.split(":")[1]: v.split(":")[0] for v in server["volumes"]}
-    assert mounted[cmd[cmd.index("--extra_llm_api_options") + 1]] == "./trtllm-serve.yaml"
-    assert "ports" not in server, "trtllm-serve is reached by the UI only"
-    assert server["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    args = ui["command"]
-    assert args[:5] == [".venv/bin/python", "-m", "app", "ui", "--backend"] and args[5] == "remote"
-    assert args[args.index("--remote-url") + 1] == f"http://trtllm:{cmd[cmd.index('--port') + 1]}/v1"
-    assert args[args.index("--model") + 1] == cmd[1], "the remote backend checks the server serves this model name"
-    assert ui["build"] == {"context": "../..", "dockerfile": "Dockerfile"} and (GPU / "../../Dockerfile").resolve().is_file()
-    assert all(p.startswith("127.0.0.1:") for p in ui["ports"])
-    assert ui["depends_on"]["trtllm"]["condition"] == "service_healthy"
+    assert list(compose["services"]) == ["studio"], "one route: the app manages TensorRT-LLM's worker"
+    studio = compose["services"]["studio"]
+    assert studio["build"] == {"context": "../..", "dockerfile": "deploy/gpu/Dockerfile"}
+    dockerfile = (GPU / "Dockerfile").read_text()
+    assert f"FROM nvcr.io/nvidia/tensorrt-llm/release:{trt.VERSION}\n" in dockerfile, "the version the app is written against"
+    # The interpreter whose presence makes the service run TensorRT-LLM in it (trtllm_engines.Settings' default).
+    venv = trtllm_engines.VENV.relative_to(ROOT)
+    assert f"python3 -m venv --system-site-packages {venv}" in dockerfile and "bash scripts/setup.sh" in dockerfile
+    assert str(venv) in (ROOT / ".dockerignore").read_text().split(), "a host's own is not copied into the image"
+    args = studio["command"]
+    assert args[:4] == [".venv/bin/python", "-m", "app", "ui"] and "--backend" not in args
+    workdir = next(line.split()[1] for line in dockerfile.splitlines() if line.startswith("WORKDIR "))
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in studio["volumes"]}
+    assert mounted[f"{workdir}/engines"] == "../../engines", "the app's store, by the same path for the app and the worker"
+    assert all(p.startswith("127.0.0.1:") for p in studio["ports"])
+    assert studio["deploy"]["resources"]["reservations"]["devices"][0] == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
 
 
-def test_the_trtllm_serve_yaml_is_this_apps_translation_and_upstream_accepts_it():
-    options = yaml.safe_load((GPU / "trtllm-serve.yaml").read_text())
-    spec = options["speculative_config"]
-    request = configs.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": spec["speculative_model"]},
-                             "backend": "tensorrt_llm"})
-    # What the plan sends the engine: on the PyTorch backend an EAGLE-3 checkpoint as `Eagle3` (upstream would convert
-    # `Eagle` to it with a warning, TorchLlmArgs.validate_speculative_config).
-    assert spec == trtllm_plan(spec_for(request, "meta-llama/Llama-3.1-8B-Instruct"))["llm"]["speculative_config"]
-    assert spec["decoding_type"] == "Eagle3"
-    assert options["enable_iter_perf_stats"] is True
-    with trtllm_stand_in():
-        from tensorrt_llm import llmapi
-
-        made = llmapi.Eagle3DecodingConfig(**spec)
-        assert (made.max_draft_len, made.num_eagle_layers, made.allow_advanced_sampling) == (5, 5, True)
-
-
-def test_the_gpu_docs_replace_the_single_image_and_cite_nothing_outside_the_repository():
-    assert not (ROOT / "Dockerfile.gpu").exists(), "one image cannot hold gradio 6 and TensorRT-LLM 1.2's pins"
+def test_the_gpu_docs_describe_the_one_route_and_cite_nothing_outside_the_repository():
+    assert not (ROOT / "Dockerfile.gpu").exists() and not (GPU / "trtllm-serve.yaml").exists()
     readme, doc = (ROOT / "README.md").read_text(), (ROOT / "docs" / "tensorrt-llm.md").read_text()
     assert "Dockerfile.gpu" not in readme and "docs/tensorrt-llm.md" in readme
-    assert "deploy/gpu/compose.yaml" in doc and "could not be verified" in doc
-    for text in (readme, doc, (GPU / "compose.yaml").read_text(), (GPU / "trtllm-serve.yaml").read_text()):
+    assert "deploy/gpu/compose.yaml" in doc and "could not be verified" in doc and "scripts/gpu-check.sh" in doc
+    assert "pip install" not in doc, "TensorRT-LLM's pins would break the app's environment"
+    for text in (readme, doc, (GPU / "compose.yaml").read_text(), (GPU / "Dockerfile").read_text()):
         assert not any(bad in text for bad in ("/work/", "TRTLLM.md", "ALGORITHMS.md", "shared/design"))
 
 

@@ -281,7 +281,7 @@ def test_remove(tmp_path):
 
 def test_every_kind_is_documented():
     assert {"transformers-model", "transformers-heads", "transformers-draft", "tensorrt-engine", "tensorrt-pytorch",
-            "trained-medusa", "trained-eagle", "vllm-server"} == set(ENGINE_KINDS)
+            "tensorrt-worker", "trained-medusa", "trained-eagle", "vllm-server"} == set(ENGINE_KINDS)
 
 
 # ----------------------------------------------------------------------------- transformers builder

@@ -237,7 +237,7 @@ def test_invalid_requests_fail_before_anything_is_queued(service):
         ({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 2, "max_ngram_size": 1}}, "n-gram size of 1"),
         ({"max_new_tokens": 65}, "limited to 64"),
         ({"sampling": {"temperature": -1}}, "temperature"),
-        ({"backend": "tensorrt_llm"}, "TensorRT-LLM is not in this environment"),
+        ({"backend": "tensorrt_llm"}, "TensorRT-LLM needs an NVIDIA GPU: see docs/tensorrt-llm.md"),
         ({"backend": "remote"}, "no remote server configured"),
         ({"dtype": "float16"}, "dtype: Input should be 'auto', 'float32' or 'bfloat16'"),
         ({"backend": "tensorrt_llm", "dtype": "bfloat16"}, "transformers and vllm backends only.*use auto"),
@@ -447,7 +447,7 @@ def test_auto_backend_falls_back_to_transformers_and_says_why_others_are_unavail
     assert s.default_backend("lookahead") == "transformers"
     state = s.availability()
     assert state["transformers"].available
-    assert not state["tensorrt_llm"].available and "not in this environment" in state["tensorrt_llm"].reason
+    assert not state["tensorrt_llm"].available and "needs an NVIDIA GPU: see docs/tensorrt-llm.md" in state["tensorrt_llm"].reason
     assert not state["remote"].available and "--remote-url" in state["remote"].reason
     modes = {m["mode"]: m for m in s.modes(backend="tensorrt_llm")}
     assert set(modes) == {"autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"}
@@ -667,7 +667,7 @@ def test_trtllm_backend_is_unavailable_here_with_the_reason():
     state = backend.availability()
     if state.available:
         pytest.skip("TensorRT-LLM runs on this machine")
-    assert "not in this environment" in state.reason or "cannot load" in state.reason or "CUDA" in state.reason
+    assert "needs an NVIDIA GPU" in state.reason or "cannot load" in state.reason or "CUDA" in state.reason
     with pytest.raises(ConfigError, match="TensorRT-LLM"):
         backend.prepare("m", configs.parse({}), Prompt("hi"), Limits())
 

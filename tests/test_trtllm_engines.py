@@ -45,7 +45,12 @@ def processes(tmp_path):
     builds.mkdir()
     procs = Processes(builds, SETTINGS)
     yield procs
-    for server in builds.glob(f"*/{trtllm_engines.SERVER_JSON}"):  # whatever a failed test left running
+    kill_left(builds)
+
+
+def kill_left(builds: Path) -> None:
+    """Whatever workers a failed test left running under `builds`: killed and reaped."""
+    for server in builds.glob(f"*/{trtllm_engines.SERVER_JSON}"):
         pid = json.loads(server.read_text())["pid"]
         if not _group_gone(pid):
             os.killpg(pid, signal.SIGKILL)

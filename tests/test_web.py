@@ -362,7 +362,7 @@ def test_api_engines_plan_build_and_remove(client):
     build_id = status.split("`")[1]
     assert build_id in json.dumps(table)  # the table lists it
     status, _, _ = client.predict(build_id, api_name="/engine_stop")
-    assert "only a vLLM engine has a server to stop" in status, status
+    assert "only a vLLM engine or a TensorRT-LLM worker has a server to stop" in status, status
     status, table, _ = client.predict(build_id, api_name="/engine_remove")
     assert "Removed" in status and build_id not in json.dumps(table)
     for name in ("../../etc", build_id):  # only what the menu would list can be named: a path, a removed build
@@ -444,7 +444,7 @@ def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
     for label in ("Autoregressive", "Draft-target", "Prompt lookup", "Lookahead", "Medusa", "EAGLE", "Suffix"):
         assert page.get_by_label(label, exact=True).count() == 1, label
     assert page.inner_text("#modes-note").count("✓") == 7  # all seven run on the bundled model here
-    assert "TensorRT-LLM is not in this environment" in page.inner_text("body")
+    assert "TensorRT-LLM needs an NVIDIA GPU: see docs/tensorrt-llm.md" in page.inner_text("body")
     assert "smollm2-135m-instruct (float32)" in page.inner_text("body")  # the model and the dtype it runs in
     # Every chart of the Run tab is on the page, empty, before anything runs (Plotly loads before the first run).
     page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 6")
@@ -455,7 +455,7 @@ def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
     page.locator("#backend input").click()
     page.get_by_role("option", name="tensorrt_llm (unavailable)").click()
     page.wait_for_function("/✗ Draft-target/.test(document.querySelector('#modes-note').innerText)")
-    assert "not in this environment" in page.inner_text("#modes-note")
+    assert "needs an NVIDIA GPU: see docs/tensorrt-llm.md" in page.inner_text("#modes-note")
 
 
 def test_browser_examples_fill_the_prompt_of_each_tab(page):

@@ -20,11 +20,12 @@ from app.models import DTYPES, ModelError  # noqa: F401  (ModelError: what the s
 from app.prompts import load_prompts
 from app.decoding.linear import fast_bf16
 from app.modes import MODES, ConfigError, DecodeRequest, Modes, configs
-from app.service import training, vllm_engines
+from app.service import training, trtllm_engines, vllm_engines
 from app.service.backends import tensorrt_llm as trt
 from app.service.backends.base import Availability, Prompt
 from app.service.backends.remote import RemoteBackend
 from app.service.backends.tensorrt_llm import TensorRTLLMBackend
+from app.service.backends.trtllm_engine import TRTLLMEngineBackend
 from app.service.backends.transformers import TransformersBackend
 from app.service.backends.vllm import VLLMBackend
 from app.service.engines import BuildError, BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
@@ -52,6 +53,7 @@ class Service:
         tensor_parallel_size: int = 1,
         limits: Limits = Limits(),
         vllm_settings: vllm_engines.Settings = vllm_engines.Settings(),
+        trtllm_settings: trtllm_engines.Settings = trtllm_engines.Settings(),
         policy: Policy = Policy(),
         modes: Modes = MODES,
         fast: str = "eager",
@@ -79,10 +81,15 @@ class Service:
         self._visitor_made = self.engines / "visitor-builds"  # one empty file per build a public visitor made
         # Where this server keeps files, as a response may show it (relative; see policy.relative).
         self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
+        # TensorRT-LLM's workers in its own environment: listed and stopped whichever way this process runs it.
+        self.trtllm_workers = TRTLLMEngineBackend(self.store, trtllm_settings, tensor_parallel_size)
+        # Where that environment is set up (its interpreter is there) TensorRT-LLM runs in it; else in this process,
+        # where it imports only on a host whose packages resolve with upstream's pins (probe() says why not).
+        in_own_environment = trtllm_engines.unavailable(trtllm_settings) is None
         self.backends = {
             "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call, fast=fast,
                                                build_companions=not policy.public),
-            "tensorrt_llm": TensorRTLLMBackend(self._trtllm_kwargs),
+            "tensorrt_llm": self.trtllm_workers if in_own_environment else TensorRTLLMBackend(self._trtllm_kwargs),
             "remote": RemoteBackend(remote_url),
             "vllm": VLLMBackend(self.store, dtype, vllm_settings, max_started=policy.visitor_engines if policy.public else None,
                                 idle_s=policy.engine_idle_s if policy.public else None),
@@ -229,6 +236,11 @@ class Service:
         behind in tokens next (jobs.race): both are timed under the same load, pass by pass, so a ratio of their speeds
         holds on a busy machine. An engine's two runs (vLLM, TensorRT-LLM) go back to back, the baseline first.
         `gate`: a lock the caller holds while it draws, which no step overlaps (jobs.race)."""
+        run_request = data.request if isinstance(data, Checked) else self.request(data, visitor)
+        if run_request.backend == "tensorrt_llm" and self._managed("tensorrt_llm"):  # refused before anything starts
+            raise ConfigError("TensorRT-LLM runs one engine per GPU, so an autoregressive baseline cannot run beside "
+                              "this mode's engine to race it: run it without the race (untick \"Race against "
+                              "autoregressive\"); the step view shows τ per engine iteration all the same")
         base_request, base = self._prepare(baseline, prompt, model, visitor)
         request, run = self._prepare(data, prompt, model, visitor)
         both_here = {request.backend, base_request.backend} == {"transformers"}
@@ -251,7 +263,7 @@ class Service:
         if self.policy.public and visitor is None:
             self._check_operators_engine(request, model or self.model)
         # A visitor's run on vLLM may start its engine (prepare): the engine is then theirs, as one built in Engines is.
-        claims = self.policy.public and visitor is not None and request.backend == "vllm"
+        claims = self.policy.public and visitor is not None and self._managed(request.backend)
         engine = self.engine_id(request, model or self.model) if claims else None
         existed = engine is not None and self._ready(engine)
         work = backend.prepare(model or self.model, request, prompt, self.limits)
@@ -274,13 +286,22 @@ class Service:
         return manifest, url
 
     def engine_id(self, request: DecodeRequest, model: str) -> str:
-        """The id of the build each engine backend makes of the request (VLLMBackend.engine, _trtllm_kwargs)."""
+        """The id of the build each engine backend makes of the request (VLLMBackend.engine, TRTLLMEngineBackend.engine,
+        _trtllm_kwargs)."""
         try:
-            spec = (spec_for(request, model, dtype=self.dtype) if request.backend == "vllm"
-                    else spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size))
-            return self.store.spec_id(spec)
+            return self.store.spec_id(self._spec(request, model))
         except EngineError as err:
             raise ConfigError(str(err)) from None
+
+    def _spec(self, request: DecodeRequest, model: str) -> BuildSpec:
+        if request.backend == "tensorrt_llm" and self._managed("tensorrt_llm"):
+            return self.trtllm_workers.spec(request, model)
+        return spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size, dtype=self.dtype)
+
+    def _managed(self, backend: str) -> bool:
+        """Whether `backend` runs on engines this service starts in processes of their own (vLLM's servers, TensorRT-LLM's
+        workers): their builds are listed with a server, which a request may start."""
+        return backend == "vllm" or (backend == "tensorrt_llm" and self.backends[backend] is self.trtllm_workers)
 
     def _check_operators_engine(self, request: DecodeRequest, model: str) -> None:
         """A public server's anonymous client (no web page: `serve --public`) starts no engine: it may decode on one the
@@ -288,8 +309,8 @@ class Service:
         if request.backend not in ("vllm", "tensorrt_llm"):
             return
         build_id = self.engine_id(request, model)
-        if request.backend == "vllm":
-            up = self.backends["vllm"].running(build_id)
+        if self._managed(request.backend):
+            up = self.backends[request.backend].running(build_id)
         else:
             up = self._ready(build_id)
         if up and not self.visible(build_id, None):  # a web visitor's engine is theirs, not the operator's
@@ -354,8 +375,7 @@ class Service:
 
     # ------------------------------------------------------------------ engine builds
     def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> BuildSpec:
-        return spec_for(self.request(data, visitor), model or self.model, tensor_parallel_size=self.tensor_parallel_size,
-                        dtype=self.dtype)
+        return self._spec(self.request(data, visitor), model or self.model)
 
     def _trtllm_kwargs(self, model: str, request: DecodeRequest) -> dict[str, Any]:
         """What the TensorRT-LLM backend passes to LLM(...): the store's build of the request's spec."""
@@ -373,13 +393,19 @@ class Service:
                      progress: Progress | None = None, visitor: str | None = None) -> dict[str, Any]:
         """The manifest of the build this config needs: reused, or built now (once, however many ask). In public mode
         the build is the visitor's when they made it, or re-made one another visitor made; an operator's stays read-only.
-        A vLLM engine is also started (or found running): its manifest then carries `server` ({state, url, pid})."""
+        A vLLM engine or TensorRT-LLM's worker is also started (or found running): its manifest then carries `server`
+        ({state, url or port, pid})."""
         self._check_visitor(visitor)
         spec = self.engine_spec(data, model, visitor)
         request = self.request(data, visitor)
         if request.backend == "vllm":
             manifest, _ = self.vllm_engine(request, model or self.model, progress, visitor)
             return {**manifest, "server": self.backends["vllm"].processes.state(manifest["id"])}
+        if self._managed(request.backend):
+            existed = self._ready(self.store.spec_id(spec))
+            manifest, _, _ = self.trtllm_workers.engine(model or self.model, request, progress)
+            self._claim(manifest["id"], visitor, existed)
+            return self._with_server(manifest)
         existed = self._ready(self.store.spec_id(spec))
         manifest = self.store.build(spec, progress=progress)
         self._claim(manifest["id"], visitor, existed)
@@ -399,12 +425,15 @@ class Service:
         return self._with_server(manifest) if manifest else None
 
     def engine_stop(self, build_id: str, visitor: str | None = None) -> bool:
-        """Stop a vLLM engine's server (its build stays); True when one was running. In public mode a visitor stops
-        only their own (engine_removable), with the same answer whether the id exists or is someone else's."""
+        """Stop a vLLM engine's server or TensorRT-LLM's worker (its build stays); True when one was running. In public
+        mode a visitor stops only their own (engine_removable), with the same answer whether the id exists or is
+        someone else's."""
         if self.policy.public and build_id not in self.engine_removable(visitor):
             raise ConfigError(f"'{str(build_id)[:40]}' is not an engine of yours: in public mode a visitor stops only "
                               "the engines they started in this page (the operator manages the rest)")
-        self.store.get(build_id)  # refuses what is not a build id (a path) before the process layer reads anything
+        # store.get refuses what is not a build id (a path) before the process layer reads anything.
+        if (self.store.get(build_id) or {}).get("kind") == "tensorrt-worker":
+            return self.trtllm_workers.stop(build_id)
         return self.backends["vllm"].processes.stop(build_id)
 
     def engine_remove(self, build_id: str, visitor: str | None = None) -> None:
@@ -424,10 +453,14 @@ class Service:
         manifest = self.store.get(build_id)
         if manifest and manifest.get("kind") == "vllm-server":
             self.backends["vllm"].processes.stop(build_id)  # ownership was checked above
+        elif manifest and manifest.get("kind") == "tensorrt-worker":
+            self.trtllm_workers.stop(build_id)
         self.store.remove(build_id)
         (self._visitor_made / build_id).unlink(missing_ok=True)
 
     def _with_server(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        if manifest.get("kind") == "tensorrt-worker":
+            return {**manifest, "server": self.trtllm_workers.server(manifest["id"])}
         if manifest.get("kind") != "vllm-server":
             return manifest
         # started_here: this process started it (the rest were started by the CLI, a test or another app on the store).
@@ -577,11 +610,12 @@ class Service:
 
     def close(self, stop_engines: bool = True) -> None:
         """Stop the jobs, shut down the TensorRT-LLM engine this process holds and, unless told not to, the vLLM
-        engines this service started (engines started elsewhere keep running)."""
+        engines and TensorRT-LLM workers this service started (engines started elsewhere keep running)."""
         self.jobs.shutdown()
         self.backends["tensorrt_llm"].close()
         if stop_engines:
             self.backends["vllm"].stop_started()
+            self.trtllm_workers.stop_started()
 
 
 class TrainingTimeout(BuildError):

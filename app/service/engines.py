@@ -65,6 +65,10 @@ ENGINE_KINDS = {
     "tensorrt-pytorch": "TensorRT-LLM PyTorch backend (prompt lookup, draft_target, eagle): plan.json and, for EAGLE "
     "from this app's module, `eagle/` (exported in the EAGLE-3 layout); this backend compiles nothing ahead of time, "
     "LLM(**plan['llm']) loads the checkpoint at run time",
+    "tensorrt-worker": "TensorRT-LLM in its own environment (trtllm_engines.py, either of its backends): plan.json, the "
+    "model (and a draft model of the registry) prepared, `medusa/` or `eagle/` exported as above; the worker's LLM loads "
+    "the checkpoint, or builds its TensorRT engine from it, when it starts; while it runs, llm.json (its LLM(...) "
+    "arguments), server.json (pid, port) and server.log",
     "trained-medusa": "a training run (training.py): `medusa/`, Medusa heads trained on the frozen model (config.json, "
     "model.safetensors, train.json), and train.log; requests name them trained:<id>",
     "trained-eagle": "a training run (training.py): `eagle/`, an EAGLE module trained on the frozen model, and train.log; "
@@ -423,7 +427,7 @@ def builder_for(spec: BuildSpec, engines: Path) -> Builder:
     if spec.backend == "transformers":
         return transformers_builder(spec, engines)
     if spec.backend == "tensorrt_llm":
-        return trtllm_builder(spec, engines)
+        return trtllm_worker_builder(spec, engines) if spec.config.get("worker") else trtllm_builder(spec, engines)
     if spec.backend == "vllm":
         return vllm_builder(spec, engines)
     if spec.backend == "training":
@@ -537,7 +541,8 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
         # A spec from before max_input_len was set, or one that lowers max_seq_len only: the prompt fits the sequence.
         build["max_input_len"] = min(build.get("max_input_len", TRT_BUILD_DEFAULTS["max_input_len"]), build["max_seq_len"])
         llm["build_config"] = build
-        plan["save"] = "{build_dir}/engine"
+        # In its own environment the worker's LLM builds the engine from the checkpoint as it starts: nothing is saved.
+        plan["save"] = None if spec.config.get("worker") else "{build_dir}/engine"
         command = trt.trtllm_build_plan(request, "{checkpoint_dir}", "{build_dir}/engine", build["max_batch_size"])
         command += ["--max_input_len", str(build["max_input_len"]), "--max_seq_len", str(build["max_seq_len"]),
                     "--max_num_tokens", str(build["max_num_tokens"])]
@@ -699,12 +704,7 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
         source = {"model": spec.model, "model_path": where, "model_bytes": _dir_bytes(where),
                   "speculative_model": spec.config.get("speculative_model"),
                   "tensorrt_llm": library_versions("tensorrt_llm")["tensorrt_llm"]}
-        for step in plan["prepare"]:
-            progress(0.1, f"{step['step']}: from {step['from']}")
-            export = {"export_medusa": _export_medusa,
-                      # ModelOpt 0.37's layout: `midlayer.*` names, TensorRT-LLM's numbering in its config
-                      "export_eagle": lambda *a: _export_eagle(*a, layout="modelopt")}[step["step"]]
-            export(Path(step["from"]), Path(where), Path(fill_build_dir(step["to"], out)), spec.model)
+        _trtllm_exports(plan, spec.model, where, out, progress)
         try:
             kwargs = trt.llm_objects(fill_build_dir(plan["llm"], out))  # checked by the installed version's own classes
         except ConfigError as err:
@@ -721,6 +721,40 @@ def trtllm_builder(spec: BuildSpec, engines: Path) -> Builder:
         return {"kind": kind, "source": source, "plan": PLAN}
 
     return build
+
+
+def trtllm_worker_builder(spec: BuildSpec, engines: Path) -> Builder:
+    """What TensorRT-LLM's worker, in its own environment, loads from disk, made by this app: the model and a draft
+    model of the registry prepared, the artifacts exported (plan.json's `prepare`). Nothing of TensorRT-LLM runs here:
+    the worker's LLM builds the TensorRT engine (lookahead, Medusa) from the checkpoint itself when it starts."""
+    spec = resolve(spec)
+
+    def build(out: Path, progress: Progress) -> dict:
+        plan = trtllm_plan(spec, engines)
+        _write_json(out / PLAN, plan)
+        if plan["cannot_run"]:
+            raise BuildError(f"TensorRT-LLM would refuse this build: {'; '.join(plan['cannot_run'])}")
+        progress(0.05, f"preparing the model {spec.model}")
+        where = models.locate(spec.model, engines)
+        source: dict[str, Any] = {"model": spec.model, "model_path": where, "model_bytes": _dir_bytes(where)}
+        draft = spec.config.get("speculative_model")
+        if draft in models.DRAFT_ALIASES or draft in models.ALIASES:  # the plan names its directory, which must exist
+            progress(0.1, f"preparing the draft model {draft}")
+            source.update(speculative_model=draft, speculative_model_path=models.locate(draft, engines))
+        _trtllm_exports(plan, spec.model, where, out, progress)
+        return {"kind": "tensorrt-worker", "source": source, "plan": PLAN}
+
+    return build
+
+
+def _trtllm_exports(plan: dict, model: str, where: str, out: Path, progress: Progress) -> None:
+    """The plan's `prepare` steps: this app's artifacts exported where the plan's LLM(...) arguments name them."""
+    for step in plan["prepare"]:
+        progress(0.1, f"{step['step']}: from {step['from']}")
+        export = {"export_medusa": _export_medusa,
+                  # ModelOpt 0.37's layout: `midlayer.*` names, TensorRT-LLM's numbering in its config
+                  "export_eagle": lambda *a: _export_eagle(*a, layout="modelopt")}[step["step"]]
+        export(Path(step["from"]), Path(where), Path(fill_build_dir(step["to"], out)), model)
 
 
 def _lm_head_weight(model_dir: Path, what: str):

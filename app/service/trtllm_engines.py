@@ -47,8 +47,7 @@ SERVER_LOG = vllm_engines.SERVER_LOG
 LOCK = "trtllm.server.lock"  # one for the store, not per build: the GPU is the one thing they share
 ONE_PER_GPU = ("one engine per GPU: each reserves most of the free GPU memory for its KV cache "
                "(KvCacheConfig.free_gpu_memory_fraction 0.9)")
-NOT_SET_UP = ("TensorRT-LLM runs in its own environment, set up only on a Linux host with an NVIDIA GPU: "
-              f"{SETUP} (docs/tensorrt-llm.md)")
+NOT_SET_UP = trt.NOT_SET_UP
 
 
 class TRTLLMError(EngineError):
@@ -69,6 +68,16 @@ def unavailable(settings: Settings) -> str | None:
     """Why the worker cannot run here, or None. Never a pip command: upstream's pins would break the app's environment."""
     if not settings.python.exists():
         return NOT_SET_UP
+    return None
+
+
+def version(python: Path) -> str | None:
+    """TensorRT-LLM's version in `python`'s environment, from package metadata (importing it needs CUDA); None where
+    the environment does not hold its metadata (a venv over a container's own packages: its /health says it)."""
+    for info in sorted((python.parent.parent / "lib").glob("python3*/site-packages/tensorrt_llm-*.dist-info/METADATA")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
     return None
 
 

@@ -1,6 +1,7 @@
-"""The Engines tab: the service's builds (content-addressed directories under engines/builds/) with their vLLM servers'
-state, a build or a TensorRT-LLM plan for the Run tab's current mode and settings, stopping a server, and removal;
-and, while it runs, the build of the transformers backend's fast pass (once per model, dtype and machine).
+"""The Engines tab: the service's builds (content-addressed directories under engines/builds/) with the state of their
+vLLM servers and TensorRT-LLM workers, whether each engine can run here, a build or a TensorRT-LLM plan for the Run
+tab's current mode and settings, stopping a server, and removal; and, while it runs, the build of the transformers
+backend's fast pass (once per model, dtype and machine).
 Handlers return {component: value}."""
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ PROGRESS_S = 5.0  # how often an open page redraws a fast pass build's progress 
 # Config entries a row leaves out: said by another column (method, decoding_type), or a path or digest, not a setting.
 UNSAID = {"method", "decoding_type", "model", "speculative_model_sha256", "versions", "build_config"}
 OTHERS_LABEL = "Offer servers other processes started too (the CLI, a test, another app on this store)"
+SERVED = ("vllm-server", "tensorrt-worker")  # the build kinds whose engine runs as a server of its own
+ENGINES = {"vllm": "vLLM", "tensorrt_llm": "TensorRT-LLM"}
 
 
 def _said(value: Any) -> str:
@@ -64,18 +67,27 @@ def settings_text(spec: dict[str, Any]) -> str:
 
 
 def elsewhere(manifest: dict[str, Any] | None) -> bool:
-    """A vLLM build whose server runs, started by another process (the CLI, a test, another app on the store)."""
+    """An engine's build whose server runs, started by another process (the CLI, a test, another app on the store)."""
     server = (manifest or {}).get("server") or {}
     return server.get("state") == "running" and not server.get("started_here")
 
 
 def server_text(server: dict[str, Any] | None) -> str:
+    """running (here or elsewhere, its port), loading (TensorRT-LLM's worker loads, or builds its engine), stopped."""
     if not server:
         return ""
     if server.get("state") != "running":
         return str(server.get("state", ""))
-    port = str(server.get("url", "")).rsplit(":", 1)[-1]
+    port = server.get("port") or str(server.get("url", "")).rsplit(":", 1)[-1]
     return f"running {'here' if server.get('started_here') else 'elsewhere'} :{port}"
+
+
+def engines_text(service: Service) -> str:
+    """Whether each engine backend can start its servers here, and if not why, in the backend's own words."""
+    availability = service.availability()
+    return " · ".join(f"**{label}**: " + ("set up: a run starts its engine, listed below" if availability[name].available
+                                          else esc(availability[name].reason))
+                      for name, label in ENGINES.items())
 
 
 def row(manifest: dict[str, Any]) -> list[Any]:
@@ -130,6 +142,7 @@ class EnginesTab:
                        "in this page, and stop or remove only yours." if public else
                        "a vLLM server another process started (the CLI, a test, another app on this store) is offered "
                        "only when you tick the box below."))
+        self.state = gr.Markdown(engines_text(service), elem_id="eng-state")
         self.fast = gr.Markdown("", elem_id="eng-fast")
         self.timer = gr.Timer(PROGRESS_S, active=False)
         self.status = gr.Markdown("", elem_id="eng-status")
@@ -226,13 +239,15 @@ class EnginesTab:
             return f"# {self.service.relative(str(err))}"
 
     def stop(self, build_id: Any, others: Any, request: gr.Request) -> dict:
-        """Stop the chosen build's vLLM server (the build stays; the next request on it starts it again)."""
+        """Stop the chosen build's vLLM server or TensorRT-LLM worker (the build stays; the next request on it starts
+        it again)."""
         visitor = visitor_of(request)
         manifest, message = self._chosen(build_id, visitor, others, "stop")
         if manifest is None:
             pass
-        elif manifest.get("kind") != "vllm-server":
-            message = f"⚠ `{build_id}` is a {manifest['kind']} build: only a vLLM engine has a server to stop."
+        elif manifest.get("kind") not in SERVED:
+            message = (f"⚠ `{build_id}` is a {manifest['kind']} build: only a vLLM engine or a TensorRT-LLM worker has "
+                       "a server to stop.")
         elif self.service.engine_stop(build_id, visitor=visitor):
             message = f"Stopped the server of `{build_id}` (the next request on it starts it again)."
         else:

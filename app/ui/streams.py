@@ -31,6 +31,9 @@ def preparing_note(data: Any, seconds: float) -> str:
     if backend == "vllm":
         return (f"starting the vLLM engine for these settings: {seconds:.0f} s (a first start takes 1–3 minutes: "
                 "vLLM loads the model and warms it up; later runs reuse the engine)")
+    if backend == "tensorrt_llm":
+        return (f"preparing and starting TensorRT-LLM for these settings: {seconds:.0f} s (a first start loads the "
+                "model, and for lookahead and Medusa builds a TensorRT engine: minutes; later runs reuse it)")
     return f"loading the model and what this mode drafts with: {seconds:.0f} s"
 
 

@@ -42,6 +42,10 @@ VERSION = "1.2.1"  # the release this backend is written against (NVIDIA's conta
 NOT_VISIBLE = ["draft tree", "rejected draft tokens", "draft and verify time"]
 REUSED = "TensorRT-LLM engine of this configuration, reused"
 LLM_CLASSES = {"pytorch": "tensorrt_llm.LLM", "tensorrt": "tensorrt_llm._tensorrt_engine.LLM"}
+# Where TensorRT-LLM is not set up: never a pip command, as its pins (numpy < 2, torch <= 2.9, transformers 4.57) would
+# break the app's environment; it runs in its own (trtllm_engines.py), made only where there is a GPU for it.
+NOT_SET_UP = ("TensorRT-LLM needs an NVIDIA GPU: see docs/tensorrt-llm.md (on a Linux host with one, bash "
+              "scripts/setup-trtllm.sh sets up its own environment, .venv-trtllm, where the app then starts it)")
 
 
 def config_class(decoding_type: str) -> str:
@@ -52,12 +56,7 @@ def config_class(decoding_type: str) -> str:
 def probe() -> Availability:
     """find_spec first (importing tensorrt_llm needs libcuda), then a guarded import, then a GPU."""
     if importlib.util.find_spec("tensorrt_llm") is None:
-        # Never "pip install" here: TensorRT-LLM's own pins (torch <= 2.9, transformers 4.57, numpy < 2) would break
-        # this environment. It runs beside the app, in NVIDIA's container, and the remote backend drives it.
-        return Availability(False, f"TensorRT-LLM is not in this environment, and cannot be: its pins clash with this "
-                                   f"app's. On a Linux host with an NVIDIA GPU (compute capability >= 8.0) run it as its "
-                                   f"own server (deploy/gpu/compose.yaml: NVIDIA's TensorRT-LLM {VERSION} container) and "
-                                   "choose the remote backend (docs/tensorrt-llm.md)")
+        return Availability(False, NOT_SET_UP)
     try:
         importlib.import_module("tensorrt_llm")
     except (ImportError, OSError) as err:

@@ -29,7 +29,8 @@ code edits, quotes. Published: about 2.4× on CNN/DM summarisation (Mistral-7B, 
 **On a 2-core CPU:** drafting is a search over token ids (well under a millisecond) and each drafted
 token adds only a few percent to a pass, so a good match is nearly free speed and a bad one costs
 little. On free text that shares nothing with the prompt there is nothing to draft, and it runs at
-baseline speed.
+baseline speed; a match that drafts and is rejected every time costs its verify pass's extra positions and the
+loop's own work for nothing, so such a run can read below 1× (the Compare tab's step column says by how much).
 """
 
 

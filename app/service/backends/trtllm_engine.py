@@ -1,0 +1,158 @@
+"""The tensorrt_llm backend where TensorRT-LLM has an environment of its own (`.venv-trtllm`): generation on this
+project's worker, which the service starts, reuses and stops (app/service/trtllm_engines.py), the way the vllm backend
+runs vLLM's servers (backends/vllm.py).
+
+A request becomes the store's build of its TensorRT-LLM plan (engines.trtllm_plan, built by
+engines.trtllm_worker_builder: the model prepared and the app's artifacts exported, each named by absolute path), then
+the worker serving that build, started or found running. One worker holds the GPU at a time: a request for another
+configuration is refused in words while one is up (the Engines tab stops it). The prompt is encoded, and the output
+decoded, with the model's own tokenizer here; each step is one engine iteration's committed tokens as the worker
+streams them, the end totals carry the request's own perf metrics, and the draft itself is not exposed by TensorRT-LLM
+(tensorrt_llm.NOT_VISIBLE).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from app import models
+from app.modes import ConfigError, DecodeRequest, Mode, configs
+from app.service import engines, trtllm_engines
+from app.service.backends import remote
+from app.service.backends import tensorrt_llm as trt
+from app.service.backends.base import Availability, Prompt
+from app.service.backends.vllm import encode
+from app.service.engines import BuildSpec, EngineError, EngineStore, Progress, spec_for
+from app.service.jobs import Limits, Work
+
+STARTED = "TensorRT-LLM engine started for this configuration, in its own environment"
+
+
+class TRTLLMEngineBackend:
+    name = "tensorrt_llm"
+
+    def __init__(self, store: EngineStore, settings: trtllm_engines.Settings = trtllm_engines.Settings(),
+                 tensor_parallel_size: int = 1) -> None:
+        self.store = store
+        self.settings = settings
+        self.tensor_parallel_size = tensor_parallel_size
+        self.processes = trtllm_engines.Processes(store.builds, settings)
+        self.started: set[str] = set()  # workers this backend started: stopped when the service closes
+        self._tokenizers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def availability(self) -> Availability:
+        reason = trtllm_engines.unavailable(self.settings)
+        return Availability(reason is None, reason or "")
+
+    def supports(self, mode: Mode, model: str | None = None) -> str | None:
+        if not mode.trtllm:
+            return f"TensorRT-LLM has no {mode.name} decoding: {mode.trtllm_missing or 'the mode is this app’s own'}"
+        return trtllm_engines.unavailable(self.settings)
+
+    def check(self, request: DecodeRequest) -> None:
+        trt.check(request)
+
+    def spec(self, request: DecodeRequest, model: str) -> BuildSpec:
+        """The store's build of a request for the worker (engines.trtllm_worker_builder), by the TensorRT-LLM of its
+        environment: another build than the in-process backend's, which saves a TensorRT engine."""
+        spec = spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size)
+        return replace(spec, config={**spec.config, "worker": True},
+                       versions={"tensorrt_llm": trtllm_engines.version(self.settings.python)})
+
+    def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None,
+               cancel: threading.Event | None = None) -> tuple[dict, int, bool]:
+        """The request's build (prepared now or reused), the port of the worker serving it, and whether this call
+        started that worker. Nothing is prepared for a configuration the GPU cannot take now."""
+        progress = progress or (lambda fraction, message: None)
+        try:
+            spec = self.spec(request, model)
+            build_id = self.store.spec_id(spec)
+            plan = self.store.plan(spec)
+        except EngineError as err:
+            raise ConfigError(str(err)) from None
+        if plan["cannot_run"]:
+            raise ConfigError(f"TensorRT-LLM would refuse this: {'; '.join(plan['cannot_run'])}")
+        directory = self.store.builds / build_id
+        file = trtllm_engines.worker_file(plan, directory, f"{request.mode} on {model} with its {plan['trtllm_backend']} backend")
+        if engines.overlap_off(plan["trtllm_backend"], request.mode):
+            file["llm"]["disable_overlap_scheduler"] = True
+        if reason := self.processes.busy(directory, file):
+            raise ConfigError(reason)
+        try:
+            # Off any lock of this backend: the store's lock is this build's only, so other submits are answered.
+            manifest = self.store.build(spec, progress=progress)
+        except EngineError as err:
+            raise ConfigError(str(err)) from None
+        try:
+            port, started = self.processes.ensure(directory, file, progress, cancel)
+        except trtllm_engines.TRTLLMError as err:
+            raise remote.RemoteError(str(err)) from None
+        if started:
+            with self._lock:
+                self.started.add(build_id)
+        return manifest, port, started
+
+    def tokenizer(self, model: str):
+        with self._lock:
+            if model not in self._tokenizers:
+                self._tokenizers[model] = models.load_tokenizer(model, self.store.root)
+            return self._tokenizers[model]
+
+    def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
+        manifest, port, started = self.engine(model, request)
+        tok = self.tokenizer(model)
+        prompt_ids = encode(tok, prompt)
+        configs.check_prompt_limit(len(prompt_ids), limits.max_prompt_tokens)
+        health = trtllm_engines.health(port)
+        served = health[1] if health else {}
+        llm = served.get("llm") or {}
+        engine = {"engine": "tensorrt_llm", "build": manifest["id"], "version": served.get("tensorrt_llm"),
+                  "trtllm_backend": served.get("trtllm_backend"), "speculative_config": llm.get("speculative_config"),
+                  "ignored": trt.trtllm_notes(request)}
+        sampling = trt.sampling_kwargs(request)
+
+        def texts(ids: list[int]) -> dict[int, str]:
+            return {i: tok.decode([i]) for i in set(ids)}
+
+        def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
+            yield {"type": "start", "backend": self.name, "model": model, "mode": request.mode, "prompt_ids": prompt_ids,
+                   "texts": texts(prompt_ids), "not_visible": trt.NOT_VISIBLE, "engine": engine,
+                   "pass": STARTED if started else trt.REUSED}
+            end: dict[str, Any] = {}
+            for message in trtllm_engines.generate(port, prompt_ids, sampling, cancel):
+                if message["type"] == "end":
+                    end = message
+                else:
+                    yield {**message, "texts": texts(message["tokens"])}
+            ids = end["token_ids"]
+            yield {"type": "end", "finish_reason": end["finish_reason"] or ("cancelled" if cancel.is_set() else None),
+                   "text": tok.decode(ids, skip_special_tokens=True), "token_ids": ids, "totals": end["totals"],
+                   "error": end["error"]}
+
+        return work
+
+    def running(self, build_id: str) -> bool:
+        return self.processes.state(self.store.builds / build_id)["state"] == "running"
+
+    def server(self, build_id: str) -> dict[str, Any]:
+        """The build's worker as the Engines tab lists it: its state, and whether this backend started it."""
+        return {**self.processes.state(self.store.builds / build_id), "started_here": build_id in self.started}
+
+    def stop(self, build_id: str) -> bool:
+        """Stop the build's worker (the build stays: the next request starts it again); True when one was running."""
+        with self._lock:
+            self.started.discard(build_id)
+        return self.processes.stop(self.store.builds / build_id)
+
+    def stop_started(self) -> None:
+        with self._lock:
+            started, self.started = self.started, set()
+        for build_id in started:
+            self.processes.stop(self.store.builds / build_id)
+
+    def close(self) -> None:
+        """Nothing of TensorRT-LLM runs in this process: its workers stop with stop_started, or keep running."""
