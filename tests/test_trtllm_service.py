@@ -110,6 +110,9 @@ def test_a_race_is_refused_in_words_before_any_engine_starts(service):
                                           "mode's engine to race it: run it without the race"):
         service.race(NGRAM, base, "hi")
     assert not list(service.store.builds.glob("*")), "nothing was prepared or started"
+    # The Run tab asks first and runs the mode alone, its status saying why (run_tab.run); a CPU backend races.
+    assert "one engine per GPU" in service.race_refusal(service.request(NGRAM))
+    assert service.race_refusal(service.request({**NGRAM, "backend": "transformers"})) is None
 
 
 def test_a_build_says_its_progress_and_close_leaves_no_process(service):

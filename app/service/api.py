@@ -236,15 +236,21 @@ class Service:
         behind in tokens next (jobs.race): both are timed under the same load, pass by pass, so a ratio of their speeds
         holds on a busy machine. An engine's two runs (vLLM, TensorRT-LLM) go back to back, the baseline first.
         `gate`: a lock the caller holds while it draws, which no step overlaps (jobs.race)."""
-        run_request = data.request if isinstance(data, Checked) else self.request(data, visitor)
-        if run_request.backend == "tensorrt_llm" and self._managed("tensorrt_llm"):  # refused before anything starts
-            raise ConfigError("TensorRT-LLM runs one engine per GPU, so an autoregressive baseline cannot run beside "
-                              "this mode's engine to race it: run it without the race (untick \"Race against "
-                              "autoregressive\"); the step view shows τ per engine iteration all the same")
+        refused = self.race_refusal(data.request if isinstance(data, Checked) else self.request(data, visitor))
+        if refused:  # before anything is prepared or started
+            raise ConfigError(refused)
         base_request, base = self._prepare(baseline, prompt, model, visitor)
         request, run = self._prepare(data, prompt, model, visitor)
         both_here = {request.backend, base_request.backend} == {"transformers"}
         return self.queue(race(run, base, interleave=both_here, gate=gate), visitor)
+
+    def race_refusal(self, request: DecodeRequest) -> str | None:
+        """Why `request` cannot race an autoregressive baseline on this service, or None."""
+        if request.backend == "tensorrt_llm" and self._managed("tensorrt_llm"):
+            return ("TensorRT-LLM runs one engine per GPU, so an autoregressive baseline cannot run beside this mode's "
+                    "engine to race it: run it without the race (untick \"Race against autoregressive\"); the step "
+                    "view shows τ per engine iteration all the same")
+        return None
 
     def _prepare(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None,
                  visitor: str | None) -> tuple[DecodeRequest, Work]:

@@ -488,7 +488,8 @@ class RunTab:
         key = json.dumps([prompt, base_request], sort_keys=True)
         name = settings.run_name(mode, v, self.modes)
         run = Recording(name, settings.to_request(mode, v, self.modes), prompt)
-        if race and mode != "autoregressive":
+        unraced = self.service.race_refusal(checked.request) if race and mode != "autoregressive" else None
+        if race and mode != "autoregressive" and not unraced:
             # Measured with every run, never reused: a baseline timed under other load (a page left open while the
             # machine got busy) made ratios of 20x and more. Both in one job, stepped in turn (Service.race).
             baseline = Recording("autoregressive", base_request, prompt)
@@ -503,6 +504,8 @@ class RunTab:
         trace = folder / f"specdec-{run.mode}-trace.json"
         trace.write_text(json.dumps(run.trace(baseline)))
         status = status_line(run, self.modes)
+        if unraced:  # the box asked for a race this backend cannot run: the run ran alone, and says why
+            status = f"{status}\n\nNo race: {unraced}."
         if recorded:  # Run right after a recording's replay: what makes this run differ from it, if it does
             said = against_recording(run, traces.read(recording_path(recorded), modes=self.modes)[0], recorded)
             status = f"{status}\n\n{said}" if said else status
