@@ -17,8 +17,7 @@ from app.runner import DecodingConfig
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
 from app.runner import output_ids, run as run_mode, verify_cost
-from app import figures
-from app.service import traces
+from app import figures, traces
 
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 # Our mode -> the vLLM engine row doing its job: every mode vLLM has a method for (vllm_<method>).

@@ -25,8 +25,8 @@ from app.models import BUNDLED, DTYPES, ModelError
 from app.service.backends import transformers
 from app.service.engines import EngineError
 from app.service.http import HttpSettings
-from app.service import traces
-from app.service.traces import Recording
+from app import traces
+from app.traces import Recording
 from app.training import recipes
 from app.training.export import FORMATS, ExportError
 

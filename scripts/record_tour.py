@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from app.prompts import load_prompts  # noqa: E402
 from app.modes import MODES  # noqa: E402
 from app.service.api import Service  # noqa: E402
-from app.service.traces import Recording  # noqa: E402
+from app.traces import Recording  # noqa: E402
 from app.ui import run_tab, settings  # noqa: E402
 
 CANDIDATES = ("extraction", "summarization", "rag", "coding", "math_reasoning", "roleplay", "qa")

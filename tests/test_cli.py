@@ -9,7 +9,7 @@ import torch
 
 from app import cli, models
 from app.models import BUNDLED
-from app.service import traces
+from app import traces
 from app.decoding.drafters.autoregressive import Autoregressive
 from helpers import run, run_cli
 

@@ -166,7 +166,7 @@ def test_compare_under_a_busy_loop_prints_no_ratio_beyond_what_tau_allows(tab):
 
     with busy_cores():
         *_, last = tab.compare(PROMPT, ["prompt_lookup", "suffix"], 48, "float32", "defaults", None)
-    from app.service.traces import Recording
+    from app.traces import Recording
 
     records = {name: Recording.from_record(r) for name, r in last[tab.compared].items()}
     rows = [compare_tab.summary_row(name, records[name], records[name], MODES) for name in ("prompt_lookup", "suffix")]

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from app.modes import ConfigError
 from app.modes import MODES
 from app.modes import configs
-from app.service import traces
+from app import traces
 from app.service.backends import transformers
 from app.service.policy import Policy, relative
-from app.service.traces import TraceError
+from app.traces import TraceError
 from app.ui import render
 from helpers import checked
 from helpers import free_port, running_server, serve_engines, soak

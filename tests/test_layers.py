@@ -15,7 +15,7 @@ LAYERS = [
     ["app.heads"],
     ["app.decoding.drafters"],
     ["app.models"],
-    ["app.runner"],
+    ["app.runner", "app.traces"],  # a run, and the file format a run is recorded in
     ["app.training"],
     ["app.service"],
     ["app.bench", "app.ui"],

@@ -68,7 +68,7 @@ def test_browser_bad_link_parameters_get_a_note_not_an_error(page, app_url):
 def test_browser_link_replays_a_recording(page, app_url):
     """A `?replay=` link replays the recording and sets the page up as it ran: its mode and its prompt (Run then
     runs the same thing here)."""
-    from app.service import traces
+    from app import traces
 
     path = next(p for p in RECORDINGS if not p.stem.startswith(("autoregressive", "prompt_lookup")))  # not the defaults
     run, _ = traces.read(path)

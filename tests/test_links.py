@@ -95,7 +95,7 @@ def test_a_run_of_a_recordings_setup_says_what_differs_when_tau_does():
     with no word why. Run after a replay names what differs (dtype, pass), else the machine; nothing when they agree."""
     import copy
 
-    from app.service import traces
+    from app import traces
     from app.ui.run_tab import against_recording, recording_path
 
     recorded = traces.read(recording_path("eagle-roleplay-bfloat16"))[0]

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.service import load, traces
+from app import traces
+from app.service import load
 from app.ui import charts, load_tab
 from test_ui_streams import Job  # a finished job's batches
 

@@ -233,7 +233,7 @@ def test_a_greedy_run_with_it_equals_autoregressive(tiny_model):
 
 def _toy_run(tiny_model, max_new_tokens: int = 12):
     """A greedy run of the toy mode as the service records it (a start message, then every step)."""
-    from app.service.traces import Recording
+    from app.traces import Recording
 
     request = TOY.parse({"speculative_config": {"decoding_type": "Repeat", "max_draft_len": 3}, "max_new_tokens": max_new_tokens})
     cfg = runner.to_runtime(request)
@@ -249,7 +249,7 @@ def _toy_run(tiny_model, max_new_tokens: int = 12):
 def test_a_replay_keeps_its_provenance_and_draws_its_panel(tiny_model):
     import json
 
-    from app.service import traces
+    from app import traces
 
     run = _toy_run(tiny_model)
     data = json.loads(json.dumps(run.trace()))

@@ -363,7 +363,7 @@ def test_api_replays_have_their_own_bounded_queue_and_never_block_a_run(app_url,
 
 
 def test_api_refuses_an_upload_over_the_replay_limit_before_storing_it(app_url, gradio_dir):
-    from app.service import traces
+    from app import traces
 
     body = b"x" * (traces.MAX_BYTES + 2**20)
     form = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.json\"\r\n"

@@ -14,10 +14,10 @@ from app import figures, models
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
-from app.service import traces
+from app import traces
 from app.service.api import Service
 from app.service.jobs import race
-from app.service.traces import Recording
+from app.traces import Recording
 from helpers import busy_cores, serve_engines
 
 
@@ -153,3 +153,30 @@ def test_the_load_tabs_batch_one_point_is_raced_and_read_by_the_same_rule(servic
     stopped = threading.Event()
     stopped.set()
     assert load.our_point(service, data, PROMPT, stopped) is None
+
+
+def test_an_engines_share_of_the_cpu_is_its_process_groups():
+    """The load a vLLM race samples (vllm_engines.GroupShare): the CPU seconds of the engine's process group, its
+    workers' included, over wall time times cores. A group that spins on one core of this machine's cores gets
+    about 1 ÷ cores of them; one that sleeps, none."""
+    import os
+    import subprocess
+    import sys
+
+    from app.service import vllm_engines
+
+    spin = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                             "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\nimport time; time.sleep(60)"],
+                            start_new_session=True)
+    sleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        busy, idle = vllm_engines.GroupShare(spin.pid), vllm_engines.GroupShare(sleep.pid)
+        time.sleep(1.5)
+        cores = os.cpu_count() or 1
+        assert 0.1 / cores < busy.share() <= 1.0 / cores + 0.05, busy.share()  # its spinning child counted (a loaded machine gives it less than a core)
+        assert idle.share() < 0.05
+    finally:
+        for p in (spin, sleep):
+            os.killpg(p.pid, 9)
+            p.wait()

@@ -1,4 +1,4 @@
-"""app.service.traces: a run recorded from service messages, written as a trace, read back for replay.
+"""app.traces: a run recorded from service messages, written as a trace, read back for replay.
 
 A trace to replay may come from anyone: every malformed one is refused with a sentence, and whatever
 survives parsing draws without an error and without markup of its own."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.service import traces
-from app.service.traces import Recording, TraceError
+from app import traces
+from app.traces import Recording, TraceError
 from app.ui import charts, render
 
 ROOT = Path(__file__).resolve().parent.parent

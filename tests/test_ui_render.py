@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.modes import MODES as REGISTRY
-from app.service import traces
-from app.service.traces import Recording
+from app import traces
+from app.traces import Recording
 from app.ui import compare_tab, lessons, render
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"

@@ -7,7 +7,7 @@ import gradio as gr
 import pytest
 
 from app.modes import ConfigError
-from app.service.traces import Recording
+from app.traces import Recording
 from app.ui import streams
 from app.ui.sessions import Sessions
 

@@ -28,7 +28,7 @@ from app.service.api import Service
 from app.service.backends import remote
 from app.service.backends.base import Prompt
 from app.service.jobs import Limits
-from app.service.traces import Recording
+from app.traces import Recording
 from helpers import earlier_design, free_port, running_server, run_cli
 from test_web import ARTIFACTS, browser, inspect_step, set_number, wait_status  # noqa: F401  (browser is a fixture)
 
@@ -207,6 +207,42 @@ def test_ngram_steps_are_engine_steps_with_counters(service):
     # The counters are this request's alone: a second run adds its own, not the first one's again.
     again = generate(service, NGRAM, COPY, max_new_tokens=64)
     assert again.spec_decode == counters and again.token_ids == run.token_ids
+
+
+def test_a_vllm_race_under_a_load_on_one_side_prints_nothing_beyond_its_bounds(service):
+    """Two engines cannot step in turn (each computes its stream on its own): a vLLM race runs the baseline, then the
+    run. With both cores busy during the baseline only, then during the run only, what the Run tab would print stays
+    within physics (a ratio at most τ, a step at least its autoregressive step, an interval under τ) or is withheld
+    with its reason; and the load is sampled: each side's engine got its share of the CPU, said when they differ."""
+    import contextlib
+
+    from app import figures
+    from app import traces
+    from helpers import busy_cores
+
+    data, base = request(NGRAM, 64), request(AR, 64)
+    said = []
+    for busy_side in ("baseline", "run"):
+        sides: dict[str, list[dict]] = {"run": [], "baseline": []}
+        with contextlib.ExitStack() as load:
+            if busy_side == "baseline":
+                load.enter_context(busy_cores())
+            for message in service.race(data, base, COPY).messages():
+                if message["side"] == "run" and not sides["run"]:  # the baseline has ended: the load moves
+                    load.close()
+                    if busy_side == "run":
+                        load.enter_context(busy_cores())
+                sides[message["side"]].append(message)
+        parts = traces.speedup_parts(sides["run"], sides["baseline"])
+        shares = [traces.steps(sides[s])[-1]["totals"]["cpu_share"] for s in ("run", "baseline")]
+        assert all(0 < x <= 1 for x in shares), shares  # each engine's share of the cores, sampled
+        if parts["doubt"] is None:
+            assert parts["step_cost"] >= 1.0 and parts["decoding"] <= parts["tau"], (busy_side, parts)
+            assert parts["interval"] is None or parts["interval"][1] <= parts["tau"]
+        assert parts.get("overall") is None or figures.within(parts["overall"], parts["tau"])
+        said.append((busy_side, shares, parts["doubt"], parts["load"]))
+    # The busy side got less of the CPU than the other: seen, whether or not it crossed LOAD_CHANGED.
+    assert said[0][1][1] < said[0][1][0] and said[1][1][0] < said[1][1][1], said
 
 
 def test_autoregressive_engine_has_no_counters(service):

@@ -78,7 +78,7 @@ class Mode:
     drafter: str | type = ""
     explainer: str | Any = ""
     # The shapes of the provenance its drafter records in a step's `source` (what a replay keeps of it; the shape
-    # vocabulary is app/service/traces.py's `_shaped`): {"match": ("opt", ("dict", {...}))}.
+    # vocabulary is app/traces.py's `_shaped`): {"match": ("opt", ("dict", {...}))}.
     provenance: dict[str, Any] = field(default_factory=dict)
     # Config fields an engine does not bake in (per request, or this app's loop only): a build's id leaves them out.
     runtime_fields: tuple[str, ...] = ()

@@ -13,7 +13,7 @@ DRAFTERS = "app.decoding.drafters."  # each entry names its drafter class and ex
 EXPLAINERS = "app.ui.explain."
 RECIPES = "app.training.recipes:"  # and each trained artifact's recipe
 
-# Each mode's provenance shapes (Mode.provenance: what a step's `source` holds; app/service/traces.py checks a replay
+# Each mode's provenance shapes (Mode.provenance: what a step's `source` holds; app/traces.py checks a replay
 # against them). NODES bounds a step's draft, as the trace reader does.
 NODES = 1024
 _MATCH = ("dict", {"ngram": ("list", "id", 64), "position": "int", "in_prompt": "bool", "continuation_position": "int"})

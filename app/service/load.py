@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app import figures
+from app import figures, traces
 from app.modes import ConfigError
-from app.service import jobs, traces
+from app.service import jobs
 from app.service.backends import remote
 from app.service.backends.base import Prompt
 

@@ -322,16 +322,43 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    for proc in Path("/proc").iterdir():  # zombies count as gone
+    return any(fields[0] != "Z" for fields in _group_stats(pgid))  # zombies count as gone
+
+
+def _group_stats(pgid: int) -> list[list[str]]:
+    """/proc/PID/stat of each process in group `pgid`, its fields from the state on (field 3 of proc(5))."""
+    out = []
+    for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 stat = (proc / "stat").read_text()
             except OSError:
                 continue
             fields = stat[stat.rfind(")") + 2:].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+            if int(fields[2]) == pgid:
+                out.append(fields)
+    return out
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """The CPU seconds a process group has used (an engine's server and its workers), its reaped children's included."""
+    return sum(int(f[11]) + int(f[12]) + int(f[13]) + int(f[14]) for f in _group_stats(pgid)) / os.sysconf("SC_CLK_TCK")
+
+
+class GroupShare:
+    """The share of this machine's cores a process group got since this was made (at most 1): an engine's counterpart
+    of the transformers backend's CpuShare. vLLM's CPU engine runs on every core; others competing for them lower it,
+    and a race whose two engine runs got different shares did not run under the same load (traces.speedup_parts)."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self._start = (time.perf_counter(), group_cpu_seconds(pgid))
+
+    def share(self) -> float | None:
+        wall, cpu = time.perf_counter() - self._start[0], group_cpu_seconds(self.pgid) - self._start[1]
+        if wall <= 0:
+            return None
+        return round(min(1.0, cpu / (wall * (os.cpu_count() or 1))), 3)
 
 
 def _reap(pid: int, timeout_s: float = 5.0) -> None:

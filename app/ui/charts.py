@@ -19,7 +19,7 @@ import plotly.io as pio
 
 from app.modes import MODES, Modes
 from app.ui.lessons import earning_sizes, expected_speedup
-from app.service.traces import is_number, steps
+from app.traces import is_number, steps
 
 HEIGHT = 300
 LEGEND_ROOM, LEGEND_ROW = 140, 28  # px: a chart's title and axis, and one legend entry (a legend beside the plot)

@@ -16,9 +16,9 @@ import gradio as gr
 
 from app.modes import ConfigError
 from app.modes import Modes
-from app.service import traces
+from app import traces
 from app.service.api import ModelError, Service
-from app.service.traces import Recording
+from app.traces import Recording
 from app.ui import charts, lessons, render, settings
 from app.ui.controls import QUIET, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions

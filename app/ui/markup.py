@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from app.service.traces import is_number
+from app.traces import is_number
 
 
 def esc(text: Any) -> str:

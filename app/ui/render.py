@@ -36,8 +36,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.modes import MODES, Modes
-from app.service import traces
-from app.service.traces import ADDED_KINDS, is_number, steps
+from app import traces
+from app.traces import ADDED_KINDS, is_number, steps
 from app.decoding import tree
 from app.ui import explain, markup
 # The display's helpers, used as render.esc etc. across the UI:

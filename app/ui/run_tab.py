@@ -24,10 +24,10 @@ import gradio as gr
 from app.modes import ConfigError
 from app.modes import MERGED_SUFFIX, MODES, Control, Modes
 from app.modes import configs
-from app.service import traces
+from app import traces
 from app.service.api import Checked, ModelError, Service
 from app.service.backends import tensorrt_llm as trt
-from app.service.traces import Recording, TraceError
+from app.traces import Recording, TraceError
 from app.ui import charts, explain, lessons, links, presenter, render, settings
 from app.ui.controls import QUIET, Number, Slider, dtype_radio, examples_dropdown
 from app.ui.sessions import Sessions

@@ -16,7 +16,7 @@ import gradio as gr
 from app.modes import ConfigError
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
-from app.service.traces import Recording
+from app.traces import Recording
 from app.ui.sessions import Sessions, session_of
 
 REDRAW_S = 0.75

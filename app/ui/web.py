@@ -20,7 +20,7 @@ from starlette.middleware import Middleware
 from app.service.api import Service
 from app.service.http import HttpSettings, serve as serve_http
 from app.service.policy import UPLOAD_WINDOW_S
-from app.service import traces
+from app import traces
 from app.ui import presenter, render
 from app.ui.compare_tab import CompareTab
 from app.ui.controls import examples

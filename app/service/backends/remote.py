@@ -89,10 +89,9 @@ class RemoteBackend:
         ours = owner == OWNER
         body = body_for(model, request, prompt, traced=ours)
         path = "/v1/completions" if prompt.raw and not prompt.messages else "/v1/chat/completions"
-        response = self._post(path, body)
 
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
-            with response:
+            with self._post(path, body) as response:  # sent when the job runs (Engine.work says why)
                 if ours:
                     yield from _traced(response, cancel)
                 else:
@@ -253,11 +252,13 @@ class Engine:
         if s.seed is not None:
             body["seed"] = s.seed
         k = (engine.get("speculative_config") or {}).get("num_speculative_tokens")
-        before = self.counters()
-        response = self._open("/v1/completions", body)
 
         def work(cancel: threading.Event) -> Iterator[dict[str, Any]]:
-            with response:
+            # Sent when the job runs, not when it is prepared: the engine computes a request as soon as it has it, so
+            # a request sent while its job waited (in the queue, or behind its race's baseline) ran beside others and
+            # its steps then streamed at once from a finished computation.
+            before = self.counters()
+            with self._open("/v1/completions", body) as response:
                 yield from engine_steps(response, cancel, self, prompt_ids, {**engine, "mode": request.mode}, before, k)
 
         return work

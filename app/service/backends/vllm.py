@@ -124,12 +124,17 @@ class VLLMBackend:
         client = remote.Engine(url, model, texts=lambda ids: {i: tok.decode([i]) for i in set(ids)})
         work = client.work(request, prompt_ids, engine)
         build_id = manifest["id"]
+        pid = self.processes.state(build_id).get("pid")
         with self._lock:
             self._active[build_id] = self._active.get(build_id, 0) + 1
 
         def used(cancel: threading.Event):
+            load = vllm_engines.GroupShare(pid) if pid else None  # the machine's load, sampled as the run goes
             try:
-                yield from work(cancel)
+                for message in work(cancel):
+                    if load and message.get("type") in ("step", "end") and (share := load.share()) is not None:
+                        message["totals"]["cpu_share"] = share
+                    yield message
             finally:
                 with self._lock:
                     self._active[build_id] -= 1
