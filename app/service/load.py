@@ -31,7 +31,7 @@ from app import figures, traces
 from app.modes import ConfigError
 from app.service import jobs
 from app.service.backends import remote
-from app.service.backends.base import Prompt
+from app.service.backends.base import Prompt, encode
 
 DEFAULT_N = (1, 2, 4, 8, 16)
 MAX_N = 32  # the operator's bound: each request holds KV cache in the engine's fixed 1 GiB
@@ -462,7 +462,6 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
     `starting(mode)` is told each engine's mode (the request's, then autoregressive) before it is started or found
     running: a first start takes minutes, and a page says which one it waits for."""
     from app.prompts import load_prompts
-    from app.service.backends.vllm import encode
 
     ns = parse_ns(ns, allowed(service.policy))
     request = service.request({**data, "backend": "vllm", "max_new_tokens": max_new_tokens}, visitor)

@@ -48,3 +48,11 @@ class Backend(Protocol):
         """Everything that can fail before generation starts (load, encode, check the prompt against the
         context and the limits) runs here and raises ConfigError / ModelError; the returned work streams
         the messages when a job worker runs it."""
+
+
+def encode(tok, prompt: Prompt) -> list[int]:
+    """The prompt's token ids as the transformers backend makes them (the chat template for a user turn)."""
+    if prompt.messages or (not prompt.raw and getattr(tok, "chat_template", None)):
+        messages = prompt.messages or [{"role": "user", "content": prompt.text}]
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    return tok.encode(prompt.text, add_special_tokens=True)

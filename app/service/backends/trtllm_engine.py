@@ -23,8 +23,7 @@ from app.modes import ConfigError, DecodeRequest, Mode, configs
 from app.service import engines, trtllm_engines
 from app.service.backends import remote
 from app.service.backends import tensorrt_llm as trt
-from app.service.backends.base import Availability, Prompt
-from app.service.backends.vllm import encode
+from app.service.backends.base import Availability, Prompt, encode
 from app.service.engines import BuildSpec, EngineError, EngineStore, Progress, spec_for
 from app.service.jobs import Limits, Work
 

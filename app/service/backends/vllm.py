@@ -15,7 +15,7 @@ from app.modes import ConfigError
 from app.modes import configs
 from app.service import vllm_engines
 from app.service.backends import remote
-from app.service.backends.base import Availability, Prompt
+from app.service.backends.base import Availability, Prompt, encode
 from app.modes import MODES, Mode
 from app.modes.configs import DecodeRequest
 from app.service.engines import EngineError, EngineStore, Progress, spec_for
@@ -189,12 +189,3 @@ def check(request: DecodeRequest) -> None:
     reason = vllm_engines.method_reason(request)
     if reason:
         raise ConfigError(reason)
-
-
-def encode(tok, prompt: Prompt) -> list[int]:
-    """The prompt's token ids as the transformers backend makes them (the chat template for a user turn)."""
-    if prompt.messages or (not prompt.raw and getattr(tok, "chat_template", None)):
-        messages = prompt.messages or [{"role": "user", "content": prompt.text}]
-        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
-    return tok.encode(prompt.text, add_special_tokens=True)
-
