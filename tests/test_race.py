@@ -137,7 +137,7 @@ def test_the_load_tabs_batch_one_point_is_raced_and_read_by_the_same_rule(servic
     from app.service import load
     from app.ui import load_tab
 
-    data = {"speculative_config": {"decoding_type": "NGram"}, "max_new_tokens": 48, "backend": "transformers",
+    data = {"speculative_config": {"decoding_type": "NGram"}, "max_new_tokens": 32, "backend": "transformers",
             "dtype": "float32"}
     with busy_cores():
         ours = load.our_point(service, data, PROMPT, threading.Event())
