@@ -133,14 +133,9 @@ def _request(target: Target, prompt_ids: list[int], max_new_tokens: int, cancel:
 
 
 def measure(target: Target, prompts: list[list[int]], max_new_tokens: int, cancel: threading.Event,
-            timeout_s: float = 300.0) -> dict[str, Any]:
-    """N = len(prompts) requests sent to `target` at once; the point's figures and each request's."""
-    return point(target.row, *_measured(target, prompts, max_new_tokens, cancel, timeout_s), bool(target.speculative))
-
-
-def _measured(target: Target, prompts: list[list[int]], max_new_tokens: int, cancel: threading.Event,
-              timeout_s: float) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
-    """What `measure` makes its point of: each request's record, the wall time, the spec-decode counters' growth."""
+            timeout_s: float) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
+    """N = len(prompts) requests sent to `target` at once: each request's record, the wall time, the spec-decode
+    counters' growth (what `point` makes a point of)."""
     engine = remote.Engine(target.url, target.model)
     before = engine.counters() if target.speculative else {}
     start = time.perf_counter()
@@ -222,7 +217,7 @@ def points(plain: Target, speculative: Sequence[Target], prompts: list[list[int]
             for target in targets:
                 if cancel.is_set():
                     return
-                results, wall, counters = _measured(target, prompts[:n], max_new_tokens, cancel, timeout_s)
+                results, wall, counters = measure(target, prompts[:n], max_new_tokens, cancel, timeout_s)
                 if any(r["finish_reason"] == "cancelled" for r in results):
                     return
                 failed = next((r["error"] for r in results if r["error"]), None)
