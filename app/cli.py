@@ -680,6 +680,8 @@ def cmd_ship_data(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    """Plan the build here (torch), then become a process without torch that runs it (fast_build.main): it orders
+    the steps, each in a process of its own, and would otherwise hold 0.26 GB beside each step's peak (issue 58)."""
     from app import models
 
     print(f"[compile] CPU priority: nice {os.nice(args.nice)}", file=sys.stderr, flush=True)
@@ -690,29 +692,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     engines = _engines(args)
+    plan = {"model": args.model, "dtype": args.dtype, "recheck": args.recheck, "companions": []}
     if args.recheck:
-        info = models.recheck_fast_pass(args.model, args.dtype, engines, only_provisional=args.recheck == "provisional")
-        served = ", ".join(f"{a}..{b}" for a, b in info["widths"].values()) or "none"
-        state = f"still provisional ({info['provisional']})" if info.get("provisional") else "final"
-        print(f"fast pass of {args.model} ({args.dtype}) rechecked: the graphs serve passes of {served} tokens, options "
-              f"{info['options']}; {state}")
-        return 0
-    info = models.build_fast_pass(args.model, args.dtype, engines)
-    served = ", ".join(f"{a}..{b}" for a, b in info["widths"].values()) or "none"
-    print(f"fast pass of {args.model} ({args.dtype}) for this machine ({info['isa']}, {info['threads']} threads): built in "
-          f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB; the graphs serve passes of {served} tokens (measured "
-          f"against eager; others run eagerly)" + (f"; provisional: {info['provisional']}" if info.get("provisional") else ""))
-    # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them; built
-    # without loading the target's packages in this process (each step in a process of its own, issue 58).
-    shipped = [(e, path) for e in args.registry if e.artifact_pass and (path := models.default_artifact(args.model, e.artifact))]
-    for entry, path in shipped:
-        t = time.perf_counter()
-        built = models.build_companion_pass(args.model, args.dtype, entry, path, engines)
-        if built is None:  # every pass of the target runs eagerly: so do they
-            break
-        print(f"compiled pass of the shipped {entry.artifact_label} ({path.name}): "
-              f"{'ready' if built['widths'] else 'measured slower than eager, not used'}, {time.perf_counter() - t:.0f} s")
-    return 0
+        plan["target"] = models.built_plan(args.model, args.dtype, engines)
+    else:
+        plan["target"] = models.pass_plan(args.model, args.dtype, engines)
+        # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them.
+        plan["companions"] = [models.companion_plan(args.model, args.dtype, e, path, engines) for e in args.registry
+                              if e.artifact_pass and (path := models.default_artifact(args.model, e.artifact))]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "app.decoding.fast_build", json.dumps(plan)])
 
 
 CONCURRENCY_HELP = ("generations running at once (keep 1 on a small CPU: each worker thread keeps its own OpenMP team, "

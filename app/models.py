@@ -6,25 +6,20 @@ and cached as safetensors + tokenizer under `engines/models/`, so later loads ta
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from app.decoding import attention, linear
+from app.decoding import attention, fast_build, linear
 
 BUNDLED = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +107,7 @@ def resolve_device(device: str = "auto") -> torch.device:
 def _bundled_dir(name: str, engines: Path) -> Path:
     """The dequantized cache of a bundled GGUF model, built on first use."""
     target = engines / "models" / name
-    return _build_once(target, lambda: (target / "config.json").exists(), lambda tmp: _dequantize(name, tmp))
+    return fast_build.build_once(target, lambda: (target / "config.json").exists(), lambda tmp: _dequantize(name, tmp))
 
 
 def _dequantize(name: str, out: Path) -> None:
@@ -133,33 +128,6 @@ def _dequantize(name: str, out: Path) -> None:
     plain.load_state_dict(gguf_model.state_dict(), assign=True)
     plain.save_pretrained(out)
     tokenizer.save_pretrained(out)
-
-
-def _build_once(target: Path, is_fresh, build) -> Path:
-    """Return `target`, first running build(tmp_dir) and renaming it into place unless is_fresh().
-
-    Builders in other processes (test workers, a CLI next to the web app) take turns on a lock file,
-    so the directory is built once and a reader never sees it half-written or moved aside."""
-    if is_fresh():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_fresh():  # built by whoever held the lock before us
-            return target
-        for stale in target.parent.glob(f".{target.name}-*"):  # an interrupted build's leftovers (we hold the lock)
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            build(tmp)
-            if target.exists():  # stale (e.g. retrained weights checked out): move it aside
-                stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-stale-", dir=target.parent))
-                os.replace(target, stale / "old")
-                shutil.rmtree(stale, ignore_errors=True)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _draft_dir(name: str, engines: Path) -> Path:
@@ -186,7 +154,7 @@ def _draft_dir(name: str, engines: Path) -> Path:
         write_model(base, AutoTokenizer.from_pretrained(base_dir), layers, tmp)
         (tmp / stamp.name).write_text(json.dumps({"source": str(layers.relative_to(ROOT)), "sha256": digest}))
 
-    return _build_once(target, is_fresh, build)
+    return fast_build.build_once(target, is_fresh, build)
 
 
 def locate(name: str, engines: Path = DEFAULT_ENGINES) -> str:
@@ -293,22 +261,6 @@ def _fast_dir(where: str, dtype: str, config, engines: Path) -> Path | None:
     return engines / "compiled" / compiled.key(_weights_id(where), dtype)
 
 
-@contextlib.contextmanager
-def _one_builder(engines: Path) -> Iterator[None]:
-    """One fast-pass build at a time on this store, whatever its model and dtype: a build holds its model, the
-    graphs and inductor's workers (GBs), and every process that serves a model starts a builder of its own. A builder
-    waits here before it loads anything, saying so once."""
-    root = engines / "compiled"
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".builder.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say("another process is building a fast pass on this machine: waiting for it before loading anything")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def _weights_id(where: str) -> str:
     """The identity of a model's weights: a digest of its weight files (a retrained or re-made model builds anew)."""
     path = Path(where)
@@ -334,7 +286,7 @@ def attach_fast_pass(loaded: LoadedModel, where: str, engines: Path, wait: bool)
         return
     command = [sys.executable, "-m", "app", "compile", "--model", loaded.name, "--dtype", loaded.dtype,
                "--engines-dir", str(engines), "--threads", str(torch.get_num_threads()), "--nice", "19"]
-    if compiled.built(out):
+    if fast_build.built(out):
         _use(loaded, out)
         if not wait and loaded.fast.get("provisional"):  # measured under load: measured again, behind the runs
             threading.Thread(target=_recheck, args=(command + ["--recheck", "provisional"], out), name="fast-pass-recheck",
@@ -357,7 +309,7 @@ def attach_fast_pass(loaded: LoadedModel, where: str, engines: Path, wait: bool)
                     said = stage
                     print(f"[models] fast pass of {loaded.name} ({loaded.dtype}), {time.monotonic() - started:.0f} s: "
                           f"{stage}", file=sys.stderr, flush=True)
-        if child.returncode or not compiled.built(out):
+        if child.returncode or not fast_build.built(out):
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             loaded.fast = {"state": "failed", "note": f"eager pass (building the fast pass failed: {tail[0][:200]}; "
                                                       f"log: {log.name})"}
@@ -418,10 +370,10 @@ def _use(loaded: LoadedModel, out: Path, built_in: float | None = None) -> None:
     loaded.forward = forward
 
 
-def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
-    """Build `name`'s fast pass for this machine now unless it is built (what `python -m app compile` runs): this
-    process never loads the model; each graph is compiled, and each candidate timed, in a short-lived process of its
-    own that loads it (`target_exported`), so nothing a step mapped outlives it. Returns its info."""
+def pass_plan(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
+    """What building `name`'s fast pass in `dtype` for this machine takes, as plain data for a process without torch
+    (fast_build.build_pass): where it goes, how each step's process makes the pass (`target_exported`), the thread
+    count its kernels are built for and this machine's facts. Never loads the model."""
     from app.decoding import compiled
 
     from transformers import AutoConfig
@@ -436,20 +388,57 @@ def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> d
     out = _fast_dir(where, dtype, config, engines)
     if out is None:
         raise ModelError(f"'{name}' has no fast pass: it has layers that do not attend to the whole context")
+    return {"out": str(out), "engines": str(engines), "recipe": ["app.models:target_exported", [name, dtype, str(engines)]],
+            "threads": torch.get_num_threads(), "machine": compiled.machine()}
 
-    def build(tmp: Path) -> None:  # the model is loaded by the build's steps, under the lock (compiled._child)
-        recipe = ("app.models:target_exported", [name, dtype, str(engines)])
-        compiled.build_exported(compiled.Exported.elsewhere(recipe), tmp, log=_say)  # bounded: compiled.BUILD_CONFIG
 
-    if not compiled.built(out):
-        with _one_builder(engines):
-            _build_once(out, lambda: compiled.built(out), build)
-    return json.loads((out / "info.json").read_text())
+def companion_plan(name: str, dtype: str, entry, artifact: Path, engines: Path = DEFAULT_ENGINES) -> dict:
+    """The same for the pass of `entry`'s artifact at `artifact` drafting beside `name`'s fast pass (`beside`: built
+    only where that one serves some width), made in each step's process by `companion_exported`."""
+    target = pass_plan(name, dtype, engines)
+
+    def ref(what) -> str:
+        return what if isinstance(what, str) else f"{what.__module__}:{what.__qualname__}"
+
+    recipe = ["app.models:companion_exported",
+              [name, dtype, str(engines), ref(entry.artifact_loader), ref(entry.artifact_pass), str(artifact)]]
+    out = _companion_dir(artifact, Path(target["out"]), dtype, engines)
+    return {**target, "out": str(out), "recipe": recipe, "beside": target["out"],
+            "label": entry.artifact_label, "file": artifact.name}
+
+
+def build_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
+    """Build `name`'s fast pass for this machine now unless it is built: this process never loads the model; each
+    graph is compiled, and each candidate timed, in a short-lived process of its own that loads it, so nothing a step
+    mapped outlives it (`python -m app compile` runs the same from a process without torch). Returns its info."""
+    return fast_build.build_pass(pass_plan(name, dtype, engines))
+
+
+def build_companion_pass(name: str, dtype: str, entry, artifact: Path, engines: Path = DEFAULT_ENGINES) -> dict | None:
+    """Build the compiled pass of `entry`'s artifact at `artifact` beside `name`'s built fast pass unless it is built,
+    without loading the target or its packages here. Returns its info; None where the target runs eagerly (its pass
+    not built, or serving no width): so does the module."""
+    return fast_build.build_pass(companion_plan(name, dtype, entry, artifact, engines))
+
+
+def recheck_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES, only_provisional: bool = False) -> dict:
+    """Measure `name`'s built fast pass again and decide anew (fast_build.recheck; `python -m app compile --recheck`),
+    under the builders' lock; `only_provisional`: only when its choices are still provisional. Returns its info."""
+    return fast_build.recheck_pass(built_plan(name, dtype, engines), only_provisional)
+
+
+def built_plan(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
+    """`pass_plan` of a pass that must be built already (a recheck's)."""
+    plan = pass_plan(name, dtype, engines)
+    if not fast_build.built(Path(plan["out"])):
+        raise ModelError(f"the fast pass of '{name}' ({dtype}) is not built on this machine: "
+                         f"python -m app compile --model {name} --dtype {dtype}")
+    return plan
 
 
 def target_exported(name: str, dtype: str, engines: str):
     """`name`'s pass in `dtype` as a build exports and times it (compiled.prepared_target): the recipe a build's
-    step makes in its own process (compiled._child)."""
+    step makes in its own process (compiled.run_step)."""
     from app.decoding import compiled
     from app.decoding.attention import kv_dtype
 
@@ -460,7 +449,7 @@ def target_exported(name: str, dtype: str, engines: str):
 def companion_exported(name: str, dtype: str, engines: str, loader: str, exporter: str, artifact: str):
     """The pass of the artifact at `artifact` drafting beside `name` (in `dtype`), loaded as runner.load_artifact
     loads it (the mode entry's `loader`), as `exporter` exports it (the entry's artifact_pass): the recipe of a
-    companion's build steps (compiled._child). The target's own packed copies are dropped (its passes never run here)."""
+    companion's build steps (compiled.run_step). The target's own packed copies are dropped (its passes never run here)."""
     from app.decoding import compiled
     from app.decoding.attention import kv_dtype
     from app.modes.registry import resolve
@@ -470,55 +459,6 @@ def companion_exported(name: str, dtype: str, engines: str, loader: str, exporte
     linear.pack(module)
     compiled.unpack(target.model)
     return resolve(exporter)(module, kv_dtype(target.model.config) or target.model.dtype)
-
-
-def build_companion_pass(name: str, dtype: str, entry, artifact: Path, engines: Path = DEFAULT_ENGINES) -> dict | None:
-    """Build the compiled pass of `entry`'s artifact at `artifact` beside `name`'s built fast pass unless it is built
-    (what `python -m app compile` runs for the shipped ones), without loading the target or its packages here: each
-    step in a process of its own (`companion_exported`). Returns its info; None where the target runs eagerly (its
-    pass not built, or serving no width): so does the module."""
-    from app.decoding import compiled
-
-    from transformers import AutoConfig
-
-    where = locate(name, engines)
-    target = _fast_dir(where, dtype, AutoConfig.from_pretrained(where, trust_remote_code=False), engines)
-    if target is None or not compiled.built(target) or not json.loads((target / "info.json").read_text())["widths"]:
-        return None
-    out = _companion_dir(artifact, target, dtype, engines)
-
-    def ref(what) -> str:
-        return what if isinstance(what, str) else f"{what.__module__}:{what.__qualname__}"
-
-    recipe = ("app.models:companion_exported",
-              [name, dtype, str(engines), ref(entry.artifact_loader), ref(entry.artifact_pass), str(artifact)])
-    if not compiled.built(out):
-        with _one_builder(engines):
-            _build_once(out, lambda: compiled.built(out),
-                        lambda tmp: compiled.build_exported(compiled.Exported.elsewhere(recipe), tmp, log=_say))
-    return json.loads((out / "info.json").read_text())
-
-
-def recheck_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES, only_provisional: bool = False) -> dict:
-    """Measure `name`'s built fast pass again and decide anew (compiled.recheck; `python -m app compile --recheck`),
-    under the builders' lock; `only_provisional`: only when its choices are still provisional. Returns its info. As a
-    build times them: each candidate in a process of its own, this one never loading the model."""
-    from transformers import AutoConfig
-
-    from app.decoding import compiled
-
-    with _one_builder(engines):
-        where = locate(name, engines)
-        out = _fast_dir(where, dtype, AutoConfig.from_pretrained(where, trust_remote_code=False), engines)
-        if out is not None and compiled.built(out) and only_provisional:
-            info = json.loads((out / "info.json").read_text())
-            if not info.get("provisional"):  # another process's recheck decided meanwhile
-                return info
-        if out is None or not compiled.built(out):
-            raise ModelError(f"the fast pass of '{name}' ({dtype}) is not built on this machine: "
-                             f"python -m app compile --model {name} --dtype {dtype}")
-        return compiled.recheck(compiled.Exported.elsewhere(("app.models:target_exported", [name, dtype, str(engines)])),
-                                out, log=_say)
 
 
 def companion_pass_dir(target: LoadedModel, artifact: Path, engines: Path) -> Path | None:
@@ -548,19 +488,15 @@ def attach_companion_pass(module: torch.nn.Module, artifact: Path, target: Loade
     out = companion_pass_dir(target, artifact, engines)
     if out is None:
         return
-    if not compiled.built(out) and not build:
+    if not fast_build.built(out) and not build:
         return
-    if not compiled.built(out):
+    if not fast_build.built(out):
         print(f"[models] compiling the pass of {artifact} for this machine once (about a minute) ...", file=sys.stderr, flush=True)
         kv = kv_dtype(target.model.config) or target.model.dtype
-        with _one_builder(engines):
-            _build_once(out, lambda: compiled.built(out), lambda tmp: compiled.build_exported(exported(module, kv), tmp, log=_say))
+        with fast_build.one_builder(engines):
+            fast_build.build_once(out, lambda: fast_build.built(out), lambda tmp: fast_build.build(exported(module, kv), tmp, log=fast_build.say))
     fast = compiled.load(out)
     module.fast = fast if fast.widths else None  # every width measured faster eagerly: it stays eager
-
-
-def _say(text: str) -> None:
-    print(f"[compile] {text}", file=sys.stderr, flush=True)
 
 
 def load_tokenizer(name: str = BUNDLED, engines: Path = DEFAULT_ENGINES):

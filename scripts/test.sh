@@ -47,9 +47,10 @@ status=0
 # loadfile: a test module runs in one worker, so its module-scoped servers (the web apps, the vLLM engines of
 # tests/test_vllm.py) start once. (loadgroup would not do: pytest-xdist 3.8 marks groups by rewriting a node id
 # attribute that pytest 9 no longer reads, so every group's tests were spread over both workers.)
+# --durations: the slowest tests in the log, where the suite's time goes (it must stay under 35 minutes).
 # --no-loadscope-reorder: files go out in collection order (tests/conftest.py puts the longest first), not by
 # their number of tests, which sent the 14 slow vLLM tests out last.
-.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --junitxml="$TEST_ARTIFACTS_DIR/junit.xml" "${@:-tests}" || status=$?
+.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=40 --junitxml="$TEST_ARTIFACTS_DIR/junit.xml" "${@:-tests}" || status=$?
 
 if ((status == 5)); then
     echo "test.sh: no tests were collected; treating as failure" >&2

@@ -17,15 +17,11 @@ bfloat16 products cost about one row's up to FEW rows and grow fast after (bundl
 rows 30.7, 4 rows 42.9, 8 rows 76.3, 16 rows 134.6), where float32 copies of the weights (linear.widen) do better
 (8 rows 71.3, 16 rows 102.8); so passes of 2..FEW rows run a graph of bfloat16 products, wider ones the float32.
 
-How a graph multiplies, and which passes it serves, is measured, not assumed: a build compiles each graph with every
-option set (OPTIONS), times them against each other and the eager pass over the same slots at the graph's widths,
-keeps the fastest (`fastest`), and has it serve up to the widest width where it is not slower than eager
-(`serving`). A timing is the fastest of rounds that call each candidate in turn (other load only ever adds time), a
-candidate that wins or loses by less than the rounds' spread (NOISE at least) changes nothing, and a measurement
-taken while other processes used the CPU (`Others`) is kept as provisional: the build keeps every candidate, and
-`recheck` (`python -m app compile --recheck`, started by a serving process that loads a provisional pass) measures
-them again, deciding for good only on a quiet machine. A build on a busy machine once measured the one-token graph
-at 39 ms against eager's 21 (0.5 against 1.1 quiet) and kept eager passes for good. Where the CPU multiplies bfloat16 natively, inductor's own GEMM kernels lose to oneDNN's (AMD EPYC with
+How a graph multiplies, and which passes it serves, is measured, not assumed, and a build is ordered and decided in
+a process that never imports torch (decoding/fast_build.py): each graph's compilation and each candidate's timing here,
+in a short-lived process of its own (`run_step`). A build on a busy machine once measured the one-token graph at 39 ms
+against eager's 21 (0.5 against 1.1 quiet) and kept eager passes for good: a choice measured under load is now
+provisional until measured again. Where the CPU multiplies bfloat16 natively, inductor's own GEMM kernels lose to oneDNN's (AMD EPYC with
 AVX-512 BF16, bundled model, bfloat16, 16 tokens: 55 ms autotuned against 22 ms eager), oneDNN's packed products win.
 
 What a package holds depends on the CPU it was built on (its vector instructions, the thread count the kernels were
@@ -39,9 +35,7 @@ import ctypes
 import gc
 import hashlib
 import json
-import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,72 +46,28 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from app.decoding import linear
+from app.decoding import fast_build
+from app.decoding.fast_build import OPTIONS, widths_to_time
 from app.decoding.attention import SMALL_QUERY
 from app.decoding.kv_cache import SlotLayer
 from app.decoding.types import Forward
 
 FORMAT = 4  # what the exported signature, the graphs and info.json are; a change makes every package stale
-# Two ways to compile the products, each graph built both ways and the faster kept (measured at build, per CPU).
-# freezing: the weights are constants of the graph, packed at build time. "packed": oneDNN's products over packed
-# weights, those that share an input (q, k, v; gate, up) concatenated into one (AMD EPYC with AVX-512 BF16, bfloat16
-# one-token pass: 9.8 ms against 13.9 autotuned, 211 products down to 121). "autotuned": inductor's own GEMM
-# micro-kernels, each timed against ATEN's product for its shape (what won on AVX2 before packing was in reach).
-OPTIONS = {
-    "packed": {"freezing": True, "cpp.enable_concat_linear": True},
-    "autotuned": {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"},
-}
-# What a build holds at once (issue 58; measured: docs/benchmarks.md#the-fast-pass): one C++ compile worker (inductor's
+# What a build step holds (issue 58; measured: docs/benchmarks.md#the-fast-pass): one C++ compile worker (inductor's
 # default is one per core, up to 32, each a process importing torch), the eager model without its oneDNN-packed copies
-# while the graphs compile (they never read them), what each compilation held given back before the next, and one
-# candidate package loaded at a time while timing (a loaded package holds its weights twice: its shared library's data
-# and the runtime's copy, ~1.25 GB for the bundled model in float32). A released package's shared library stays mapped
-# (~0.6 GB each, torch never unloads it), so an Exported that says how to make it again (`recipe`) has each graph
-# compiled with each option set and each candidate timed in a short-lived process of its own (`_child`): what it
-# mapped goes with it, and the building process keeps only the decision (it never loads the model when it does not
-# hold it already). The weights are appended to the shared library once it is linked (force_mmap_weights), not
+# while a graph compiles (it never reads them), what a compilation held given back before its package is written, and
+# one candidate package loaded at a time while timing (a loaded package holds its weights twice: its shared library's
+# data and the runtime's copy, ~1.25 GB for the bundled model in float32). A released package's shared library stays
+# mapped (~0.6 GB each, torch never unloads it), so each step runs in a short-lived process of its own (fast_build.
+# Elsewhere, `run_step`). The weights are appended to the shared library once it is linked (force_mmap_weights), not
 # assembled into an object the linker copies: at the end of each compilation the linker held ~0.7 GB beside the
-# compiling process (its peak, and the build's). A loaded package reads them from the same file into the same runtime
-# copy, so it runs and loads as before.
+# compiling process. A loaded package reads them from the same file into the same runtime copy, so it runs and loads
+# as before.
 BUILD_CONFIG = {"compile_threads": 1, "aot_inductor.force_mmap_weights": True}
 FEW = 4  # bfloat16 without native instructions: the widest pass whose products stay in bfloat16 (module docstring)
 # A slot count of the example inputs that no size of a model has (export would tie equal sizes together).
 EXAMPLE_SLOTS = 257
 MEASURED_CONTEXT = 128  # the committed length of the passes a build times (graph against eager)
-NOISE = 0.05  # a difference smaller than this share (or than the rounds' own spread) is not a result
-BUSY = 0.25  # other processes' share of the CPU above which a measurement is provisional
-
-
-class Others:
-    """What other processes took of this machine's CPU while the block ran: system-wide busy time less this process's
-    own CPU time and its finished children's (the timing processes, `_child`), over wall time times cores (`share`;
-    None where /proc/stat cannot be read)."""
-
-    def __enter__(self) -> "Others":
-        self._start = (_busy_seconds(), _own_seconds(), time.perf_counter())
-        self.share: float | None = None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        busy, own, wall = _busy_seconds(), _own_seconds(), time.perf_counter()
-        if busy is None or self._start[0] is None:
-            return
-        cores = os.cpu_count() or 1
-        spent = (busy - self._start[0]) - (own - self._start[1])
-        self.share = round(max(0.0, spent / max(1e-9, (wall - self._start[2]) * cores)), 3)
-
-
-def _own_seconds() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-def _busy_seconds() -> float | None:
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def machine() -> dict:
@@ -166,33 +116,33 @@ class _DraftPass(nn.Module):
 
 @dataclass
 class Exported:
-    """What a build exports and times: a pass over a slot cache (`module`, called with `examples(n, slots, at)`), the
-    dynamic dimensions of those inputs for a graph of n-token passes (`dims(n, slots)`: n is 1 or a Dim) and the
-    graphs with the widths each is built for. `recipe`: how another process makes the same Exported
-    ("package.module:function" and its JSON arguments), so that each graph's compilation (when `module` is None: the
-    building process holds no model) and each candidate's timing run in a process of their own (`_child`)."""
+    """What a build exports and times, held in this process: a pass over a slot cache (`module`, called with
+    `examples(n, slots, at)`), the dynamic dimensions of those inputs for a graph of n-token passes (`dims(n, slots)`:
+    n is 1 or a Dim) and the graphs with the widths each is built for. A build's steps run here (`compile`, `time`):
+    fast_build.Elsewhere is the same face for a pass whose steps each run in a process of their own."""
 
-    module: nn.Module | None
-    examples: Callable[[int, int, int], tuple] | None
-    dims: Callable[[object, object], tuple] | None
-    graphs: dict[str, tuple[int, int]] | None
-    recipe: tuple[str, list] | None = None
+    module: nn.Module
+    examples: Callable[[int, int, int], tuple]
+    dims: Callable[[object, object], tuple]
+    graphs: dict[str, tuple[int, int]]
 
-    @classmethod
-    def elsewhere(cls, recipe: tuple[str, list], graphs: dict | None = None) -> "Exported":
-        """An Exported this process does not make: only how another one does (`graphs` None: the first graph's
-        compilation tells them)."""
-        return cls(None, None, None, graphs, recipe)
+    def machine(self) -> dict:
+        return machine()
+
+    def compile(self, out: Path, log: Callable[[str], None]) -> dict[str, float]:
+        unpack(self.module)  # the eager pass repacks them when it is first timed
+        return {graph: compile_graph(self, graph, out, log) for graph in self.graphs}
+
+    def time(self, graph: str, name: str, path: Path, reps: int) -> dict[int, dict[str, list]]:
+        return time_candidate(self, graph, name, path, reps)
 
 
 def make(recipe: tuple[str, list]) -> Exported:
-    """The Exported a recipe makes, its recipe attached."""
+    """The Exported a recipe ("package.module:function" and its JSON arguments) makes."""
     import importlib
 
     module, _, name = recipe[0].partition(":")
-    exported = getattr(importlib.import_module(module), name)(*recipe[1])
-    exported.recipe = (recipe[0], list(recipe[1]))
-    return exported
+    return getattr(importlib.import_module(module), name)(*recipe[1])
 
 
 def _kv(config, kv_dtype: torch.dtype, slots: int) -> list[torch.Tensor]:
@@ -245,7 +195,7 @@ def graphs(dtype: torch.dtype) -> dict[str, tuple[int, int]]:
 def build(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
     """Export the graphs of a target `model` (packed, eval, on the CPU), compile each with every option set (OPTIONS),
     time them against each other and the eager pass, and keep in `out` the fastest of each; returns what it took."""
-    return build_exported(prepared_target(model, kv_dtype), out, log)
+    return fast_build.build(prepared_target(model, kv_dtype), out, log)
 
 
 def prepared_target(model: nn.Module, kv_dtype: torch.dtype) -> Exported:
@@ -256,41 +206,13 @@ def prepared_target(model: nn.Module, kv_dtype: torch.dtype) -> Exported:
 
 def recheck_target(model: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print,
                    others=None) -> dict:
-    """`recheck` for a target `model`'s built pass, the model prepared as `build` prepares it."""
-    return recheck(prepared_target(model, kv_dtype), out, log, others)
+    """`fast_build.recheck` for a target `model`'s built pass, the model prepared as `build` prepares it."""
+    return fast_build.recheck(prepared_target(model, kv_dtype), out, log, others)
 
 
 def build_draft(module: nn.Module, out: Path, kv_dtype: torch.dtype, log: Callable[[str], None] = print) -> dict:
     """The same for an EAGLE module's pass (`draft_pass`)."""
-    return build_exported(draft_pass(module, kv_dtype), out, log)
-
-
-def build_exported(exported: Exported, out: Path, log: Callable[[str], None] = print) -> dict:
-    """`build` for any Exported: its graphs compiled here, or each graph with each option set in a process of its
-    own where this one does not hold the module (Exported.elsewhere); then timed (`decide`)."""
-    start = time.perf_counter()
-    seconds = {}
-    if exported.module is None:
-        graphs, index = exported.graphs, 0
-        while graphs is None or index < len(graphs):
-            # One compilation a process: what one leaves in its process (~0.25 GB for the bundled model in float32,
-            # after release) the next would hold at its own peak (issue 58).
-            for name in OPTIONS:
-                job = {"do": "compile", "recipe": exported.recipe, "graph": index, "options": name, "out": str(out)}
-                done = _child(job)
-                seconds[done["name"]] = round(seconds.get(done["name"], 0) + done["seconds"], 1)
-            graphs = {g: tuple(w) for g, w in done["graphs"].items()}
-            index += 1
-        exported.graphs = graphs
-    else:
-        unpack(exported.module)  # the eager pass repacks them when `measure` first calls it
-        for graph in exported.graphs:
-            seconds[graph] = compile_graph(exported, graph, out, log)
-    log("timing each graph's builds against each other and the eager pass at its widths")
-    info = decide(exported, out, {g: {name: out / f"{g}-{name}.pt2" for name in OPTIONS} for g in exported.graphs}, log)
-    info.update(seconds=round(time.perf_counter() - start, 1), graphs=seconds)
-    _write_info(out, info)
-    return info
+    return fast_build.build(draft_pass(module, kv_dtype), out, log)
 
 
 def compile_graph(exported: Exported, graph: str, out: Path, log: Callable[[str], None] = print,
@@ -328,28 +250,9 @@ def compile_graph(exported: Exported, graph: str, out: Path, log: Callable[[str]
     return round(time.perf_counter() - t, 1)
 
 
-def _child(job: dict) -> dict:
-    """Run one step of a build (`job`: compile one graph with one option set, or time one candidate) in a short-lived
-    process of its own, which makes the Exported from its recipe (`make`), and return what it reports. Its kernels run
-    on this process's thread count (the packages are built for it); its log goes where this process's stderr goes."""
-    import subprocess
-    import sys
-    import tempfile
-
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    with tempfile.TemporaryDirectory(prefix="fast-pass-step-") as tmp:
-        result = Path(tmp) / "result.json"
-        job = {**job, "threads": torch.get_num_threads(), "result": str(result)}
-        code = "import sys; from app.decoding import compiled; compiled._run_child(sys.argv[1])"
-        done = subprocess.run([sys.executable, "-c", code, json.dumps(job)], env=env, stdin=subprocess.DEVNULL)
-        if done.returncode or not result.exists():
-            raise RuntimeError(f"a fast-pass build step ({job['do']}) failed in its own process (exit {done.returncode})")
-        return json.loads(result.read_text())
-
-
-def _run_child(text: str) -> None:
-    """The process of one step (`_child`)."""
+def run_step(text: str) -> None:
+    """The process of one build step (fast_build.Elsewhere): compile one graph with one option set, or time one
+    candidate against eager; what it reports goes to the job's `result` file."""
     import sys
 
     job = json.loads(text)
@@ -386,109 +289,13 @@ def release() -> None:
         pass
 
 
-def recheck(exported: Exported, out: Path, log: Callable[[str], None] = print, others=None) -> dict:
-    """Measure a built pass's candidates again (its graphs and the option sets a provisional build kept) and decide
-    anew: for good when the machine is quiet, else still provisional. Nothing is compiled. Returns the new info.
-    `others`: what tells the machine's load (Others)."""
-    info = json.loads((out / "info.json").read_text())
-    exported.graphs = exported.graphs or {g: tuple(w) for g, w in info["built"].items()}
-    candidates = {}
-    for graph in info["built"]:
-        candidates[graph] = {info["options"][graph]: out / f"{graph}.pt2"}
-        candidates[graph].update({p.stem.split("-", 1)[1]: p for p in out.glob(f"{graph}-*.pt2")})
-    log("timing each graph's builds against each other and the eager pass at its widths, again")
-    new = decide(exported, out, candidates, log, others or Others)
-    _write_info(out, {**info, **new, "rechecked": time.strftime("%Y-%m-%d %H:%M:%S")})
-    return {**info, **new}
-
-
-def decide(exported: Exported, out: Path, candidates: dict[str, dict[str, Path]], log: Callable[[str], None],
-           others=None) -> dict:
-    """Time `candidates` ({graph: {option set: package}}) and eager, keep the fastest of each graph as `<graph>.pt2`
-    and the widths it serves; while the measurement is provisional the other candidates stay as `<graph>-<name>.pt2`
-    for a recheck, else they go. Returns the decision's part of info.json."""
-    with (others or Others)() as load:
-        measured, spread = measure(exported, candidates)
-    busy = load.share is not None and load.share > BUSY
-    provisional = f"other processes used {load.share:.0%} of the CPU while it was measured" if busy else None
-    chosen = {graph: fastest(times, spread[graph], first=_incumbent(candidates[graph])) for graph, times in measured.items()}
-    for graph, name in chosen.items():
-        kept = candidates[graph][name]
-        current = out / f"{graph}.pt2"
-        if kept != current:
-            if current.exists():  # the incumbent stays a candidate under its own name, and `built` never sees a gap
-                incumbent = next(n for n, p in candidates[graph].items() if p == current)
-                os.link(current, out / f"{graph}-{incumbent}.pt2")
-            os.replace(kept, current)
-        if not provisional:
-            for other in out.glob(f"{graph}-*.pt2"):
-                other.unlink()
-    widths = serving(exported.graphs, {g: {n: (t[chosen[g]], t["eager"]) for n, t in m.items()} for g, m in measured.items()},
-                     {g: {n: max(s[chosen[g]], s["eager"]) for n, s in sp.items()} for g, sp in spread.items()})
-    for graph, (low, high) in exported.graphs.items():
-        times = ", ".join(f"{n}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()) + " ms" for n, t in measured[graph].items())
-        serves = f"serves {widths[graph][0]}..{widths[graph][1]}" if graph in widths else "serves none (eager is faster)"
-        log(f"graph {graph} ({low}..{high} tokens): {times}; keeps {chosen[graph]}, {serves}")
-    if provisional:
-        log(f"provisional: {provisional}; every candidate is kept until `python -m app compile --recheck` measures "
-            "them on a quiet machine")
-    return {"built": exported.graphs, "widths": widths, "options": chosen,
-            "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
-            "spread": {g: {str(n): t for n, t in m.items()} for g, m in spread.items()},
-            "others": load.share, "provisional": provisional,
-            "bytes": sum(f.stat().st_size for f in out.glob("*.pt2")), **machine()}
-
-
-def _incumbent(candidates: dict[str, Path]) -> str:
-    """The option set that stands unless another beats it beyond noise: the one serving now, else the first."""
-    return next((name for name, path in candidates.items() if "-" not in path.stem), next(iter(candidates)))
-
-
-def _write_info(out: Path, info: dict) -> None:
-    tmp = out / "info.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, out / "info.json")  # a reader sees the old decision or the new, whole
-
-
-def _widths_to_time(low: int, high: int) -> list[int]:
-    return sorted({low, high} | {1 << k for k in range(8) if low <= 1 << k <= high})
-
-
-def measure(exported: Exported, candidates: dict[str, dict[str, Path]], reps: int = 5) -> tuple[dict, dict]:
-    """Each graph's candidate packages and the eager pass over the same slots (MEASURED_CONTEXT committed), at the
-    graph's widths, in rounds that call a candidate and eager in turn (a load that changes meanwhile weighs on both
-    alike; one candidate package is loaded at a time, BUILD_CONFIG): ({graph:
-    {n: {name or "eager": ms}}}, {graph: {n: {name: spread}}}), the fastest round (other load only adds time) and how
-    far the median round lies above it, as a share."""
-    result, spread = {}, {}
-    for graph, (low, high) in exported.graphs.items():
-        widths = _widths_to_time(low, high)
-        times = {n: {name: [] for name in [*candidates[graph], "eager"]} for n in widths}
-        # One candidate package loaded at a time (each holds its weights twice), timed in rounds with eager; eager's
-        # times are those of every candidate's rounds. In a process of its own where the Exported has a recipe (its
-        # shared library is never unmapped while its process lives).
-        for name, path in candidates[graph].items():
-            if exported.recipe is not None:
-                job = {"do": "time", "recipe": exported.recipe, "graph": graph, "name": name, "path": str(path), "reps": reps}
-                got = {int(n): t for n, t in _child(job)["times"].items()}
-            else:
-                got = time_candidate(exported, graph, name, path, reps)
-            for n in widths:
-                for run_name, t in got[n].items():
-                    times[n][run_name] += t
-        result[graph] = {n: {name: round(1e3 * min(t), 2) for name, t in times[n].items()} for n in widths}
-        spread[graph] = {n: {name: round(statistics.median(t) / min(t) - 1, 3) for name, t in times[n].items()}
-                         for n in widths}
-    return result, spread
-
-
 def time_candidate(exported: Exported, graph: str, name: str, path: Path, reps: int) -> dict[int, dict[str, list]]:
     """One candidate package of `graph` and the eager pass, timed in rounds at the graph's widths (`measure`):
     {n: {name: [seconds], "eager": [seconds]}}; the package is released after."""
     from torch._inductor.package import load_package
 
     low, high = exported.graphs[graph]
-    times = {n: {name: [], "eager": []} for n in _widths_to_time(low, high)}
+    times = {n: {name: [], "eager": []} for n in widths_to_time(low, high)}
     runs = {name: load_package(str(path), num_runners=1), "eager": exported.module}
     for n in times:
         inputs = exported.examples(n, MEASURED_CONTEXT + max(n, 16), MEASURED_CONTEXT)
@@ -502,36 +309,6 @@ def time_candidate(exported: Exported, graph: str, name: str, path: Path, reps: 
     del runs
     release()
     return times
-
-
-def fastest(times: dict, spread: dict | None = None, first: str | None = None) -> str:
-    """The option set whose package took the least time summed over the widths timed ({n: {options: ms}}), unless it
-    beats `first` (the incumbent, default the first set) by less than the noise: then `first` stands."""
-    names = [name for name in OPTIONS if all(name in t for t in times.values())] or list(next(iter(times.values())))
-    names = [name for name in names if name != "eager"]
-    first = first if first in names else names[0]
-    total = {name: sum(t[name] for t in times.values()) for name in names}
-    best = min(names, key=total.get)
-    noise = max([NOISE] + [s.get(name, 0) for s in (spread or {}).values() for name in (best, first)])
-    return best if total[best] < total[first] * (1 - noise) else first
-
-
-def serving(built: dict, measured: dict, spread: dict | None = None) -> dict[str, tuple[int, int]]:
-    """The widths each graph serves ({graph: {n: (compiled ms, eager ms)}}; `spread` {graph: {n: share}}, the rounds'
-    noise): from its lowest up to the widest width timed where neither it nor any narrower timed width ran slower than
-    eager beyond the noise (a width between two timed ones goes with the narrower). A graph slower at its lowest width
-    serves none: those passes run eagerly."""
-    widths = {}
-    for graph, (low, high) in built.items():
-        served = None
-        for n, (fast, eager) in sorted((int(n), t) for n, t in measured[graph].items()):
-            noise = max(NOISE, (spread or {}).get(graph, {}).get(n, 0))
-            if fast > eager * (1 + noise):
-                break
-            served = n
-        if served is not None:
-            widths[graph] = (low, served)
-    return widths
 
 
 class FastPass:
@@ -584,11 +361,3 @@ def load(where: Path, runners: int = 2) -> FastPass:
     # Only the graphs that serve some width: a graph the build measured slower than eager everywhere stays on disk.
     loaded = {g: load_package(str(where / f"{g}.pt2"), num_runners=runners) for g in info["widths"]}
     return FastPass(where, loaded, info, round(time.perf_counter() - start, 2))
-
-
-def built(where: Path) -> bool:
-    """Whether `where` holds a complete build (its info.json is written last)."""
-    if not (where / "info.json").exists():
-        return False
-    built = json.loads((where / "info.json").read_text()).get("built") or {}
-    return bool(built) and all((where / f"{g}.pt2").exists() for g in built)
