@@ -760,7 +760,7 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     assert page.locator("#cost-plot .scatterlayer .trace").count() == 2
     # What speculation can earn on that curve: one line per drafted length, and the break-even rates (or, when the
     # test machine's load bent the curve, why there are none: tests/test_ui_charts.py checks both texts).
-    page.wait_for_function("/needs α ≥|no break-even rates/.test(document.querySelector('#earn-note').innerText)")
+    page.wait_for_function("/needs α ≥|No speedup shown/.test(document.querySelector('#earn-note').innerText)")
     assert page.locator("#earn-plot .scatterlayer .trace").count() == 4
     free = page.inner_text("#earn-note")
     assert free.startswith("bfloat16, a draft costing 0.00") or free.startswith("float32, a draft costing 0.00"), free
