@@ -177,7 +177,7 @@ def test_compare_under_a_busy_loop_prints_no_ratio_beyond_what_tau_allows(tab):
     assert len(speedups) == 2 and all(s <= t + 0.005 for s, t in zip(speedups, taus)), (speedups, taus, table)
 
 
-def raced_row(tab, service, monkeypatch, name: str, busy: str | None, go=None) -> tuple[str, dict]:
+def raced_row(tab, service, monkeypatch, name: str, busy: str | None, go=None, prompt: str = PROMPT) -> tuple[str, dict]:
     """Compare's row of `name` (its table's HTML row) and the rule's reading of its race (traces.speedup_parts), with
     every step of the `busy` side ("baseline" or "run"; None: neither) run while `go` is set (helpers.loaded): the
     race's own jobs.race, each side's work wrapped, nothing else changed."""
@@ -195,7 +195,7 @@ def raced_row(tab, service, monkeypatch, name: str, busy: str | None, go=None) -
 
     monkeypatch.setattr(api, "race", race)
     try:
-        *_, last = tab.compare(PROMPT, [name], 48, "float32", "defaults", None)
+        *_, last = tab.compare(prompt, [name], 48, "float32", "defaults", None)
     finally:
         monkeypatch.setattr(api, "race", real)
     row = re.search(rf'<tr data-mode="{name}".*?</tr>', last[tab.table], re.S).group(0)
@@ -231,3 +231,27 @@ def test_compare_with_a_busy_loop_on_one_side_prints_only_what_the_rule_allows(t
     # As the lecture's repeat (test_lecture.py): ×1.25 beyond the interval, since the interval is of the step times'
     # spread within one race, and two races on this shared 2-core machine part by more than that spread says.
     assert low / 1.25 <= quiet["decoding"] <= high * 1.25, (busy, parts, quiet)
+
+
+# Spec-Bench question 81 (the Run tab's counter-example): new text, nothing in the prompt for a lookup to copy.
+NOTHING_TO_COPY = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
+                   "and must-see attractions.")
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("name", ["prompt_lookup", "suffix"])
+def test_a_row_whose_drafts_were_all_rejected_reads_about_one(tab, service, monkeypatch, name):
+    """Issue 59: rows of τ 1.00 (nothing accepted) read 0.59× and 0.45× where Learn says such a run goes at the
+    baseline's pace. A step of τ 1 is one target pass over its token and the few drafted beside it, which on this CPU
+    costs at most about a fifth more than a one-token pass: such a row reads about 1× (×1.25 below at most, the slack
+    of the lecture's repeat), or its figure is withheld with the rule's sentence; never a figure far below 1."""
+    from app import figures
+
+    row, parts = raced_row(tab, service, monkeypatch, name, None, prompt=NOTHING_TO_COPY)
+    cells = re.findall(r"<td>(.*?)</td>", row)
+    assert parts is not None and parts["tau"] <= 1.05 and cells[5] in ("0%", "–"), (row, parts)  # nothing accepted
+    printed = [float(x) for x in re.findall(r"(\d+\.\d+)×", re.sub(r"<[^>]+>", "", cells[2]))]
+    if not printed:
+        assert parts["doubt"] and figures.withheld(parts["doubt"]).split(":")[0] in row, row
+        return
+    assert all(1 / 1.25 <= x <= 1.0 + 0.005 for x in printed), (row, parts)
