@@ -225,7 +225,7 @@ def test_compare_with_a_busy_loop_on_one_side_prints_only_what_the_rule_allows(t
     assert printed and all(x <= tau + 0.005 for x in printed), row  # the whole run's ratio, or the one after the prefill
     assert float(cells[4]) >= 1.0, row  # a step costs at least the autoregressive step it contains
     low, high = parts["interval"] or (parts["decoding"], parts["decoding"])
-    assert high <= tau * (1 + figures.NOISE) and parts["decoding"] <= tau, parts
+    assert high <= parts["tau"] * (1 + figures.NOISE) and parts["decoding"] <= parts["tau"], parts  # τ unrounded
     quiet = raced_row(tab, service, monkeypatch, "prompt_lookup", None)[1]
     assert quiet is not None and quiet["doubt"] is None, quiet
     # As the lecture's repeat (test_lecture.py): ×1.25 beyond the interval, since the interval is of the step times'
