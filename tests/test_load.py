@@ -333,7 +333,7 @@ def test_a_one_request_step_under_its_plain_step_is_withheld_unless_its_spread_r
     assert bursty.count("at N = 1") == 2 and "grew" not in bursty  # one N: said once (its head and its step)
     steady_points = [point(load.PLAIN, steady_plain, 1.0), point("vllm_ngram", steady_spec, 2.0)]
     steady = load_tab.note({"points": steady_points})
-    assert "N=1: - per request (time per token), - tokens/s (all requests), tau 2.00 (withheld: at N = 1 a verify " \
+    assert "N=1: - per request (time per token), - tokens/s (all requests), tau 2.00 (No speedup shown: at N = 1 a verify " \
            "step measured 0.68 plain steps" in load.format_lines(steady_points)  # the bench's lines alike
     assert [t.y for t in charts.load_sweep({"points": steady_points}).data[:2]] == [(None,), (None,)]  # nor drawn
     assert steady.startswith("**No speedup shown: at N = 1 a verify step") and "0.68 plain steps (its spread reaching 0.7" in steady
