@@ -358,7 +358,7 @@ def format_table(summary: dict) -> str:
             speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
             if row.get("doubt"):
                 speedup, step = (speedup if row["speedup"] is not None else "withheld*"), step or "withheld*"
-                withheld.append(f"* {cat} / {mode}: {row['doubt']}")
+                withheld.append(f"* {cat} / {mode}: {figures.withheld(row['doubt'])}")
             lines.append(f"{cat:<16}{mode:<{width}}{row['tokens_per_s']:>8.1f}{speedup:>9}{ci:>13}{tau:>7}"
                          f"{step:>14}{row['identical_share']:>10.0%}")
         lines.append("")

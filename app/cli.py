@@ -25,7 +25,7 @@ from app.models import BUNDLED, DTYPES, ModelError
 from app.service.backends import transformers
 from app.service.engines import EngineError
 from app.service.http import HttpSettings
-from app import traces
+from app import figures, traces
 from app.traces import Recording
 from app.training import recipes
 from app.training.export import FORMATS, ExportError
@@ -273,22 +273,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if baseline is not None:
-        parts = traces.speedup_parts(run.events, baseline.events, (run.pass_note, baseline.pass_note))
-        if parts and parts["doubt"]:
-            print(f"[vs autoregressive] no speedup: {parts['doubt']}", file=sys.stderr)
-        elif parts:
-            overall = f"{parts['overall']:.2f}x tokens/s; " if "overall" in parts else ""
-            split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
-                     if parts["verify"] is not None else "")
-            interval = " ({:.2f}-{:.2f}x, 95 % of the step times' spread)".format(*parts["interval"]) \
-                if parts["interval"] else ""
-            print(f"[vs autoregressive] {overall}after the prefill "
-                  f"{parts['decoding']:.2f}x{interval} = tau {parts['tau']:.2f} / a step of {parts['step_cost']:.2f} autoregressive "
-                  f"steps{split}", file=sys.stderr)
-            for said in (parts["overall_doubt"], parts["load"] and traces.load_said(parts["load"])):
-                if said:
-                    print(f"[vs autoregressive] {said}", file=sys.stderr)
+        for line in versus_lines(traces.speedup_parts(run.events, baseline.events, (run.pass_note, baseline.pass_note))):
+            print(line, file=sys.stderr)
     return 0
+
+
+def versus_lines(parts: dict | None) -> list[str]:
+    """traces.speedup_parts as `generate --race` prints it: the ratio with its split, or the rule's sentence for a
+    withheld one (figures.withheld, as every tab says it)."""
+    if not parts:
+        return []
+    if parts["doubt"]:
+        return [f"[vs autoregressive] {figures.withheld(parts['doubt'])}"]
+    overall = f"{parts['overall']:.2f}x tokens/s; " if "overall" in parts else ""
+    split = (f" (verify {parts['verify']:.2f} + draft {parts['draft']:.2f} + loop {parts['loop']:.2f})"
+             if parts["verify"] is not None else "")
+    interval = " ({:.2f}-{:.2f}x, 95 % of the step times' spread)".format(*parts["interval"]) if parts["interval"] else ""
+    lines = [f"[vs autoregressive] {overall}after the prefill {parts['decoding']:.2f}x{interval} = tau {parts['tau']:.2f} / "
+             f"a step of {parts['step_cost']:.2f} autoregressive steps{split}"]
+    return lines + [f"[vs autoregressive] {said}" for said in (parts["overall_doubt"], parts["load"] and traces.load_said(parts["load"]))
+                    if said]
 
 
 def _generate(service, data: dict, mode: str, prompt: str, show: bool, checked=None,

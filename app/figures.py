@@ -17,6 +17,13 @@ from __future__ import annotations
 NOISE = 0.03
 
 
+def withheld(reason: str) -> str:
+    """The sentence every surface prints in place of a figure this rule withholds (the Run tab's status, a Compare row,
+    a Load sweep, Learn's measured curve, the CLI, the bench, a vLLM run): one wording with the rule's reason, so a
+    reader who met it in one place knows it in all."""
+    return f"No speedup shown: {reason.strip().rstrip('.')}."
+
+
 def at_least_one(cost: float, reach: float = 1.0) -> tuple[float, bool]:
     """A cost in units of what it contains (a step in autoregressive steps, a pass in one-token passes): the cost to
     print (at least 1) and whether the reading was possible (not below 1 by more than NOISE). `reach`: how far above

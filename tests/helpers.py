@@ -454,3 +454,59 @@ def busy_cores(n: int = 2):
             p.join(5)
             if p.is_alive():
                 p.kill()
+
+
+def _busy_when(go, stop) -> None:
+    while not stop.is_set():
+        if go.wait(0.05):
+            while go.is_set():  # takes the event's lock: checked every ~0.1 ms, not in a tight loop that would contend
+                for _ in range(2000):  # with the measured side's set and clear
+                    pass
+
+
+@contextlib.contextmanager
+def busy_cores_when(n: int = 2):
+    """`n` processes that keep `n` cores busy while the event it yields is set (and wait while it is not): load on one
+    side of a measurement only, switched on and off around that side's steps (`loaded`)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    go, stop = ctx.Event(), ctx.Event()
+    procs = [ctx.Process(target=_busy_when, args=(go, stop), daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield go
+    finally:
+        go.clear()
+        stop.set()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+
+
+def loaded(work, go=None, seen: list | None = None):
+    """A job's work (jobs.Work) whose every step runs with `go` set (busy_cores_when; None: as it is) and whose messages
+    are also kept in `seen`. `go` is set just before the generator resumes and cleared when it yields: the loop's clock
+    leaves out the time a generation waits at its yield, so the step is timed under the load and the switching is not."""
+    def work_loaded(cancel):
+        messages = work(cancel)
+        try:
+            while True:
+                if go is not None:
+                    go.set()
+                try:
+                    message = next(messages)
+                except StopIteration:
+                    return
+                finally:
+                    if go is not None:
+                        go.clear()
+                if seen is not None:
+                    seen.append(message)
+                yield message
+        finally:
+            messages.close()
+
+    return work_loaded

@@ -175,3 +175,83 @@ def test_compare_under_a_busy_loop_prints_no_ratio_beyond_what_tau_allows(tab):
     speedups = [float(x) for x in re.findall(r"<td>(\d+\.\d+)×</td>", table)]
     taus = [r["tau"] for r in rows]
     assert len(speedups) == 2 and all(s <= t + 0.005 for s, t in zip(speedups, taus)), (speedups, taus, table)
+
+
+def raced_row(tab, service, monkeypatch, name: str, busy: str | None, go=None, prompt: str = PROMPT) -> tuple[str, dict]:
+    """Compare's row of `name` (its table's HTML row) and the rule's reading of its race (traces.speedup_parts), with
+    every step of the `busy` side ("baseline" or "run"; None: neither) run while `go` is set (helpers.loaded): the
+    race's own jobs.race, each side's work wrapped, nothing else changed."""
+    from app.service import api
+    from app.traces import speedup_parts
+
+    seen = {"run": [], "baseline": []}
+    real = api.race
+
+    def race(run, baseline, **kwargs):
+        from helpers import loaded
+
+        return real(loaded(run, go if busy == "run" else None, seen["run"]),
+                    loaded(baseline, go if busy == "baseline" else None, seen["baseline"]), **kwargs)
+
+    monkeypatch.setattr(api, "race", race)
+    try:
+        *_, last = tab.compare(prompt, [name], 48, "float32", "defaults", None)
+    finally:
+        monkeypatch.setattr(api, "race", real)
+    row = re.search(rf'<tr data-mode="{name}".*?</tr>', last[tab.table], re.S).group(0)
+    notes = re.findall(r'<p class="sd-note withheld">(.*?)</p>', last[tab.table])
+    steps = [[m for m in seen[side] if m.get("type") == "step"] for side in ("run", "baseline")]
+    return row + "".join(notes), speedup_parts(*steps)
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("busy", ["baseline", "run"])
+def test_compare_with_a_busy_loop_on_one_side_prints_only_what_the_rule_allows(tab, service, monkeypatch, busy):
+    """Issue 59: both cores busy during the steps of one side of a row's race only (the baseline's, or the run's):
+    whatever the row prints is possible (its ratio at most τ, its step at least one autoregressive step, its interval
+    within τ), or it is withheld with the rule's sentence; and a quiet repeat lies within the interval it printed."""
+    from app import figures
+    from helpers import busy_cores_when
+
+    with busy_cores_when() as go:
+        row, parts = raced_row(tab, service, monkeypatch, "prompt_lookup", busy, go)
+    cells = re.findall(r"<td>(.*?)</td>", row)
+    tau = float(cells[3])
+    assert parts is not None and tau == pytest.approx(parts["tau"], abs=0.005), (row, parts)
+    printed = [float(x) for x in re.findall(r"(\d+\.\d+)×", re.sub(r"<[^>]+>", "", cells[2]))]  # not the reason's
+    if parts["doubt"]:
+        assert printed == [] and figures.withheld(parts["doubt"]).split(":")[0] in row and "not shown*" in row, row
+        return
+    assert printed and all(x <= tau + 0.005 for x in printed), row  # the whole run's ratio, or the one after the prefill
+    assert float(cells[4]) >= 1.0, row  # a step costs at least the autoregressive step it contains
+    low, high = parts["interval"] or (parts["decoding"], parts["decoding"])
+    assert high <= parts["tau"] * (1 + figures.NOISE) and parts["decoding"] <= parts["tau"], parts  # τ unrounded
+    quiet = raced_row(tab, service, monkeypatch, "prompt_lookup", None)[1]
+    assert quiet is not None and quiet["doubt"] is None, quiet
+    # As the lecture's repeat (test_lecture.py): ×1.25 beyond the interval, since the interval is of the step times'
+    # spread within one race, and two races on this shared 2-core machine part by more than that spread says.
+    assert low / 1.25 <= quiet["decoding"] <= high * 1.25, (busy, parts, quiet)
+
+
+# Spec-Bench question 81 (the Run tab's counter-example): new text, nothing in the prompt for a lookup to copy.
+NOTHING_TO_COPY = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
+                   "and must-see attractions.")
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("name", ["prompt_lookup", "suffix"])
+def test_a_row_whose_drafts_were_all_rejected_reads_about_one(tab, service, monkeypatch, name):
+    """Issue 59: rows of τ 1.00 (nothing accepted) read 0.59× and 0.45× where Learn says such a run goes at the
+    baseline's pace. A step of τ 1 is one target pass over its token and the few drafted beside it, which on this CPU
+    costs at most about a fifth more than a one-token pass: such a row reads about 1× (×1.25 below at most, the slack
+    of the lecture's repeat), or its figure is withheld with the rule's sentence; never a figure far below 1."""
+    from app import figures
+
+    row, parts = raced_row(tab, service, monkeypatch, name, None, prompt=NOTHING_TO_COPY)
+    cells = re.findall(r"<td>(.*?)</td>", row)
+    assert parts is not None and parts["tau"] <= 1.05 and cells[5] in ("0%", "–"), (row, parts)  # nothing accepted
+    printed = [float(x) for x in re.findall(r"(\d+\.\d+)×", re.sub(r"<[^>]+>", "", cells[2]))]
+    if not printed:
+        assert parts["doubt"] and figures.withheld(parts["doubt"]).split(":")[0] in row, row
+        return
+    assert all(1 / 1.25 <= x <= 1.0 + 0.005 for x in printed), (row, parts)

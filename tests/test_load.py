@@ -71,7 +71,7 @@ def test_note_prints_no_figure_past_what_one_step_or_n_requests_allow():
     noise it reads as one step; a growth past N is left out."""
     cheap = {"points": [pt("vllm_generate", 1, 20.0, 0.050), pt("vllm_ngram", 1, 30.0, 0.050 * 0.85 / 3.55, 3.55)]}
     text = load_tab.note(cheap)
-    assert text.startswith("**No figures from this sweep**") and "0.85 plain steps" in text and "4.18" not in text
+    assert text.startswith("**No speedup shown: at N = 1 a verify step") and "0.85 plain steps" in text and "4.18" not in text
     near = {"points": [pt("vllm_generate", 1, 20.0, 0.050), pt("vllm_ngram", 1, 30.0, 0.050 * 0.98 / 2, 2.0)]}
     assert "costs 1.00 plain steps: 2.00× per request" in load_tab.note(near)
     grew = {"points": [pt("vllm_generate", 1, 10.0, 0.050), pt("vllm_ngram", 1, 15.0, 0.050 * 1.25 / 2, 2.0),
@@ -333,10 +333,10 @@ def test_a_one_request_step_under_its_plain_step_is_withheld_unless_its_spread_r
     assert bursty.count("at N = 1") == 2 and "grew" not in bursty  # one N: said once (its head and its step)
     steady_points = [point(load.PLAIN, steady_plain, 1.0), point("vllm_ngram", steady_spec, 2.0)]
     steady = load_tab.note({"points": steady_points})
-    assert "N=1: - per request (time per token), - tokens/s (all requests), tau 2.00 (withheld: at N = 1 a verify " \
+    assert "N=1: - per request (time per token), - tokens/s (all requests), tau 2.00 (No speedup shown: at N = 1 a verify " \
            "step measured 0.68 plain steps" in load.format_lines(steady_points)  # the bench's lines alike
     assert [t.y for t in charts.load_sweep({"points": steady_points}).data[:2]] == [(None,), (None,)]  # nor drawn
-    assert steady.startswith("**No figures from this sweep**") and "0.68 plain steps (its spread reaching 0.7" in steady
+    assert steady.startswith("**No speedup shown: at N = 1 a verify step") and "0.68 plain steps (its spread reaching 0.7" in steady
     recorded = json.loads(json.dumps(load.document({"points": [
         {**point(load.PLAIN, bursty_plain, 1.0), "requests": []}, {**point("vllm_ngram", steady_spec, 2.0), "requests": []}]})))
     assert load_tab.note(load.parse(recorded)) == bursty  # a recording keeps what the rule reads

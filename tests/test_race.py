@@ -143,7 +143,7 @@ def test_the_load_tabs_batch_one_point_is_raced_and_read_by_the_same_rule(servic
         ours = load.our_point(service, data, PROMPT, threading.Event())
     assert ours["raced"] and ours["tau"] > 1.5, ours
     if ours["speedup"] is None:  # withheld: said, as the Run tab says it
-        assert ours["doubt"] and "no ratio shown" in load_tab.ours_said(ours)
+        assert ours["doubt"] and "at batch 1: No speedup shown: " in load_tab.ours_said(ours)
     else:
         low, high = ours["interval"]
         assert ours["doubt"] is None and low <= ours["speedup"] <= high <= ours["tau"] * (1 + figures.NOISE)

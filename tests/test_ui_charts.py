@@ -268,7 +268,7 @@ def test_tau_vs_cost_places_each_mode_between_iso_speedup_rays():
 
 def test_compare_with_every_speedup_withheld_says_so():
     fig = charts.compare([{"mode": "autoregressive", "speedup": None}, {"mode": "suffix", "speedup": None}])
-    assert not fig.data and "No speedup to show" in fig.layout.annotations[0].text
+    assert not fig.data and fig.layout.annotations[0].text.startswith("No speedup shown: the table says")
 
 
 def test_compare_accepts_labels():
@@ -372,11 +372,11 @@ def test_a_curve_measured_under_changing_load_says_so_instead_of_break_even_rate
 
     broken = {**BF16_COST, "relative": [1.0, 0.67, 1.2, 2.9, 2.0, 3.5], "ms": [40.0, 26.8, 48.0, 116.0, 80.0, 140.0]}
     assert "2 tokens measured 0.67×" in unsteady(broken)
-    assert "no break-even rates" in earnings_note(broken, 0.0) and "α ≥" not in earnings_note(broken, 0.0)
-    assert "Not a cost curve" in pass_cost_note([broken])
+    assert "No speedup shown: a pass over 2 tokens measured 0.67×" in earnings_note(broken, 0.0) and "α ≥" not in earnings_note(broken, 0.0)
+    assert "⚠ No speedup shown: a pass over 2 tokens" in pass_cost_note([broken])
     # Within its noise a curve may dip (a pass over 4 tokens a little cheaper than over 2): still a curve.
     assert unsteady({**BF16_COST, "relative": [1.0, 1.1, 1.05, 1.18, 1.37, 1.78]}) is None
-    assert unsteady(BF16_COST) is None and "Not a cost curve" not in pass_cost_note([BF16_COST])
+    assert unsteady(BF16_COST) is None and "No speedup shown" not in pass_cost_note([BF16_COST])
 
 
 # ----------------------------------------------------------------------------- acceptance by depth

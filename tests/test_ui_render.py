@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.modes import MODES as REGISTRY
-from app import traces
+from app import figures, traces
 from app.traces import Recording
 from app.ui import compare_tab, lessons, render
 
@@ -760,7 +760,8 @@ def test_a_whole_run_ratio_above_tau_is_not_shown():
     row = compare_tab.summary_row("prompt_lookup", recorded["prompt_lookup"], recorded["autoregressive"], REGISTRY)
     assert row["speedup"] is None and "more than τ 2.00 allows" in row["doubt"]  # Compare's ratio is the whole run's
     assert row["step_doubt"] is None and row["decoding_speedup"] == pytest.approx(1.6)  # the step's figures stand
-    assert ">1.60× after the prefill</span>" in render.summary_table([row])
+    assert ">1.60× after the prefill*</span>" in render.summary_table([row])
+    assert f"* Prompt lookup: {render.esc(figures.withheld(row['doubt']))}" in render.summary_table([row])  # the rule's sentence
 
 
 def test_the_interval_comes_from_the_spread_of_step_times():

@@ -487,7 +487,7 @@ def test_browser_load_sweep_draws_the_chart_and_its_sentence(service, browser, a
         status = wait_text(page, "#load-status", "Done", timeout=300_000)
         assert "float32" in status and "vLLM 0.32" in status, status
         note = page.inner_text("#load-note")
-        if note.startswith("No figures from this sweep"):  # the load changed between the engines' A B B A runs
+        if note.startswith("No speedup shown: "):  # the load changed between the engines' A B B A runs
             assert "sweep again" in note, note
             page.click("#load-run")  # as the sentence says (once: a second withheld sweep fails below)
             page.wait_for_function("t => document.querySelector('#load-note').innerText !== t && "

@@ -564,7 +564,7 @@ def format_lines(points: list[dict], plain: str = PLAIN) -> str:
             through = "-" if r["throughput"] is None else f"{r['throughput']:.2f}x"
             tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
             lines.append(f"{row} / {plain} at N={r['n']}: {per} per request (time per token), {through} tokens/s "
-                         f"(all requests), tau {tau}" + (f" (withheld: {r['doubt']})" if r["doubt"] else ""))
+                         f"(all requests), tau {tau}" + (f" ({figures.withheld(r['doubt'])})" if r["doubt"] else ""))
         cross = crossover(rows, "latency")
         lines.append(f"{row}: " + {"crosses": f"stops paying per request between N={cross.get('last')} and N={cross.get('at')}",
                                    "never_pays": "does not pay per request at any N measured",

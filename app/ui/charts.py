@@ -18,7 +18,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from app.modes import MODES, Modes
-from app.ui.lessons import earning_sizes, expected_speedup
+from app import figures
+from app.ui.lessons import earning_sizes, expected_speedup, unsteady
 from app.traces import is_number, steps
 
 HEIGHT = 300
@@ -347,7 +348,7 @@ def compare(rows: list[dict], modes: Modes = MODES) -> go.Figure:
     keys = [mode_key(str(r.get("mode", "")), modes) for r in rows]
     speedup = [_number(r.get("speedup")) for r in rows]
     if all(s is None for s in speedup):
-        return _empty(title, "No speedup to show: the table says why for each mode (e.g. the machine's load changed).")
+        return _empty(title, figures.withheld("the table says why for each mode"))
     # Bars along x, names down the side: eleven modes' names fit there whole, where under vertical bars they were cut.
     fig = go.Figure(go.Bar(
         y=[_name(m, modes, m) for m in keys], x=speedup, orientation="h",
@@ -449,6 +450,8 @@ def earnings(cost: Mapping | None, draft_cost: float = 0.0) -> go.Figure:
     title = "Speedup vs α"
     if not isinstance(cost, Mapping) or not cost.get("tokens"):
         return _empty(title, "Not measured yet: press Measure.")
+    if doubt := unsteady(cost):  # speedups read off a curve that fell would contradict each other: withheld, as the note says
+        return _empty(f"{title}, {cost['dtype']}" if cost.get("dtype") else title, figures.withheld(doubt))
     alphas = [i / 100 for i in range(100)]
     fig = go.Figure()
     for i, (drafted, rel) in enumerate(earning_sizes(cost)):

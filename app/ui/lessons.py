@@ -2,7 +2,7 @@
 app/ui/explain/: what it does, its parameters with TensorRT-LLM's names, whether it is lossless, and why it is or is
 not fast on a small CPU). Markdown; the methods as their papers and TensorRT-LLM's documentation define them."""
 
-from app import runner
+from app import figures, runner
 from app.modes import MODES, Modes
 from app.ui import explain as explainers
 
@@ -108,7 +108,7 @@ def earnings_note(cost: dict | None, draft_cost: float) -> str:
     if not cost:
         return ""
     if doubt := unsteady(cost):  # break-even rates read off a broken curve would contradict each other
-        return f"**{cost['dtype']}**: no break-even rates: {doubt}."
+        return f"**{cost['dtype']}**: {figures.withheld(doubt)}"
     draft_cost = max(draft_cost, 0.0)
     sizes = earning_sizes(cost)
     needs = []
@@ -143,7 +143,7 @@ def pass_cost_note(costs: list[dict]) -> str:
         where = f" ({c['pass']})" if c.get("pass") else ""
         doubt = unsteady(c)
         lines.append(f"- **{c['dtype']}**{where}: one-token pass {c['ms'][0]:.1f} ms after {c['context']} tokens of "
-                     f"context; a pass over {more} of that." + (f" ⚠ Not a cost curve: {doubt}." if doubt else ""))
+                     f"context; a pass over {more} of that." + (f" ⚠ {figures.withheld(doubt)}" if doubt else ""))
     return "\n".join(lines)
 
 

@@ -54,7 +54,7 @@ def note(sweep: dict | None, row: str | None = None) -> str:
     # changing load, and its sweep's figures are said, not printed. So is a growth past N requests' N times one's.
     withheld = next((r["doubt"] for r in measured if r["doubt"]), None)
     if withheld:
-        return f"**No figures from this sweep** of vLLM {method}: {withheld}; sweep again."
+        return f"**{html.escape(figures.withheld(withheld))}** vLLM {method}: sweep again for its figures."
     rows = [r for r in measured if r["latency"] is not None and r["step_cost"] is not None]
     if not rows:
         return ""
@@ -103,7 +103,7 @@ def ours_said(ours: dict | None) -> str:
         return (f" This app's own loop, which runs one request at a time, made {_x(ours['speedup'])} after the prefill at "
                 f"batch 1{spread}, raced step by step against its autoregressive run.")
     if ours.get("doubt"):
-        return f" This app's own loop at batch 1: no ratio shown, {html.escape(str(ours['doubt']))}."
+        return f" This app's own loop at batch 1: {html.escape(figures.withheld(str(ours['doubt'])))}"
     return ""
 
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.modes import MODES, Modes
-from app import traces
+from app import figures, traces
 from app.traces import ADDED_KINDS, is_number, steps
 from app.decoding import tree
 from app.ui import explain, markup
@@ -647,7 +647,7 @@ def summary_table(rows: list[dict] | None) -> str:
     head = ("<tr><th>Mode</th><th>tokens/s</th><th>speedup</th><th>τ (tokens/step)</th>"
             '<th title="time of one step of this mode after the prefill, in autoregressive steps: speedup ≈ τ ÷ this">'
             "step time (× AR)</th><th>acceptance</th><th>identical to AR</th><th>new tokens</th><th>time (s)</th></tr>")
-    body = []
+    body, notes = [], []
     for r in rows:
         mode = str(r.get("mode", ""))
         mode = {MODES.label(k): k for k in MODES.names}.get(mode, mode)  # a label works as well as a key
@@ -662,9 +662,11 @@ def summary_table(rows: list[dict] | None) -> str:
         best_attr = ' class="best"' if is_best else ""
         doubt = r.get("doubt")
         after = r.get("decoding_speedup")
-        if isinstance(doubt, str) and speed is None:  # withheld: the reason on hover, and what still stands
-            said = f"{after:.2f}× after the prefill" if is_number(after) else "load changed"
-            speed_cell = f'<span class="doubt" title="{esc(doubt)}">{said}</span>'
+        if isinstance(doubt, str) and speed is None:  # withheld: what still stands, marked; the sentence under the table
+            sentence = figures.withheld(doubt)
+            said = f"{after:.2f}× after the prefill" if is_number(after) else "not shown"
+            speed_cell = f'<span class="doubt" title="{esc(sentence)}">{said}*</span>'
+            notes.append(f'<p class="sd-note withheld">* {esc(label)}: {esc(sentence)}</p>')
         else:
             speed_cell = num(speed, '{:.2f}×')
         load = r.get("load")
@@ -677,7 +679,7 @@ def summary_table(rows: list[dict] | None) -> str:
             f"<td>{mark}</td><td>{num(r.get('new_tokens'), '{:.0f}')}</td>"
             f"<td>{num(r.get('elapsed_s'))}</td></tr>"
         )
-    return markup.wrap(f'<table class="sd-table">{head}{"".join(body)}</table>', "sd-compare")
+    return markup.wrap(f'<table class="sd-table">{head}{"".join(body)}</table>{"".join(notes)}', "sd-compare")
 
 
 def speedup_line(events: list[dict] | None, baseline: list[dict] | None,
@@ -688,7 +690,7 @@ def speedup_line(events: list[dict] | None, baseline: list[dict] | None,
     if not parts:
         return ""
     if parts["doubt"]:
-        return f"⚠ No speedup shown: {parts['doubt']}. τ {parts['tau']:.2f} tokens/pass does not depend on the clock."
+        return f"⚠ {figures.withheld(parts['doubt'])} τ {parts['tau']:.2f} tokens/pass does not depend on the clock."
     overall = f"**{parts['overall']:.2f}×** the autoregressive run's tokens/s · " if "overall" in parts else ""
     if parts["overall_doubt"]:
         overall = f"⚠ {parts['overall_doubt']} · "
