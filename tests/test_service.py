@@ -231,6 +231,22 @@ def test_cpu_share_falls_when_other_processes_compete_for_the_cores():
             p.wait()
 
 
+def test_cpu_share_reads_only_the_stretches_a_run_computed():
+    """In a race both sides step in turn in one process: each side's share is read over its own stretches (from a
+    resume to the next reading), so the load met while the other side stepped, or while it waited, is not its own."""
+    from app.service.backends.transformers import CpuShare
+
+    threads = torch.get_num_threads()
+    # (wall s, this process's CPU s): 1 s with every thread busy, 3 s waiting at its yield while the other side ran
+    # with a third of the CPU, then 1 s with half of it.
+    readings = iter([(0.0, 0.0), (1.0, threads), (4.0, threads + threads), (5.0, 2.5 * threads)])
+    share = CpuShare(read=lambda: next(readings))
+    assert share.share() == 1.0
+    share.resume()  # resumed after the other side's 3 s (its CPU was 1 s on every thread)
+    assert share.share() == round(1.5 / 2, 3)  # 1.5 of 2 own seconds; since its start it would read 2.5 of 5
+    assert share.share() == 0.75  # a second reading without a resume adds nothing
+
+
 @pytest.mark.bundled
 def test_invalid_requests_fail_before_anything_is_queued(service):
     cases = [

@@ -197,6 +197,7 @@ class TransformersBackend:
                 if (share := load.share()) is not None:
                     message["totals"]["cpu_share"] = share
                 yield {"type": "step", **message, "text": delta, "texts": _texts(target, _ids_in(message))}
+                load.resume()
                 last = event
             text = target.decode(ids)
             yield {"type": "end", "finish_reason": last.finish_reason if last else "cancelled", "text": text,
@@ -213,23 +214,32 @@ def _artifact_pass(entry, companion, target: LoadedModel) -> str:
 
 
 class CpuShare:
-    """The share of the CPU a run asked for that it got since this was made: this process's CPU seconds over wall
-    seconds times torch's threads (at most 1). Other processes competing for the same cores lower it; a race whose
-    two runs got different shares did not run under the same load."""
+    """The share of the CPU a run asked for that it got while it computed: this process's CPU seconds over wall seconds
+    times torch's threads (at most 1), summed over the run's own stretches, from a resume (`resume`, or the start) to
+    the next reading (`share`, at each step). Other processes competing for the same cores lower it. The stretches
+    leave out the time the run waits at its yield: in a race that steps a run and its baseline in turn in this one
+    process, each side reads the load of its own steps (read since the start, both sides read the same)."""
 
-    def __init__(self) -> None:
-        self._start = self._read()
+    def __init__(self, read=None) -> None:
+        self._read = read or self._clock
+        self._cpu = self._wall = 0.0
+        self._mark: tuple[float, float] | None = self._read()
 
     @staticmethod
-    def _read() -> tuple[float, float]:
+    def _clock() -> tuple[float, float]:
         own = os.times()
         return time.perf_counter(), own.user + own.system
 
+    def resume(self) -> None:
+        self._mark = self._read()
+
     def share(self) -> float | None:
-        wall, cpu = (a - b for a, b in zip(self._read(), self._start))
-        if wall <= 0:
+        if self._mark is not None:
+            wall, cpu = (a - b for a, b in zip(self._read(), self._mark))
+            self._wall, self._cpu, self._mark = self._wall + wall, self._cpu + cpu, None
+        if self._wall <= 0:
             return None
-        return round(min(1.0, cpu / (wall * torch.get_num_threads())), 3)
+        return round(min(1.0, self._cpu / (self._wall * torch.get_num_threads())), 3)
 
 
 def _context(target: LoadedModel) -> int:
