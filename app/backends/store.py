@@ -65,18 +65,20 @@ ENGINE_KINDS = {
     "tensorrt-pytorch": "TensorRT-LLM PyTorch backend (prompt lookup, draft_target, eagle): plan.json and, for EAGLE "
     "from this app's module, `eagle/` (exported in the EAGLE-3 layout); this backend compiles nothing ahead of time, "
     "LLM(**plan['llm']) loads the checkpoint at run time",
-    "tensorrt-worker": "TensorRT-LLM in its own environment (tensorrt_llm/processes.py, either of its backends): plan.json, the "
-    "model (and a draft model of the registry) prepared, `medusa/` or `eagle/` exported as above; the worker's LLM loads "
+    "tensorrt-worker": "TensorRT-LLM in its own environment (tensorrt_llm/processes.py, either of its backends): "
+    "plan.json, the model (and a draft model of the registry) prepared, `medusa/` or `eagle/` exported as above; the worker's LLM loads "
     "the checkpoint, or builds its TensorRT engine from it, when it starts; while it runs, llm.json (its LLM(...) "
     "arguments), server.json (pid, port) and server.log",
-    "trained-medusa": "a training run (service/training.py): `medusa/`, Medusa heads trained on the frozen model (config.json, "
-    "model.safetensors, train.json), and train.log; requests name them trained:<id>",
-    "trained-eagle": "a training run (service/training.py): `eagle/`, an EAGLE module trained on the frozen model, and train.log; "
-    "requests name it trained:<id>",
-    "vllm-server": "a vLLM engine (vllm/processes.py): vllm.json (the server's arguments), `draft/` (draft_model: the distilled draft "
-    "as a plain model directory), `medusa/` (the heads exported in Medusa's own layout) or `eagle3/` (the EAGLE-3 "
+    "trained-medusa": "a training run (service/training.py): `medusa/`, Medusa heads trained on the frozen model "
+    "(config.json, model.safetensors, train.json), and train.log; requests name them trained:<id>",
+    "trained-eagle": "a training run (service/training.py): `eagle/`, an EAGLE module trained on the frozen model, and "
+    "train.log; requests name it trained:<id>",
+    "vllm-server": "a vLLM engine (vllm/processes.py): vllm.json (the server's arguments), `draft/` (draft_model: the "
+    "distilled draft as a plain model directory), `medusa/` (the heads exported in Medusa's own layout) or `eagle3/` (the EAGLE-3 "
     "module); while it runs, server.json (pid, port) and server.log",
 }
+
+
 def uses_heads(mode: str) -> bool:
     """Whether the mode drafts with trained heads or a module beside the target (its registry entry says)."""
     entry = MODES.get(mode)
