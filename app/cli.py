@@ -22,8 +22,8 @@ from app.runner import DecodingConfig
 from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
 from app.models import BUNDLED, DTYPES, ModelError
-from app.service.backends import transformers
-from app.service.engines import EngineError
+from app.backends.transformers import backend as transformers
+from app.service.errors import EngineError
 from app.service.http import HttpSettings
 from app import figures, traces
 from app.traces import Recording
@@ -218,10 +218,10 @@ def _limits(args: argparse.Namespace, public: bool) -> dict:
 
 
 def vllm_settings(args: argparse.Namespace):
-    from app.service import vllm_engines
+    from app.backends.vllm import processes as vllm_processes
 
-    defaults = vllm_engines.Settings()
-    return vllm_engines.Settings(python=Path(args.vllm_python) if getattr(args, "vllm_python", None) else defaults.python,
+    defaults = vllm_processes.Settings()
+    return vllm_processes.Settings(python=Path(args.vllm_python) if getattr(args, "vllm_python", None) else defaults.python,
                          enforce_eager=getattr(args, "vllm_eager", False),
                          reserved_cpus=getattr(args, "vllm_reserved_cpus", None),
                          intel_openmp=getattr(args, "vllm_intel_openmp", False),
@@ -446,7 +446,7 @@ def _write_json(path: str, result: dict) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from app import bench
-    from app.service import load
+    from app.bench import load
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
@@ -516,7 +516,7 @@ def _versus_configs(args: argparse.Namespace, modes: list[str]) -> dict[str, Dec
 def _vllm_peers(args: argparse.Namespace, service, modes: list[str]) -> dict:
     """The vLLM engines doing our modes' jobs (bench.VLLM_PEERS), started in the bench's dtype; {} without vLLM."""
     from app import bench
-    from app.service.backends.remote import Engine
+    from app.backends.vllm.client import Engine
 
     backend = service.backends["vllm"]
     if not backend.availability().available:
@@ -539,11 +539,11 @@ def _vllm_peers(args: argparse.Namespace, service, modes: list[str]) -> dict:
 
 
 def _load_sweep(args: argparse.Namespace, target, engines: dict) -> list[dict]:
-    """--concurrency: the load sweep (app/service/load.py) of every speculative vLLM row against vllm_generate, on
+    """--concurrency: the load sweep (app/bench/load.py) of every speculative vLLM row against vllm_generate, on
     distinct prompts of the bench's categories; [] without vLLM rows."""
     import threading
 
-    from app.service import load
+    from app.bench import load
 
     ns = load.parse_ns(args.concurrency)
     if load.PLAIN not in engines or len(engines) < 2:

@@ -1,11 +1,11 @@
 """The GPU host's check of TensorRT-LLM (issue 61, item 5), run by scripts/gpu-check.sh with the app's interpreter.
 
 Every mode TensorRT-LLM runs, on each of its backends that runs it (the mode's entry's `trtllm`), with the app's own
-artifacts: the plan is the app's (engines.spec_for, EngineStore.plan), the artifacts are exported as the store's
-builder exports them, and the engine is this project's worker (app/service/backends/trtllm_worker.py) in TensorRT-LLM's
+artifacts: the plan is the app's (registry.spec_for, EngineStore.plan), the artifacts are exported as the store's
+builder exports them, and the engine is this project's worker (app/backends/tensorrt_llm/worker.py) in TensorRT-LLM's
 own environment (.venv-trtllm). Each runs PROMPTS prompts greedily; per mode it prints: ran or refused (with the
 reason), τ (tokens per engine iteration), tokens/s, and the share identical to autoregressive on the same backend.
-The stream is read the way the app reads it (backends/tensorrt_llm.py steps_from_diffs, with_perf_metrics).
+The stream is read the way the app reads it (app/backends/tensorrt_llm/backend.py steps_from_diffs, with_perf_metrics).
 
     .venv/bin/python scripts/gpu_check.py [--dry-run]
 
@@ -31,12 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app import models, prompts, runner  # noqa: E402
 from app.modes import MODES, ConfigError  # noqa: E402
-from app.service import engines, trtllm_engines  # noqa: E402
-from app.service.backends import tensorrt_llm as trt  # noqa: E402
+from app.backends import registry  # noqa: E402
+from app.backends.store import export_eagle, export_medusa, fill_build_dir  # noqa: E402
+from app.backends.tensorrt_llm import builds as trtllm_builds, processes as trtllm_processes  # noqa: E402
+from app.backends.tensorrt_llm import backend as trt  # noqa: E402
 from app.service.errors import EngineError  # noqa: E402
 
 ROOT = models.ROOT
-WORKER = ROOT / "app" / "service" / "backends" / "trtllm_worker.py"
+WORKER = ROOT / "app" / "backends" / "tensorrt_llm" / "worker.py"
 PYTHON = ROOT / ".venv-trtllm" / "bin" / "python"
 OUT = models.DEFAULT_ENGINES / "gpu-check"
 PROMPTS = 3
@@ -62,17 +64,17 @@ def request_for(mode, flavour: str):
     return request
 
 
-def worker_plan(mode, flavour: str, store: engines.EngineStore, root: Path = OUT) -> tuple[dict, dict, Path]:
+def worker_plan(mode, flavour: str, store: registry.EngineStore, root: Path = OUT) -> tuple[dict, dict, Path]:
     """(the app's plan, the worker's --llm file's content, the case's directory). The worker's LLM builds a
     TensorRT engine from the checkpoint itself (the plan's build_config), so nothing is saved ahead of it."""
     request = request_for(mode, flavour)
-    spec = engines.spec_for(request, models.BUNDLED)
+    spec = registry.spec_for(request, models.BUNDLED)
     plan = store.plan(spec)
     if plan["cannot_run"]:
         raise EngineError("; ".join(plan["cannot_run"]))
     out = root / f"{mode.name}-{flavour}"
-    llm = engines.fill_build_dir(plan["llm"], out)
-    if engines.overlap_off(flavour, mode.name):
+    llm = fill_build_dir(plan["llm"], out)
+    if trtllm_builds.overlap_off(flavour, mode.name):
         llm["disable_overlap_scheduler"] = True
     file = {"trtllm_backend": flavour, "llm": llm, "serves": f"{mode.name} on {models.BUNDLED} ({flavour} backend)"}
     return {**plan, "request": request}, file, out
@@ -93,17 +95,17 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
 
 def prepare(plan: dict, out: Path) -> None:
     """The model (and a draft model of the registry) prepared, and the artifacts exported as the store's builder
-    exports them (engines.trtllm_builder), into the case's directory."""
+    exports them (trtllm_builds.trtllm_builder), into the case's directory."""
     where = models.locate(models.BUNDLED)
     draft = plan["request"].speculative_config.model_dump().get("speculative_model")
     if draft in models.DRAFT_ALIASES:
         models.locate(draft)
     for step in plan["prepare"]:
-        target = Path(engines.fill_build_dir(step["to"], out))
+        target = Path(fill_build_dir(step["to"], out))
         if target.exists():
             continue
-        export = {"export_medusa": engines._export_medusa,
-                  "export_eagle": lambda *a: engines._export_eagle(*a, layout="modelopt")}[step["step"]]
+        export = {"export_medusa": export_medusa,
+                  "export_eagle": lambda *a: export_eagle(*a, layout="modelopt")}[step["step"]]
         export(Path(step["from"]), Path(where), target, models.BUNDLED)
 
 
@@ -165,8 +167,8 @@ def stop(proc: subprocess.Popen, port: int) -> None:
 
 
 def generate(port: int, ids: list[int], sampling: dict) -> dict:
-    """One request, read as the service reads the stream (trtllm_engines.generate): its steps, totals and output."""
-    *steps, end = trtllm_engines.generate(port, ids, sampling)
+    """One request, read as the service reads the stream (trtllm_processes.generate): its steps, totals and output."""
+    *steps, end = trtllm_processes.generate(port, ids, sampling)
     if end["error"] or end["aborted"]:
         raise RuntimeError(f"the request ended with {end['error'] or end['aborted']}")
     tokens = [t for step in steps for t in step["tokens"]]
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT, help="where each mode's files go (default %(default)s)")
     args = parser.parse_args(argv)
     args.python = args.python.absolute()  # not resolved: a venv's python is a symlink that must stay inside the venv
-    store = engines.EngineStore(models.DEFAULT_ENGINES)
+    store = registry.EngineStore(models.DEFAULT_ENGINES)
     texts = [p["text"] for p in prompts.load_prompts(None, None, 1)[:PROMPTS]]
     tokenizer = None if args.dry_run else models.load_tokenizer(models.BUNDLED)
     baselines: dict[str, list[dict] | None] = {}
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.dry_run:
             ran += 1
-            steps = [f"{s['step']} from {s['from']} to {engines.fill_build_dir(s['to'], out)}" for s in plan["prepare"]] or ["nothing to export"]
+            steps = [f"{s['step']} from {s['from']} to {fill_build_dir(s['to'], out)}" for s in plan["prepare"]] or ["nothing to export"]
             print(f"== {title}\n  would prepare: {models.BUNDLED} in {models.DEFAULT_ENGINES / 'models'}; {'; '.join(steps)}\n"
                   f"  would start: {' '.join(command(out / 'llm.json', 0, args.python)).replace('--port 0', '--port <free port>')}\n"
                   f"  {out / 'llm.json'}: {json.dumps(file)}\n"

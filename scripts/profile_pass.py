@@ -118,7 +118,7 @@ def vllm_steps(dtype: str, contexts) -> dict[int, float]:
     """Median ms between streamed tokens of vLLM's autoregressive engine (compiled, as vLLM runs by default) after
     a prompt of each context length."""
     from app.service.api import Service
-    from app.service.backends.base import Prompt
+    from app.backends.base import Prompt
 
     service = Service()
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.service import vllm_engines  # noqa: E402
+from app.backends.vllm import processes as vllm_processes  # noqa: E402
 from app.service.api import Service  # noqa: E402
 from app.service.jobs import Limits  # noqa: E402
 from app.ui import settings  # noqa: E402
@@ -32,7 +32,7 @@ def main() -> int:
     p.add_argument("--eager", action="store_true", help="start the engines with --enforce-eager (as the tests do)")
     p.add_argument("--out", default=str(ROOT / "assets" / "load"))
     args = p.parse_args()
-    service = Service(vllm_settings=vllm_engines.Settings(enforce_eager=args.eager), limits=Limits(time_limit_s=1800))
+    service = Service(vllm_settings=vllm_processes.Settings(enforce_eager=args.eager), limits=Limits(time_limit_s=1800))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:

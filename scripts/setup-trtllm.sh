@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or update TensorRT-LLM's own virtualenv (.venv-trtllm in the repository root), where this project's worker
-# (app/service/backends/trtllm_worker.py) runs TensorRT-LLM's LLM API. It gets its own interpreter because
+# (app/backends/tensorrt_llm/worker.py) runs TensorRT-LLM's LLM API. It gets its own interpreter because
 # TensorRT-LLM pins numpy<2, torch<=2.9 and transformers 4.57, which would break the app's environment.
 # Idempotent: a stamp inside .venv-trtllm holds what was installed.
 #

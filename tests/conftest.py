@@ -139,9 +139,9 @@ def pytest_sessionfinish(session):
     killed for memory) leaves them running, holding gigabytes. The controlling process stops whatever is left."""
     if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: its fixtures stop its engines
         return
-    from app.service import vllm_engines
+    from app.backends.vllm import processes as vllm_processes
 
     base = session.config._tmp_path_factory.getbasetemp() if hasattr(session.config, "_tmp_path_factory") else None
-    for server in (base.glob("**/engines/builds/*/" + vllm_engines.SERVER_JSON) if base else ()):
-        if vllm_engines.Processes(server.parent.parent, vllm_engines.Settings()).stop(server.parent.name):
+    for server in (base.glob("**/engines/builds/*/" + vllm_processes.SERVER_JSON) if base else ()):
+        if vllm_processes.Processes(server.parent.parent, vllm_processes.Settings()).stop(server.parent.name):
             print(f"\nstopped a vLLM engine left running by a test: {server.parent}", file=sys.stderr)

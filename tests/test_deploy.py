@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from app.service import trtllm_engines
-from app.service.backends import tensorrt_llm as trt
+from app.backends.tensorrt_llm import processes as trtllm_processes
+from app.backends.tensorrt_llm import backend as trt
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "deploy" / "gpu"
@@ -20,8 +20,8 @@ def test_the_compose_file_runs_the_app_which_starts_tensorrt_llm_in_its_own_envi
     assert studio["build"] == {"context": "../..", "dockerfile": "deploy/gpu/Dockerfile"}
     dockerfile = (GPU / "Dockerfile").read_text()
     assert f"FROM nvcr.io/nvidia/tensorrt-llm/release:{trt.VERSION}\n" in dockerfile, "the version the app is written against"
-    # The interpreter whose presence makes the service run TensorRT-LLM in it (trtllm_engines.Settings' default).
-    venv = trtllm_engines.VENV.relative_to(ROOT)
+    # The interpreter whose presence makes the service run TensorRT-LLM in it (trtllm_processes.Settings' default).
+    venv = trtllm_processes.VENV.relative_to(ROOT)
     assert f"python3 -m venv --system-site-packages {venv}" in dockerfile and "bash scripts/setup.sh" in dockerfile
     assert str(venv) in (ROOT / ".dockerignore").read_text().split(), "a host's own is not copied into the image"
     args = studio["command"]

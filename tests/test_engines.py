@@ -21,17 +21,11 @@ import transformers
 from app import models
 from app.heads import medusa
 from app.modes import configs
-from app.service.backends import tensorrt_llm as trt
-from app.service.engines import (
-    ENGINE_KINDS,
-    BuildError,
-    BuildSpec,
-    EngineError,
-    EngineStore,
-    spec_for,
-    tree_sha256,
-    trtllm_serve_kwargs,
-)
+from app.backends.tensorrt_llm import backend as trt
+from app.backends.registry import EngineStore, spec_for
+from app.backends.store import ENGINE_KINDS, BuildSpec, tree_sha256
+from app.backends.tensorrt_llm.builds import trtllm_serve_kwargs
+from app.service.errors import BuildError, EngineError
 from helpers import earlier_design, tiny_llama, trtllm_stand_in
 
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None

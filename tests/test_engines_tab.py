@@ -4,7 +4,7 @@ offering only this app's vLLM servers unless the operator asks, and the fast pas
 
 vLLM servers here are a stand-in interpreter (a venv over this Python whose `vllm.entrypoints.openai.api_server`
 answers /health and completions, stdlib only), started and stopped by the service's own process code
-(vllm_engines.Processes), so "running", "stopped" and who started a server are real."""
+(vllm_processes.Processes), so "running", "stopped" and who started a server are real."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import pytest
 from app import models
 from app.models import LoadedModel
 from app.modes import configs
-from app.service import vllm_engines
+from app.backends.vllm import processes as vllm_processes
 from app.service.api import Service
-from app.service.engines import spec_for
+from app.backends.registry import spec_for
 from app.service.policy import Policy
 from app.ui.engines_tab import HEADERS, elsewhere, fast_pass_text, settings_text
 from app.ui.sessions import visitor_of
@@ -85,8 +85,8 @@ def stand_in_vllm(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory) -> vllm_engines.Settings:
-    return vllm_engines.Settings(python=stand_in_vllm(tmp_path_factory.mktemp("vllm")))
+def vllm(tmp_path_factory) -> vllm_processes.Settings:
+    return vllm_processes.Settings(python=stand_in_vllm(tmp_path_factory.mktemp("vllm")))
 
 
 @pytest.fixture

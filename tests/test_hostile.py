@@ -16,7 +16,7 @@ from app.modes import ConfigError
 from app.modes import MODES
 from app.modes import configs
 from app import traces
-from app.service.backends import transformers
+from app.backends.transformers import backend as transformers
 from app.service.policy import Policy, relative
 from app.traces import TraceError
 from app.ui import render

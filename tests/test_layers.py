@@ -17,8 +17,11 @@ LAYERS = [
     ["app.models"],
     ["app.runner", "app.traces"],  # a run, and the file format a run is recorded in
     ["app.training"],
+    ["app.service.jobs", "app.service.errors"],  # what a backend's work is, and the errors of builds
+    ["app.backends"],  # one package per engine, the build store and the registry that names the engines
+    ["app.bench"],  # the benchmarks (a concurrency sweep is a job of the service's: Service.load_sweep)
     ["app.service"],
-    ["app.bench", "app.ui"],
+    ["app.ui"],
     ["app.cli", "app.__main__", "app"],
 ]
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from app import traces
-from app.service import load
+from app.bench import load
 from app.ui import charts, load_tab
 from test_ui_streams import Job  # a finished job's batches
 

@@ -132,7 +132,7 @@ def test_an_engine_mapping_in_its_entry_is_what_tensorrt_llm_is_sent():
     """TensorRT-LLM's field mapping, rules and engine mode are the entry's: the backend reads them from there."""
     import dataclasses
 
-    from app.service.backends import tensorrt_llm as trt
+    from app.backends.tensorrt_llm import backend as trt
 
     def refuse_sampling(request):
         if request.sampling.temperature:

@@ -134,7 +134,7 @@ def test_the_load_tabs_batch_one_point_is_raced_and_read_by_the_same_rule(servic
     """The Load tab's star (this app's loop at batch 1) was an autoregressive run, then the mode's, their whole-run
     tokens/s divided: unraced, with no check. Now it races them step by step and reads them as the Run tab does,
     under a busy loop too: a ratio after the prefill at most τ with its interval, or no ratio and the reason."""
-    from app.service import load
+    from app.bench import load
     from app.ui import load_tab
 
     data = {"speculative_config": {"decoding_type": "NGram"}, "max_new_tokens": 32, "backend": "transformers",
@@ -156,14 +156,14 @@ def test_the_load_tabs_batch_one_point_is_raced_and_read_by_the_same_rule(servic
 
 
 def test_an_engines_share_of_the_cpu_is_its_process_groups():
-    """The load a vLLM race samples (vllm_engines.GroupShare): the CPU seconds of the engine's process group, its
+    """The load a vLLM race samples (vllm_processes.GroupShare): the CPU seconds of the engine's process group, its
     workers' included, over wall time times cores. A group that spins on one core of this machine's cores gets
     about 1 ÷ cores of them; one that sleeps, none."""
     import os
     import subprocess
     import sys
 
-    from app.service import vllm_engines
+    from app.backends.vllm import processes as vllm_processes
 
     spin = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
                              "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\nimport time; time.sleep(60)"],
@@ -171,7 +171,7 @@ def test_an_engines_share_of_the_cpu_is_its_process_groups():
     sleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         time.sleep(0.5)
-        busy, idle = vllm_engines.GroupShare(spin.pid), vllm_engines.GroupShare(sleep.pid)
+        busy, idle = vllm_processes.GroupShare(spin.pid), vllm_processes.GroupShare(sleep.pid)
         time.sleep(1.5)
         cores = os.cpu_count() or 1
         assert 0.1 / cores < busy.share() <= 1.0 / cores + 0.05, busy.share()  # its spinning child counted (a loaded machine gives it less than a core)

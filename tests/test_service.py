@@ -21,10 +21,12 @@ from app.models import ModelError
 from app.runner import output_ids, run
 from app.modes import configs
 from app.service.api import Service
-from app.service.engines import BuildError, EngineStore, spec_for, trtllm_serve_kwargs
-from app.service.backends import tensorrt_llm as trt
-from app.service.backends.base import Prompt
-from app.service.backends.remote import RemoteBackend, RemoteError, body_for
+from app.backends.registry import EngineStore, spec_for
+from app.backends.tensorrt_llm.builds import trtllm_serve_kwargs
+from app.service.errors import BuildError
+from app.backends.tensorrt_llm import backend as trt
+from app.backends.base import Prompt
+from app.backends.remote.backend import RemoteBackend, RemoteError, body_for
 from app.service.jobs import JobManager, Limits, QueueFull
 from app import runner
 from helpers import busy_cores, collect, free_port, running_server, trtllm_stand_in
@@ -216,7 +218,7 @@ def test_service_stream_equals_the_verify_loop_and_carries_texts(service, bundle
 def test_cpu_share_falls_when_other_processes_compete_for_the_cores():
     """This thread spins beside more busy processes than the machine has cores: it gets well under all of a core
     (the OS shares them out), and CpuShare says so."""
-    from app.service.backends.transformers import CpuShare
+    from app.backends.transformers.backend import CpuShare
 
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1) + 1)]
     try:

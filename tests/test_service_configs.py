@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from app import runner
 from app.modes import MODES, ConfigError
 from app.modes import configs as c
-from app.service.backends import tensorrt_llm as trt
+from app.backends.tensorrt_llm import backend as trt
 from helpers import checked
 
 

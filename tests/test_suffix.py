@@ -9,7 +9,7 @@ import pytest
 
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.suffix import Suffix, SuffixTrie
-from app.service import vllm_engines
+from app.backends.vllm import processes as vllm_processes
 from app import runner
 from helpers import run
 
@@ -126,7 +126,7 @@ def test_drafts_agree_with_arctic_inference():
     independent reference. Its tree orders equally frequent continuations by its update history; this drafter takes
     the oldest. So a draft either is Arctic's token for token, or the two first part where both had the same
     probability (a tie); nearly all are identical."""
-    python = vllm_engines.Settings().python
+    python = vllm_processes.Settings().python
     if not python.exists():
         pytest.skip("the vLLM engine's venv is not installed (scripts/setup-vllm.sh)")
     cases = _cases()
@@ -157,15 +157,15 @@ def test_vllm_mapping_and_what_it_ignores(tmp_path):
 
     request = configs.parse({"speculative_config": {"decoding_type": "Suffix", "max_draft_len": 12, "use_tree_spec": True},
                              "backend": "vllm"})
-    assert vllm_engines.speculative_config(request) == {
+    assert vllm_processes.speculative_config(request) == {
         "method": "suffix", "num_speculative_tokens": 12, "suffix_decoding_max_tree_depth": 24,
         "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
         "suffix_decoding_max_cached_requests": 0}
-    assert any("use_tree_spec" in note for note in vllm_engines.ignored(request))
+    assert any("use_tree_spec" in note for note in vllm_processes.ignored(request))
     python = tmp_path / "bin" / "python"
-    assert not vllm_engines.has_arctic(python)
+    assert not vllm_processes.has_arctic(python)
     (tmp_path / "lib" / "python3.11" / "site-packages" / "arctic_inference" / "suffix_decoding").mkdir(parents=True)
-    assert vllm_engines.has_arctic(python)
+    assert vllm_processes.has_arctic(python)
 
 
 def test_what_each_backend_says_about_suffix():

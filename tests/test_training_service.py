@@ -19,7 +19,9 @@ from app import models
 from app.modes import ConfigError
 from app.service import training
 from app.service.api import Service
-from app.service.engines import BuildError, EngineStore, tree_sha256
+from app.backends.registry import EngineStore
+from app.backends.store import tree_sha256
+from app.service.errors import BuildError
 from app.training import data
 
 TINY = {"kind": "medusa", "data_source": "sharegpt", "data_offset": 0, "data_limit": 8, "max_len": 64, "eval_prompts": 1,

@@ -17,9 +17,10 @@ import transformers
 from app import models
 from app.modes import ConfigError, configs
 from app.service.api import Service
-from app.service.backends import tensorrt_llm as trt
-from app.service.backends.base import Prompt
-from app.service.engines import EngineStore, spec_for, trtllm_plan, trtllm_serve_kwargs
+from app.backends.tensorrt_llm import backend as trt
+from app.backends.base import Prompt
+from app.backends.registry import EngineStore, spec_for
+from app.backends.tensorrt_llm.builds import trtllm_plan, trtllm_serve_kwargs
 from app.ui import render
 from helpers import collect, tiny_llama, trtllm_stand_in
 

@@ -1,4 +1,4 @@
-"""TensorRT-LLM engines as the service keeps them (app/service/trtllm_engines.py): this project's worker started in a
+"""TensorRT-LLM engines as the service keeps them (app/backends/tensorrt_llm/processes.py): this project's worker started in a
 process of its own, reused, refused beside another configuration, stopped, and read the app's way. TensorRT-LLM is the
 stand-in (tests/stand_ins/tensorrt_llm) run by the app's own interpreter, as tests/test_trtllm_worker.py runs it."""
 
@@ -17,8 +17,8 @@ import pytest
 from helpers import STAND_INS
 from test_trtllm_worker import GREEDY, IGNORE_PINS, _get, _group_gone, _start, _until, model_dirs, workers  # noqa: F401
 
-from app.service import trtllm_engines
-from app.service.trtllm_engines import Processes, Settings, TRTLLMError
+from app.backends.tensorrt_llm import processes as trtllm_processes
+from app.backends.tensorrt_llm.processes import Processes, Settings, TRTLLMError
 
 SETTINGS = Settings(python=Path(sys.executable), env={"PYTHONPATH": str(STAND_INS), IGNORE_PINS: "1"}, start_timeout_s=60)
 
@@ -36,7 +36,7 @@ def _build(builds: Path, name: str, mode: str = "draft_target") -> tuple[Path, d
     directory = builds / name
     for sub in ("model", "draft"):
         (directory / sub).mkdir(parents=True)
-    return directory, trtllm_engines.worker_file(_plan(mode), directory, f"{mode} on a test model")
+    return directory, trtllm_processes.worker_file(_plan(mode), directory, f"{mode} on a test model")
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def processes(tmp_path):
 
 def kill_left(builds: Path) -> None:
     """Whatever workers a failed test left running under `builds`: killed and reaped."""
-    for server in builds.glob(f"*/{trtllm_engines.SERVER_JSON}"):
+    for server in builds.glob(f"*/{trtllm_processes.SERVER_JSON}"):
         pid = json.loads(server.read_text())["pid"]
         if not _group_gone(pid):
             os.killpg(pid, signal.SIGKILL)
@@ -61,7 +61,7 @@ def kill_left(builds: Path) -> None:
 
 
 def _server(directory: Path) -> dict:
-    return json.loads((directory / trtllm_engines.SERVER_JSON).read_text())
+    return json.loads((directory / trtllm_processes.SERVER_JSON).read_text())
 
 
 def test_a_started_worker_runs_the_plan_with_its_build_directory_filled_in(processes):
@@ -72,7 +72,7 @@ def test_a_started_worker_runs_the_plan_with_its_build_directory_filled_in(proce
     assert started and lines[-1].startswith("TensorRT-LLM ") and "ready" in lines[-1]
     server = _server(directory)
     assert server["port"] == port and server["llm"] == file
-    assert server["command"] == trtllm_engines.command(SETTINGS, port, directory / "llm.json")
+    assert server["command"] == trtllm_processes.command(SETTINGS, port, directory / "llm.json")
     assert json.loads((directory / "llm.json").read_text()) == file
     state = processes.state(directory)
     assert state["state"] == "running" and state["pid"] == server["pid"] and state["serves"] == "draft_target on a test model"
@@ -122,7 +122,7 @@ def test_another_configuration_is_refused_while_one_runs(processes):
 def test_generate_reads_the_stream_into_steps_and_totals_from_the_perf_metrics(processes):
     directory, file = _build(processes.builds, "a")
     port, _ = processes.ensure(directory, file)
-    *steps, end = trtllm_engines.generate(port, [1, 2, 3, 4], GREEDY)
+    *steps, end = trtllm_processes.generate(port, [1, 2, 3, 4], GREEDY)
     assert end["type"] == "end" and end["error"] is None and end["aborted"] is None and end["token_ids"]
     assert len(steps) > 1 and all(s["type"] == "step" for s in steps)
     assert [t for s in steps for t in s["tokens"]] == end["token_ids"]
@@ -139,7 +139,7 @@ def test_a_request_the_worker_refuses_is_said(processes):
     directory, file = _build(processes.builds, "a")
     port, _ = processes.ensure(directory, file)
     with pytest.raises(TRTLLMError, match="refused the request: .*no_such_field"):
-        list(trtllm_engines.generate(port, [1, 2], {"no_such_field": 1}))
+        list(trtllm_processes.generate(port, [1, 2], {"no_such_field": 1}))
 
 
 def test_a_cancel_aborts_the_request(tmp_path, model_dirs, workers):  # noqa: F811
@@ -149,7 +149,7 @@ def test_a_cancel_aborts_the_request(tmp_path, model_dirs, workers):  # noqa: F8
         "decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": str(draft)}}}
     workers.append(w := _start(tmp_path, plan, held=True))
     cancel = threading.Event()
-    stream = trtllm_engines.generate(w.port, [1, 2, 3], GREEDY, cancel, timeout_s=10)
+    stream = trtllm_processes.generate(w.port, [1, 2, 3], GREEDY, cancel, timeout_s=10)
     first = next(stream)
     assert first["type"] == "step" and first["tokens"]
     running = _get(w.port)[1]["running"]
@@ -168,7 +168,7 @@ def test_a_cancel_the_worker_does_not_answer_closes_the_connection(tmp_path, mod
     workers.append(w := _start(tmp_path, {"trtllm_backend": "pytorch", "llm": {"model": str(target), "max_input_len": 4096}},
                                held=True))
     cancel = threading.Event()
-    stream = trtllm_engines.generate(w.port, [1, 2, 3], GREEDY, cancel, abort_grace_s=0.5, timeout_s=8)
+    stream = trtllm_processes.generate(w.port, [1, 2, 3], GREEDY, cancel, abort_grace_s=0.5, timeout_s=8)
     first = next(stream)
     cancel.set()
     began = time.monotonic()
@@ -185,7 +185,7 @@ def test_stop_leaves_no_process(processes):
     pid = _server(directory)["pid"]
     assert processes.stop(directory)
     assert _group_gone(pid)
-    assert processes.state(directory)["state"] == "stopped" and trtllm_engines.health(port) is None
+    assert processes.state(directory)["state"] == "stopped" and trtllm_processes.health(port) is None
     assert "LLM.shutdown() done" in (directory / "server.log").read_text()  # SIGTERM let it shut the LLM down
     assert not processes.stop(directory)
 
@@ -218,7 +218,7 @@ def test_without_its_environment_it_says_how_to_set_it_up_and_never_pip(processe
     message = str(refused.value)
     assert "bash scripts/setup-trtllm.sh" in message and "NVIDIA GPU" in message and "docs/tensorrt-llm.md" in message
     assert "pip" not in message
-    assert trtllm_engines.unavailable(missing.settings) == message and trtllm_engines.unavailable(SETTINGS) is None
+    assert trtllm_processes.unavailable(missing.settings) == message and trtllm_processes.unavailable(SETTINGS) is None
     assert not (directory / "server.json").exists()
 
 

@@ -14,18 +14,18 @@ import pytest
 
 from app import models
 from app.modes import ConfigError
-from app.service import trtllm_engines
+from app.backends.tensorrt_llm import processes as trtllm_processes
 from app.service.api import Service
-from app.service.backends import tensorrt_llm as trt
-from app.service.backends.trtllm_engine import STARTED, TRTLLMEngineBackend
-from app.service.backends.tensorrt_llm import TensorRTLLMBackend
+from app.backends.tensorrt_llm import backend as trt
+from app.backends.tensorrt_llm.worker_backend import STARTED, TRTLLMEngineBackend
+from app.backends.tensorrt_llm.backend import TensorRTLLMBackend
 from app.ui import render
 from helpers import STAND_INS, collect
 from test_trtllm_engines import IGNORE_PINS, _group_gone, kill_left
 
 PREPARED = models.DEFAULT_ENGINES / "models"
 DRAFT = f"{models.BUNDLED}-draft"
-SETTINGS = trtllm_engines.Settings(python=Path(sys.executable), env={"PYTHONPATH": str(STAND_INS), IGNORE_PINS: "1"},
+SETTINGS = trtllm_processes.Settings(python=Path(sys.executable), env={"PYTHONPATH": str(STAND_INS), IGNORE_PINS: "1"},
                                    start_timeout_s=60, stop_timeout_s=10)
 DRAFT_TARGET = {"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": DRAFT},
                 "max_new_tokens": 7, "backend": "tensorrt_llm"}
@@ -49,13 +49,13 @@ def service(tmp_path):
 
 
 def _worker(service: Service, build_id: str) -> dict:
-    return json.loads((service.store.builds / build_id / trtllm_engines.SERVER_JSON).read_text())
+    return json.loads((service.store.builds / build_id / trtllm_processes.SERVER_JSON).read_text())
 
 
 def test_the_worker_route_is_chosen_by_its_interpreter(service, tmp_path):
     assert isinstance(service.backends["tensorrt_llm"], TRTLLMEngineBackend)
     assert service.availability()["tensorrt_llm"].available
-    missing = Service(engines=tmp_path / "other", trtllm_settings=trtllm_engines.Settings(python=tmp_path / "no" / "python"))
+    missing = Service(engines=tmp_path / "other", trtllm_settings=trtllm_processes.Settings(python=tmp_path / "no" / "python"))
     assert isinstance(missing.backends["tensorrt_llm"], TensorRTLLMBackend)  # the in-process one, as before
 
 
@@ -67,7 +67,7 @@ def test_a_request_runs_through_the_worker_and_reuses_it(service):
     assert manifest["kind"] == "tensorrt-worker" and manifest["spec"]["config"]["worker"] is True
     assert start["pass"] == STARTED and start["backend"] == "tensorrt_llm" and start["prompt_ids"]
     # The app's own directories, by absolute path: the prepared model and the registry's draft (not a hub id).
-    llm = json.loads((service.store.builds / build_id / trtllm_engines.LLM_JSON).read_text())["llm"]
+    llm = json.loads((service.store.builds / build_id / trtllm_processes.LLM_JSON).read_text())["llm"]
     assert Path(llm["model"]) == (service.engines / "models" / models.BUNDLED).absolute()
     assert Path(llm["speculative_config"]["speculative_model"]) == (service.engines / "models" / DRAFT).absolute()
     assert llm["max_input_len"] == 4096 and llm["disable_overlap_scheduler"] is True
@@ -84,7 +84,7 @@ def test_a_request_runs_through_the_worker_and_reuses_it(service):
     start, steps, again = collect(service.stream(DRAFT_TARGET, "hi again"))
     assert start["pass"] == trt.REUSED and start["engine"]["build"] == build_id and again["error"] is None
     assert _worker(service, build_id)["pid"] == pid
-    assert (service.store.builds / build_id / trtllm_engines.SERVER_LOG).read_text().count("=== ") == 1
+    assert (service.store.builds / build_id / trtllm_processes.SERVER_LOG).read_text().count("=== ") == 1
 
 
 def test_another_configuration_is_refused_while_one_runs_then_runs_once_it_is_stopped(service):
@@ -149,7 +149,7 @@ def test_without_its_environment_the_run_and_engines_tabs_name_the_docs_and_no_p
     from app.ui.engines_tab import engines_text
     from app.ui.run_tab import modes_note
 
-    s = Service(engines=tmp_path / "engines", trtllm_settings=trtllm_engines.Settings(python=tmp_path / "none" / "python"))
+    s = Service(engines=tmp_path / "engines", trtllm_settings=trtllm_processes.Settings(python=tmp_path / "none" / "python"))
     state = s.availability()["tensorrt_llm"]
     assert not state.available and NOT_SET_UP in state.reason and "bash scripts/setup-trtllm.sh" in state.reason
     note, line = modes_note(s, "tensorrt_llm"), engines_text(s)

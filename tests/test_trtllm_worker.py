@@ -1,4 +1,4 @@
-"""The TensorRT-LLM worker (app/service/backends/trtllm_worker.py) as the service runs it: a process of its own,
+"""The TensorRT-LLM worker (app/backends/tensorrt_llm/worker.py) as the service runs it: a process of its own,
 here on the stand-in (tests/stand_ins/tensorrt_llm: upstream's rules, a scripted token stream), spoken to over HTTP.
 What only a GPU host shows (the real engine's numbers, its builds) is scripts/gpu-check.sh's."""
 
@@ -23,7 +23,7 @@ import pytest
 from helpers import STAND_INS, trtllm_stand_in
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "app" / "service" / "backends" / "trtllm_worker.py"
+WORKER = ROOT / "app" / "backends" / "tensorrt_llm" / "worker.py"
 HOLD = STAND_INS / "trtllm_hold.py"
 
 with trtllm_stand_in():
@@ -164,7 +164,7 @@ def test_health_says_what_it_serves(tmp_path, model_dirs, workers):
 
 
 def test_a_stream_adds_up_and_ends_with_the_perf_metrics(tmp_path, model_dirs, workers):
-    from app.service.backends import tensorrt_llm as trt
+    from app.backends.tensorrt_llm import backend as trt
 
     workers.append(w := _start(tmp_path, _draft_target(*model_dirs)))
     conn, response = _stream(w.port, {"prompt_token_ids": [1, 2, 3, 4], "sampling_params": GREEDY})

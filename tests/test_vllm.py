@@ -23,10 +23,11 @@ import pytest
 import torch
 
 from app import models
-from app.service import load, vllm_engines
+from app.backends.vllm import processes as vllm_processes
+from app.bench import load
 from app.service.api import Service
-from app.service.backends import remote
-from app.service.backends.base import Prompt
+from app.backends.vllm import client as remote
+from app.backends.base import Prompt
 from app.service.jobs import Limits
 from app.traces import Recording
 from helpers import earlier_design, free_port, running_server, run_cli
@@ -43,7 +44,7 @@ DRAFT = {"decoding_type": "Draft_Target", "max_draft_len": 4}
 MEDUSA = {"decoding_type": "Medusa"}
 SUFFIX = {"decoding_type": "Suffix", "max_draft_len": 16}
 AR = {"decoding_type": "Autoregressive"}
-SETTINGS = vllm_engines.Settings(enforce_eager=True)
+SETTINGS = vllm_processes.Settings(enforce_eager=True)
 
 
 def request(spec: dict, max_new_tokens: int = 48, **sampling) -> dict:
@@ -61,8 +62,8 @@ def generate(service: Service, spec: dict, prompt: str, **kw) -> Recording:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    if vllm_engines.unavailable(SETTINGS):
-        pytest.fail(f"{vllm_engines.unavailable(SETTINGS)}: scripts/test.sh installs it")
+    if vllm_processes.unavailable(SETTINGS):
+        pytest.fail(f"{vllm_processes.unavailable(SETTINGS)}: scripts/test.sh installs it")
     engines = tmp_path_factory.mktemp("vllm") / "engines"
     engines.mkdir()
     models.locate(models.BUNDLED)  # the dequantized model, shared with the working tree's store
@@ -92,11 +93,11 @@ def test_engine_starts_is_reused_and_listed(service, store):
                                                             "prompt_lookup_max": 2, "prompt_lookup_min": 1}
     url = first["server"]["url"]
     assert url.startswith("http://127.0.0.1:")
-    # Warm before its first timed request: the start sent vllm_engines.WARM_UP_ROUNDS untimed completions (its own counter).
+    # Warm before its first timed request: the start sent vllm_processes.WARM_UP_ROUNDS untimed completions (its own counter).
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         served = sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
                      if line.startswith("vllm:request_success_total"))
-    assert served >= vllm_engines.WARM_UP_ROUNDS * len(vllm_engines.WARM_UP)
+    assert served >= vllm_processes.WARM_UP_ROUNDS * len(vllm_processes.WARM_UP)
     again = service.engine_build(request(NGRAM))
     assert again["id"] == first["id"] and again["server"]["pid"] == first["server"]["pid"]
     listed = {m["id"]: m for m in service.engine_list()}
@@ -528,7 +529,7 @@ def test_engines_rm_stops_and_removes(service, store):
     out = cli(store, "engines", "rm", manifest["id"])
     assert out.returncode == 0, out.stderr
     assert service.engine_get(manifest["id"]) is None
-    assert not vllm_engines._group_alive(manifest["server"]["pid"])
+    assert not vllm_processes._group_alive(manifest["server"]["pid"])
     assert manifest["id"] not in cli(store, "engines", "list").stdout
 
 
@@ -589,8 +590,8 @@ class _Processes:
 
 
 def test_public_mode_bounds_the_engines_requests_start_and_stops_idle_ones(store):
-    from app.service.backends.vllm import VLLMBackend
-    from app.service.engines import EngineStore
+    from app.backends.vllm.backend import VLLMBackend
+    from app.backends.registry import EngineStore
 
     backend = VLLMBackend(EngineStore(store), settings=SETTINGS, max_started=1, idle_s=600)
     backend.processes = _Processes()

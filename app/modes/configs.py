@@ -2,7 +2,7 @@
 
 Every problem becomes one sentence a user understands (ConfigError); `check()` runs every rule of the mode
 itself. What a backend adds (the transformers backend's step limits, TensorRT-LLM's support matrix, vLLM's
-methods) is that backend's `check` (app/service/backends/), which the service runs once per request; what only a
+methods) is that backend's `check` (app/backends/), which the service runs once per request; what only a
 loaded model can tell, the backend's prepare. Which configs a request may carry is the registry's
 (app/modes/registry.py: `Modes.request`, what `parse` validates).
 

@@ -1,6 +1,6 @@
 """Each mode's translation into the engines it also runs on, by their own field names: vLLM's `--speculative-config`
 and TensorRT-LLM's `speculative_config` (llm_args.py, 1.2). An entry names these functions (`Mode.vllm_fields`,
-`Mode.trtllm_fields`, …); the backends call them (app/service/backends/). Pure functions of a checked config: what an
+`Mode.trtllm_fields`, …); the backends call them (app/backends/). Pure functions of a checked config: what an
 engine has no field for is said in words (the *_ignored functions), never sent, and what it refuses is refused here in
 one sentence (the *_check functions), before any engine starts.
 """

@@ -20,15 +20,16 @@ from app.models import DTYPES, ModelError  # noqa: F401  (ModelError: what the s
 from app.prompts import load_prompts
 from app.decoding.linear import fast_bf16
 from app.modes import MODES, ConfigError, DecodeRequest, Modes, configs
-from app.service import training, trtllm_engines, vllm_engines
-from app.service.backends import tensorrt_llm as trt
-from app.service.backends.base import Availability, Prompt
-from app.service.backends.remote import RemoteBackend
-from app.service.backends.tensorrt_llm import TensorRTLLMBackend
-from app.service.backends.trtllm_engine import TRTLLMEngineBackend
-from app.service.backends.transformers import TransformersBackend
-from app.service.backends.vllm import VLLMBackend
-from app.service.engines import BuildError, BuildSpec, EngineError, EngineStore, Progress, spec_for, trtllm_serve_kwargs
+from app.backends.base import Availability, Prompt
+from app.backends.registry import BACKENDS, TRTLLM_WORKER, EngineStore, spec_for
+from app.backends.store import BuildSpec, Progress
+from app.backends.tensorrt_llm import backend as trt
+from app.backends.tensorrt_llm import processes as trtllm_processes
+from app.backends.tensorrt_llm.builds import trtllm_serve_kwargs
+from app.backends.vllm import processes as vllm_processes
+from app.bench import load
+from app.service import training
+from app.service.errors import BuildError, EngineError
 from app.service.jobs import Job, JobManager, Limits, Work, race
 from app.service.policy import Policy, address_of, relative
 
@@ -52,8 +53,8 @@ class Service:
         remote_url: str | None = None,
         tensor_parallel_size: int = 1,
         limits: Limits = Limits(),
-        vllm_settings: vllm_engines.Settings = vllm_engines.Settings(),
-        trtllm_settings: trtllm_engines.Settings = trtllm_engines.Settings(),
+        vllm_settings: vllm_processes.Settings = vllm_processes.Settings(),
+        trtllm_settings: trtllm_processes.Settings = trtllm_processes.Settings(),
         policy: Policy = Policy(),
         modes: Modes = MODES,
         fast: str = "eager",
@@ -82,17 +83,18 @@ class Service:
         # Where this server keeps files, as a response may show it (relative; see policy.relative).
         self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
         # TensorRT-LLM's workers in its own environment: listed and stopped whichever way this process runs it.
-        self.trtllm_workers = TRTLLMEngineBackend(self.store, trtllm_settings, tensor_parallel_size)
+        self.trtllm_workers = TRTLLM_WORKER(self.store, trtllm_settings, tensor_parallel_size)
         # Where that environment is set up (its interpreter is there) TensorRT-LLM runs in it; else in this process,
         # where it imports only on a host whose packages resolve with upstream's pins (probe() says why not).
-        in_own_environment = trtllm_engines.unavailable(trtllm_settings) is None
+        in_own_environment = trtllm_processes.unavailable(trtllm_settings) is None
         self.backends = {
-            "transformers": TransformersBackend(self.engines, dtype, compute=self.jobs.call, fast=fast,
-                                               build_companions=not policy.public),
-            "tensorrt_llm": self.trtllm_workers if in_own_environment else TensorRTLLMBackend(self._trtllm_kwargs),
-            "remote": RemoteBackend(remote_url),
-            "vllm": VLLMBackend(self.store, dtype, vllm_settings, max_started=policy.visitor_engines if policy.public else None,
-                                idle_s=policy.engine_idle_s if policy.public else None),
+            "transformers": BACKENDS["transformers"](self.engines, dtype, compute=self.jobs.call, fast=fast,
+                                                     build_companions=not policy.public),
+            "tensorrt_llm": self.trtllm_workers if in_own_environment else BACKENDS["tensorrt_llm"](self._trtllm_kwargs),
+            "remote": BACKENDS["remote"](remote_url),
+            "vllm": BACKENDS["vllm"](self.store, dtype, vllm_settings,
+                                     max_started=policy.visitor_engines if policy.public else None,
+                                     idle_s=policy.engine_idle_s if policy.public else None),
         }
 
     # ------------------------------------------------------------------ what can run
@@ -165,8 +167,12 @@ class Service:
         method = f"vLLM `{spec['method']}`, num_speculative_tokens {spec['num_speculative_tokens']}" if spec else "vLLM, no speculation"
         state = backend.processes.state(build.key())["state"]
         up = "its engine is running" if state == "running" else "the first Run starts its engine (1–3 minutes)"
-        ignored = vllm_engines.ignored(request)
+        ignored = vllm_processes.ignored(request)
         return f"{method}; {up}" + (f"; vLLM has no counterpart for: {', '.join(ignored)}" if ignored else "")
+
+    def trtllm_notes(self, request: DecodeRequest) -> list[str]:
+        """What of a valid tensorrt_llm request TensorRT-LLM does not take, in words (said, not dropped silently)."""
+        return trt.trtllm_notes(request)
 
     # ------------------------------------------------------------------ configs
     def request(self, data: dict[str, Any] | DecodeRequest, visitor: str | None = None) -> DecodeRequest:
@@ -373,10 +379,9 @@ class Service:
                    starting: Callable[[str], None] | None = None) -> Job:
         """N concurrent requests (1, 2, 4, 8, 16 by default; at most load.PUBLIC_MAX_N in public mode) to the vLLM
         engine of a speculative request and to the plain engine of the same model, queued as a job whose messages
-        are its points and, at the end, the recorded sweep (load.py). Raises ConfigError before anything is queued.
-        `starting(mode)`: which engine it starts (or finds running) next, the speculative mode's or autoregressive."""
-        from app.service import load
-
+        are its points and, at the end, the recorded sweep (app/bench/load.py). Raises ConfigError before anything is
+        queued. `starting(mode)`: which engine it starts (or finds running) next, the speculative mode's or
+        autoregressive."""
         return load.submit(self, data, ns, max_new_tokens, ours, progress, visitor, starting=starting)
 
     # ------------------------------------------------------------------ engine builds

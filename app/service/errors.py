@@ -1,5 +1,5 @@
-"""The errors of engine builds, apart so that the store (engines.py) and the vLLM engines it builds (vllm_engines.py) can both
-raise them without importing each other."""
+"""The errors of engine builds, apart so that the store (app/backends/store.py) and the engines it builds
+(app/backends/*/) can both raise them without importing each other."""
 
 
 class EngineError(ValueError):

@@ -27,8 +27,8 @@ from starlette.exceptions import HTTPException
 from app.modes import ConfigError
 from app.models import ModelError
 from app.service.api import Service
-from app.service.backends.base import Prompt
-from app.service.backends.remote import OWNER
+from app.backends.base import Prompt
+from app.backends.remote.backend import OWNER
 from app.service.http import HttpSettings, serve as serve_http
 from app.service.jobs import QueueFull
 

@@ -1,6 +1,6 @@
 """Training runs as builds: the seed workflow (heads on a frozen model), started, watched and kept by the service.
 
-A training run is a build of the store (engines.py) whose spec holds the training settings, so it is
+A training run is a build of the store (app/backends/store.py) whose spec holds the training settings, so it is
 content-addressed (the same settings, data slice, starting point and libraries give the same id, and the
 artifact is reused: seeds are fixed), made once across threads and processes, and crash-safe: a run that
 is stopped or dies leaves `.failed-<id>/` or `.tmp-*`, never a directory that looks usable. The run itself
@@ -26,7 +26,9 @@ from pydantic import BaseModel, ConfigDict
 from app import models
 from app.modes import MODES, ConfigError
 from app.modes.configs import validated
-from app.service.engines import BuildError, BuildSpec, Builder, EngineStore, Progress, tree_sha256
+from app.backends.registry import TRAINING
+from app.backends.store import BuildSpec, Builder, Progress, Store, tree_sha256
+from app.service.errors import BuildError
 from app.training.data import CONVERSATIONS, shipped_ranges
 from app.training.recipes import STAGES  # the order a run goes through
 
@@ -113,7 +115,7 @@ def is_name(name: str) -> bool:
     return bool(re.fullmatch(PREFIX + r"[0-9a-f]{16}", name or ""))
 
 
-def artifact_dir(store: EngineStore, name: str, kind: str, model: str) -> Path:
+def artifact_dir(store: Store, name: str, kind: str, model: str) -> Path:
     """The directory of the trained artifact `trained:<id>`, checked: a ready training build of `kind` for
     `model`. Raises ConfigError saying what is wrong (ids come from users: nothing else is ever read)."""
     if not is_name(name):
@@ -132,7 +134,7 @@ def artifact_dir(store: EngineStore, name: str, kind: str, model: str) -> Path:
     return store.builds / build_id / kind
 
 
-def start_dir(store: EngineStore, config: TrainConfig, model: str) -> Path | None:
+def start_dir(store: Store, config: TrainConfig, model: str) -> Path | None:
     """The artifact a run continues from (None: from scratch)."""
     if config.init_from == "scratch":
         return None
@@ -150,10 +152,10 @@ def spec(model: str, config: TrainConfig, start: Path | None) -> BuildSpec:
     settings = config.model_dump()
     if start is not None:
         settings["init_from_sha256"] = tree_sha256(start)
-    return BuildSpec(model, config.kind, backend="training", config={"train": settings})
+    return BuildSpec(model, config.kind, backend="training", config={"train": settings}, versions=TRAINING.versions())
 
 
-def plan(store: EngineStore, model: str, config: TrainConfig) -> dict[str, Any]:
+def plan(store: Store, model: str, config: TrainConfig) -> dict[str, Any]:
     """What a run would do, before it runs: its build id, whether that build is ready (then it is reused), and how
     many answers the model must write first (self-distilled data neither cached nor shipped for this slice)."""
     from app.training.data import answers_to_generate

@@ -497,11 +497,11 @@ def n_range(ns: list[int], with_one: bool = False) -> list[float]:
 
 
 def load_sweep(sweep: Mapping | None, row: str | None = None) -> go.Figure:
-    """A load sweep (app/service/load.py): the speculative engine's speedup over the plain engine against the number
+    """A load sweep (app/bench/load.py): the speculative engine's speedup over the plain engine against the number
     of concurrent requests N (log2 axis), per request (time per output token) and in total throughput, τ beside it
     on its own axis, the 1× line, the crossover where speculation stops paying per request, and this project's own
     loop at batch 1 (the only batch it runs)."""
-    from app.service import load
+    from app.bench import load
 
     title = "Speedup under concurrent load"
     points = list((sweep or {}).get("points") or []) if isinstance(sweep, Mapping) else []

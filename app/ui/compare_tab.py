@@ -38,7 +38,7 @@ UNMEASURED_TOKEN_S = 0.08
 # a run's prefill, its turn in the queue, its redraws and, the first time, loading what its mode drafts with (measured
 # on a 2-core CPU under the test suite's load: 1–4 s);
 RUN_OVERHEAD_S = 2.5
-# a vLLM engine's start when it is not running: 1–3 minutes (vllm_engines.Processes.ensure says so as it starts one).
+# a vLLM engine's start when it is not running: 1–3 minutes (vllm/processes.py Processes.ensure says so as it starts one).
 ENGINE_START_S = 120.0
 
 

@@ -1,4 +1,4 @@
-"""The Load tab: speculative decoding under concurrent load on vLLM engines (app/service/load.py). A sweep sends N
+"""The Load tab: speculative decoding under concurrent load on vLLM engines (app/bench/load.py). A sweep sends N
 requests at once to the plain engine and to the speculative engine of the same model and draws the speedup against
 N, per request and in total throughput, with τ beside it and the crossover where speculation stops paying; a
 sentence under the chart explains it from the measured numbers. Recorded sweeps (assets/load/) replay with no
@@ -19,7 +19,7 @@ import gradio as gr
 
 from app import figures, models
 from app.modes import ConfigError, Modes
-from app.service import load
+from app.bench import load
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
 from app.ui import charts, lessons, settings

@@ -26,7 +26,6 @@ from app.modes import MERGED_SUFFIX, MODES, Control, Modes
 from app.modes import configs
 from app import traces
 from app.service.api import Checked, ModelError, Service
-from app.service.backends import tensorrt_llm as trt
 from app.traces import Recording, TraceError
 from app.ui import charts, explain, lessons, links, presenter, render, settings
 from app.ui.controls import QUIET, Number, Slider, dtype_radio, examples_dropdown
@@ -175,7 +174,7 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     if request.backend == "transformers" and (note := service.pass_note(request.dtype)):
         extra += f" · {note}"
     if request.backend == "tensorrt_llm":  # said, not dropped silently: settings TensorRT-LLM has no field for
-        extra += "".join(f" · ⚠ {n}" for n in trt.trtllm_notes(request))
+        extra += "".join(f" · ⚠ {n}" for n in service.trtllm_notes(request))
     return f"✓ Valid · {info['lossless']}{extra}"
 
 

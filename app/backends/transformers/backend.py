@@ -20,7 +20,7 @@ from app import models, runner
 from app.models import LoadedModel
 from app.modes import ConfigError, DecodeRequest, Mode, configs
 from app.modes.configs import AutoregressiveConfig, DraftTargetDecodingConfig, EagleDecodingConfig, NGramDecodingConfig
-from app.service.backends.base import Availability, Prompt
+from app.backends.base import Availability, Prompt
 from app.service.jobs import Limits, Work
 
 # What one step of the transformers backend may do, so a step stays well under a second on a 2-core CPU

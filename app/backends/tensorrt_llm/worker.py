@@ -4,9 +4,9 @@ It runs inside TensorRT-LLM's own environment (`.venv-trtllm`, scripts/setup-trt
 torch <= 2.9, transformers 4.57) clash with the app's; so it imports the standard library and tensorrt_llm only,
 nothing of `app`, and is run by path:
 
-    .venv-trtllm/bin/python app/service/backends/trtllm_worker.py --host 127.0.0.1 --port N --llm FILE.json
+    .venv-trtllm/bin/python app/backends/tensorrt_llm/worker.py --host 127.0.0.1 --port N --llm FILE.json
 
-FILE.json is a build plan's part the engine needs, as plain data (engines.py trtllm_plan, its paths filled in):
+FILE.json is a build plan's part the engine needs, as plain data (builds.py trtllm_plan, its paths filled in):
 {"trtllm_backend": "pytorch" | "tensorrt", "llm": {LLM(...) keyword arguments}, "serves": "in words"?}. Its
 `speculative_config` is {"decoding_type": ..., fields...} and becomes the tensorrt_llm.llmapi class of that name
 ("Draft_Target" -> DraftTargetDecodingConfig); its `build_config` a tensorrt_llm.llmapi.BuildConfig.
@@ -48,8 +48,8 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-# Run by path, Python puts this file's directory first on sys.path, and it holds the app's own tensorrt_llm.py,
-# transformers.py and vllm.py: they would shadow the real packages. Python 3.10 (upstream's wheels) has no -P.
+# Run by path, Python puts this file's directory first on sys.path, and the app's own modules there (backend.py,
+# builds.py, processes.py) would shadow any package of those names. Python 3.10 (upstream's wheels) has no -P.
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
@@ -69,7 +69,7 @@ def import_object(path: str):
 
 def llm_objects(llm: dict) -> dict:
     """LLM(...) keyword arguments from plain data: the llmapi speculative config class and a BuildConfig (as the
-    in-process backend makes them, backends/tensorrt_llm.py llm_objects; upstream's classes check the fields)."""
+    in-process backend makes them, backend.py llm_objects; upstream's classes check the fields)."""
     from tensorrt_llm import llmapi
 
     kwargs = dict(llm)

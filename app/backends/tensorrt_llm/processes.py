@@ -1,17 +1,17 @@
-"""TensorRT-LLM engines: this project's worker (backends/trtllm_worker.py) in TensorRT-LLM's own environment,
-started and kept by the service the way vLLM's servers are (vllm_engines.py).
+"""TensorRT-LLM engines: this project's worker (worker.py) in TensorRT-LLM's own environment,
+started and kept by the service the way vLLM's servers are (app/backends/vllm/processes.py).
 
 TensorRT-LLM pins numpy < 2, torch <= 2.9 and transformers 4.57, which clash with the app's, so it runs in its own
 interpreter (`.venv-trtllm`, scripts/setup-trtllm.sh, set up only on a Linux host with an NVIDIA GPU); the app never
 imports it here, it starts the worker and talks HTTP to it (the protocol is the worker's docstring).
 
-A worker serves one build of the store (engines.py trtllm_plan): its directory gets `llm.json` (the plan's LLM(...)
+A worker serves one build of the store (builds.py trtllm_plan): its directory gets `llm.json` (the plan's LLM(...)
 arguments with `{build_dir}` filled in, and the TensorRT-LLM backend), `server.json` (pid, port, command, and the
 llm.json it serves) and `server.log`. It is *running* while that pid still runs that command and /health says ready,
 *loading* while /health answers 503 (the LLM is being built or loaded). One worker at a time per store: each LLM
 reserves most of the free GPU memory for its KV cache, so a second configuration is refused while one runs.
 
-The stream is read the in-process backend's way (backends/tensorrt_llm.py steps_from_diffs, with_perf_metrics):
+The stream is read the in-process backend's way (backend.py steps_from_diffs, with_perf_metrics):
 per engine iteration the committed tokens, and at the end the request's own drafted/accepted counters.
 """
 
@@ -34,16 +34,17 @@ from types import SimpleNamespace
 from typing import Any
 
 from app import models
-from app.service import engines, vllm_engines
-from app.service.backends import tensorrt_llm as trt
+from app.backends.store import fill_build_dir
+from app.backends.tensorrt_llm import backend as trt
+from app.backends.vllm import processes as vllm_processes  # a worker is kept the way a vLLM server is
 from app.service.errors import EngineError
 
 VENV = models.ROOT / ".venv-trtllm"
 SETUP = "bash scripts/setup-trtllm.sh"
-WORKER = models.ROOT / "app" / "service" / "backends" / "trtllm_worker.py"
+WORKER = models.ROOT / "app" / "backends" / "tensorrt_llm" / "worker.py"
 LLM_JSON = "llm.json"
-SERVER_JSON = vllm_engines.SERVER_JSON
-SERVER_LOG = vllm_engines.SERVER_LOG
+SERVER_JSON = vllm_processes.SERVER_JSON
+SERVER_LOG = vllm_processes.SERVER_LOG
 LOCK = "trtllm.server.lock"  # one for the store, not per build: the GPU is the one thing they share
 ONE_PER_GPU = ("one engine per GPU: each reserves most of the free GPU memory for its KV cache "
                "(KvCacheConfig.free_gpu_memory_fraction 0.9)")
@@ -83,7 +84,7 @@ def version(python: Path) -> str | None:
 
 def worker_file(plan: dict, build_dir: Path, serves: str | None = None) -> dict:
     """The worker's --llm file from a trtllm_plan: its LLM(...) arguments with the build's directory filled in."""
-    return {"trtllm_backend": plan["trtllm_backend"], "llm": engines.fill_build_dir(plan["llm"], build_dir), "serves": serves}
+    return {"trtllm_backend": plan["trtllm_backend"], "llm": fill_build_dir(plan["llm"], build_dir), "serves": serves}
 
 
 def command(settings: Settings, port: int, llm_file: Path) -> list[str]:
@@ -114,17 +115,17 @@ class Processes:
     def _servers(self) -> Iterator[tuple[Path, dict]]:
         """(build directory, server.json) of every live worker: a vLLM server's server.json runs another command."""
         for path in sorted(self.builds.glob(f"*/{SERVER_JSON}")):
-            server = vllm_engines._read(path)
-            if server and server["command"][1:2] == [str(WORKER)] and vllm_engines._alive(server):
+            server = vllm_processes._read(path)
+            if server and server["command"][1:2] == [str(WORKER)] and vllm_processes._alive(server):
                 yield path.parent, server
 
     def state(self, directory: Path) -> dict[str, Any]:
         """{"state": "running" | "loading" | "starting" | "stopped", "port"?, "pid"?, "serves"?, "log_tail"?}."""
-        server = vllm_engines._read(directory / SERVER_JSON)
+        server = vllm_processes._read(directory / SERVER_JSON)
         if not server:
             return {"state": "stopped"}
-        if not vllm_engines._alive(server):
-            return {"state": "stopped", "log_tail": vllm_engines.log_tail(directory / SERVER_LOG)}
+        if not vllm_processes._alive(server):
+            return {"state": "stopped", "log_tail": vllm_processes.log_tail(directory / SERVER_LOG)}
         answer = health(server["port"])
         # A live worker that does not answer yet has not bound its port (Python still starting): it holds the GPU soon.
         state = "starting" if answer is None else "running" if answer[0] == 200 and answer[1].get("ready") else "loading"
@@ -146,19 +147,19 @@ class Processes:
         was running: started by another caller, thread or process)."""
         if reason := unavailable(self.settings):
             raise TRTLLMError(reason)
-        server = vllm_engines._read(directory / SERVER_JSON)
+        server = vllm_processes._read(directory / SERVER_JSON)
         if server and server.get("llm") == file and self.state(directory)["state"] == "running":
             return server["port"], False
         if reason := self.busy(directory, file):  # said at once, not after another caller's start (minutes)
             raise TRTLLMError(reason)
-        with vllm_engines._locked(self.builds / LOCK):
+        with vllm_processes._locked(self.builds / LOCK):
             if reason := self.busy(directory, file):
                 raise TRTLLMError(reason)
-            server = vllm_engines._read(directory / SERVER_JSON)
-            if server and vllm_engines._alive(server):  # this configuration's: started by another caller
+            server = vllm_processes._read(directory / SERVER_JSON)
+            if server and vllm_processes._alive(server):  # this configuration's: started by another caller
                 return self._wait(directory, server, None, progress, cancel), False
             (directory / LLM_JSON).write_text(json.dumps(file, indent=1))
-            port = vllm_engines._free_port()
+            port = vllm_processes._free_port()
             cmd = command(self.settings, port, directory / LLM_JSON)
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | self.settings.env
             with open(directory / SERVER_LOG, "ab") as log:
@@ -176,10 +177,10 @@ class Processes:
         """Until the worker says ready; stopped (and said why) when it exits, times out or is cancelled."""
         start, reported = time.monotonic(), 0.0
         while True:
-            exited = proc.poll() is not None if proc is not None else not vllm_engines._alive(server)
+            exited = proc.poll() is not None if proc is not None else not vllm_processes._alive(server)
             if exited:
                 raise TRTLLMError(f"the TensorRT-LLM worker exited while it loaded; its log ends:\n"
-                                  f"{vllm_engines.log_tail(directory / SERVER_LOG)}")
+                                  f"{vllm_processes.log_tail(directory / SERVER_LOG)}")
             answer = health(server["port"])
             if answer is not None and answer[0] == 200 and answer[1].get("ready"):
                 progress(1.0, f"TensorRT-LLM {answer[1].get('tensorrt_llm')} ready ({answer[1].get('llm_class')}) "
@@ -192,7 +193,7 @@ class Processes:
                     self.stop(directory)
                 why = "was cancelled" if cancelled else f"was not ready within {self.settings.start_timeout_s:.0f} s"
                 raise TRTLLMError(f"starting the TensorRT-LLM worker {why}; its log ends:\n"
-                                  f"{vllm_engines.log_tail(directory / SERVER_LOG)}")
+                                  f"{vllm_processes.log_tail(directory / SERVER_LOG)}")
             if waited >= reported + 10:  # a line every 10 s, not every poll
                 reported = waited
                 progress(min(waited / 600, 0.95), f"TensorRT-LLM is loading (a TensorRT engine builds for minutes): "
@@ -202,7 +203,7 @@ class Processes:
     def stop(self, directory: Path) -> bool:
         """Stop the build's worker (SIGTERM: it shuts the LLM down; SIGKILL to its process group after that); True
         when one was running."""
-        return vllm_engines.stop_server(vllm_engines._read(directory / SERVER_JSON), self.settings.stop_timeout_s)
+        return vllm_processes.stop_server(vllm_processes._read(directory / SERVER_JSON), self.settings.stop_timeout_s)
 
 
 # ----------------------------------------------------------------------------- the client

@@ -30,8 +30,9 @@ from typing import Any
 from app import figures, traces
 from app.modes import ConfigError
 from app.service import jobs
-from app.service.backends import remote
-from app.service.backends.base import Prompt, encode
+from app.backends.remote.openai import RemoteError, sse
+from app.backends.vllm import client
+from app.backends.base import Prompt, encode
 
 DEFAULT_N = (1, 2, 4, 8, 16)
 MAX_N = 32  # the operator's bound: each request holds KV cache in the engine's fixed 1 GiB
@@ -110,9 +111,9 @@ def _request(target: Target, prompt_ids: list[int], max_new_tokens: int, cancel:
                            "error": None, "steps": []}
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as response:
-            for chunk in remote.sse(response):
+            for chunk in sse(response):
                 if "error" in chunk:
-                    raise remote.RemoteError(chunk["error"].get("message", "the vLLM engine failed"))
+                    raise RemoteError(chunk["error"].get("message", "the vLLM engine failed"))
                 choice = (chunk.get("choices") or [{}])[0]
                 ids = [int(t) for t in choice.get("token_ids") or []]
                 if ids:
@@ -127,7 +128,7 @@ def _request(target: Target, prompt_ids: list[int], max_new_tokens: int, cancel:
                 if cancel.is_set():
                     out["finish_reason"] = "cancelled"
                     break  # closing the connection makes vLLM abort the request
-    except (urllib.error.URLError, OSError, ValueError, remote.RemoteError) as err:
+    except (urllib.error.URLError, OSError, ValueError, RemoteError) as err:
         out["error"] = str(getattr(err, "reason", err))
     return out
 
@@ -136,7 +137,7 @@ def measure(target: Target, prompts: list[list[int]], max_new_tokens: int, cance
             timeout_s: float) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
     """N = len(prompts) requests sent to `target` at once: each request's record, the wall time, the spec-decode
     counters' growth (what `point` makes a point of)."""
-    engine = remote.Engine(target.url, target.model)
+    engine = client.Engine(target.url, target.model)
     before = engine.counters() if target.speculative else {}
     start = time.perf_counter()
     results: list[dict[str, Any]] = [{} for _ in prompts]
@@ -151,7 +152,7 @@ def measure(target: Target, prompts: list[list[int]], max_new_tokens: int, cance
         t.join()
     wall = max([r["last_s"] for r in results if r.get("last_s") is not None], default=time.perf_counter() - start)
     streamed_accepted = sum(len(r["token_ids"]) - r["chunks"] for r in results)
-    counters = remote.settled(remote.Engine(target.url, target.model), before, streamed_accepted) if before else {}
+    counters = client.settled(client.Engine(target.url, target.model), before, streamed_accepted) if before else {}
     return results, wall, counters
 
 
@@ -243,7 +244,7 @@ def _pooled(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     """Repeats' spec-decode counter growths summed ({} for an engine without counters)."""
     if not any(deltas):
         return {}
-    out: dict[str, Any] = {key: sum(d.get(key, 0) for d in deltas) for key in remote.COUNTERS}
+    out: dict[str, Any] = {key: sum(d.get(key, 0) for d in deltas) for key in client.COUNTERS}
     per_pos = [d.get("accepted_per_pos") or [] for d in deltas]
     out["accepted_per_pos"] = [sum(p[i] for p in per_pos if i < len(p)) for i in range(max(map(len, per_pos)))]
     return out

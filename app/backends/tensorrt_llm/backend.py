@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from app.modes import ConfigError, DecodeRequest, Mode, configs
-from app.service.backends.base import Availability, Prompt
+from app.backends.base import Availability, Prompt
 from app.service.errors import EngineError
 from app.service.jobs import Limits, Work
 
@@ -43,7 +43,7 @@ NOT_VISIBLE = ["draft tree", "rejected draft tokens", "draft and verify time"]
 REUSED = "TensorRT-LLM engine of this configuration, reused"
 LLM_CLASSES = {"pytorch": "tensorrt_llm.LLM", "tensorrt": "tensorrt_llm._tensorrt_engine.LLM"}
 # Where TensorRT-LLM is not set up: never a pip command, as its pins (numpy < 2, torch <= 2.9, transformers 4.57) would
-# break the app's environment; it runs in its own (trtllm_engines.py), made only where there is a GPU for it.
+# break the app's environment; it runs in its own (processes.py), made only where there is a GPU for it.
 NOT_SET_UP = ("TensorRT-LLM needs an NVIDIA GPU: see docs/tensorrt-llm.md (on a Linux host with one, bash "
               "scripts/setup-trtllm.sh sets up its own environment, .venv-trtllm, where the app then starts it)")
 
@@ -271,7 +271,7 @@ class TensorRTLLMBackend:
 def _prompt_ids(llm, prompt: Prompt, limits: Limits) -> list[int]:
     """The prompt in the engine's tokens: a chat prompt rendered with the model's template; a raw prompt with the
     special tokens TensorRT-LLM would add to it (SamplingParams.add_special_tokens defaults to True), a chat template
-    writing its own. Refused above the server's limit (the engine itself is built for that many: engines.py)."""
+    writing its own. Refused above the server's limit (the engine itself is built for that many: builds.py)."""
     text = prompt.text
     templated = bool(prompt.messages or not prompt.raw)
     if templated:
@@ -402,7 +402,7 @@ def trtllm_speculative_config(request: DecodeRequest) -> dict[str, Any] | None:
     Fields as TensorRT-LLM 1.2 names and means them (the entry's `trtllm_fields`, app/modes/mappings.py); what it has
     no field for is left out and said by trtllm_notes. What comes from a trained artifact (Medusa's head count,
     EAGLE-3's capture layers) and what the backend that runs it makes of it (EAGLE on PyTorch: eagle3_on_pytorch) is
-    the build plan's to add (engines.trtllm_plan): the plan's `llm.speculative_config` is what reaches the engine."""
+    the build plan's to add (builds.trtllm_plan): the plan's `llm.speculative_config` is what reaches the engine."""
     entry, c = request.entry, request.speculative_config
     if not entry.trtllm:
         raise ConfigError(f"TensorRT-LLM has no {c.mode} decoding: {entry.trtllm_missing}")

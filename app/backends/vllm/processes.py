@@ -5,7 +5,7 @@ the same model and prompts through vLLM's own speculative decoding, beside the p
 It runs in its own interpreter (`.venv-vllm`, scripts/setup-vllm.sh) because it pins another
 transformers than the app's; the app never imports it, it only starts its server and talks HTTP.
 
-An engine is a build in the store (engines.py): content-addressed by its spec (model, mode, dtype,
+An engine is a build in the store (builds.py): content-addressed by its spec (model, mode, dtype,
 vLLM's `speculative_config`, vLLM's version), built once under the store's lock. The build writes
 `vllm.json` (the server's arguments) and whatever the method loads from disk (the distilled draft as
 a plain model directory). Running it adds two files to the build directory: `server.json` (pid, port,

@@ -1,14 +1,14 @@
 """The tensorrt_llm backend where TensorRT-LLM has an environment of its own (`.venv-trtllm`): generation on this
-project's worker, which the service starts, reuses and stops (app/service/trtllm_engines.py), the way the vllm backend
-runs vLLM's servers (backends/vllm.py).
+project's worker, which the service starts, reuses and stops (processes.py), the way the vllm backend
+runs vLLM's servers (app/backends/vllm/).
 
-A request becomes the store's build of its TensorRT-LLM plan (engines.trtllm_plan, built by
-engines.trtllm_worker_builder: the model prepared and the app's artifacts exported, each named by absolute path), then
+A request becomes the store's build of its TensorRT-LLM plan (builds.trtllm_plan, built by
+builds.trtllm_worker_builder: the model prepared and the app's artifacts exported, each named by absolute path), then
 the worker serving that build, started or found running. One worker holds the GPU at a time: a request for another
 configuration is refused in words while one is up (the Engines tab stops it). The prompt is encoded, and the output
 decoded, with the model's own tokenizer here; each step is one engine iteration's committed tokens as the worker
 streams them, the end totals carry the request's own perf metrics, and the draft itself is not exposed by TensorRT-LLM
-(tensorrt_llm.NOT_VISIBLE).
+(backend.NOT_VISIBLE).
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from typing import Any
 
 from app import models
 from app.modes import ConfigError, DecodeRequest, Mode, configs
-from app.service import engines, trtllm_engines
-from app.service.backends import remote
-from app.service.backends import tensorrt_llm as trt
-from app.service.backends.base import Availability, Prompt, encode
-from app.service.engines import BuildSpec, EngineError, EngineStore, Progress, spec_for
+from app.backends.base import Availability, Prompt, encode
+from app.backends.remote.openai import RemoteError
+from app.backends.store import BuildSpec, Progress, Store
+from app.backends.tensorrt_llm import backend as trt
+from app.backends.tensorrt_llm import builds, processes
+from app.service.errors import EngineError
 from app.service.jobs import Limits, Work
 
 STARTED = "TensorRT-LLM engine started for this configuration, in its own environment"
@@ -33,34 +34,34 @@ STARTED = "TensorRT-LLM engine started for this configuration, in its own enviro
 class TRTLLMEngineBackend:
     name = "tensorrt_llm"
 
-    def __init__(self, store: EngineStore, settings: trtllm_engines.Settings = trtllm_engines.Settings(),
+    def __init__(self, store: Store, settings: processes.Settings = processes.Settings(),
                  tensor_parallel_size: int = 1) -> None:
         self.store = store
         self.settings = settings
         self.tensor_parallel_size = tensor_parallel_size
-        self.processes = trtllm_engines.Processes(store.builds, settings)
+        self.processes = processes.Processes(store.builds, settings)
         self.started: set[str] = set()  # workers this backend started: stopped when the service closes
         self._tokenizers: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def availability(self) -> Availability:
-        reason = trtllm_engines.unavailable(self.settings)
+        reason = processes.unavailable(self.settings)
         return Availability(reason is None, reason or "")
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
         if not mode.trtllm:
             return f"TensorRT-LLM has no {mode.name} decoding: {mode.trtllm_missing or 'the mode is this app’s own'}"
-        return trtllm_engines.unavailable(self.settings)
+        return processes.unavailable(self.settings)
 
     def check(self, request: DecodeRequest) -> None:
         trt.check(request)
 
     def spec(self, request: DecodeRequest, model: str) -> BuildSpec:
-        """The store's build of a request for the worker (engines.trtllm_worker_builder), by the TensorRT-LLM of its
+        """The store's build of a request for the worker (builds.trtllm_worker_builder), by the TensorRT-LLM of its
         environment: another build than the in-process backend's, which saves a TensorRT engine."""
-        spec = spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size)
+        spec = builds.spec(request, model, tensor_parallel_size=self.tensor_parallel_size)
         return replace(spec, config={**spec.config, "worker": True},
-                       versions={"tensorrt_llm": trtllm_engines.version(self.settings.python)})
+                       versions={"tensorrt_llm": processes.version(self.settings.python)})
 
     def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None,
                cancel: threading.Event | None = None) -> tuple[dict, int, bool]:
@@ -76,8 +77,8 @@ class TRTLLMEngineBackend:
         if plan["cannot_run"]:
             raise ConfigError(f"TensorRT-LLM would refuse this: {'; '.join(plan['cannot_run'])}")
         directory = self.store.builds / build_id
-        file = trtllm_engines.worker_file(plan, directory, f"{request.mode} on {model} with its {plan['trtllm_backend']} backend")
-        if engines.overlap_off(plan["trtllm_backend"], request.mode):
+        file = processes.worker_file(plan, directory, f"{request.mode} on {model} with its {plan['trtllm_backend']} backend")
+        if builds.overlap_off(plan["trtllm_backend"], request.mode):
             file["llm"]["disable_overlap_scheduler"] = True
         if reason := self.processes.busy(directory, file):
             raise ConfigError(reason)
@@ -88,8 +89,8 @@ class TRTLLMEngineBackend:
             raise ConfigError(str(err)) from None
         try:
             port, started = self.processes.ensure(directory, file, progress, cancel)
-        except trtllm_engines.TRTLLMError as err:
-            raise remote.RemoteError(str(err)) from None
+        except processes.TRTLLMError as err:
+            raise RemoteError(str(err)) from None
         if started:
             with self._lock:
                 self.started.add(build_id)
@@ -106,7 +107,7 @@ class TRTLLMEngineBackend:
         tok = self.tokenizer(model)
         prompt_ids = encode(tok, prompt)
         configs.check_prompt_limit(len(prompt_ids), limits.max_prompt_tokens)
-        health = trtllm_engines.health(port)
+        health = processes.health(port)
         served = health[1] if health else {}
         llm = served.get("llm") or {}
         engine = {"engine": "tensorrt_llm", "build": manifest["id"], "version": served.get("tensorrt_llm"),
@@ -122,7 +123,7 @@ class TRTLLMEngineBackend:
                    "texts": texts(prompt_ids), "not_visible": trt.NOT_VISIBLE, "engine": engine,
                    "pass": STARTED if started else trt.REUSED}
             end: dict[str, Any] = {}
-            for message in trtllm_engines.generate(port, prompt_ids, sampling, cancel):
+            for message in processes.generate(port, prompt_ids, sampling, cancel):
                 if message["type"] == "end":
                     end = message
                 else:

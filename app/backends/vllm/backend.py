@@ -1,7 +1,7 @@
-"""The vllm backend: generation on a vLLM engine the service starts and keeps (app/service/vllm_engines.py).
+"""The vllm backend: generation on a vLLM engine the service starts and keeps (processes.py).
 
 The engine is a vLLM OpenAI server; a run goes through the same streaming client as the remote
-backend's vLLM path (remote.Engine), with the prompt encoded here by the model's own tokenizer so that
+backend's vLLM path (client.py), with the prompt encoded here by the model's own tokenizer so that
 vLLM and the project's loop see the same prompt token ids.
 """
 
@@ -13,19 +13,21 @@ import time
 from app import models
 from app.modes import ConfigError
 from app.modes import configs
-from app.service import vllm_engines
-from app.service.backends import remote
-from app.service.backends.base import Availability, Prompt, encode
+from app.backends.base import Availability, Prompt, encode
+from app.backends.remote.openai import RemoteError
+from app.backends.store import Progress, Store
+from app.backends.vllm import builds, processes
+from app.backends.vllm.client import Engine
 from app.modes import MODES, Mode
 from app.modes.configs import DecodeRequest
-from app.service.engines import EngineError, EngineStore, Progress, spec_for
+from app.service.errors import EngineError
 from app.service.jobs import Limits, Work
 
 
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, store: EngineStore, dtype: str = "float32", settings: vllm_engines.Settings = vllm_engines.Settings(),
+    def __init__(self, store: Store, dtype: str = "float32", settings: processes.Settings = processes.Settings(),
                  max_started: int | None = None, idle_s: float | None = None) -> None:
         self.store = store
         self.dtype = dtype
@@ -39,18 +41,18 @@ class VLLMBackend:
         self._closed = threading.Event()
         if idle_s is not None:
             threading.Thread(target=self._reap_idle, name="vllm-idle", daemon=True).start()
-        self.processes = vllm_engines.Processes(store.builds, settings)
+        self.processes = processes.Processes(store.builds, settings)
         self.started: set[str] = set()  # engines this backend started: stopped when the service closes
         self._starting: dict[str, int] = {}  # build id -> requests starting its engine now (each holds the place)
         self._tokenizers: dict[str, object] = {}
         self._lock = threading.Lock()
 
     def availability(self) -> Availability:
-        reason = vllm_engines.unavailable(self.settings)
+        reason = processes.unavailable(self.settings)
         return Availability(reason is None, reason or "")
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
-        reason = vllm_engines.unavailable(self.settings) or vllm_engines.missing(mode)
+        reason = processes.unavailable(self.settings) or processes.missing(mode)
         if reason:
             return reason
         spec = {"decoding_type": mode.decoding_type}
@@ -60,14 +62,14 @@ class VLLMBackend:
         artifact = models.default_artifact(model or models.BUNDLED, "eagle") if mode.name == "eagle" else None
         if mode.name == "eagle" and artifact is None:
             return f"no EAGLE-3 module for {model}: set speculative_model"
-        if mode.name == "suffix" and not vllm_engines.has_arctic(self.settings.python):
-            return f"vLLM's suffix method needs Arctic Inference beside it: {vllm_engines.SETUP} builds it"
-        return vllm_engines.method_reason(request, artifact)
+        if mode.name == "suffix" and not processes.has_arctic(self.settings.python):
+            return f"vLLM's suffix method needs Arctic Inference beside it: {processes.SETUP} builds it"
+        return processes.method_reason(request, artifact)
 
     def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None, cancel=None) -> tuple[dict, str]:
         """The build of the request's engine and its running server's URL (built, started or reused)."""
         try:
-            spec = spec_for(request, model, dtype=self.dtype)
+            spec = builds.spec(request, model, dtype=self.dtype)
             build_id = self.store.spec_id(spec)
         except EngineError as err:
             raise ConfigError(str(err)) from None
@@ -111,8 +113,8 @@ class VLLMBackend:
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
         try:
             manifest, url = self.engine(model, request)
-        except vllm_engines.VLLMError as err:
-            raise remote.RemoteError(str(err)) from None
+        except processes.VLLMError as err:
+            raise RemoteError(str(err)) from None
         tok = self.tokenizer(model)
         prompt_ids = encode(tok, prompt)
         configs.check_prompt_limit(len(prompt_ids), limits.max_prompt_tokens)
@@ -120,8 +122,8 @@ class VLLMBackend:
         engine = {"engine": "vllm", "build": manifest["id"], "version": manifest["spec"]["versions"].get("vllm"),
                   "dtype": manifest["spec"]["config"]["dtype"],
                   "speculative_config": manifest["spec"]["config"]["speculative_config"],
-                  "ignored": vllm_engines.ignored(request)}
-        client = remote.Engine(url, model, texts=lambda ids: {i: tok.decode([i]) for i in set(ids)})
+                  "ignored": processes.ignored(request)}
+        client = Engine(url, model, texts=lambda ids: {i: tok.decode([i]) for i in set(ids)})
         work = client.work(request, prompt_ids, engine)
         build_id = manifest["id"]
         pid = self.processes.state(build_id).get("pid")
@@ -129,7 +131,7 @@ class VLLMBackend:
             self._active[build_id] = self._active.get(build_id, 0) + 1
 
         def used(cancel: threading.Event):
-            load = vllm_engines.GroupShare(pid) if pid else None  # the machine's load, sampled as the run goes
+            load = processes.GroupShare(pid) if pid else None  # the machine's load, sampled as the run goes
             try:
                 for message in work(cancel):
                     if load and message.get("type") in ("step", "end") and (share := load.share()) is not None:
@@ -186,6 +188,6 @@ class VLLMBackend:
 
 def check(request: DecodeRequest) -> None:
     """vLLM's rule for a request of a valid mode: it has a method for it."""
-    reason = vllm_engines.method_reason(request)
+    reason = processes.method_reason(request)
     if reason:
         raise ConfigError(reason)

@@ -1,0 +1,2 @@
+"""The engines a request runs on, one package each (transformers/, vllm/, tensorrt_llm/, remote/), what they share
+(base.py), the build store (store.py) and the one module that names them all (registry.py)."""

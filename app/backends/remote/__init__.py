@@ -1,0 +1,1 @@
+"""A remote OpenAI-compatible server (backend.py) and the wire it speaks (openai.py)."""

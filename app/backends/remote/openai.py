@@ -1,0 +1,37 @@
+"""The OpenAI-compatible wire every server this app talks to speaks: its event stream and its errors."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from collections.abc import Iterator
+
+from app.models import ModelError
+
+
+class RemoteError(ModelError):
+    """The remote server cannot be reached or refused the request."""
+
+
+def sse(response) -> Iterator[dict]:
+    """The JSON payloads of a server-sent event stream, up to `data: [DONE]`."""
+    for raw in response:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        yield json.loads(payload)
+
+
+def error_message(err: urllib.error.HTTPError) -> str:
+    try:
+        data = json.loads(err.read())
+        return data["error"]["message"] if isinstance(data.get("error"), dict) else str(data.get("detail", data))
+    except (ValueError, KeyError, OSError):
+        return err.reason
+
+
+def reason(err: Exception) -> str:
+    return str(getattr(err, "reason", err))
