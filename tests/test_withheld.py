@@ -4,7 +4,7 @@ figures.withheld(reason), the rule's reason inside. Fabricated readings, no timi
 
 from app import bench, cli, figures, traces
 from app.modes import MODES
-from app.service import load
+from app.bench import load
 from app.traces import Recording
 from app.ui import charts, compare_tab, lessons, load_tab, render
 from app.ui.markup import esc
