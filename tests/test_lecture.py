@@ -105,7 +105,7 @@ def test_browser_presenter_mode_steps_through_a_run_from_the_keyboard(page, app_
     page.click("#status")
     page.keyboard.press("c")  # C brings the controls back
     page.fill("#prompt textarea", PROMPT)
-    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(False)
+    page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(False)
     page.click("#present-controls")  # and hides them again
     assert not page.locator("#prompt").is_visible()
     page.click("#present-run")  # Run in the presenter row

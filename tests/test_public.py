@@ -643,7 +643,7 @@ def test_browser_two_visitors_builds_are_their_own_and_training_is_bounded(brows
         # And the Run tab still runs for both.
         for page in (a, b):
             page.get_by_role("tab", name="Run").click()
-            page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(False)
+            page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(False)
             page.click("#run")
             page.wait_for_function("/finished/.test(document.querySelector('#status').innerText)", timeout=120_000)
     finally:

@@ -433,7 +433,7 @@ def test_browser_runs_prompt_lookup_on_vllm_racing_vllm_autoregressive(service, 
         assert "no lookahead" in page.inner_text("#modes-note")
         page.get_by_label("Prompt lookup", exact=True).check()
         page.fill("#prompt textarea", COPY)
-        page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(True)
+        page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(True)
         page.click("#run")
         # The race's last redraw ends the status with the speedup against the baseline (earlier ones already say finished).
         # Or, when the suite's other worker loaded the machine during one of the two runs only, why there is no ratio.

@@ -507,7 +507,7 @@ def test_browser_runs_a_mode_and_shows_steps_and_charts(page, mode, screenshot):
 
     page.get_by_label(label(mode), exact=True).check()
     page.fill("#prompt textarea", PROMPT)
-    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(mode == "prompt_lookup")
+    page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(mode == "prompt_lookup")
     page.click("#run")
     status = wait_status(page, "finished")
     assert label(mode) in status
@@ -564,7 +564,7 @@ def test_browser_merge_box_shows_the_prompt_lookup_settings_and_runs(page):
     page.locator("#eg-pl input").check()
     page.wait_for_function("/more from prompt lookup/.test(document.querySelector('#check').innerText)")
     ngram.wait_for(state="visible")  # the branch's settings
-    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(False)
+    page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(False)
     page.click("#run")
     wait_status(page, "finished")
     inspect_step(page, 1)
@@ -581,7 +581,7 @@ def test_browser_settings_presets_and_the_trace_download(page):
     total = page.get_by_label("number input for total tokens (max_draft_len + 1)", exact=True)
     page.get_by_label("EAGLE", exact=True).check()
     page.fill("#prompt textarea", PROMPT)
-    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(False)
+    page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(False)
     assert total.input_value() == "12" and not page.locator("#download-trace").is_enabled()
     fastest = settings.preset("fastest here", fast_dtype)["eg_total"]
     assert fastest != 12, "the test needs a preset that moves the tree"
@@ -811,7 +811,7 @@ def test_browser_trains_heads_then_runs_with_them(page, screenshot):
     page.get_by_role("option", name=re.compile("^trained " + name[8:16])).click()
     page.wait_for_function("/✓ Valid/.test(document.querySelector('#check').innerText)")
     page.fill("#prompt textarea", PROMPT)
-    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(False)
+    page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(False)
     page.click("#run")
     assert "Medusa" in wait_status(page, "finished")
     page.get_by_label("EAGLE", exact=True).check()
@@ -834,7 +834,7 @@ def test_browser_run_updates_do_not_call_inspect(page):
     page.on("request", lambda r: posts.append(r.post_data or "") if r.method == "POST" else None)
     page.get_by_label("Prompt lookup", exact=True).check()
     page.fill("#prompt textarea", PROMPT)
-    page.get_by_label("Race against autoregressive (its baseline runs just before, under the same load)").set_checked(False)
+    page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(False)
     page.click("#run")
     wait_status(page, "finished")
     fn = page.evaluate("() => window.gradio_config.dependencies.find(d => d.api_name === 'inspect').id")

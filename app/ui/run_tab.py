@@ -298,7 +298,7 @@ class RunTab:
                                for name in settings.PRESETS}
                 gr.Markdown(f"<small>{settings.presets_note(service.fast_dtype())}</small>", elem_id="presets-note")
                 # Made before the settings, shown after them: /run_controls takes prompt, mode, race, then the settings.
-                self.race = gr.Checkbox(value=True, label="Race against autoregressive (its baseline runs just before, under the same load)",
+                self.race = gr.Checkbox(value=True, label="Race against autoregressive (its baseline measured beside it, under the same load)",
                                         render=False)
                 self._settings_layout()
                 self.race.render()
