@@ -702,7 +702,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         plan["target"] = models.pass_plan(args.model, args.dtype, engines)
         # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them.
-        plan["companions"] = [models.companion_plan(args.model, args.dtype, e, path, engines) for e in args.registry
+        plan["companions"] = [models.companion_plan(plan["target"], e, path) for e in args.registry
                               if e.artifact_pass and (path := models.default_artifact(args.model, e.artifact))]
     sys.stdout.flush()
     sys.stderr.flush()

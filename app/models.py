@@ -392,17 +392,18 @@ def pass_plan(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
             "threads": torch.get_num_threads(), "machine": compiled.machine()}
 
 
-def companion_plan(name: str, dtype: str, entry, artifact: Path, engines: Path = DEFAULT_ENGINES) -> dict:
-    """The same for the pass of `entry`'s artifact at `artifact` drafting beside `name`'s fast pass (`beside`: built
-    only where that one serves some width), made in each step's process by `companion_exported`."""
-    target = pass_plan(name, dtype, engines)
+def companion_plan(target: dict, entry, artifact: Path) -> dict:
+    """The same for the pass of `entry`'s artifact at `artifact` drafting beside the pass `target` plans (`beside`:
+    built only where that one serves some width), made in each step's process by `companion_exported`. The target's
+    plan is read, not made again (making it reads the model's weights whole to name them)."""
+    name, dtype, engines = target["recipe"][1]
 
     def ref(what) -> str:
         return what if isinstance(what, str) else f"{what.__module__}:{what.__qualname__}"
 
     recipe = ["app.models:companion_exported",
-              [name, dtype, str(engines), ref(entry.artifact_loader), ref(entry.artifact_pass), str(artifact)]]
-    out = _companion_dir(artifact, Path(target["out"]), dtype, engines)
+              [name, dtype, engines, ref(entry.artifact_loader), ref(entry.artifact_pass), str(artifact)]]
+    out = _companion_dir(artifact, Path(target["out"]), dtype, Path(engines))
     return {**target, "out": str(out), "recipe": recipe, "beside": target["out"],
             "label": entry.artifact_label, "file": artifact.name}
 
@@ -418,7 +419,7 @@ def build_companion_pass(name: str, dtype: str, entry, artifact: Path, engines: 
     """Build the compiled pass of `entry`'s artifact at `artifact` beside `name`'s built fast pass unless it is built,
     without loading the target or its packages here. Returns its info; None where the target runs eagerly (its pass
     not built, or serving no width): so does the module."""
-    return fast_build.build_pass(companion_plan(name, dtype, entry, artifact, engines))
+    return fast_build.build_pass(companion_plan(pass_plan(name, dtype, engines), entry, artifact))
 
 
 def recheck_fast_pass(name: str, dtype: str, engines: Path = DEFAULT_ENGINES, only_provisional: bool = False) -> dict:

@@ -253,12 +253,10 @@ def compile_graph(exported: Exported, graph: str, out: Path, log: Callable[[str]
 def run_step(text: str) -> None:
     """The process of one build step (fast_build.Elsewhere): compile one graph with one option set, or time one
     candidate against eager; what it reports goes to the job's `result` file."""
-    import sys
-
     job = json.loads(text)
     torch.set_num_threads(job["threads"])
     exported = make(job["recipe"])
-    log = lambda line: print(f"[compile] {line}", file=sys.stderr, flush=True)  # noqa: E731
+    log = fast_build.say
     if job["do"] == "compile":
         graph = list(exported.graphs)[job["graph"]]
         unpack(exported.module)
