@@ -360,6 +360,9 @@ def _use(loaded: LoadedModel, out: Path, built_in: float | None = None) -> None:
         forward = None
     else:
         note = f"compiled pass, {timing}"
+        if forward.one_token_via:
+            low, high = forward.widths[forward.one_token_via]
+            note += f"; one-token passes through the {low}..{high}-token graph (faster on this CPU, measured at build)"
         if eager:
             spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in eager)
             note += f"; {spans}-token passes eager (faster on this CPU, measured at build)"

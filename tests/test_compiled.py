@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,17 +39,24 @@ NEW = RESERVE + 40  # past the first slots: the cache grows during the run
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store_build(tmp_path_factory):
     """A tiny model as a model directory, its fast pass built once into an engines store (as `python -m app compile`
-    does), and what the build reported."""
+    does) by this process, which may not load the model or a package meanwhile (_forbid_in_this_process): what the
+    build reported, the shared libraries this process mapped during it, and the machine's load before it."""
     root = tmp_path_factory.mktemp("fast")
     model_dir, engines = root / "tiny", root / "engines"
     tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=0).save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
-    # One C++ compile worker: inductor's pool would take both cores from the test worker beside this one.
-    with torch._inductor.config.patch(compile_threads=1):
+    before, load = _mapped_libraries(), os.getloadavg()[0]
+    with pytest.MonkeyPatch.context() as patch:
+        _forbid_in_this_process(patch)
         info = models.build_fast_pass(str(model_dir), "float32", engines)
-    return model_dir, engines, info
+    return model_dir, engines, info, _mapped_libraries() - before, load
+
+
+@pytest.fixture(scope="module")
+def store(store_build):
+    return store_build[:3]
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +80,22 @@ def test_a_later_load_reads_the_built_pass_from_disk_in_seconds(store, loaded):
     assert info["built"] == {"one": [1, 1], "wide": [2, SMALL_QUERY]}  # float32: no few-row graph
     # Each graph was built with every option set and timed, with eager, at its widths; the fastest build is kept and
     # serves what its times against eager allow.
-    assert {g: list(m) for g, m in info["measured"].items()} == {"one": ["1"], "wide": ["2", "4", "8", "16", "32", "64", "128"]}
-    assert all(set(t) == {*fast_build.OPTIONS, "eager"} for m in info["measured"].values() for t in m.values())
+    # The one-token graph's rounds also time eager's two-token pass (the reference that compares the graphs).
+    assert {g: list(m) for g, m in info["measured"].items()} == {"one": ["1", "2"], "wide": ["2", "4", "8", "16", "32", "64", "128"]}
+    assert set(info["measured"]["one"]["2"]) == {"eager"}
+    with_options = {g: {n: t for n, t in m.items() if (g, n) != ("one", "2")} for g, m in info["measured"].items()}
+    assert all(set(t) == {*fast_build.OPTIONS, "eager"} for m in with_options.values() for t in m.values())
+    measured = {g: {int(n): t for n, t in m.items()} for g, m in with_options.items()}
     spread = {g: {int(n): t for n, t in m.items()} for g, m in info["spread"].items()}
-    assert info["options"] == {g: fast_build.fastest(m, spread[g]) for g, m in info["measured"].items()}
-    kept = {g: {int(n): (t[info["options"][g]], t["eager"]) for n, t in m.items()} for g, m in info["measured"].items()}
-    noise = {g: {n: max(s[info["options"][g]], s["eager"]) for n, s in m.items()} for g, m in spread.items()}
+    assert info["options"] == {g: fast_build.fastest(m, spread[g]) for g, m in measured.items()}
+    assert info["options"]["one"] == fast_build.fastest({int(n): t for n, t in info["measured"]["one"].items()}, spread["one"])
+    kept = {g: {n: (t[info["options"][g]], t["eager"]) for n, t in m.items()} for g, m in measured.items()}
+    noise = {g: {n: max(s[info["options"][g]], s["eager"]) for n, s in m.items() if n in measured[g]}
+             for g, m in spread.items()}
     assert info["widths"] == {g: list(w) for g, w in fast_build.serving(compiled.graphs(torch.float32), kept, noise).items()}
+    all_measured = {g: {int(n): t for n, t in m.items()} for g, m in info["measured"].items()}
+    assert info["one_token_via"] == fast_build.one_token_route(
+        compiled.graphs(torch.float32), all_measured, spread, info["options"], {g: tuple(w) for g, w in info["widths"].items()})
     # Built for this machine, dtype and these weights: another dtype, or changed weights, is another package.
     other = models.load(str(model_dir), dtype="bfloat16", engines=engines)
     assert models.fast_pass_dir(other, str(model_dir), engines) != built
@@ -283,6 +300,56 @@ def test_a_graph_serves_the_widths_where_it_measured_no_slower_than_eager():
     assert fast_build.serving(built, {g: {n: (2.0, 1.0) for n in m} for g, m in fast.items()}) == {}
 
 
+def test_one_token_passes_take_the_two_token_graph_only_where_it_measured_faster_beyond_noise():
+    """AMX measured a two-token pass at 0.9 of a one-token one: there the wide graph serves one-token passes padded."""
+    graphs = {"one": (1, 1), "wide": (2, 128)}
+    chosen, widths = {"one": "packed", "wide": "packed"}, dict(graphs)
+
+    def route(one_ms, wide_ms, eager_two_in_one=20.0, eager_two_in_wide=20.0, noise=0.01, widths=widths):
+        measured = {"one": {1: {"packed": one_ms, "eager": 30.0}, 2: {"eager": eager_two_in_one}},
+                    "wide": {2: {"packed": wide_ms, "eager": eager_two_in_wide}}}
+        spread = {g: {n: {k: noise for k in t} for n, t in m.items()} for g, m in measured.items()}
+        return fast_build.one_token_route(graphs, measured, spread, chosen, widths)
+
+    assert route(10.0, 8.0) == "wide"  # AMX-like: the wider graph is faster
+    assert route(10.0, 9.7) is None  # within NOISE: the one-token graph stands
+    assert route(10.0, 8.0, noise=0.3) is None  # within the rounds' own spread
+    assert route(8.0, 10.0) is None  # AVX2-like
+    # The wide graph's rounds ran under twice the load (eager's two-token pass took twice as long): scaled back.
+    assert route(10.0, 16.0, eager_two_in_wide=40.0) == "wide"
+    # The one-token graph's rounds ran under twice the load: its 10 ms was 5 quiet, and the wide graph's 8 loses.
+    assert route(10.0, 8.0, eager_two_in_one=40.0, eager_two_in_wide=20.0) is None
+    # A one-token graph slower than eager serves nothing: the padded pass must beat eager's one-token pass.
+    assert route(40.0, 25.0, widths={"wide": (2, 128)}) == "wide"
+    assert route(40.0, 28.0, widths={"wide": (2, 128)}) == "wide" and route(40.0, 29.0, widths={"wide": (2, 128)}) is None
+    # Nothing serves two tokens, or no eager reference was timed (a build from before the route): no route.
+    assert route(10.0, 8.0, widths={"one": (1, 1)}) is None
+    assert fast_build.one_token_route(graphs, {"one": {1: {"packed": 10.0, "eager": 30.0}}, "wide": {2: {"packed": 8.0, "eager": 20.0}}},
+                                      {}, chosen, widths) is None
+    assert fast_build.eager_only_widths(graphs, "one") == [2] and fast_build.eager_only_widths(graphs, "wide") == []
+    assert fast_build.eager_only_widths({"draft": (1, 128)}, "draft") == []
+
+
+def test_every_mode_equals_eager_autoregressive_with_one_token_passes_through_the_wide_graph(loaded):
+    """The route padded: the copy's keys and values in the next slot never reach a later pass, every mode's greedy
+    output is unchanged, and a one-token pass runs the wide graph."""
+    model, forward = loaded.model, loaded.forward
+    reference, _ = _run(model, Autoregressive())
+    calls, graphs, route = [], forward.runners, forward.one_token_via
+    forward.runners = {g: (lambda *a, g=g: calls.append((g, a[0].shape[1])) or graphs[g](*a)) for g in graphs}
+    forward.one_token_via = "wide"
+    try:
+        out, target = _run(model, Autoregressive(), forward)
+        assert out == reference and set(calls) == {("wide", 2)}
+        assert target.capacity > len(PROMPT) + RESERVE  # grown by a padded pass at the end of the slots
+        for name, drafter in drafters(model).items():
+            out, _ = _run(model, drafter, forward)
+            assert out == reference, name
+    finally:
+        forward.runners, forward.one_token_via = graphs, route
+    assert ("one", 1) not in calls
+
+
 def test_passes_no_graph_serves_are_told_and_a_pass_all_eager_keeps_the_growing_cache(store, tmp_path):
     """What the status line says when the build measured some widths (or all) faster eagerly."""
     model_dir, engines, _ = store
@@ -476,7 +543,7 @@ def test_four_processes_on_one_store_build_once_and_the_waiting_ones_load_nothin
     import psutil
 
     model_dir, engines = tmp_path / "tiny", tmp_path / "engines"
-    tiny_llama(vocab=96, hidden=32, layers=2, max_pos=1024, seed=3).save_pretrained(model_dir)
+    tiny_llama(vocab=96, hidden=32, layers=1, max_pos=1024, seed=3).save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
     logs = [tmp_path / f"compile{i}.log" for i in range(4)]
     procs = []
@@ -579,7 +646,9 @@ def test_timing_loads_one_candidate_package_at_a_time_and_the_eager_pass_repacks
     candidates = {g: {name: tmp_path / f"{g}-{name}.pt2" for name in fast_build.OPTIONS} for g in exported.graphs}
     measured, spread = fast_build.measure(exported, candidates, reps=2)
     assert loads == [(f"{g}-{name}.pt2", 0) for g in exported.graphs for name in fast_build.OPTIONS]
-    assert {g: list(m) for g, m in measured.items()} == {"one": [1], "wide": [2, 4, 8, 16, 32, 64, 128]}
+    # The one-token graph's rounds time eager's two-token pass too: the reference of fast_build.one_token_route.
+    assert {g: list(m) for g, m in measured.items()} == {"one": [1, 2], "wide": [2, 4, 8, 16, 32, 64, 128]}
+    assert list(measured["one"].pop(2)) == ["eager"]
     assert all(list(t) == [*fast_build.OPTIONS, "eager"] for m in measured.values() for t in m.values())
     assert all(m._packed is not None for m in exported.module.modules() if isinstance(m, linear.PackedLinear))
 
@@ -602,33 +671,35 @@ def _mapped_libraries() -> set[str]:
     return {line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith(".so")}
 
 
-def test_a_build_compiles_and_times_in_processes_of_their_own_and_maps_no_package_itself(tmp_path, monkeypatch):
+def test_a_build_compiles_and_times_in_processes_of_their_own_and_maps_no_package_itself(store_build, tmp_path, monkeypatch):
     """A released package's shared library is never unmapped (~0.6 GB each for the bundled model): each graph's
     compilation and each candidate's timing run in a short-lived process of their own, and the building process never
-    loads the model nor any package; the build's outputs are what an in-process build writes (every candidate timed
-    with eager at every width; the choices from those times), and its load measure counts its steps' CPU as its own."""
-    model_dir, engines = tmp_path / "tiny", tmp_path / "engines"
-    tiny_llama(vocab=96, hidden=32, layers=1, max_pos=1024, seed=6).save_pretrained(model_dir)
-    tiny_tokenizer().save_pretrained(model_dir)
-    before = _mapped_libraries()
-    _forbid_in_this_process(monkeypatch)
-    info = models.build_fast_pass(str(model_dir), "float32", engines)
-    [out] = [p.parent for p in (engines / "compiled").glob("*/info.json")]
-    assert not {lib for lib in _mapped_libraries() - before if str(tmp_path) in lib or "aotinductor" in lib or
+    loads the model nor any package (the module's store was built so); the build's outputs are what an in-process
+    build writes (every candidate timed with eager at every width; the choices from those times), and its load measure
+    counts its steps' CPU as its own."""
+    model_dir, engines, info, mapped, load = store_build
+    assert not {lib for lib in mapped if str(engines) in lib or "aotinductor" in lib or
                 lib.startswith(os.path.realpath(tempfile.gettempdir()))}, "a package's library is mapped here"
+    out = Path(models.pass_plan(str(model_dir), "float32", engines)["out"])
     assert info["built"] == {"one": [1, 1], "wide": [2, SMALL_QUERY]} and set(info["graphs"]) == {"one", "wide"}
-    assert {g: list(m) for g, m in info["measured"].items()} == {"one": ["1"], "wide": ["2", "4", "8", "16", "32", "64", "128"]}
+    info = json.loads(json.dumps(info))
+    assert {g: list(m) for g, m in info["measured"].items()} == {"one": ["1", "2"], "wide": ["2", "4", "8", "16", "32", "64", "128"]}
+    assert set(info["measured"]["one"].pop("2")) == {"eager"}
     assert all(set(t) == {*fast_build.OPTIONS, "eager"} for m in info["measured"].values() for t in m.values())
     spread = {g: {int(n): t for n, t in m.items()} for g, m in info["spread"].items()}
     assert info["options"] == {g: fast_build.fastest(m, spread[g]) for g, m in info["measured"].items()}
     assert fast_build.built(out) and info["threads"] == torch.get_num_threads()
     # The timing's own CPU (its processes') is not another process's: a build on an otherwise idle machine is final.
-    if os.getloadavg()[0] < 0.5:
+    if load < 0.5:
         assert info["provisional"] is None, info["others"]
     # A recheck measures the same way, in processes of their own.
-    again = models.recheck_fast_pass(str(model_dir), "float32", engines)
+    copy = tmp_path / "engines"
+    shutil.copytree(engines, copy)
+    before = _mapped_libraries()
+    _forbid_in_this_process(monkeypatch)
+    again = models.recheck_fast_pass(str(model_dir), "float32", copy)
     assert json.loads(json.dumps(again["built"])) == info["built"] and set(again["measured"]) == {"one", "wide"}
-    assert not {lib for lib in _mapped_libraries() - before if "aotinductor" in lib}
+    assert not {lib for lib in _mapped_libraries() - before if "aotinductor" in lib or str(copy) in lib}
 
 
 def test_the_shipped_eagle_modules_pass_is_built_without_the_targets_packages(store, eagle_artifacts, tmp_path, monkeypatch):

@@ -183,16 +183,22 @@ def decide(exported, out: Path, candidates: dict[str, dict[str, Path]], log: Cal
         if not provisional:
             for other in out.glob(f"{graph}-*.pt2"):
                 other.unlink()
-    widths = serving(exported.graphs, {g: {n: (t[chosen[g]], t["eager"]) for n, t in m.items()} for g, m in measured.items()},
-                     {g: {n: max(s[chosen[g]], s["eager"]) for n, s in sp.items()} for g, sp in spread.items()})
+    # (A width timed with eager alone is a reference for another graph: one_token_route.)
+    widths = serving(exported.graphs, {g: {n: (t[chosen[g]], t["eager"]) for n, t in m.items() if chosen[g] in t}
+                                       for g, m in measured.items()},
+                     {g: {n: max(s[chosen[g]], s["eager"]) for n, s in sp.items() if chosen[g] in s}
+                      for g, sp in spread.items()})
+    route = one_token_route(exported.graphs, measured, spread, chosen, widths)
     for graph, (low, high) in exported.graphs.items():
         times = ", ".join(f"{n}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()) + " ms" for n, t in measured[graph].items())
         serves = f"serves {widths[graph][0]}..{widths[graph][1]}" if graph in widths else "serves none (eager is faster)"
         log(f"graph {graph} ({low}..{high} tokens): {times}; keeps {chosen[graph]}, {serves}")
+    if route:
+        log(f"one-token passes run the graph {route} padded to two tokens: measured faster than the one-token graph")
     if provisional:
         log(f"provisional: {provisional}; every candidate is kept until `python -m app compile --recheck` measures "
             "them on a quiet machine")
-    return {"built": exported.graphs, "widths": widths, "options": chosen,
+    return {"built": exported.graphs, "widths": widths, "options": chosen, "one_token_via": route,
             "measured": {g: {str(n): t for n, t in m.items()} for g, m in measured.items()},
             "spread": {g: {str(n): t for n, t in m.items()} for g, m in spread.items()},
             "others": load.share, "provisional": provisional,
@@ -221,23 +227,53 @@ def measure(exported, candidates: dict[str, dict[str, Path]], reps: int = 5) -> 
     spread}}}), the fastest round (other load only adds time) and how far the median round lies above it, as a share.
     Eager's times are those of every candidate's rounds."""
     result, spread = {}, {}
-    for graph, (low, high) in exported.graphs.items():
-        widths = widths_to_time(low, high)
-        times = {n: {name: [] for name in [*candidates[graph], "eager"]} for n in widths}
+    for graph in exported.graphs:
+        times = {}
         for name, path in candidates[graph].items():
-            got = exported.time(graph, name, path, reps)
-            for n in widths:
-                for run_name, t in got[n].items():
-                    times[n][run_name] += t
-        result[graph] = {n: {name: round(1e3 * min(t), 2) for name, t in times[n].items()} for n in widths}
-        spread[graph] = {n: {name: round(statistics.median(t) / min(t) - 1, 3) for name, t in times[n].items()}
-                         for n in widths}
+            for n, got in sorted(exported.time(graph, name, path, reps).items()):
+                for run_name, t in got.items():
+                    times.setdefault(n, {}).setdefault(run_name, []).extend(t)
+        order = [*candidates[graph], "eager"]
+        times = {n: {name: runs[name] for name in order if name in runs} for n, runs in times.items()}
+        result[graph] = {n: {name: round(1e3 * min(t), 2) for name, t in runs.items()} for n, runs in times.items()}
+        spread[graph] = {n: {name: round(statistics.median(t) / min(t) - 1, 3) for name, t in runs.items()}
+                         for n, runs in times.items()}
     return result, spread
+
+
+def eager_only_widths(graphs: dict, graph: str) -> list[int]:
+    """Widths at which a graph's timing runs eager alone, beside its own: the one-token graph's rounds also time an
+    eager two-token pass, the common reference that compares it with the graph serving two tokens (one_token_route)."""
+    low, high = graphs[graph]
+    return [2] if (low, high) == (1, 1) and any(lo <= 2 <= hi for lo, hi in graphs.values()) else []
+
+
+def one_token_route(graphs: dict, measured: dict, spread: dict, chosen: dict, widths: dict) -> str | None:
+    """The graph that serves one-token passes padded to two tokens (a duplicate of the token whose outputs are dropped),
+    or None: they run the one-token graph (or eagerly, where it serves none).
+
+    Where the CPU makes wide products cheap (AMX: a two-token pass measured at 0.9 of a one-token one), the wider graph
+    runs a one-token pass faster than the graph built for it. The two graphs are timed in rounds of their own, so the
+    two-token graph's time is scaled by eager's two-token pass as each graph's rounds measured it (a load that changed
+    between them weighs on eager alike), then compared with the one-token pass as it runs now; it must win beyond the
+    noise of every time it rests on."""
+    one = next((g for g, (low, high) in graphs.items() if (low, high) == (1, 1)), None)
+    wide = next((g for g, (low, high) in widths.items() if low <= 2 <= high and g != one), None)
+    if one is None or wide is None or 2 not in measured[one] or 2 not in measured[wide]:
+        return None
+    incumbent = chosen[one] if one in widths else "eager"
+    now, now_noise = measured[one][1][incumbent], spread[one][1][incumbent]
+    runs = measured[wide][2]
+    padded = runs[chosen[wide]] * measured[one][2]["eager"] / runs["eager"]
+    noise = max(NOISE, now_noise, spread[one][2]["eager"], spread[wide][2][chosen[wide]], spread[wide][2]["eager"])
+    return wide if padded < now * (1 - noise) else None
 
 
 def fastest(times: dict, spread: dict | None = None, first: str | None = None) -> str:
     """The option set whose package took the least time summed over the widths timed ({n: {options: ms}}), unless it
-    beats `first` (the incumbent, default the first set) by less than the noise: then `first` stands."""
+    beats `first` (the incumbent, default the first set) by less than the noise: then `first` stands. Widths timed
+    with eager alone (eager_only_widths) do not count."""
+    times = {n: t for n, t in times.items() if set(t) - {"eager"}}
     names = [name for name in OPTIONS if all(name in t for t in times.values())] or list(next(iter(times.values())))
     names = [name for name in names if name != "eager"]
     first = first if first in names else names[0]
@@ -338,7 +374,9 @@ def recheck_pass(plan: dict, only_provisional: bool = False) -> dict:
 
 
 def served(info: dict) -> str:
-    return ", ".join(f"{a}..{b}" for a, b in info["widths"].values()) or "none"
+    spans = ", ".join(f"{a}..{b}" for a, b in info["widths"].values()) or "none"
+    via = info.get("one_token_via")
+    return spans + (f" (one-token passes through the {'..'.join(map(str, info['widths'][via]))} graph)" if via else "")
 
 
 def main(plan: dict) -> int:

@@ -87,7 +87,8 @@ class TransformersTarget:
         self.fed = n = x.shape[1]
         if self.slotted:
             # This pass writes right after what is committed.
-            self.capacity = width = write_at(self.cache, self.length, n, self.capacity)
+            slots = self.run.slots(n) if self.run.fits(n) else n
+            self.capacity = width = write_at(self.cache, self.length, slots, self.capacity)
         elif is_chain(parents):
             # A chain is ordinary causal attention: let the model build its own (faster) mask.
             return _forward(self.model(input_ids=x, past_key_values=self.cache, use_cache=True,
