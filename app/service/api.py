@@ -19,14 +19,11 @@ from app import models, runner
 from app.models import DTYPES, ModelError  # noqa: F401  (ModelError: what the service raises, for its clients)
 from app.prompts import load_prompts
 from app.decoding.linear import fast_bf16
-from app.modes import MODES, ConfigError, DecodeRequest, Modes, configs
-from app.backends.base import Availability, Prompt
-from app.backends.registry import BACKENDS, TRTLLM_WORKER, EngineStore, spec_for
+from app.modes import MODES, ConfigError, DecodeRequest, Mode, Modes, configs
+from app.backends import registry
+from app.backends.base import Availability, Backend, Prompt
+from app.backends.registry import AUTO, LOCAL, EngineStore, TRTLLMSettings, VLLMSettings, spec_for
 from app.backends.store import BuildSpec, Progress
-from app.backends.tensorrt_llm import backend as trt
-from app.backends.tensorrt_llm import processes as trtllm_processes
-from app.backends.tensorrt_llm.builds import trtllm_serve_kwargs
-from app.backends.vllm import processes as vllm_processes
 from app.bench import load
 from app.service import training
 from app.service.errors import BuildError, EngineError
@@ -53,8 +50,8 @@ class Service:
         remote_url: str | None = None,
         tensor_parallel_size: int = 1,
         limits: Limits = Limits(),
-        vllm_settings: vllm_processes.Settings = vllm_processes.Settings(),
-        trtllm_settings: trtllm_processes.Settings = trtllm_processes.Settings(),
+        vllm_settings: VLLMSettings = VLLMSettings(),
+        trtllm_settings: TRTLLMSettings = TRTLLMSettings(),
         policy: Policy = Policy(),
         modes: Modes = MODES,
         fast: str = "eager",
@@ -82,34 +79,36 @@ class Service:
         self._visitor_made = self.engines / "visitor-builds"  # one empty file per build a public visitor made
         # Where this server keeps files, as a response may show it (relative; see policy.relative).
         self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
-        # TensorRT-LLM's workers in its own environment: listed and stopped whichever way this process runs it.
-        self.trtllm_workers = TRTLLM_WORKER(self.store, trtllm_settings, tensor_parallel_size)
-        # Where that environment is set up (its interpreter is there) TensorRT-LLM runs in it; else in this process,
-        # where it imports only on a host whose packages resolve with upstream's pins (probe() says why not).
-        in_own_environment = trtllm_processes.unavailable(trtllm_settings) is None
-        self.backends = {
-            "transformers": BACKENDS["transformers"](self.engines, dtype, compute=self.jobs.call, fast=fast,
-                                                     build_companions=not policy.public),
-            "tensorrt_llm": self.trtllm_workers if in_own_environment else BACKENDS["tensorrt_llm"](self._trtllm_kwargs),
-            "remote": BACKENDS["remote"](remote_url),
-            "vllm": BACKENDS["vllm"](self.store, dtype, vllm_settings,
-                                     max_started=policy.visitor_engines if policy.public else None,
-                                     idle_s=policy.engine_idle_s if policy.public else None),
-        }
+        # Each engine's backend by name, and the ones that keep engine processes on the store (registry.make).
+        self.backends, self.keepers = registry.make(
+            self.store, dtype, compute=self.jobs.call, fast=fast, remote_url=remote_url,
+            tensor_parallel_size=tensor_parallel_size, vllm_settings=vllm_settings, trtllm_settings=trtllm_settings,
+            public=policy.public, max_started=policy.visitor_engines if policy.public else None,
+            idle_s=policy.engine_idle_s if policy.public else None)
+        self.local = self.backends[LOCAL]  # this app's own loop, in this process
 
     # ------------------------------------------------------------------ what can run
     def availability(self) -> dict[str, Availability]:
         return {name: b.availability() for name, b in self.backends.items()}
 
+    def available(self, backend: str) -> Availability:
+        """Whether one backend (a registry name) runs here, and why not."""
+        return self.backends[backend].availability()
+
     def default_backend(self, mode: str = "autoregressive") -> str:
-        """`auto`: a configured remote server, else TensorRT-LLM where it runs the mode, else transformers."""
+        """`auto`: a configured remote server, else TensorRT-LLM where it runs the mode, else transformers (the
+        registry's AUTO, each backend's `auto`)."""
         if self.backend != "auto":
             return self.backend
-        if self.backends["remote"].url and self.backends["remote"].availability().available:
-            return "remote"
-        if self.backends["tensorrt_llm"].availability().available and mode != "autoregressive":
-            return "tensorrt_llm"
-        return "transformers"
+        return next(name for name in AUTO if self.backends[name].auto(mode))
+
+    def runs_here(self, backend: str) -> bool:
+        """Whether `backend` (a registry name) is this app's own loop in this process: its steps run here, one at a time."""
+        return self.backends[backend] is self.local
+
+    def supports(self, backend: str, mode: Mode, model: str | None = None) -> str | None:
+        """None when `backend` can run `mode` (an entry of the registry) for `model`, else the reason it cannot."""
+        return self.backends[backend].supports(mode, model or self.model)
 
     def modes(self, backend: str | None = None, model: str | None = None) -> list[dict[str, Any]]:
         """Every mode, whether `backend` can run it for `model`, why not, and whether it is lossless."""
@@ -147,32 +146,25 @@ class Service:
 
     def pass_note(self, dtype: str = "auto") -> str:
         """Which pass the transformers backend runs this server's model in (empty until it is loaded)."""
-        return self.backends["transformers"].pass_note(self.model, dtype) or ""
+        return self.local.pass_note(self.model, dtype) or ""
 
     def fast_passes(self) -> list[dict[str, Any]]:
         """The fast pass of this server's model in each dtype it is loaded in (TransformersBackend.fast_status): its
         state and note; while one builds, its stage, seconds so far and estimate."""
-        backend = self.backends["transformers"]
-        return [s for dtype in DTYPES if (s := backend.fast_status(self.model, dtype)) is not None]
+        return [s for dtype in DTYPES if (s := self.local.fast_status(self.model, dtype)) is not None]
 
-    def vllm_note(self, request: DecodeRequest) -> str:
-        """What a user should know before running `request` on a vLLM engine: its method, what it ignores, whether
-        its engine is up (a first Run starts it: a minute or more)."""
-        backend = self.backends["vllm"]
-        try:
-            build = self.engine_spec(request)
-        except EngineError as err:
-            raise ConfigError(str(err)) from None
-        spec = build.config["speculative_config"]
-        method = f"vLLM `{spec['method']}`, num_speculative_tokens {spec['num_speculative_tokens']}" if spec else "vLLM, no speculation"
-        state = backend.processes.state(build.key())["state"]
-        up = "its engine is running" if state == "running" else "the first Run starts its engine (1–3 minutes)"
-        ignored = vllm_processes.ignored(request)
-        return f"{method}; {up}" + (f"; vLLM has no counterpart for: {', '.join(ignored)}" if ignored else "")
+    def engine_note(self, request: DecodeRequest) -> str | None:
+        """What a user should know before running `request` on its engine, said in place of this app's own notes (vLLM:
+        its method, what it ignores, whether its engine is up: a first Run starts it, a minute or more); None: nothing."""
+        return self.backends[request.backend].note(request, self.model)
 
-    def trtllm_notes(self, request: DecodeRequest) -> list[str]:
-        """What of a valid tensorrt_llm request TensorRT-LLM does not take, in words (said, not dropped silently)."""
-        return trt.trtllm_notes(request)
+    def notes(self, request: DecodeRequest) -> list[str]:
+        """What of a valid request its engine does not take, in words (said, not dropped silently)."""
+        return self.backends[request.backend].notes(request)
+
+    def preload(self, model: str | None = None) -> None:
+        """Load `model` (the server's) for this app's own loop now: a server fails at its start, not at a first request."""
+        self.local.model(model or self.model)
 
     # ------------------------------------------------------------------ configs
     def request(self, data: dict[str, Any] | DecodeRequest, visitor: str | None = None) -> DecodeRequest:
@@ -247,16 +239,12 @@ class Service:
             raise ConfigError(refused)
         base_request, base = self._prepare(baseline, prompt, model, visitor)
         request, run = self._prepare(data, prompt, model, visitor)
-        both_here = {request.backend, base_request.backend} == {"transformers"}
+        both_here = self.runs_here(request.backend) and self.runs_here(base_request.backend)
         return self.queue(race(run, base, interleave=both_here, gate=gate), visitor)
 
     def race_refusal(self, request: DecodeRequest) -> str | None:
         """Why `request` cannot race an autoregressive baseline on this service, or None."""
-        if request.backend == "tensorrt_llm" and self._managed("tensorrt_llm"):
-            return ("TensorRT-LLM runs one engine per GPU, so an autoregressive baseline cannot run beside this mode's "
-                    "engine to race it: run it without the race (untick \"Race against autoregressive\"); the step "
-                    "view shows τ per engine iteration all the same")
-        return None
+        return self.backends[request.backend].race_refusal(request)
 
     def _prepare(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None,
                  visitor: str | None) -> tuple[DecodeRequest, Work]:
@@ -275,7 +263,7 @@ class Service:
         if self.policy.public and visitor is None:
             self._check_operators_engine(request, model or self.model)
         # A visitor's run on vLLM may start its engine (prepare): the engine is then theirs, as one built in Engines is.
-        claims = self.policy.public and visitor is not None and self._managed(request.backend)
+        claims = self.policy.public and visitor is not None and backend.managed
         engine = self.engine_id(request, model or self.model) if claims else None
         existed = engine is not None and self._ready(engine)
         work = backend.prepare(model or self.model, request, prompt, self.limits)
@@ -283,48 +271,46 @@ class Service:
             self._claim(engine, visitor, existed)
         return request, work
 
+    def prepare(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None = None,
+                visitor: str | None = None) -> Work:
+        """submit() without the queue: the work a caller runs on a job of its own (the load sweep's race, jobs.race)."""
+        return self._prepare(data, prompt, model, visitor)[1]
+
     def queue(self, work: Any, who: str | None) -> Job:
         """Queue a job of `who` (a visitor key or an HTTP client's address; policy.visitor) against the policy's bounds
         per visitor and per address. Raises QueueFull / TooMany in words."""
         return self.jobs.submit(work, who, self.policy.visitor_jobs, address_of(who), self.policy.address_jobs)
 
-    def vllm_engine(self, request: DecodeRequest, model: str, progress: Progress | None = None,
-                    visitor: str | None = None) -> tuple[dict[str, Any], str]:
-        """The request's vLLM build and its running server's URL (built, started or reused); the visitor's when this
-        made it (engine_build: also when they re-made another visitor's)."""
+    def engine(self, request: DecodeRequest, model: str, progress: Progress | None = None,
+               visitor: str | None = None) -> tuple[dict[str, Any], str]:
+        """The build of a request on a managed backend (vLLM, TensorRT-LLM's worker) and its running server's URL
+        (built, started or reused); the visitor's when this made it (engine_build: also when they re-made another
+        visitor's)."""
         existed = self._ready(self.engine_id(request, model))
-        manifest, url = self.backends["vllm"].engine(model, request, progress)
+        manifest, url = self.backends[request.backend].engine(model, request, progress)
         self._claim(manifest["id"], visitor, existed)
         return manifest, url
 
     def engine_id(self, request: DecodeRequest, model: str) -> str:
-        """The id of the build each engine backend makes of the request (VLLMBackend.engine, TRTLLMEngineBackend.engine,
-        _trtllm_kwargs)."""
+        """The id of the build each engine backend makes of the request (its `engine`, or the in-process TensorRT-LLM
+        backend's LLM arguments: registry.make)."""
         try:
             return self.store.spec_id(self._spec(request, model))
         except EngineError as err:
             raise ConfigError(str(err)) from None
 
     def _spec(self, request: DecodeRequest, model: str) -> BuildSpec:
-        if request.backend == "tensorrt_llm" and self._managed("tensorrt_llm"):
-            return self.trtllm_workers.spec(request, model)
-        return spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size, dtype=self.dtype)
-
-    def _managed(self, backend: str) -> bool:
-        """Whether `backend` runs on engines this service starts in processes of their own (vLLM's servers, TensorRT-LLM's
-        workers): their builds are listed with a server, which a request may start."""
-        return backend == "vllm" or (backend == "tensorrt_llm" and self.backends[backend] is self.trtllm_workers)
+        own = self.backends[request.backend].spec(request, model)
+        return own or spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size, dtype=self.dtype)
 
     def _check_operators_engine(self, request: DecodeRequest, model: str) -> None:
         """A public server's anonymous client (no web page: `serve --public`) starts no engine: it may decode on one the
         operator started (running), else it is refused before anything is built."""
-        if request.backend not in ("vllm", "tensorrt_llm"):
+        backend = self.backends[request.backend]
+        if not backend.engine_builds:
             return
         build_id = self.engine_id(request, model)
-        if self._managed(request.backend):
-            up = self.backends[request.backend].running(build_id)
-        else:
-            up = self._ready(build_id)
+        up = backend.running(build_id) if backend.managed else self._ready(build_id)
         if up and not self.visible(build_id, None):  # a web visitor's engine is theirs, not the operator's
             up = False
         if not up:
@@ -359,7 +345,7 @@ class Service:
             raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got '{dtype}'")
         self._check_dtype(dtype)
         self._require_text([prompt])
-        target = self.backends["transformers"].model(self.model, dtype)
+        target = self.local.model(self.model, dtype)
         ids = target.encode(prompt)
         configs.check_prompt_limit(len(ids), min(self.limits.max_prompt_tokens, self.policy.measure_prompt_tokens or math.inf))
 
@@ -388,34 +374,25 @@ class Service:
     def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> BuildSpec:
         return self._spec(self.request(data, visitor), model or self.model)
 
-    def _trtllm_kwargs(self, model: str, request: DecodeRequest) -> dict[str, Any]:
-        """What the TensorRT-LLM backend passes to LLM(...): the store's build of the request's spec."""
-        return trtllm_serve_kwargs(self.store, spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size))
-
     def engine_plan(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> dict[str, Any]:
         """What a build would do, as data; paths relative to the server's folders (responses never show them)."""
         request = self.request(data, visitor)
         plan = self.store.plan(self.engine_spec(request, model, visitor))
-        if request.backend == "tensorrt_llm":  # what it does not take, from the request: a spec keeps no runtime field
-            plan["notes"] = trt.trtllm_notes(request) + plan["notes"]
+        if notes := self.notes(request):  # what its engine does not take, from the request: a spec keeps no runtime field
+            plan["notes"] = notes + plan["notes"]
         return self.relative(plan)
 
     def engine_build(self, data: dict[str, Any] | DecodeRequest, model: str | None = None,
                      progress: Progress | None = None, visitor: str | None = None) -> dict[str, Any]:
         """The manifest of the build this config needs: reused, or built now (once, however many ask). In public mode
         the build is the visitor's when they made it, or re-made one another visitor made; an operator's stays read-only.
-        A vLLM engine or TensorRT-LLM's worker is also started (or found running): its manifest then carries `server`
-        ({state, url or port, pid})."""
+        A managed backend's engine (vLLM's server, TensorRT-LLM's worker) is also started (or found running): its
+        manifest then carries `server` ({state, url or port, pid, started_here})."""
         self._check_visitor(visitor)
         spec = self.engine_spec(data, model, visitor)
         request = self.request(data, visitor)
-        if request.backend == "vllm":
-            manifest, _ = self.vllm_engine(request, model or self.model, progress, visitor)
-            return {**manifest, "server": self.backends["vllm"].processes.state(manifest["id"])}
-        if self._managed(request.backend):
-            existed = self._ready(self.store.spec_id(spec))
-            manifest, _, _ = self.trtllm_workers.engine(model or self.model, request, progress)
-            self._claim(manifest["id"], visitor, existed)
+        if self.backends[request.backend].managed:
+            manifest, _ = self.engine(request, model or self.model, progress, visitor)
             return self._with_server(manifest)
         existed = self._ready(self.store.spec_id(spec))
         manifest = self.store.build(spec, progress=progress)
@@ -436,19 +413,18 @@ class Service:
         return self._with_server(manifest) if manifest else None
 
     def engine_stop(self, build_id: str, visitor: str | None = None) -> bool:
-        """Stop a vLLM engine's server or TensorRT-LLM's worker (its build stays); True when one was running. In public
-        mode a visitor stops only their own (engine_removable), with the same answer whether the id exists or is
+        """Stop a build's engine (a vLLM server, TensorRT-LLM's worker; the build stays); True when one was running. In
+        public mode a visitor stops only their own (engine_removable), with the same answer whether the id exists or is
         someone else's."""
         if self.policy.public and build_id not in self.engine_removable(visitor):
             raise ConfigError(f"'{str(build_id)[:40]}' is not an engine of yours: in public mode a visitor stops only "
                               "the engines they started in this page (the operator manages the rest)")
         # store.get refuses what is not a build id (a path) before the process layer reads anything.
-        if (self.store.get(build_id) or {}).get("kind") == "tensorrt-worker":
-            return self.trtllm_workers.stop(build_id)
-        return self.backends["vllm"].processes.stop(build_id)
+        keeper = self._keeper(self.store.get(build_id))
+        return keeper.stop(build_id) if keeper else False
 
     def engine_remove(self, build_id: str, visitor: str | None = None) -> None:
-        """Remove a build (a vLLM engine is stopped first). In public mode a visitor removes only their own (one answer
+        """Remove a build (its engine is stopped first). In public mode a visitor removes only their own (one answer
         whether the id exists or is someone else's); when other visitors made it too, only this visitor's claim goes
         and the build stays theirs."""
         if self.policy.public:
@@ -461,22 +437,39 @@ class Service:
                 if owners:
                     return
                 del self._owners[build_id]
-        manifest = self.store.get(build_id)
-        if manifest and manifest.get("kind") == "vllm-server":
-            self.backends["vllm"].processes.stop(build_id)  # ownership was checked above
-        elif manifest and manifest.get("kind") == "tensorrt-worker":
-            self.trtllm_workers.stop(build_id)
+        if keeper := self._keeper(self.store.get(build_id)):
+            keeper.stop(build_id)  # ownership was checked above
         self.store.remove(build_id)
         (self._visitor_made / build_id).unlink(missing_ok=True)
 
+    def _keeper(self, manifest: dict[str, Any] | None) -> Backend | None:
+        """The backend that keeps the server of a build (by its kind), or None: a build no process serves."""
+        kind = (manifest or {}).get("kind")
+        return next((k for k in self.keepers if kind is not None and k.kind == kind), None)
+
     def _with_server(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        if manifest.get("kind") == "tensorrt-worker":
-            return {**manifest, "server": self.trtllm_workers.server(manifest["id"])}
-        if manifest.get("kind") != "vllm-server":
-            return manifest
-        # started_here: this process started it (the rest were started by the CLI, a test or another app on the store).
-        vllm = self.backends["vllm"]
-        return {**manifest, "server": {**vllm.processes.state(manifest["id"]), "started_here": manifest["id"] in vllm.started}}
+        keeper = self._keeper(manifest)
+        return {**manifest, "server": keeper.server(manifest["id"])} if keeper else manifest
+
+    def engines_started(self) -> list[tuple[str, str]]:
+        """(backend, build id) of each engine this service started that still runs as its own, by name."""
+        return sorted((k.name, build_id) for k in self.keepers for build_id in k.started)
+
+    def engine_running(self, backend: str, build_id: str) -> bool:
+        """Whether the engine of a build runs now on `backend` (a registry name)."""
+        return self.backends[backend].running(build_id)
+
+    def engine_room(self, backend: str) -> int | None:
+        """How many more engines requests may start on `backend` now (public mode's bound; None: no bound)."""
+        return self.backends[backend].room()
+
+    def engine_release(self, backend: str, build_id: str) -> None:
+        """Stop an engine this service started on `backend` (a load sweep's, when it ends); others' are left alone."""
+        self.backends[backend].release(build_id)
+
+    def tokenizer(self, backend: str, model: str | None = None):
+        """The tokenizer `backend` encodes `model`'s prompts with (an engine gets token ids)."""
+        return self.backends[backend].tokenizer(model or self.model)
     # ------------------------------------------------------------------ ownership (public mode)
     def visible(self, build_id: str, visitor: str | None) -> bool:
         """Whether a caller sees a build: always off public mode; in it, the operator's (made by no visitor) and its own.
@@ -620,13 +613,15 @@ class Service:
         _check_text(texts, 16 * min(self.limits.max_prompt_tokens, 2**20))
 
     def close(self, stop_engines: bool = True) -> None:
-        """Stop the jobs, shut down the TensorRT-LLM engine this process holds and, unless told not to, the vLLM
-        engines and TensorRT-LLM workers this service started (engines started elsewhere keep running)."""
+        """Stop the jobs, let go of what the backends hold in this process (the TensorRT-LLM engine) and, unless told
+        not to, stop the engines this service started (vLLM's servers, TensorRT-LLM's workers; engines started
+        elsewhere keep running)."""
         self.jobs.shutdown()
-        self.backends["tensorrt_llm"].close()
+        for backend in self.backends.values():
+            backend.close()
         if stop_engines:
-            self.backends["vllm"].stop_started()
-            self.trtllm_workers.stop_started()
+            for keeper in self.keepers:
+                keeper.stop_started()
 
 
 class TrainingTimeout(BuildError):
