@@ -5,9 +5,9 @@ request and streams the full trace in each chunk's `specdec` field, so the UI sh
 shows locally. A vLLM server (`owned_by: vllm`) runs the speculative config it was launched with and
 streams one chunk per engine step with that step's token ids (`return_token_ids`): each chunk becomes
 one step with its committed tokens, and the engine's spec-decode counters (/metrics, read before and
-after the request) give acceptance per draft position (the engine's client, which the registry hands this backend:
-app/backends/vllm/client.py); which draft tokens it rejected, and where its drafts came from, it does not reveal. Any other server's chunks carry text only, so each chunk
-becomes a step whose draft is not visible.
+after the request) give acceptance per draft position (read by vLLM's client, app/backends/vllm/client.py, which
+the registry hands this backend); which draft tokens it rejected, and where its drafts came from, it does not
+reveal. Any other server's chunks carry text only, so each chunk becomes a step whose draft is not visible.
 """
 
 from __future__ import annotations
