@@ -253,8 +253,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     finally:
         # A vLLM engine took a minute or more to start: it stays up for the next command (`engines stop ID` ends it).
         service.close(stop_engines=False)
-        for build_id in sorted(service.backends["vllm"].started):
-            print(f"[vllm] engine {build_id} keeps running: python -m app engines stop {build_id}", file=sys.stderr)
+        for backend, build_id in service.engines_started():
+            print(f"[{backend}] engine {build_id} keeps running: python -m app engines stop {build_id}", file=sys.stderr)
     end = run.end or {}
     if end.get("error"):
         print(f"error: generation failed: {end['error']}", file=sys.stderr)
@@ -354,9 +354,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if public:
         print("public mode: visitors' builds and runs are their own, work is bounded (see docs/ui.md, Hosting publicly)",
               file=sys.stderr, flush=True)
-    if service.default_backend() == "transformers":
+    if service.runs_here(service.default_backend()):
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)
-        service.backends["transformers"].model(args.model)  # fail here, not on the first click
+        service.preload(args.model)  # fail here, not on the first click
     try:
         web.launch(service, host=args.host, port=args.port,
                    http=HttpSettings(forwarded_allow_ips=args.forwarded_allow_ips))
@@ -374,7 +374,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits["max_new_tokens"] = PUBLIC_MAX_NEW_TOKENS if args.public else max(args.max_new_tokens, 4096)
     service = _service(args, _policy(args, args.public), fast="background", **limits)
     service.check(data)  # the server-wide default, before the model loads
-    service.backends["transformers"].model(args.model)  # load before the first request, and fail here if it cannot
+    service.preload(args.model)  # load before the first request, and fail here if it cannot
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1 (default mode {args.mode})", file=sys.stderr, flush=True)
     try:
         serve(service, host=args.host, port=args.port, default=data,
@@ -518,9 +518,9 @@ def _vllm_peers(args: argparse.Namespace, service, modes: list[str]) -> dict:
     from app import bench
     from app.backends.vllm.client import Engine
 
-    backend = service.backends["vllm"]
-    if not backend.availability().available:
-        print(f"note: no vLLM peers: {backend.availability().reason}", file=sys.stderr)
+    state = service.available("vllm")
+    if not state.available:
+        print(f"note: no vLLM peers: {state.reason}", file=sys.stderr)
         return {}
     engines = {}
     for mode in ["autoregressive", *modes]:
@@ -529,7 +529,7 @@ def _vllm_peers(args: argparse.Namespace, service, modes: list[str]) -> dict:
             continue
         request = service.request({**request_data(args, mode), "backend": "vllm"})
         try:
-            manifest, url = backend.engine(args.model, request, progress=lambda f, m: print(f"[vllm] {m}", file=sys.stderr, flush=True))
+            manifest, url = service.engine(request, args.model, progress=lambda f, m: print(f"[vllm] {m}", file=sys.stderr, flush=True))
         except (ConfigError, EngineError) as err:
             print(f"note: no {name} row: {err}", file=sys.stderr)
             continue

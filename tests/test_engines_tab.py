@@ -202,9 +202,9 @@ def test_stop_offers_this_apps_servers_and_others_only_when_the_operator_asks(ma
     studio = Studio(service)
     studio.blocks()
     tab = studio.engines
-    here, _ = service.vllm_engine(ngram(service, 10, 2), service.model)  # a Run on vLLM in this app started it
+    here, _ = service.engine(ngram(service, 10, 2), service.model)  # a Run on vLLM in this app started it
     # Another process on the same store (the CLI's `generate --backend vllm`, a test, another app) starts its own.
-    there, _ = make_service().vllm_engine(ngram(service, 6, 3), service.model)
+    there, _ = make_service().engine(ngram(service, 6, 3), service.model)
     here, there = here["id"], there["id"]
 
     rows, menu = page_of(tab, tab.refresh(False, None))
@@ -230,7 +230,7 @@ def test_a_public_visitor_is_offered_their_own_engines_only(store, vllm):
     made, make = services(store, vllm)
     try:
         operator = make()  # the operator's own process (`serve`, the CLI) on the store
-        theirs, _ = operator.vllm_engine(ngram(operator, 6, 3), operator.model)
+        theirs, _ = operator.engine(ngram(operator, 6, 3), operator.model)
         public = make(policy=Policy.for_public())
         studio = Studio(public)
         studio.blocks()
@@ -316,7 +316,7 @@ def app(tmp_path_factory, vllm):
     tmp = tmp_path_factory.mktemp("app")
     store = serve_engines(tmp)
     other = Service(engines=store, vllm_settings=vllm)
-    there, _ = other.vllm_engine(ngram(other, 6, 3), other.model)
+    there, _ = other.engine(ngram(other, 6, 3), other.model)
     for data in ({"speculative_config": {"decoding_type": "Suffix"}, "backend": "vllm", "dtype": "bfloat16"},
                  {"speculative_config": {"decoding_type": "NGram"}, "backend": "vllm"},
                  {"speculative_config": {"decoding_type": "Eagle"}}, {"speculative_config": {"decoding_type": "Medusa"}}):

@@ -111,3 +111,85 @@ def test_the_check_sees_an_upward_import(tmp_path):
     source.write_text("def f():\n    from app.service import api\n")
     assert imports(source, modules()) == {"app.service.api"}
     assert layer("app.service.api") > layer("app.modes.configs")
+
+
+# ----------------------------------------------------------------------------- the engines' names
+
+REGISTRY = "app.backends.registry"  # the one module that switches on an engine's name (docs/architecture.md)
+# The request model, below the backends, names the engines a request may choose (configs.BACKENDS) and which of them
+# take a dtype per request: it cannot ask a backend above it.
+REQUEST_MODEL = "app.modes.configs"
+
+
+def engine_names() -> tuple[str, ...]:
+    from app.modes.configs import BACKENDS
+
+    return BACKENDS
+
+
+def named(node: ast.AST, names: tuple[str, ...]) -> set[str]:
+    """The engine names a literal spells: a string, or a tuple, list or set of them."""
+    if isinstance(node, ast.Constant) and node.value in names:
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names}
+    return set()
+
+
+def switches(source: str, names: tuple[str, ...]) -> list[tuple[int, set[str]]]:
+    """Where `source` switches on an engine's name: compares a value with one (==, !=, in, a match case), or takes a
+    backend by one (`backends["vllm"]`)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        found: set[str] = set()
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                found |= named(side, names)
+        elif isinstance(node, ast.MatchValue):
+            found = named(node.value, names)
+        elif isinstance(node, ast.Subscript):
+            container = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
+            found = named(node.slice, names) if container.lower() == "backends" else set()
+        if found:
+            out.append((node.lineno, found))
+    return out
+
+
+def test_only_the_registry_and_the_engines_own_package_switch_on_its_name():
+    """Outside app/backends/registry.py an engine is asked through the face every backend has (backends/base.py),
+    never picked by its name: the Service iterates the registry's backends or resolves a request's name there, and
+    the CLI and the tabs ask the Service. An engine's own package may say its own name, no other."""
+    names = engine_names()
+    found = []
+    for module, path in modules().items():
+        if module in (REGISTRY, REQUEST_MODEL):
+            continue
+        own = {n for n in names if module.startswith(f"app.backends.{n}.") or module == f"app.backends.{n}"}
+        found += [f"{module}:{line} {sorted(hit)}" for line, hit in switches(path.read_text(), names) if hit - own]
+    assert found == []
+
+
+def test_no_engine_package_imports_another():
+    """What two engines share lives beside them in app/backends/ (base.py, processes.py, openai.py, store.py), which no
+    engine owns; the registry alone hands one engine's part to another (the remote backend's clients)."""
+    known = modules()
+    names = engine_names()
+    crossing = []
+    for module, path in known.items():
+        mine = next((n for n in names if module == f"app.backends.{n}" or module.startswith(f"app.backends.{n}.")), None)
+        if mine is None:
+            continue
+        crossing += [f"{module} imports {d}" for d in imports(path, known)
+                     for n in names if n != mine and (d == f"app.backends.{n}" or d.startswith(f"app.backends.{n}."))]
+    assert crossing == []
+
+
+def test_the_check_sees_a_switch_on_an_engines_name():
+    names = ("vllm", "tensorrt_llm")
+    source = ('if request.backend == "vllm": pass\n'
+              'if b in ("tensorrt_llm", "x"): pass\n'
+              'service.backends["vllm"].stop_started()\n'
+              'match b:\n    case "vllm": pass\n'
+              'record["vllm"]\n'  # a field of a document, not a switch
+              '{"backend": "vllm"}\n')  # a request that names its engine
+    assert sorted(line for line, _ in switches(source, names)) == [1, 2, 3, 5]

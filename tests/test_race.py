@@ -156,14 +156,14 @@ def test_the_load_tabs_batch_one_point_is_raced_and_read_by_the_same_rule(servic
 
 
 def test_an_engines_share_of_the_cpu_is_its_process_groups():
-    """The load a vLLM race samples (vllm_processes.GroupShare): the CPU seconds of the engine's process group, its
+    """The load a vLLM race samples (app/backends/processes.py GroupShare): the CPU seconds of the engine's process group, its
     workers' included, over wall time times cores. A group that spins on one core of this machine's cores gets
     about 1 ÷ cores of them; one that sleeps, none."""
     import os
     import subprocess
     import sys
 
-    from app.backends.vllm import processes as vllm_processes
+    from app.backends import processes
 
     spin = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
                              "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\nimport time; time.sleep(60)"],
@@ -171,7 +171,7 @@ def test_an_engines_share_of_the_cpu_is_its_process_groups():
     sleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         time.sleep(0.5)
-        busy, idle = vllm_processes.GroupShare(spin.pid), vllm_processes.GroupShare(sleep.pid)
+        busy, idle = processes.GroupShare(spin.pid), processes.GroupShare(sleep.pid)
         time.sleep(1.5)
         cores = os.cpu_count() or 1
         assert 0.1 / cores < busy.share() <= 1.0 / cores + 0.05, busy.share()  # its spinning child counted (a loaded machine gives it less than a core)

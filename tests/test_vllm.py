@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from app import models
+from app.backends import processes as server_processes
 from app.backends.vllm import processes as vllm_processes
 from app.bench import load
 from app.service.api import Service
@@ -530,7 +531,7 @@ def test_engines_rm_stops_and_removes(service, store):
     out = cli(store, "engines", "rm", manifest["id"])
     assert out.returncode == 0, out.stderr
     assert service.engine_get(manifest["id"]) is None
-    assert not vllm_processes._group_alive(manifest["server"]["pid"])
+    assert not server_processes.group_alive(manifest["server"]["pid"])
     assert manifest["id"] not in cli(store, "engines", "list").stdout
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from app import figures, traces
 from app.modes import ConfigError
 from app.service import jobs
-from app.backends.remote.openai import RemoteError, sse
+from app.backends.openai import RemoteError, sse
 from app.backends.vllm import client
 from app.backends.base import Prompt, encode
 
@@ -465,18 +465,17 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
         raise LoadError("a load sweep compares a speculative mode with plain decoding: choose a speculative mode")
     plain_request = service.request({**data, "backend": "vllm", "max_new_tokens": max_new_tokens,
                                      "speculative_config": {"decoding_type": "Autoregressive"}}, visitor)
-    backend = service.backends["vllm"]
-    state = backend.availability()
+    state = service.available(request.backend)
     if not state.available:
         raise LoadError(f"a load sweep runs on vLLM engines: {state.reason}")
-    if reason := backend.supports(request.entry, service.model):
+    if reason := service.supports(request.backend, request.entry, service.model):
         raise LoadError(reason)
     model = service.model
     # Public mode: a sweep runs on engines that are up, or starts only as many as visitors may start now (checked
     # before anything starts, so a refused sweep leaves no engine behind); what it starts it stops when it ends.
     ids = [service.engine_id(r, model) for r in (request, plain_request)]
-    missing = [i for i in dict.fromkeys(ids) if not backend.running(i)] if service.policy.public else []
-    room = backend.room()
+    missing = [i for i in dict.fromkeys(ids) if not service.engine_running(request.backend, i)] if service.policy.public else []
+    room = service.engine_room(request.backend)
     if missing and room is not None and len(missing) > room:
         raise LoadError(f"a load sweep needs the vLLM engines of {request.mode} and of plain decoding; {len(missing)} of "
                         f"them {'is' if len(missing) == 1 else 'are'} not running and visitors may start {room} more on "
@@ -484,20 +483,20 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
 
     def release() -> None:
         for build_id in missing:
-            backend.stop(build_id)
+            service.engine_release(request.backend, build_id)
 
     try:
         if starting:
             starting(request.mode)
-        manifest, url = service.vllm_engine(request, model, progress, visitor)
+        manifest, url = service.engine(request, model, progress, visitor)
         if starting:
             starting(plain_request.mode)
-        plain_manifest, plain_url = service.vllm_engine(plain_request, model, progress, visitor)
+        plain_manifest, plain_url = service.engine(plain_request, model, progress, visitor)
     except BaseException:
         release()
         raise
     speculative = manifest["spec"]["config"]["speculative_config"]
-    tok = backend.tokenizer(model)
+    tok = service.tokenizer(request.backend, model)
     chosen = pick_prompts(load_prompts(None, categories, None), max(ns))
     prompts = [encode(tok, Prompt(p["text"])) for p in chosen]
     method = speculative["method"]
@@ -537,11 +536,8 @@ def our_point(service, data: dict[str, Any], prompt: str, cancel: threading.Even
     decoding on the sweep's first prompt as the Run tab races (jobs.race), read by the same rule
     (traces.speedup_parts): `speedup` after the prefill with its `interval`, τ, or `doubt` saying why no ratio is
     shown; None when it was stopped."""
-    backend = service.backends["transformers"]
-
     def work(spec: dict) -> Any:
-        return backend.prepare(service.model, service.request({**data, "speculative_config": spec}), Prompt(prompt),
-                               service.limits)
+        return service.prepare({**data, "speculative_config": spec}, Prompt(prompt))
 
     events: dict[str, list[dict]] = {"run": [], "baseline": []}
     for message in jobs.race(work(data["speculative_config"]), work({"decoding_type": "Autoregressive"}), True)(cancel):

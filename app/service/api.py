@@ -2,13 +2,13 @@
 
 It validates every decoding config before anything runs (configs.parse), knows which backend
 can run which mode and why not, runs generations as jobs (queue, concurrency limit, cancel,
-time limit) that stream JSON-like messages, and manages engine builds.
+time limit) that stream JSON-like messages (its generation face, here), and manages engine builds and
+training runs (its engines and training faces, faces.py).
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,17 +19,14 @@ from app import models, runner
 from app.models import DTYPES, ModelError  # noqa: F401  (ModelError: what the service raises, for its clients)
 from app.prompts import load_prompts
 from app.decoding.linear import fast_bf16
-from app.modes import MODES, ConfigError, DecodeRequest, Modes, configs
+from app.modes import MODES, ConfigError, DecodeRequest, Mode, Modes, configs
+from app.backends import registry
 from app.backends.base import Availability, Prompt
-from app.backends.registry import BACKENDS, TRTLLM_WORKER, EngineStore, spec_for
-from app.backends.store import BuildSpec, Progress
-from app.backends.tensorrt_llm import backend as trt
-from app.backends.tensorrt_llm import processes as trtllm_processes
-from app.backends.tensorrt_llm.builds import trtllm_serve_kwargs
-from app.backends.vllm import processes as vllm_processes
+from app.backends.registry import AUTO, LOCAL, EngineStore, TRTLLMSettings, VLLMSettings
+from app.backends.store import Progress
 from app.bench import load
 from app.service import training
-from app.service.errors import BuildError, EngineError
+from app.service.faces import TRAINING_OFF, Engines, Training, TrainingTimeout  # noqa: F401  (for its clients)
 from app.service.jobs import Job, JobManager, Limits, Work, race
 from app.service.policy import Policy, address_of, relative
 
@@ -43,7 +40,9 @@ class Checked:
     by: Any = field(repr=False, compare=False)  # the service whose limits and policy it met
 
 
-class Service:
+class Service(Engines, Training):
+    """Its generation face is here, its engines and training faces in faces.py."""
+
     def __init__(
         self,
         engines: Path = models.DEFAULT_ENGINES,
@@ -53,8 +52,8 @@ class Service:
         remote_url: str | None = None,
         tensor_parallel_size: int = 1,
         limits: Limits = Limits(),
-        vllm_settings: vllm_processes.Settings = vllm_processes.Settings(),
-        trtllm_settings: trtllm_processes.Settings = trtllm_processes.Settings(),
+        vllm_settings: VLLMSettings = VLLMSettings(),
+        trtllm_settings: TRTLLMSettings = TRTLLMSettings(),
         policy: Policy = Policy(),
         modes: Modes = MODES,
         fast: str = "eager",
@@ -82,34 +81,36 @@ class Service:
         self._visitor_made = self.engines / "visitor-builds"  # one empty file per build a public visitor made
         # Where this server keeps files, as a response may show it (relative; see policy.relative).
         self._roots = {str(self.engines.resolve()): "engines", str(models.ROOT): "", str(Path.home()): "~"}
-        # TensorRT-LLM's workers in its own environment: listed and stopped whichever way this process runs it.
-        self.trtllm_workers = TRTLLM_WORKER(self.store, trtllm_settings, tensor_parallel_size)
-        # Where that environment is set up (its interpreter is there) TensorRT-LLM runs in it; else in this process,
-        # where it imports only on a host whose packages resolve with upstream's pins (probe() says why not).
-        in_own_environment = trtllm_processes.unavailable(trtllm_settings) is None
-        self.backends = {
-            "transformers": BACKENDS["transformers"](self.engines, dtype, compute=self.jobs.call, fast=fast,
-                                                     build_companions=not policy.public),
-            "tensorrt_llm": self.trtllm_workers if in_own_environment else BACKENDS["tensorrt_llm"](self._trtllm_kwargs),
-            "remote": BACKENDS["remote"](remote_url),
-            "vllm": BACKENDS["vllm"](self.store, dtype, vllm_settings,
-                                     max_started=policy.visitor_engines if policy.public else None,
-                                     idle_s=policy.engine_idle_s if policy.public else None),
-        }
+        # Each engine's backend by name, and the ones that keep engine processes on the store (registry.make).
+        self.backends, self.keepers = registry.make(
+            self.store, dtype, compute=self.jobs.call, fast=fast, remote_url=remote_url,
+            tensor_parallel_size=tensor_parallel_size, vllm_settings=vllm_settings, trtllm_settings=trtllm_settings,
+            public=policy.public, max_started=policy.visitor_engines if policy.public else None,
+            idle_s=policy.engine_idle_s if policy.public else None)
+        self.local = self.backends[LOCAL]  # this app's own loop, in this process
 
     # ------------------------------------------------------------------ what can run
     def availability(self) -> dict[str, Availability]:
         return {name: b.availability() for name, b in self.backends.items()}
 
+    def available(self, backend: str) -> Availability:
+        """Whether one backend (a registry name) runs here, and why not."""
+        return self.backends[backend].availability()
+
     def default_backend(self, mode: str = "autoregressive") -> str:
-        """`auto`: a configured remote server, else TensorRT-LLM where it runs the mode, else transformers."""
+        """`auto`: a configured remote server, else TensorRT-LLM where it runs the mode, else transformers (the
+        registry's AUTO, each backend's `auto`)."""
         if self.backend != "auto":
             return self.backend
-        if self.backends["remote"].url and self.backends["remote"].availability().available:
-            return "remote"
-        if self.backends["tensorrt_llm"].availability().available and mode != "autoregressive":
-            return "tensorrt_llm"
-        return "transformers"
+        return next(name for name in AUTO if self.backends[name].auto(mode))
+
+    def runs_here(self, backend: str) -> bool:
+        """Whether `backend` (a registry name) is this app's own loop in this process: its steps run here, one at a time."""
+        return self.backends[backend] is self.local
+
+    def supports(self, backend: str, mode: Mode, model: str | None = None) -> str | None:
+        """None when `backend` can run `mode` (an entry of the registry) for `model`, else the reason it cannot."""
+        return self.backends[backend].supports(mode, model or self.model)
 
     def modes(self, backend: str | None = None, model: str | None = None) -> list[dict[str, Any]]:
         """Every mode, whether `backend` can run it for `model`, why not, and whether it is lossless."""
@@ -147,32 +148,25 @@ class Service:
 
     def pass_note(self, dtype: str = "auto") -> str:
         """Which pass the transformers backend runs this server's model in (empty until it is loaded)."""
-        return self.backends["transformers"].pass_note(self.model, dtype) or ""
+        return self.local.pass_note(self.model, dtype) or ""
 
     def fast_passes(self) -> list[dict[str, Any]]:
         """The fast pass of this server's model in each dtype it is loaded in (TransformersBackend.fast_status): its
         state and note; while one builds, its stage, seconds so far and estimate."""
-        backend = self.backends["transformers"]
-        return [s for dtype in DTYPES if (s := backend.fast_status(self.model, dtype)) is not None]
+        return [s for dtype in DTYPES if (s := self.local.fast_status(self.model, dtype)) is not None]
 
-    def vllm_note(self, request: DecodeRequest) -> str:
-        """What a user should know before running `request` on a vLLM engine: its method, what it ignores, whether
-        its engine is up (a first Run starts it: a minute or more)."""
-        backend = self.backends["vllm"]
-        try:
-            build = self.engine_spec(request)
-        except EngineError as err:
-            raise ConfigError(str(err)) from None
-        spec = build.config["speculative_config"]
-        method = f"vLLM `{spec['method']}`, num_speculative_tokens {spec['num_speculative_tokens']}" if spec else "vLLM, no speculation"
-        state = backend.processes.state(build.key())["state"]
-        up = "its engine is running" if state == "running" else "the first Run starts its engine (1–3 minutes)"
-        ignored = vllm_processes.ignored(request)
-        return f"{method}; {up}" + (f"; vLLM has no counterpart for: {', '.join(ignored)}" if ignored else "")
+    def engine_note(self, request: DecodeRequest) -> str | None:
+        """What a user should know before running `request` on its engine, said in place of this app's own notes (vLLM:
+        its method, what it ignores, whether its engine is up: a first Run starts it, a minute or more); None: nothing."""
+        return self.backends[request.backend].note(request, self.model)
 
-    def trtllm_notes(self, request: DecodeRequest) -> list[str]:
-        """What of a valid tensorrt_llm request TensorRT-LLM does not take, in words (said, not dropped silently)."""
-        return trt.trtllm_notes(request)
+    def notes(self, request: DecodeRequest) -> list[str]:
+        """What of a valid request its engine does not take, in words (said, not dropped silently)."""
+        return self.backends[request.backend].notes(request)
+
+    def preload(self, model: str | None = None) -> None:
+        """Load `model` (the server's) for this app's own loop now: a server fails at its start, not at a first request."""
+        self.local.model(model or self.model)
 
     # ------------------------------------------------------------------ configs
     def request(self, data: dict[str, Any] | DecodeRequest, visitor: str | None = None) -> DecodeRequest:
@@ -247,16 +241,12 @@ class Service:
             raise ConfigError(refused)
         base_request, base = self._prepare(baseline, prompt, model, visitor)
         request, run = self._prepare(data, prompt, model, visitor)
-        both_here = {request.backend, base_request.backend} == {"transformers"}
+        both_here = self.runs_here(request.backend) and self.runs_here(base_request.backend)
         return self.queue(race(run, base, interleave=both_here, gate=gate), visitor)
 
     def race_refusal(self, request: DecodeRequest) -> str | None:
         """Why `request` cannot race an autoregressive baseline on this service, or None."""
-        if request.backend == "tensorrt_llm" and self._managed("tensorrt_llm"):
-            return ("TensorRT-LLM runs one engine per GPU, so an autoregressive baseline cannot run beside this mode's "
-                    "engine to race it: run it without the race (untick \"Race against autoregressive\"); the step "
-                    "view shows τ per engine iteration all the same")
-        return None
+        return self.backends[request.backend].race_refusal(request)
 
     def _prepare(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None,
                  visitor: str | None) -> tuple[DecodeRequest, Work]:
@@ -275,7 +265,7 @@ class Service:
         if self.policy.public and visitor is None:
             self._check_operators_engine(request, model or self.model)
         # A visitor's run on vLLM may start its engine (prepare): the engine is then theirs, as one built in Engines is.
-        claims = self.policy.public and visitor is not None and self._managed(request.backend)
+        claims = self.policy.public and visitor is not None and backend.managed
         engine = self.engine_id(request, model or self.model) if claims else None
         existed = engine is not None and self._ready(engine)
         work = backend.prepare(model or self.model, request, prompt, self.limits)
@@ -283,53 +273,15 @@ class Service:
             self._claim(engine, visitor, existed)
         return request, work
 
+    def prepare(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None = None,
+                visitor: str | None = None) -> Work:
+        """submit() without the queue: the work a caller runs on a job of its own (the load sweep's race, jobs.race)."""
+        return self._prepare(data, prompt, model, visitor)[1]
+
     def queue(self, work: Any, who: str | None) -> Job:
         """Queue a job of `who` (a visitor key or an HTTP client's address; policy.visitor) against the policy's bounds
         per visitor and per address. Raises QueueFull / TooMany in words."""
         return self.jobs.submit(work, who, self.policy.visitor_jobs, address_of(who), self.policy.address_jobs)
-
-    def vllm_engine(self, request: DecodeRequest, model: str, progress: Progress | None = None,
-                    visitor: str | None = None) -> tuple[dict[str, Any], str]:
-        """The request's vLLM build and its running server's URL (built, started or reused); the visitor's when this
-        made it (engine_build: also when they re-made another visitor's)."""
-        existed = self._ready(self.engine_id(request, model))
-        manifest, url = self.backends["vllm"].engine(model, request, progress)
-        self._claim(manifest["id"], visitor, existed)
-        return manifest, url
-
-    def engine_id(self, request: DecodeRequest, model: str) -> str:
-        """The id of the build each engine backend makes of the request (VLLMBackend.engine, TRTLLMEngineBackend.engine,
-        _trtllm_kwargs)."""
-        try:
-            return self.store.spec_id(self._spec(request, model))
-        except EngineError as err:
-            raise ConfigError(str(err)) from None
-
-    def _spec(self, request: DecodeRequest, model: str) -> BuildSpec:
-        if request.backend == "tensorrt_llm" and self._managed("tensorrt_llm"):
-            return self.trtllm_workers.spec(request, model)
-        return spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size, dtype=self.dtype)
-
-    def _managed(self, backend: str) -> bool:
-        """Whether `backend` runs on engines this service starts in processes of their own (vLLM's servers, TensorRT-LLM's
-        workers): their builds are listed with a server, which a request may start."""
-        return backend == "vllm" or (backend == "tensorrt_llm" and self.backends[backend] is self.trtllm_workers)
-
-    def _check_operators_engine(self, request: DecodeRequest, model: str) -> None:
-        """A public server's anonymous client (no web page: `serve --public`) starts no engine: it may decode on one the
-        operator started (running), else it is refused before anything is built."""
-        if request.backend not in ("vllm", "tensorrt_llm"):
-            return
-        build_id = self.engine_id(request, model)
-        if self._managed(request.backend):
-            up = self.backends[request.backend].running(build_id)
-        else:
-            up = self._ready(build_id)
-        if up and not self.visible(build_id, None):  # a web visitor's engine is theirs, not the operator's
-            up = False
-        if not up:
-            raise ConfigError(f"this public server's clients decode only on engines its operator started, and no "
-                              f"{request.backend} engine for these settings is running: use the transformers backend")
 
     def stream(self, data: dict[str, Any] | DecodeRequest | Checked, prompt: str | Prompt, model: str | None = None,
                visitor: str | None = None) -> Iterator[dict[str, Any]]:
@@ -359,7 +311,7 @@ class Service:
             raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}, got '{dtype}'")
         self._check_dtype(dtype)
         self._require_text([prompt])
-        target = self.backends["transformers"].model(self.model, dtype)
+        target = self.local.model(self.model, dtype)
         ids = target.encode(prompt)
         configs.check_prompt_limit(len(ids), min(self.limits.max_prompt_tokens, self.policy.measure_prompt_tokens or math.inf))
 
@@ -384,257 +336,24 @@ class Service:
         autoregressive."""
         return load.submit(self, data, ns, max_new_tokens, ours, progress, visitor, starting=starting)
 
-    # ------------------------------------------------------------------ engine builds
-    def engine_spec(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> BuildSpec:
-        return self._spec(self.request(data, visitor), model or self.model)
-
-    def _trtllm_kwargs(self, model: str, request: DecodeRequest) -> dict[str, Any]:
-        """What the TensorRT-LLM backend passes to LLM(...): the store's build of the request's spec."""
-        return trtllm_serve_kwargs(self.store, spec_for(request, model, tensor_parallel_size=self.tensor_parallel_size))
-
-    def engine_plan(self, data: dict[str, Any] | DecodeRequest, model: str | None = None, visitor: str | None = None) -> dict[str, Any]:
-        """What a build would do, as data; paths relative to the server's folders (responses never show them)."""
-        request = self.request(data, visitor)
-        plan = self.store.plan(self.engine_spec(request, model, visitor))
-        if request.backend == "tensorrt_llm":  # what it does not take, from the request: a spec keeps no runtime field
-            plan["notes"] = trt.trtllm_notes(request) + plan["notes"]
-        return self.relative(plan)
-
-    def engine_build(self, data: dict[str, Any] | DecodeRequest, model: str | None = None,
-                     progress: Progress | None = None, visitor: str | None = None) -> dict[str, Any]:
-        """The manifest of the build this config needs: reused, or built now (once, however many ask). In public mode
-        the build is the visitor's when they made it, or re-made one another visitor made; an operator's stays read-only.
-        A vLLM engine or TensorRT-LLM's worker is also started (or found running): its manifest then carries `server`
-        ({state, url or port, pid})."""
-        self._check_visitor(visitor)
-        spec = self.engine_spec(data, model, visitor)
-        request = self.request(data, visitor)
-        if request.backend == "vllm":
-            manifest, _ = self.vllm_engine(request, model or self.model, progress, visitor)
-            return {**manifest, "server": self.backends["vllm"].processes.state(manifest["id"])}
-        if self._managed(request.backend):
-            existed = self._ready(self.store.spec_id(spec))
-            manifest, _, _ = self.trtllm_workers.engine(model or self.model, request, progress)
-            self._claim(manifest["id"], visitor, existed)
-            return self._with_server(manifest)
-        existed = self._ready(self.store.spec_id(spec))
-        manifest = self.store.build(spec, progress=progress)
-        self._claim(manifest["id"], visitor, existed)
-        return manifest
-
-    def engine_list(self, visitor: str | None = None) -> list[dict[str, Any]]:
-        """The ready builds this caller sees (all; in public mode the operator's and the visitor's own), newest first;
-        a vLLM engine's carries `server`: running (url, pid) or stopped."""
-        return [self._with_server(m) for m in self.store.list() if self.visible(m["id"], visitor)]
-
-    def engine_removable(self, visitor: str | None = None) -> list[str]:
-        """The ids this caller may remove: all; in public mode only the visitor's own."""
-        return [m["id"] for m in self.engine_list(visitor) if not self.policy.public or self._owns(m["id"], visitor)]
-
-    def engine_get(self, build_id: str) -> dict[str, Any] | None:
-        manifest = self.store.get(build_id)
-        return self._with_server(manifest) if manifest else None
-
-    def engine_stop(self, build_id: str, visitor: str | None = None) -> bool:
-        """Stop a vLLM engine's server or TensorRT-LLM's worker (its build stays); True when one was running. In public
-        mode a visitor stops only their own (engine_removable), with the same answer whether the id exists or is
-        someone else's."""
-        if self.policy.public and build_id not in self.engine_removable(visitor):
-            raise ConfigError(f"'{str(build_id)[:40]}' is not an engine of yours: in public mode a visitor stops only "
-                              "the engines they started in this page (the operator manages the rest)")
-        # store.get refuses what is not a build id (a path) before the process layer reads anything.
-        if (self.store.get(build_id) or {}).get("kind") == "tensorrt-worker":
-            return self.trtllm_workers.stop(build_id)
-        return self.backends["vllm"].processes.stop(build_id)
-
-    def engine_remove(self, build_id: str, visitor: str | None = None) -> None:
-        """Remove a build (a vLLM engine is stopped first). In public mode a visitor removes only their own (one answer
-        whether the id exists or is someone else's); when other visitors made it too, only this visitor's claim goes
-        and the build stays theirs."""
-        if self.policy.public:
-            with self._owners_lock:
-                owners = self._owners.get(build_id, set())
-                if visitor is None or visitor not in owners:
-                    raise ConfigError(f"'{str(build_id)[:40]}' is not a build of yours: in public mode a visitor removes only "
-                                      "the builds they made in this page (the operator manages the rest)")
-                owners.discard(visitor)
-                if owners:
-                    return
-                del self._owners[build_id]
-        manifest = self.store.get(build_id)
-        if manifest and manifest.get("kind") == "vllm-server":
-            self.backends["vllm"].processes.stop(build_id)  # ownership was checked above
-        elif manifest and manifest.get("kind") == "tensorrt-worker":
-            self.trtllm_workers.stop(build_id)
-        self.store.remove(build_id)
-        (self._visitor_made / build_id).unlink(missing_ok=True)
-
-    def _with_server(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        if manifest.get("kind") == "tensorrt-worker":
-            return {**manifest, "server": self.trtllm_workers.server(manifest["id"])}
-        if manifest.get("kind") != "vllm-server":
-            return manifest
-        # started_here: this process started it (the rest were started by the CLI, a test or another app on the store).
-        vllm = self.backends["vllm"]
-        return {**manifest, "server": {**vllm.processes.state(manifest["id"]), "started_here": manifest["id"] in vllm.started}}
-    # ------------------------------------------------------------------ ownership (public mode)
-    def visible(self, build_id: str, visitor: str | None) -> bool:
-        """Whether a caller sees a build: always off public mode; in it, the operator's (made by no visitor) and its own.
-        A build a visitor made is marked in the store, so no other public process (`serve --public`, a restarted web
-        app) takes it for the operator's."""
-        if not self.policy.public:
-            return True
-        with self._owners_lock:
-            owners = self._owners.get(build_id)
-        if owners is not None:
-            return visitor in owners
-        return not (self._visitor_made / build_id).exists()
-
-    def _owns(self, build_id: str, visitor: str | None) -> bool:
-        with self._owners_lock:
-            return visitor is not None and visitor in self._owners.get(build_id, set())
-
-    def _claim(self, build_id: str, visitor: str | None, existed: bool) -> None:
-        """After a build or a run: the visitor's when they made it, or when another visitor's build was re-made."""
-        if not self.policy.public or visitor is None:
-            return
-        with self._owners_lock:
-            if not existed or build_id in self._owners:
-                self._owners.setdefault(build_id, set()).add(visitor)
-                self._visitor_made.mkdir(parents=True, exist_ok=True)
-                (self._visitor_made / build_id).touch()
-
-    def _check_visitor(self, visitor: str | None) -> None:
-        if self.policy.public and not visitor:
-            raise ConfigError("this public server builds and trains only for a visitor of its web page")
-
-    def _ready(self, build_id: str) -> bool:
-        manifest = self.store.get(build_id)
-        return manifest is not None and manifest.get("status") == "ready"
-
     def relative(self, value: Any) -> Any:
         """`value` (text or JSON-like data) without the server's absolute paths (policy.relative)."""
         return relative(value, self._roots)
-
-    # ------------------------------------------------------------------ training (the seed workflow)
-    def train_config(self, data: dict[str, Any] | training.TrainConfig, visitor: str | None = None) -> training.TrainConfig:
-        """A checked training config, its starting artifact included, within the policy's bounds. Raises
-        ConfigError (one sentence)."""
-        config = self._train_parse(data, visitor)
-        training.start_dir(self.store, config, self.model)
-        return config
-
-    def train_plan(self, data: dict[str, Any] | training.TrainConfig, visitor: str | None = None) -> dict[str, Any]:
-        """What training `data` would do before it runs (training.plan): reused, or how many answers to generate first."""
-        return training.plan(self.store, self.model, self._train_parse(data, visitor))  # plan finds (and so checks) the start
-
-    def _train_parse(self, data: dict[str, Any] | training.TrainConfig, visitor: str | None) -> training.TrainConfig:
-        if not self.policy.train:
-            raise ConfigError(TRAINING_OFF)
-        config = training.parse(data)
-        if self.policy.train_caps is not None:
-            self.policy.train_caps.check(config)
-        if config.init_from.startswith(training.PREFIX) and not self.visible(config.init_from.removeprefix(training.PREFIX), visitor):
-            raise ConfigError(f"there is no finished training run '{config.init_from[:60]}' of yours to go on from")
-        return config
-
-    def train(self, data: dict[str, Any] | training.TrainConfig, progress: Progress | None = None,
-              events: training.Events | None = None, cancel: threading.Event | None = None,
-              visitor: str | None = None) -> dict[str, Any]:
-        """Train Medusa heads or an EAGLE module on this server's frozen model (training.py) and keep them in the
-        store; returns the build's manifest (reused when the same run was made before). `events` receives every
-        progress event ({stage, done, total, loss}); setting `cancel` stops the run. One run at a time; the policy's
-        time limit stops the training child (BuildError saying so)."""
-        self._check_visitor(visitor)
-        config = self._train_parse(data, visitor)
-        start = training.start_dir(self.store, config, self.model)
-        spec = training.spec(self.model, config, start)
-        existed = self._ready(self.store.spec_id(spec))
-        if not self._training.acquire(blocking=False):
-            raise ConfigError("another training run is under way on this server: wait for it to finish")
-        cancel = cancel or threading.Event()
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            cancel.set()
-
-        timer = threading.Timer(self.policy.train_time_limit_s, expire) if math.isfinite(self.policy.train_time_limit_s) else None
-        data = self.engines / "data"  # what a run generates to train on (answers, features): up to hundreds of MB
-        kept = set(data.glob("*"))
-        try:
-            if timer is not None:
-                timer.daemon = True
-                timer.start()
-            manifest = self.store.build(spec, training.builder(self.model, config, start, self.engines, events=events,
-                                                               cancel=cancel), progress=progress)
-        except BuildError as err:
-            if expired.is_set():
-                raise TrainingTimeout(f"the run was stopped by this server's time limit of {self.policy.train_time_limit_s:g} s "
-                                 "per training run, before it finished") from err
-            raise BuildError(self.relative(str(err))) from err
-        finally:
-            if timer is not None:
-                timer.cancel()
-            if self.policy.public:  # a visitor's run stores no data beyond itself; the operator's stay cached for reuse
-                for made in set(data.glob("*")) - kept:
-                    shutil.rmtree(made, ignore_errors=True)
-            self._training.release()
-        self._claim(manifest["id"], visitor, existed)
-        return manifest
-
-    def trained(self, kind: str | None = None, visitor: str | None = None) -> list[dict[str, Any]]:
-        """The finished training runs for this server's model that the caller sees (their manifests, newest first)."""
-        return [m for m in self.engine_list(visitor) if m["spec"]["backend"] == "training" and m["spec"]["model"] == self.model
-                and kind in (None, m["spec"]["mode"])]
-
-    def training_run(self, name: str, visitor: str | None = None) -> dict[str, Any] | None:
-        """The manifest of the finished training run `trained:<id>` for this server's model, or None."""
-        return next((m for m in self.trained(visitor=visitor) if training.PREFIX + m["id"] == name), None)
-
-    def export_trained(self, name: str, format: str | None = None, visitor: str | None = None) -> Path:
-        """A zip of the finished training run `trained:<id>` exported for engines (app/training/export.py: the
-        EAGLE-3 checkpoint vLLM loads, Medusa heads); made once per format and kept with the run."""
-        import shutil
-        import tempfile
-
-        from app.training import export
-
-        manifest = self.training_run(name, visitor)
-        if manifest is None:
-            raise ConfigError(f"there is no finished training run '{str(name)[:60]}' of yours to export")
-        kind = manifest["spec"]["mode"]
-        source = training.artifact_dir(self.store, name, kind, self.model)
-        fmt = format or export.FORMATS[export.architecture(source)][0]
-        out = source.parent / f"{kind}-{fmt}.zip"
-        if not out.is_file():
-            with tempfile.TemporaryDirectory(dir=source.parent) as tmp:
-                folder = Path(tmp) / f"{manifest['id']}-{kind}-{fmt}"
-                export.export(source, folder, self.model, fmt)
-                made = shutil.make_archive(str(Path(tmp) / "export"), "zip", tmp, folder.name)
-                Path(made).replace(out)  # whole or not at all: a cancelled export leaves no half zip
-        return out
 
     def _require_text(self, texts: list[str]) -> None:
         # A token is rarely more than a dozen characters: 16 per allowed prompt token leaves room for any real prompt.
         _check_text(texts, 16 * min(self.limits.max_prompt_tokens, 2**20))
 
     def close(self, stop_engines: bool = True) -> None:
-        """Stop the jobs, shut down the TensorRT-LLM engine this process holds and, unless told not to, the vLLM
-        engines and TensorRT-LLM workers this service started (engines started elsewhere keep running)."""
+        """Stop the jobs, let go of what the backends hold in this process (the TensorRT-LLM engine) and, unless told
+        not to, stop the engines this service started (vLLM's servers, TensorRT-LLM's workers; engines started
+        elsewhere keep running)."""
         self.jobs.shutdown()
-        self.backends["tensorrt_llm"].close()
+        for backend in self.backends.values():
+            backend.close()
         if stop_engines:
-            self.backends["vllm"].stop_started()
-            self.trtllm_workers.stop_started()
-
-
-class TrainingTimeout(BuildError):
-    """A training run the policy's time limit stopped; the message says so."""
-
-
-TRAINING_OFF = ("training is off on this public server: a run takes both CPU cores of a machine every visitor shares "
-                "(the operator turns it on with --train-time-limit)")
+            for keeper in self.keepers:
+                keeper.stop_started()
 
 
 def _check_text(texts: list[str], max_chars: int) -> None:

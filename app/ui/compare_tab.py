@@ -178,7 +178,7 @@ class CompareTab:
                 self.status = gr.Markdown("", elem_id="cmp-status")  # beside the button it answers
             with gr.Column(scale=2):
                 offered = [m for m in self.modes.names + self.modes.merged if m != "autoregressive"]
-                if service.backends["vllm"].availability().available:
+                if service.available("vllm").available:
                     offered += vllm_compared(self.modes)
                 modes = gr.CheckboxGroup([(lessons.label(m, self.modes), m) for m in offered],
                                          value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
@@ -340,7 +340,7 @@ class CompareTab:
         mode, values = self._mode(name, overrides)
         try:
             request = self.service.request(settings.to_request(mode, values, self.modes))
-            return self.service.backends["vllm"].running(self.service.engine_id(request, self.service.model))
+            return self.service.engine_running(request.backend, self.service.engine_id(request, self.service.model))
         except (ConfigError, ModelError, ValueError, OSError):
             return False
 

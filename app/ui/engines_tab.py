@@ -13,6 +13,7 @@ from typing import Any
 import gradio as gr
 from gradio.context import Context
 
+from app.backends import registry
 from app.modes import ConfigError
 from app.service.api import ModelError, Service
 from app.ui import settings
@@ -50,7 +51,7 @@ def settings_text(spec: dict[str, Any]) -> str:
     backend's own names (vLLM's num_speculative_tokens and prompt_lookup_max, TensorRT-LLM's max_window_size...)."""
     config = spec.get("config") or {}
     # A transformers build is the prepared model and artifact, loaded in whichever dtype a request asks for.
-    parts = [str(config["dtype"])] if config.get("dtype") else ["any dtype"] if spec.get("backend") == "transformers" else []
+    parts = [str(config["dtype"])] if config.get("dtype") else ["any dtype"] if spec.get("backend") in registry.ANY_DTYPE else []
     speculative = config.get("speculative_config") or {}
     parts += [f"{k} {_said(v)}" for k, v in speculative.items() if k not in UNSAID and v is not None]
     if config.get("max_draft_len") is not None and "max_draft_len" not in speculative:

@@ -157,7 +157,7 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
         return f"✗ **{service.registry.label(mode)} is unavailable on {v['backend']}:** {info['reason']}"
     try:
         request = service.request(settings.to_request(mode, v, service.registry))
-        engine = service.vllm_note(request) if request.backend == "vllm" else None
+        engine = service.engine_note(request)
     except ConfigError as err:
         return f"⚠ **Invalid:** {err}"
     if engine is not None:
@@ -171,10 +171,10 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
             extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
     if note := service.dtype_note(request.dtype):
         extra += f" · {note}"
-    if request.backend == "transformers" and (note := service.pass_note(request.dtype)):
+    if service.runs_here(request.backend) and (note := service.pass_note(request.dtype)):
         extra += f" · {note}"
-    if request.backend == "tensorrt_llm":  # said, not dropped silently: settings TensorRT-LLM has no field for
-        extra += "".join(f" · ⚠ {n}" for n in service.trtllm_notes(request))
+    # Said, not dropped silently: settings its engine has no field for (TensorRT-LLM's).
+    extra += "".join(f" · ⚠ {n}" for n in service.notes(request))
     return f"✓ Valid · {info['lossless']}{extra}"
 
 

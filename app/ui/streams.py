@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.backends import registry
 from app.modes import ConfigError
 from app.service.api import ModelError, Service
 from app.service.jobs import QueueFull
@@ -25,16 +26,11 @@ REPLAY_MAX_S = 120  # a replay at the recorded pace lasts at most this long
 
 
 def preparing_note(data: Any, seconds: float) -> str:
-    """What a run waits for before its first step, in words: on vLLM its engine's start, else the model's load."""
+    """What a run waits for before its first step, in words (registry.waiting): on an engine its start, else the
+    model's load."""
     request = getattr(data, "request", None)
     backend = getattr(request, "backend", None) or (data.get("backend") if isinstance(data, dict) else None)
-    if backend == "vllm":
-        return (f"starting the vLLM engine for these settings: {seconds:.0f} s (a first start takes 1–3 minutes: "
-                "vLLM loads the model and warms it up; later runs reuse the engine)")
-    if backend == "tensorrt_llm":
-        return (f"preparing and starting TensorRT-LLM for these settings: {seconds:.0f} s (a first start loads the "
-                "model, and for lookahead and Medusa builds a TensorRT engine: minutes; later runs reuse it)")
-    return f"loading the model and what this mode drafts with: {seconds:.0f} s"
+    return registry.waiting(backend, seconds)
 
 
 def with_waiting(status: str, run: Recording, joint: str = " ") -> str:

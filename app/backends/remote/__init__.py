@@ -1,1 +1,2 @@
-"""A remote OpenAI-compatible server (backend.py) and the wire it speaks (openai.py)."""
+"""A remote OpenAI-compatible server (backend.py); the wire it speaks is app/backends/openai.py, which every engine's
+client shares."""

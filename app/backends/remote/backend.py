@@ -5,9 +5,9 @@ request and streams the full trace in each chunk's `specdec` field, so the UI sh
 shows locally. A vLLM server (`owned_by: vllm`) runs the speculative config it was launched with and
 streams one chunk per engine step with that step's token ids (`return_token_ids`): each chunk becomes
 one step with its committed tokens, and the engine's spec-decode counters (/metrics, read before and
-after the request) give acceptance per draft position (app/backends/vllm/client.py); which draft tokens it
-rejected, and where its drafts came from, it does not reveal. Any other server's chunks carry text only, so each chunk
-becomes a step whose draft is not visible.
+after the request) give acceptance per draft position (read by vLLM's client, app/backends/vllm/client.py, which
+the registry hands this backend); which draft tokens it rejected, and where its drafts came from, it does not
+reveal. Any other server's chunks carry text only, so each chunk becomes a step whose draft is not visible.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from app.backends.base import Availability, Prompt
-from app.backends.remote.openai import RemoteError, error_message, reason, sse  # noqa: F401  (RemoteError: what it raises)
-from app.backends.vllm.client import Engine
+from app.backends.base import Availability, Backend, Prompt
+from app.backends.openai import RemoteError, error_message, reason, sse  # noqa: F401  (RemoteError: what it raises)
 from app.modes import ConfigError
 from app.modes import Mode
 from app.modes.configs import DecodeRequest
@@ -30,14 +29,17 @@ from app.service.jobs import Limits, Work
 
 OWNER = "specdec-studio"
 NOT_VISIBLE = ["token ids", "draft tree", "accepted and rejected draft tokens", "draft and verify time"]
-VLLM = "vllm"
 
 
-class RemoteBackend:
+class RemoteBackend(Backend):
     name = "remote"
 
-    def __init__(self, url: str | None, timeout_s: float = 300.0, recheck_s: float = 10.0) -> None:
+    def __init__(self, url: str | None, timeout_s: float = 300.0, recheck_s: float = 10.0,
+                 clients: Mapping[str, Callable[..., Any]] | None = None) -> None:
         self.url = url.rstrip("/") if url else None
+        # A server an engine of this app owns (/v1/models owned_by) is read by that engine's client (registry.py):
+        # its stream carries token ids and its spec-decode counters.
+        self.clients = clients or {}
         self.timeout_s = timeout_s
         self.recheck_s = recheck_s
         self._checked: tuple[float, Availability] | None = None
@@ -56,6 +58,9 @@ class RemoteBackend:
             state = Availability(False, str(err))
         self._checked = (time.monotonic(), state)
         return state
+
+    def auto(self, mode: str) -> bool:
+        return bool(self.url) and self.availability().available
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
         state = self.availability()
@@ -76,9 +81,9 @@ class RemoteBackend:
         if model not in served:
             raise RemoteError(f"the server at {self.url} does not serve '{model}'; it serves: {', '.join(served) or 'nothing'}")
         owner = served[model].get("owned_by")
-        if owner == VLLM:
-            engine = Engine(self.url, model, timeout_s=self.timeout_s, pieces=self._pieces)
-            return engine.work(request, engine.tokenize(prompt), {"engine": "vllm", "url": self.url})
+        if owner in self.clients:
+            engine = self.clients[owner](self.url, model, timeout_s=self.timeout_s, pieces=self._pieces)
+            return engine.work(request, engine.tokenize(prompt), {"engine": owner, "url": self.url})
         ours = owner == OWNER
         body = body_for(model, request, prompt, traced=ours)
         path = "/v1/completions" if prompt.raw and not prompt.messages else "/v1/chat/completions"

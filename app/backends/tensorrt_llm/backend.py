@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from app.modes import ConfigError, DecodeRequest, Mode, configs
-from app.backends.base import Availability, Prompt
+from app.backends.base import Availability, Backend, Prompt
 from app.service.errors import EngineError
 from app.service.jobs import Limits, Work
 
@@ -124,8 +124,9 @@ def steps_from_diffs(diffs: Iterable[tuple[list[int], float, str | None, int | N
         step += 1
 
 
-class TensorRTLLMBackend:
+class TensorRTLLMBackend(Backend):
     name = "tensorrt_llm"
+    engine_builds = True
 
     def __init__(self, llm_kwargs: Callable[[str, DecodeRequest], dict[str, Any]]) -> None:
         # (model, request) -> LLM(...) arguments as plain data; the service's engine store builds what they need.
@@ -140,6 +141,17 @@ class TensorRTLLMBackend:
         if self._availability is None:
             self._availability = probe()
         return self._availability
+
+    @staticmethod
+    def waiting(seconds: float) -> str:
+        return (f"preparing and starting TensorRT-LLM for these settings: {seconds:.0f} s (a first start loads the "
+                "model, and for lookahead and Medusa builds a TensorRT engine: minutes; later runs reuse it)")
+
+    def auto(self, mode: str) -> bool:
+        return self.availability().available and mode != "autoregressive"
+
+    def notes(self, request: DecodeRequest) -> list[str]:
+        return trtllm_notes(request)
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
         # Which of its own backends runs which mode is the mode's entry's (app/modes/ `trtllm`).

@@ -1,5 +1,5 @@
 """TensorRT-LLM engines: this project's worker (worker.py) in TensorRT-LLM's own environment,
-started and kept by the service the way vLLM's servers are (app/backends/vllm/processes.py).
+started and kept by the service the way vLLM's servers are (app/backends/processes.py keeps both).
 
 TensorRT-LLM pins numpy < 2, torch <= 2.9 and transformers 4.57, which clash with the app's, so it runs in its own
 interpreter (`.venv-trtllm`, scripts/setup-trtllm.sh, set up only on a Linux host with an NVIDIA GPU); the app never
@@ -34,17 +34,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from app import models
+from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, locked, log_tail, read_server, spawn,
+                                    stop_server)
 from app.backends.store import fill_build_dir
 from app.backends.tensorrt_llm import backend as trt
-from app.backends.vllm import processes as vllm_processes  # a worker is kept the way a vLLM server is
 from app.service.errors import EngineError
 
 VENV = models.ROOT / ".venv-trtllm"
 SETUP = "bash scripts/setup-trtllm.sh"
 WORKER = models.ROOT / "app" / "backends" / "tensorrt_llm" / "worker.py"
 LLM_JSON = "llm.json"
-SERVER_JSON = vllm_processes.SERVER_JSON
-SERVER_LOG = vllm_processes.SERVER_LOG
 LOCK = "trtllm.server.lock"  # one for the store, not per build: the GPU is the one thing they share
 ONE_PER_GPU = ("one engine per GPU: each reserves most of the free GPU memory for its KV cache "
                "(KvCacheConfig.free_gpu_memory_fraction 0.9)")
@@ -115,17 +114,17 @@ class Processes:
     def _servers(self) -> Iterator[tuple[Path, dict]]:
         """(build directory, server.json) of every live worker: a vLLM server's server.json runs another command."""
         for path in sorted(self.builds.glob(f"*/{SERVER_JSON}")):
-            server = vllm_processes._read(path)
-            if server and server["command"][1:2] == [str(WORKER)] and vllm_processes._alive(server):
+            server = read_server(path)
+            if server and server["command"][1:2] == [str(WORKER)] and alive(server):
                 yield path.parent, server
 
     def state(self, directory: Path) -> dict[str, Any]:
         """{"state": "running" | "loading" | "starting" | "stopped", "port"?, "pid"?, "serves"?, "log_tail"?}."""
-        server = vllm_processes._read(directory / SERVER_JSON)
+        server = read_server(directory / SERVER_JSON)
         if not server:
             return {"state": "stopped"}
-        if not vllm_processes._alive(server):
-            return {"state": "stopped", "log_tail": vllm_processes.log_tail(directory / SERVER_LOG)}
+        if not alive(server):
+            return {"state": "stopped", "log_tail": log_tail(directory / SERVER_LOG)}
         answer = health(server["port"])
         # A live worker that does not answer yet has not bound its port (Python still starting): it holds the GPU soon.
         state = "starting" if answer is None else "running" if answer[0] == 200 and answer[1].get("ready") else "loading"
@@ -147,27 +146,22 @@ class Processes:
         was running: started by another caller, thread or process)."""
         if reason := unavailable(self.settings):
             raise TRTLLMError(reason)
-        server = vllm_processes._read(directory / SERVER_JSON)
+        server = read_server(directory / SERVER_JSON)
         if server and server.get("llm") == file and self.state(directory)["state"] == "running":
             return server["port"], False
         if reason := self.busy(directory, file):  # said at once, not after another caller's start (minutes)
             raise TRTLLMError(reason)
-        with vllm_processes._locked(self.builds / LOCK):
+        with locked(self.builds / LOCK):
             if reason := self.busy(directory, file):
                 raise TRTLLMError(reason)
-            server = vllm_processes._read(directory / SERVER_JSON)
-            if server and vllm_processes._alive(server):  # this configuration's: started by another caller
+            server = read_server(directory / SERVER_JSON)
+            if server and alive(server):  # this configuration's: started by another caller
                 return self._wait(directory, server, None, progress, cancel), False
             (directory / LLM_JSON).write_text(json.dumps(file, indent=1))
-            port = vllm_processes._free_port()
+            port = free_port()
             cmd = command(self.settings, port, directory / LLM_JSON)
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | self.settings.env
-            with open(directory / SERVER_LOG, "ab") as log:
-                log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
-                log.flush()
-                # Its own session: stopping it stops TensorRT-LLM's MPI workers too, and it outlives a CLI that started it.
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                        start_new_session=True, cwd=directory)
+            proc = spawn(cmd, directory, env)
             server = {"pid": proc.pid, "port": port, "command": cmd, "llm": file, "started": time.time()}
             (directory / SERVER_JSON).write_text(json.dumps(server, indent=1))
             progress(0.0, f"starting the TensorRT-LLM worker for {file.get('serves') or directory.name}")
@@ -177,10 +171,10 @@ class Processes:
         """Until the worker says ready; stopped (and said why) when it exits, times out or is cancelled."""
         start, reported = time.monotonic(), 0.0
         while True:
-            exited = proc.poll() is not None if proc is not None else not vllm_processes._alive(server)
+            exited = proc.poll() is not None if proc is not None else not alive(server)
             if exited:
                 raise TRTLLMError(f"the TensorRT-LLM worker exited while it loaded; its log ends:\n"
-                                  f"{vllm_processes.log_tail(directory / SERVER_LOG)}")
+                                  f"{log_tail(directory / SERVER_LOG)}")
             answer = health(server["port"])
             if answer is not None and answer[0] == 200 and answer[1].get("ready"):
                 progress(1.0, f"TensorRT-LLM {answer[1].get('tensorrt_llm')} ready ({answer[1].get('llm_class')}) "
@@ -193,7 +187,7 @@ class Processes:
                     self.stop(directory)
                 why = "was cancelled" if cancelled else f"was not ready within {self.settings.start_timeout_s:.0f} s"
                 raise TRTLLMError(f"starting the TensorRT-LLM worker {why}; its log ends:\n"
-                                  f"{vllm_processes.log_tail(directory / SERVER_LOG)}")
+                                  f"{log_tail(directory / SERVER_LOG)}")
             if waited >= reported + 10:  # a line every 10 s, not every poll
                 reported = waited
                 progress(min(waited / 600, 0.95), f"TensorRT-LLM is loading (a TensorRT engine builds for minutes): "
@@ -203,7 +197,7 @@ class Processes:
     def stop(self, directory: Path) -> bool:
         """Stop the build's worker (SIGTERM: it shuts the LLM down; SIGKILL to its process group after that); True
         when one was running."""
-        return vllm_processes.stop_server(vllm_processes._read(directory / SERVER_JSON), self.settings.stop_timeout_s)
+        return stop_server(read_server(directory / SERVER_JSON), self.settings.stop_timeout_s)
 
 
 # ----------------------------------------------------------------------------- the client

@@ -18,10 +18,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from app import models
 from app.modes import ConfigError, DecodeRequest, Mode, configs
-from app.backends.base import Availability, Prompt, encode
-from app.backends.remote.openai import RemoteError
+from app.backends.base import EngineBackend, Prompt, encode
+from app.backends.openai import RemoteError
 from app.backends.store import BuildSpec, Progress, Store
 from app.backends.tensorrt_llm import backend as trt
 from app.backends.tensorrt_llm import builds, processes
@@ -31,22 +30,37 @@ from app.service.jobs import Limits, Work
 STARTED = "TensorRT-LLM engine started for this configuration, in its own environment"
 
 
-class TRTLLMEngineBackend:
+class TRTLLMEngineBackend(EngineBackend):
     name = "tensorrt_llm"
+    kind = "tensorrt-worker"
 
     def __init__(self, store: Store, settings: processes.Settings = processes.Settings(),
                  tensor_parallel_size: int = 1) -> None:
-        self.store = store
-        self.settings = settings
+        super().__init__(store, settings)
         self.tensor_parallel_size = tensor_parallel_size
         self.processes = processes.Processes(store.builds, settings)
-        self.started: set[str] = set()  # workers this backend started: stopped when the service closes
-        self._tokenizers: dict[str, Any] = {}
-        self._lock = threading.Lock()
 
-    def availability(self) -> Availability:
-        reason = processes.unavailable(self.settings)
-        return Availability(reason is None, reason or "")
+    waiting = staticmethod(trt.TensorRTLLMBackend.waiting)  # either way it runs, a run waits for the same
+
+    def unavailable(self) -> str | None:
+        return processes.unavailable(self.settings)
+
+    def state(self, build_id: str) -> dict[str, Any]:
+        return self.processes.state(self.store.builds / build_id)
+
+    def stop_server(self, build_id: str) -> bool:
+        return self.processes.stop(self.store.builds / build_id)
+
+    def auto(self, mode: str) -> bool:
+        return self.availability().available and mode != "autoregressive"
+
+    def notes(self, request: DecodeRequest) -> list[str]:
+        return trt.trtllm_notes(request)
+
+    def race_refusal(self, request: DecodeRequest) -> str | None:
+        return ("TensorRT-LLM runs one engine per GPU, so an autoregressive baseline cannot run beside this mode's "
+                "engine to race it: run it without the race (untick \"Race against autoregressive\"); the step "
+                "view shows τ per engine iteration all the same")
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
         if not mode.trtllm:
@@ -63,7 +77,11 @@ class TRTLLMEngineBackend:
         return replace(spec, config={**spec.config, "worker": True},
                        versions={"tensorrt_llm": processes.version(self.settings.python)})
 
-    def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None,
+    def engine(self, model: str, request: DecodeRequest, progress: Progress | None = None) -> tuple[dict, str]:
+        manifest, port, _ = self.worker(model, request, progress)
+        return manifest, f"http://127.0.0.1:{port}"
+
+    def worker(self, model: str, request: DecodeRequest, progress: Progress | None = None,
                cancel: threading.Event | None = None) -> tuple[dict, int, bool]:
         """The request's build (prepared now or reused), the port of the worker serving it, and whether this call
         started that worker. Nothing is prepared for a configuration the GPU cannot take now."""
@@ -96,14 +114,8 @@ class TRTLLMEngineBackend:
                 self.started.add(build_id)
         return manifest, port, started
 
-    def tokenizer(self, model: str):
-        with self._lock:
-            if model not in self._tokenizers:
-                self._tokenizers[model] = models.load_tokenizer(model, self.store.root)
-            return self._tokenizers[model]
-
     def prepare(self, model: str, request: DecodeRequest, prompt: Prompt, limits: Limits) -> Work:
-        manifest, port, started = self.engine(model, request)
+        manifest, port, started = self.worker(model, request)
         tok = self.tokenizer(model)
         prompt_ids = encode(tok, prompt)
         configs.check_prompt_limit(len(prompt_ids), limits.max_prompt_tokens)
@@ -134,25 +146,3 @@ class TRTLLMEngineBackend:
                    "error": end["error"]}
 
         return work
-
-    def running(self, build_id: str) -> bool:
-        return self.processes.state(self.store.builds / build_id)["state"] == "running"
-
-    def server(self, build_id: str) -> dict[str, Any]:
-        """The build's worker as the Engines tab lists it: its state, and whether this backend started it."""
-        return {**self.processes.state(self.store.builds / build_id), "started_here": build_id in self.started}
-
-    def stop(self, build_id: str) -> bool:
-        """Stop the build's worker (the build stays: the next request starts it again); True when one was running."""
-        with self._lock:
-            self.started.discard(build_id)
-        return self.processes.stop(self.store.builds / build_id)
-
-    def stop_started(self) -> None:
-        with self._lock:
-            started, self.started = self.started, set()
-        for build_id in started:
-            self.processes.stop(self.store.builds / build_id)
-
-    def close(self) -> None:
-        """Nothing of TensorRT-LLM runs in this process: its workers stop with stop_started, or keep running."""

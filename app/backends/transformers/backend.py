@@ -20,7 +20,7 @@ from app import models, runner
 from app.models import LoadedModel
 from app.modes import ConfigError, DecodeRequest, Mode, configs
 from app.modes.configs import AutoregressiveConfig, DraftTargetDecodingConfig, EagleDecodingConfig, NGramDecodingConfig
-from app.backends.base import Availability, Prompt
+from app.backends.base import Backend, Prompt
 from app.service.jobs import Limits, Work
 
 # What one step of the transformers backend may do, so a step stays well under a second on a 2-core CPU
@@ -76,7 +76,7 @@ def _last_build_s(compiled_root: Path) -> float | None:
     return None
 
 
-class TransformersBackend:
+class TransformersBackend(Backend):
     name = "transformers"
 
     def __init__(self, engines: Path = models.DEFAULT_ENGINES, dtype: str = "float32",
@@ -93,8 +93,8 @@ class TransformersBackend:
         self._loading: dict[tuple, threading.Lock] = {}
         self._loaded: dict[tuple, Any] = {}
 
-    def availability(self) -> Availability:
-        return Availability(True)
+    def auto(self, mode: str) -> bool:
+        return True  # the last the registry asks: it runs every mode here
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
         if model is None or not mode.artifact:

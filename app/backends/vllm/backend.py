@@ -13,8 +13,9 @@ import time
 from app import models
 from app.modes import ConfigError
 from app.modes import configs
-from app.backends.base import Availability, Prompt, encode
-from app.backends.remote.openai import RemoteError
+from app.backends.base import EngineBackend, Prompt, encode
+from app.backends.processes import GroupShare
+from app.backends.openai import RemoteError
 from app.backends.store import Progress, Store
 from app.backends.vllm import builds, processes
 from app.backends.vllm.client import Engine
@@ -24,14 +25,14 @@ from app.service.errors import EngineError
 from app.service.jobs import Limits, Work
 
 
-class VLLMBackend:
+class VLLMBackend(EngineBackend):
     name = "vllm"
+    kind = "vllm-server"
 
     def __init__(self, store: Store, dtype: str = "float32", settings: processes.Settings = processes.Settings(),
                  max_started: int | None = None, idle_s: float | None = None) -> None:
-        self.store = store
+        super().__init__(store, settings)
         self.dtype = dtype
-        self.settings = settings
         # Public mode (Policy.visitor_engines, Policy.engine_idle_s): how many engines requests may start and keep
         # running at a time beyond the operator's, and how long one of them may idle before it is stopped; None = no bound.
         self.max_started = max_started
@@ -42,14 +43,33 @@ class VLLMBackend:
         if idle_s is not None:
             threading.Thread(target=self._reap_idle, name="vllm-idle", daemon=True).start()
         self.processes = processes.Processes(store.builds, settings)
-        self.started: set[str] = set()  # engines this backend started: stopped when the service closes
         self._starting: dict[str, int] = {}  # build id -> requests starting its engine now (each holds the place)
-        self._tokenizers: dict[str, object] = {}
-        self._lock = threading.Lock()
 
-    def availability(self) -> Availability:
-        reason = processes.unavailable(self.settings)
-        return Availability(reason is None, reason or "")
+    @staticmethod
+    def waiting(seconds: float) -> str:
+        return (f"starting the vLLM engine for these settings: {seconds:.0f} s (a first start takes 1–3 minutes: "
+                "vLLM loads the model and warms it up; later runs reuse the engine)")
+
+    def unavailable(self) -> str | None:
+        return processes.unavailable(self.settings)
+
+    def state(self, build_id: str) -> dict:
+        return self.processes.state(build_id)
+
+    def stop_server(self, build_id: str) -> bool:
+        return self.processes.stop(build_id)
+
+    def note(self, request: DecodeRequest, model: str) -> str:
+        """Its method, what it ignores, whether its engine is up (a first Run starts it: a minute or more)."""
+        try:
+            build = builds.spec(request, model, dtype=self.dtype)
+        except EngineError as err:
+            raise ConfigError(str(err)) from None
+        spec = build.config["speculative_config"]
+        method = f"vLLM `{spec['method']}`, num_speculative_tokens {spec['num_speculative_tokens']}" if spec else "vLLM, no speculation"
+        up = "its engine is running" if self.running(build.key()) else "the first Run starts its engine (1–3 minutes)"
+        ignored = processes.ignored(request)
+        return f"{method}; {up}" + (f"; vLLM has no counterpart for: {', '.join(ignored)}" if ignored else "")
 
     def supports(self, mode: Mode, model: str | None = None) -> str | None:
         reason = processes.unavailable(self.settings) or processes.missing(mode)
@@ -101,12 +121,6 @@ class VLLMBackend:
                     del self._starting[build_id]
         return manifest, url
 
-    def tokenizer(self, model: str):
-        with self._lock:
-            if model not in self._tokenizers:
-                self._tokenizers[model] = models.load_tokenizer(model, self.store.root)
-            return self._tokenizers[model]
-
     def check(self, request: DecodeRequest) -> None:
         check(request)
 
@@ -131,7 +145,7 @@ class VLLMBackend:
             self._active[build_id] = self._active.get(build_id, 0) + 1
 
         def used(cancel: threading.Event):
-            load = processes.GroupShare(pid) if pid else None  # the machine's load, sampled as the run goes
+            load = GroupShare(pid) if pid else None  # the machine's load, sampled as the run goes
             try:
                 for message in work(cancel):
                     if load and message.get("type") in ("step", "end") and (share := load.share()) is not None:
@@ -152,38 +166,30 @@ class VLLMBackend:
                     and now - self._last_used.get(i, now) >= (self.idle_s if self.idle_s is not None else float("inf"))]
             self.started.difference_update(idle)
         for build_id in idle:
-            self.processes.stop(build_id)
+            self.stop_server(build_id)
         return idle
 
     def _reap_idle(self) -> None:
         while not self._closed.wait(min(30.0, self.idle_s)):
             self.reap()
 
-    def running(self, build_id: str) -> bool:
-        return self.processes.state(build_id)["state"] == "running"
-
     def room(self) -> int | None:
-        """How many more engines requests may start now (None: no bound)."""
         if self.max_started is None:
             return None
         with self._lock:
             running = sum(self.running(i) for i in self.started)
             return max(0, self.max_started - running - len(self._starting))
 
-    def stop(self, build_id: str) -> None:
-        """Stop an engine this backend started (a load sweep's, when it ends); the operator's are left alone."""
+    def release(self, build_id: str) -> None:
         with self._lock:
             if build_id not in self.started:
                 return
             self.started.discard(build_id)
-        self.processes.stop(build_id)
+        self.stop_server(build_id)
 
     def stop_started(self) -> None:
         self._closed.set()
-        with self._lock:
-            started, self.started = self.started, set()
-        for build_id in started:
-            self.processes.stop(build_id)
+        super().stop_started()
 
 
 def check(request: DecodeRequest) -> None:

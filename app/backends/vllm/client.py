@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from app.backends.remote.openai import RemoteError, error_message, reason, sse
+from app.backends.openai import RemoteError, error_message, reason, sse
 from app.modes import ConfigError
 from app.modes.configs import DecodeRequest
 from app.service.jobs import Work

