@@ -13,7 +13,7 @@ from typing import Any
 
 from app.modes import ConfigError
 from app.modes.notation import int_list
-from app.modes import MODES, Flag, Mode, Modes
+from app.modes import MERGED_MODE, MODES, Flag, Mode, Modes
 from app.modes.shipped import NGRAM_FLAGS
 from app.prompts import load_prompts
 from app.modes import configs
@@ -137,7 +137,7 @@ def request_data(args: argparse.Namespace, mode: str, modes: Modes = MODES) -> d
     entry = modes[mode]
     spec = _fields(args, entry.cli_flags())
     if merged:
-        spec["prompt_lookup"] = _fields(args, NGRAM_FLAGS)
+        spec[MERGED_MODE] = _fields(args, NGRAM_FLAGS)
     data = {
         "speculative_config": {"decoding_type": entry.decoding_type, **spec},
         "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed},
@@ -151,7 +151,7 @@ def request_data(args: argparse.Namespace, mode: str, modes: Modes = MODES) -> d
 
 def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
     """The runtime config of one mode, checked by its rules and the transformers backend's (bench runs that loop)."""
-    request = configs.parse(request_data(args, mode))
+    request = MODES.parse(request_data(args, mode))
     transformers.check(request)
     return runner.to_runtime(request)
 
@@ -775,7 +775,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     b.add_argument("--prompts", default=None, help="Spec-Bench-format JSONL (default: assets/spec_bench/question.jsonl)")
     b.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
     b.add_argument("--limit", type=int, default=5, help="prompts per category")
-    b.add_argument("--modes", default="autoregressive,prompt_lookup,lookahead")
+    b.add_argument("--modes", default=",".join(["autoregressive", *(m.name for m in modes if m.compared)]))
     b.add_argument("--peers", action="store_true", help="also run transformers' generate() variants and, where vLLM "
                    "is installed (.venv-vllm), vLLM engines doing the same jobs (vllm_generate, vllm_ngram, vllm_draft_model)")
     b.add_argument("--json", default=None, metavar="OUT", help="write summary and per-run records here")

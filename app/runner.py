@@ -22,7 +22,7 @@ from app.decoding.types import StepEvent
 from app.decoding.sampling import SamplingParams
 from app.models import LoadedModel, ModelError
 from app.modes import MODES, ConfigError, DecodeRequest, Modes
-from app.modes.configs import AutoregressiveConfig
+from app.modes.configs import AutoregressiveConfig, merged
 from app.modes.registry import resolve
 
 
@@ -106,7 +106,7 @@ def drafter(cfg: DecodingConfig, target=None, companion=None, modes: Modes | Non
         built = resolve(entry.drafter).from_config(c, target, companion)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    extra = getattr(c, "prompt_lookup", None)
+    extra = merged(c)
     if extra is None:
         return built
     from app.decoding.drafters.merged import Merged

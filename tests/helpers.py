@@ -411,12 +411,12 @@ def trtllm_stand_in(pins: bool = False):
 
 def checked(data, modes=None):
     """A request checked as Service.request checks it: its mode's rules (configs.parse), then its backend's own."""
-    from app.modes import configs
+    from app.modes import MODES
     from app.backends.tensorrt_llm import backend as tensorrt_llm
     from app.backends.transformers import backend as transformers
     from app.backends.vllm import backend as vllm
 
-    request = configs.parse(data, modes)
+    request = (modes or MODES).parse(data)
     own = {"transformers": transformers.check, "tensorrt_llm": tensorrt_llm.check, "vllm": vllm.check}
     own.get(request.backend, lambda r: None)(request)  # remote: the server it talks to checks
     return request

@@ -109,8 +109,8 @@ def drafters(model):
         "lookahead": Lookahead(4, 3, 4),
         "draft_target": DraftModel(tiny_llama(vocab=96, hidden=16, layers=1, max_pos=1024, seed=1), 3),
         "medusa": Medusa(random_heads(), model.get_output_embeddings(), medusa_choices("default")),
-        "eagle": Eagle(eagle, embed, total_tokens=24, depth=5, top_k=4),
-        "eagle+prompt_lookup": Merged(Eagle(eagle, embed, total_tokens=12, depth=4, top_k=3), PromptLookup(10, 2, max_candidates=2)),
+        "eagle": Eagle(eagle, embed, max_total_draft_tokens=23, depth=5, top_k=4),
+        "eagle+prompt_lookup": Merged(Eagle(eagle, embed, max_total_draft_tokens=11, depth=4, top_k=3), PromptLookup(10, 2, max_candidates=2)),
         "suffix": Suffix(),
     }
 
@@ -199,7 +199,7 @@ def test_an_eagle_module_runs_its_compiled_pass_equal_to_its_eager_one(eagle_art
             runs = {}
             for with_fast in (False, True):
                 module.fast = fast if with_fast else None
-                drafter = Eagle(module, embed, total_tokens=12, depth=4, top_k=3)
+                drafter = Eagle(module, embed, max_total_draft_tokens=11, depth=4, top_k=3)
                 target = TransformersTarget(loaded.model, hidden_states=True, forward=loaded.forward)
                 events = list(generate(target, drafter, PROMPT, max_new_tokens=NEW))
                 runs[with_fast] = (output_of(events), [e.proposed for e in events])

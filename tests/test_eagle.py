@@ -272,7 +272,7 @@ def test_static_tree_hand_made_tables():
 def test_greedy_dynamic_tree_equals_autoregressive(tiny_model, random_module, shape, prompt):
     total, depth, top_k = shape
     ref = ar_reference(tiny_model, PROMPTS[prompt])
-    rec = DrafterSpy(Eagle(random_module, tiny_model.get_input_embeddings(), total, depth, top_k))
+    rec = DrafterSpy(Eagle(random_module, tiny_model.get_input_embeddings(), total - 1, depth, top_k))
     out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
     assert out == ref, f"differs at {first_difference(out, ref)}"
     check_proposals(rec.calls, max_nodes=total - 1, max_depth=depth, top_k=top_k)
@@ -285,7 +285,7 @@ def test_greedy_pruned_dynamic_tree_equals_autoregressive(tiny_model, trained, p
     ref = ar_reference(tiny_model, PROMPTS[prompt])
     sizes = {}
     for p in (0.0, 1e-4, 0.003, 0.03):
-        rec = DrafterSpy(Eagle(trained, tiny_model.get_input_embeddings(), 16, 4, 3, min_path_prob=p))
+        rec = DrafterSpy(Eagle(trained, tiny_model.get_input_embeddings(), 15, 4, 3, min_path_prob=p))
         out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
         assert out == ref, f"min_path_prob {p}: differs at {first_difference(out, ref)}"
         check_proposals(rec.calls, max_nodes=15, max_depth=4, top_k=3)
@@ -326,7 +326,7 @@ def test_trees_trimmed_near_the_context_end(short_model):
     prompt = _random(5, n=36)
     ref = ar_reference(short_model, prompt, max_new_tokens=40)
     assert len(prompt) + len(ref) == short_model.config.max_position_embeddings
-    for kwargs in (dict(total_tokens=30, depth=8, top_k=4), dict(static_choices=EAGLE1_TREE)):
+    for kwargs in (dict(max_total_draft_tokens=29, depth=8, top_k=4), dict(static_choices=EAGLE1_TREE)):
         rec = DrafterSpy(Eagle(module, short_model.get_input_embeddings(), **kwargs))
         out, events = run(short_model, rec, prompt, max_new_tokens=40)
         assert out == ref and events[-1].finish_reason == "length"
@@ -408,7 +408,7 @@ def test_drafts_match_an_independent_recomputation(tiny_model, random_module, tr
     module = {"random": random_module, "trained": trained, "reduced_vocab": make_module(tiny_model, 9, 50),
               "fused_layers": make_module(tiny_model, 11, aux=[0, 1, 2]),
               "eagle3": make_module(tiny_model, 13, 50, aux=[0, 1, 2], eagle3=True)}[which]
-    kwargs = dict(total_tokens=16, depth=4, top_k=3) if tree == "dynamic" else dict(static_choices=EAGLE1_TREE)
+    kwargs = dict(max_total_draft_tokens=15, depth=4, top_k=3) if tree == "dynamic" else dict(static_choices=EAGLE1_TREE)
     rec = DrafterSpy(Eagle(module, tiny_model.get_input_embeddings(), **kwargs))
     run(tiny_model, rec, PROMPTS["random_b"], max_new_tokens=24)
     assert len(rec.calls) >= 3
@@ -458,7 +458,7 @@ def test_sampling_matches_the_exact_distribution(small_vocab_model, min_path_pro
     module = make_module(small_vocab_model, seed=3, draft_vocab=6)
     embed = small_vocab_model.get_input_embeddings()
     exact = cached("t1", lambda: exact_distribution(small_vocab_model, SAMPLING_PROMPT, T1))
-    counts, accepted, drafted = sample_runs(small_vocab_model, lambda: Eagle(module, embed, 8, 3, 3, min_path_prob=min_path_prob), T1)
+    counts, accepted, drafted = sample_runs(small_vocab_model, lambda: Eagle(module, embed, 7, 3, 3, min_path_prob=min_path_prob), T1)
     assert drafted > RUNS // 3 and accepted > RUNS // 20, (accepted, drafted)  # pruned at 0.2: about half the nodes
     check_against_exact(counts, exact, f"eagle dynamic, min_path_prob {min_path_prob}")
 
@@ -609,7 +609,7 @@ def test_training_unroll_computes_what_tree_nodes_compute(tiny_model, eagle3):
 @pytest.mark.parametrize("eagle3", [False, True])
 def test_greedy_with_fused_target_layers_equals_autoregressive(tiny_model, prompt, eagle3):
     module = make_module(tiny_model, seed=12, aux=[1, 2], eagle3=eagle3)
-    rec = DrafterSpy(Eagle(module, tiny_model.get_input_embeddings(), 12, 4, 3))
+    rec = DrafterSpy(Eagle(module, tiny_model.get_input_embeddings(), 11, 4, 3))
     out, _ = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
     assert out == ar_reference(tiny_model, PROMPTS[prompt])
     check_proposals(rec.calls, max_nodes=11, max_depth=4, top_k=3)

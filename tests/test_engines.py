@@ -20,7 +20,7 @@ import transformers
 
 from app import models
 from app.heads import medusa
-from app.modes import configs
+from app.modes import MODES, configs
 from app.backends.tensorrt_llm import backend as trt
 from app.backends.registry import EngineStore, spec_for
 from app.backends.store import ENGINE_KINDS, BuildSpec, tree_sha256
@@ -35,7 +35,7 @@ FIELDS = {"id", "spec", "kind", "status", "created", "duration_s", "source", "fi
 
 def request(speculative=None, **top):
     data = {"speculative_config": speculative or {"decoding_type": "Autoregressive"}, **top}
-    return configs.parse(data)
+    return MODES.parse(data)
 
 
 def la(w, n, g, **top):

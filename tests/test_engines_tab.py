@@ -20,7 +20,7 @@ import pytest
 
 from app import models
 from app.models import LoadedModel
-from app.modes import configs
+from app.modes import MODES, configs
 from app.backends.vllm import processes as vllm_processes
 from app.service.api import Service
 from app.backends.registry import spec_for
@@ -182,7 +182,7 @@ def test_the_settings_column_tells_two_prompt_lookup_servers_apart(make_service)
 
 def test_settings_are_said_by_each_backends_own_names():
     def spec(data, dtype="float32"):
-        return spec_for(configs.parse(data), models.BUNDLED, dtype=dtype).to_dict()
+        return spec_for(MODES.parse(data), models.BUNDLED, dtype=dtype).to_dict()
 
     lookahead = spec({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 5}, "backend": "tensorrt_llm"})
     assert settings_text(lookahead) == ("max_window_size 5, max_ngram_size 3, max_verification_set_size 4, "

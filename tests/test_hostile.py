@@ -16,7 +16,7 @@ from app.modes import ConfigError
 from app.modes import MODES
 from app.modes import configs
 from app import traces
-from app.backends.transformers import backend as transformers
+from app.modes import limits
 from app.service.policy import Policy, relative
 from app.traces import TraceError
 from app.ui import render
@@ -38,10 +38,10 @@ def eagle(**fields):
     ({"sampling": {"top_k": 10**12}}, "top_k must be in [0, 1048576]"),
     ({"max_new_tokens": 10**9}, "max_new_tokens must be in [1, 8192]"),
     ({"max_new_tokens": float("nan")}, "max_new_tokens"),
-    (eagle(max_draft_len=4, dynamic_tree_max_topK=1000, min_path_prob=0), "dynamic_tree_max_topK (eagle_top_k) must be in [1, 16]"),
-    (eagle(max_draft_len=4, dynamic_tree_max_topK=12), "top-k at most 10"),
+    (eagle(max_total_draft_tokens=4, dynamic_tree_max_topK=1000, min_path_prob=0), "dynamic_tree_max_topK (eagle_top_k) must be in [1, 16]"),
+    (eagle(max_total_draft_tokens=4, dynamic_tree_max_topK=12), "top-k at most 10"),
     (eagle(num_eagle_layers=100), "num_eagle_layers (the tree depth, eagle_depth) must be in [1, 16]"),
-    (eagle(max_draft_len=80), "max_draft_len at most 63"),
+    (eagle(max_total_draft_tokens=80), "max_total_draft_tokens at most 63"),
     ({"speculative_config": {"decoding_type": "NGram", "max_candidates": 1000}}, "max_candidates must be in [1, 16]"),
     ({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 64, "max_candidates": 4}}, "verifies at most 96"),
     ({"speculative_config": {"decoding_type": "NGram", "max_matching_ngram_size": 10**6}}, "max_matching_ngram_size must be in [1, 32]"),
@@ -67,12 +67,12 @@ def test_every_number_has_an_upper_bound_and_a_sentence(data, fragment):
 
 
 def test_the_widest_allowed_step_is_accepted_and_tensorrt_llm_keeps_its_own_limits():
-    widest = checked(eagle(max_draft_len=transformers.STEP_EAGLE_TOKENS, dynamic_tree_max_topK=transformers.STEP_EAGLE_TOP_K,
-                           num_eagle_layers=transformers.STEP_EAGLE_DEPTH, min_path_prob=0))
-    assert widest.speculative_config.max_draft_len == 63
-    # The step budget is the transformers backend's: TensorRT-LLM's engines take their own (max_draft_len <= 256).
-    trt = checked({**eagle(max_draft_len=200, speculative_model="x"), "backend": "tensorrt_llm"})
-    assert trt.speculative_config.max_draft_len == 200
+    widest = checked(eagle(max_total_draft_tokens=limits.STEP_EAGLE_TOKENS, dynamic_tree_max_topK=limits.STEP_EAGLE_TOP_K,
+                           num_eagle_layers=limits.STEP_EAGLE_DEPTH, min_path_prob=0))
+    assert widest.speculative_config.max_total_draft_tokens == 63
+    # The step budget is the transformers backend's: TensorRT-LLM's engines take their own (at most 256 draft tokens).
+    trt = checked({**eagle(max_total_draft_tokens=200, speculative_model="x"), "backend": "tensorrt_llm"})
+    assert trt.speculative_config.max_total_draft_tokens == 200
 
 
 NUMBERS = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.none(),
@@ -83,7 +83,7 @@ NUMBERS = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_
     "max_new_tokens": NUMBERS, "sampling": st.dictionaries(st.sampled_from(["temperature", "top_p", "top_k", "seed"]), NUMBERS),
     "speculative_config": st.fixed_dictionaries(
         {"decoding_type": st.sampled_from([m.decoding_type for m in MODES])},
-        optional={k: NUMBERS for k in ("max_draft_len", "dynamic_tree_max_topK", "num_eagle_layers", "max_window_size",
+        optional={k: NUMBERS for k in ("max_draft_len", "max_total_draft_tokens", "dynamic_tree_max_topK", "num_eagle_layers", "max_window_size",
                                         "max_ngram_size", "max_verification_set_size", "max_candidates",
                                         "max_matching_ngram_size", "num_medusa_heads", "min_path_prob",
                                         "posterior_alpha")})}))
@@ -96,7 +96,7 @@ def test_a_request_is_valid_and_bounded_or_refused_in_a_sentence(data):
         return
     c = request.speculative_config
     assert request.max_new_tokens <= configs.MAX_NEW_TOKENS
-    assert c.max_draft_len <= transformers.STEP_DRAFT_TOKENS
+    assert configs.draft_tokens(c) <= limits.STEP_DRAFT_TOKENS
     assert request.sampling.seed is None or 0 <= request.sampling.seed < 2**63
 
 
@@ -316,7 +316,7 @@ BODIES = st.fixed_dictionaries(
               "model": st.one_of(st.just("smollm2-135m-instruct"), FIELD_VALUES),
               "specdec": st.one_of(JSON_ANY, st.fixed_dictionaries({"speculative_config": st.fixed_dictionaries(
                   {"decoding_type": st.sampled_from([m.decoding_type for m in MODES])},
-                  optional={k: FIELD_VALUES for k in ("max_draft_len", "dynamic_tree_max_topK", "num_eagle_layers",
+                  optional={k: FIELD_VALUES for k in ("max_draft_len", "max_total_draft_tokens", "dynamic_tree_max_topK", "num_eagle_layers",
                                                        "speculative_model", "max_window_size", "max_candidates")})}))})
 
 

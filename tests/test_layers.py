@@ -193,3 +193,71 @@ def test_the_check_sees_a_switch_on_an_engines_name():
               'record["vllm"]\n'  # a field of a document, not a switch
               '{"backend": "vllm"}\n')  # a request that names its engine
     assert sorted(line for line, _ in switches(source, names)) == [1, 2, 3, 5]
+
+
+# ----------------------------------------------------------------------------- the mode entry owns its mode
+
+BASELINE = "autoregressive"  # what every mode races: the app's baseline, not a mode's own branch
+MODE_WORDS = ("mode", "name", "mode_name", "m")  # what a variable or field holding a mode's name is called
+
+
+def own_files() -> set[Path]:
+    """The files that may know a mode by its config class or its name: the mode model, and each shipped mode's
+    drafter and explainer."""
+    from app.modes import MODES
+
+    refs = [ref.partition(":")[0] for m in MODES for ref in (m.drafter, m.explainer) if isinstance(ref, str)]
+    return {p for p in (APP / "modes").rglob("*.py")} | {modules()[ref] for ref in refs}
+
+
+def _names_a_mode(node: ast.AST) -> bool:
+    """`mode`, `x.name`, `spec.mode`, `d["mode"]`: an expression holding a mode's name."""
+    if isinstance(node, ast.Name):
+        return node.id in MODE_WORDS
+    if isinstance(node, ast.Attribute):
+        return node.attr in MODE_WORDS
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value in MODE_WORDS
+    return False
+
+
+def mode_switches(source: str, mode_names: set[str], config_names: set[str]) -> list[str]:
+    """Where `source` asks which mode a config is: isinstance on a mode's config class, or a comparison of a mode's
+    name with a mode's name written out (`mode == "eagle"`, `name in ("medusa", "eagle")`)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            named = {c.id if isinstance(c, ast.Name) else c.attr for c in classes if isinstance(c, (ast.Name, ast.Attribute))}
+            if named & config_names:
+                out.append(f"line {node.lineno}: isinstance on {', '.join(sorted(named & config_names))}")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            words = {c.value for side in sides for c in ([side] if isinstance(side, ast.Constant) else getattr(side, "elts", []))
+                     if isinstance(c, ast.Constant) and c.value in mode_names}
+            if words and any(_names_a_mode(side) for side in sides):
+                out.append(f"line {node.lineno}: compares a mode's name with {', '.join(sorted(words))}")
+    return out
+
+
+def test_no_code_outside_a_mode_asks_which_mode_it_is():
+    """A mode's behaviour is its entry's (hooks and data: app/modes/shipped.py) and its own files': elsewhere no
+    isinstance on its config and no branch on its name."""
+    from app.modes import MODES
+
+    mode_names = set(MODES.names + MODES.merged) - {BASELINE}
+    config_names = {m.config.__name__ for m in MODES}
+    own = own_files()
+    found = [f"{path.relative_to(APP.parent)} {hit}" for path in sorted(APP.rglob("*.py")) if path not in own
+             for hit in mode_switches(path.read_text(), mode_names, config_names)]
+    assert found == []
+
+
+def test_the_check_sees_a_switch_on_a_mode():
+    source = ("def f(c, mode, spec):\n"
+              "    if isinstance(c, configs.LookaheadDecodingConfig): pass\n"
+              "    if mode == 'eagle' or spec.mode in ('medusa', 'x') or spec['mode'] != 'suffix': pass\n"
+              "    if mode == 'autoregressive' or c.vllm == 'eagle3': pass\n")
+    hits = mode_switches(source, {"eagle", "medusa", "suffix"}, {"LookaheadDecodingConfig"})
+    assert [h.split(":")[0] for h in hits] == ["line 2", "line 3", "line 3", "line 3"]

@@ -7,7 +7,8 @@ import pytest
 
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.drafters.draft_model import DraftModel
-from app.decoding.drafters.lookahead import Lookahead, max_draft_len
+from app.decoding.drafters.lookahead import Lookahead
+from app.modes.configs import lookahead_draft_tokens
 from app.decoding.drafters.prompt_lookup import PromptLookup
 from app.decoding.drafters.suffix import Suffix
 from app.decoding.loop import ContextError, generate
@@ -200,7 +201,7 @@ def test_lookahead_proposals_fit_the_trt_llm_budget(tiny_model):
     for args in [(4, 3, 4), (5, 4, 5), (7, 5, 7), (2, 2, 1)]:
         drafter = DrafterSpy(Lookahead(*args))
         run(tiny_model, drafter, PROMPTS["repeat"], max_new_tokens=40)
-        assert max(len(p.tokens) for _, _, p in drafter.calls) <= max_draft_len(*args)
+        assert max(len(p.tokens) for _, _, p in drafter.calls) <= lookahead_draft_tokens(*args)
         assert any(p.num_draft < len(p.tokens) for _, _, p in drafter.calls), "the Jacobi window is run"
 
 

@@ -112,8 +112,8 @@ def _pl():
 @pytest.mark.parametrize("kind", ["eagle", "eagle_pruned", "medusa"])
 def test_greedy_merged_tree_equals_autoregressive(tiny_model, trained, oracle_heads, kind, prompt):  # noqa: F811
     embed = tiny_model.get_input_embeddings()
-    primary = {"eagle": lambda: Eagle(trained, embed, 12, 4, 3),
-               "eagle_pruned": lambda: Eagle(trained, embed, 12, 4, 3, min_path_prob=0.05),
+    primary = {"eagle": lambda: Eagle(trained, embed, 11, 4, 3),
+               "eagle_pruned": lambda: Eagle(trained, embed, 11, 4, 3, min_path_prob=0.05),
                "medusa": lambda: medusa_drafter(tiny_model, oracle_heads, "small")}[kind]
     rec = DrafterSpy(Merged(primary(), _pl()))
     out, events = run(tiny_model, rec, PROMPTS[prompt], max_new_tokens=MAX_NEW)
@@ -137,8 +137,8 @@ def test_merged_tree_accepts_more_than_either_part_on_a_copy_task(tiny_model, tr
     embed = tiny_model.get_input_embeddings()
     prompt = PROMPTS["repeat"]
     steps = {}
-    for name, make in {"eagle": lambda: Eagle(trained, embed, 12, 4, 3), "pl": _pl,
-                       "merged": lambda: Merged(Eagle(trained, embed, 12, 4, 3), _pl())}.items():
+    for name, make in {"eagle": lambda: Eagle(trained, embed, 11, 4, 3), "pl": _pl,
+                       "merged": lambda: Merged(Eagle(trained, embed, 11, 4, 3), _pl())}.items():
         out, events = run(tiny_model, make(), prompt, max_new_tokens=MAX_NEW)
         assert out == ar_reference(tiny_model, prompt)
         steps[name] = len(events)
@@ -173,7 +173,7 @@ def test_runtime_config_merges_only_tree_modes(tiny_model, trained):  # noqa: F8
     assert (d.extra.num_tokens, d.extra.max_ngram) == (7, 3)
     assert not isinstance(runner.drafter(DecodingConfig(EagleDecodingConfig()), tiny_model, trained), Merged)
     with pytest.raises(ConfigError, match="prompt_lookup: Extra inputs"):  # only a tree mode's config has the field
-        configs.parse({"speculative_config": {"decoding_type": "Lookahead", "prompt_lookup": {}}})
+        MODES.parse({"speculative_config": {"decoding_type": "Lookahead", "prompt_lookup": {}}})
 
 
 def test_service_config_nests_an_ngram_config():
@@ -181,16 +181,16 @@ def test_service_config_nests_an_ngram_config():
 
     data = {"speculative_config": {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 6, "max_matching_ngram_size": 3,
                                                                                "is_use_oldest": False, "max_candidates": 2}}}
-    cfg = runner.to_runtime(configs.parse(data))
+    cfg = runner.to_runtime(MODES.parse(data))
     pl = cfg.speculative_config.prompt_lookup
     assert cfg.mode == "eagle" and (pl.max_draft_len, pl.max_matching_ngram_size, pl.is_use_oldest, pl.max_candidates) == (6, 3, False, 2)
-    medusa = runner.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Medusa", "prompt_lookup": {}}}))
+    medusa = runner.to_runtime(MODES.parse({"speculative_config": {"decoding_type": "Medusa", "prompt_lookup": {}}}))
     assert medusa.mode == "medusa" and medusa.speculative_config.prompt_lookup.max_draft_len == 10
-    assert runner.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Eagle"}})).speculative_config.prompt_lookup is None
+    assert runner.to_runtime(MODES.parse({"speculative_config": {"decoding_type": "Eagle"}})).speculative_config.prompt_lookup is None
     with pytest.raises(ConfigError, match="max_draft_len"):
-        configs.parse({"speculative_config": {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 0}}})
+        MODES.parse({"speculative_config": {"decoding_type": "Eagle", "prompt_lookup": {"max_draft_len": 0}}})
     with pytest.raises(ConfigError, match="prompt_lookup"):
-        configs.parse({"speculative_config": {"decoding_type": "Lookahead", "prompt_lookup": {}}})
+        MODES.parse({"speculative_config": {"decoding_type": "Lookahead", "prompt_lookup": {}}})
     with pytest.raises(ConfigError, match="TensorRT-LLM cannot"):
         checked({"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x",
                                                                           "prompt_lookup": {}}})

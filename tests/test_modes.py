@@ -125,7 +125,7 @@ def test_config_validation_accepts_and_rejects_its_fields():
     with pytest.raises(ConfigError, match="TensorRT-LLM has no repeat decoding"):
         checked({"speculative_config": {"decoding_type": "Repeat"}, "backend": "tensorrt_llm"}, TOY)
     with pytest.raises(ConfigError):  # the app's own registry does not know it
-        configs.parse({"speculative_config": {"decoding_type": "Repeat"}})
+        MODES.parse({"speculative_config": {"decoding_type": "Repeat"}})
 
 
 def test_an_engine_mapping_in_its_entry_is_what_tensorrt_llm_is_sent():
@@ -331,3 +331,103 @@ def test_a_new_artifact_kind_trains_through_its_entrys_recipe(tmp_path):
     assert recipes.artifact_config("repeat_bias", tmp_path / "out", registry) == {"vocab": 96}
     with pytest.raises(ValueError, match="unknown training mode 'repeat_bias'"):
         recipes.recipe("repeat_bias")  # the app's own registry has no such kind
+
+
+# ----------------------------------------------------------------------------- what an entry owns of its mode
+
+
+def test_an_eagle_trees_depth_and_nodes_survive_every_mapping_unchanged():
+    """Depth (max_draft_len, TensorRT-LLM's drafting steps) and nodes (max_total_draft_tokens) are two fields: the Run
+    tab's controls, the command line, each engine's mapping and the drafter carry them as they are, no ±1 between."""
+    from app.backends.tensorrt_llm import backend as trt
+    from app.backends.vllm import processes as vllm
+    from app.ui import settings
+
+    data = {"speculative_config": {"decoding_type": "Eagle", "max_total_draft_tokens": 11, "num_eagle_layers": 4,
+                                   "dynamic_tree_max_topK": 3}}
+    c = MODES.parse(data).speculative_config
+    assert (c.max_draft_len, c.max_total_draft_tokens) == (4, 11)
+    mode, values = settings.from_request(data)
+    assert (mode, values["eg_total"], values["eg_depth"]) == ("eagle", 12, 4)  # the Run tab's total counts the root
+    back = MODES.parse(settings.to_request(mode, {**settings.defaults(), **values})).speculative_config
+    assert (back.max_draft_len, back.max_total_draft_tokens) == (4, 11)
+    args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--mode", "eagle", "--eagle-total-tokens", "12",
+                                          "--eagle-depth", "4", "--eagle-top-k", "3"])
+    flagged = MODES.parse(cli.request_data(args, "eagle")).speculative_config
+    assert (flagged.max_draft_len, flagged.max_total_draft_tokens) == (4, 11)
+    for backend in ("pytorch", "tensorrt"):
+        request = MODES.parse({**data, "backend": "tensorrt_llm", "trtllm_backend": backend})
+        assert trt.trtllm_speculative_config(request)["max_draft_len"] == c.max_draft_len
+        assert trt.trtllm_engine_draft_len(request) == 4
+    vllm_request = MODES.parse({**data, "backend": "vllm"})
+    assert vllm.speculative_config(vllm_request, "m")["num_speculative_tokens"] == c.max_draft_len
+    from app.decoding.drafters.eagle import Eagle
+
+    class Module:  # what from_config reads of the module and the target: nothing of the tree's size
+        config = type("C", (), {"draft_vocab_size": 8})
+
+    target = torch.nn.Module()
+    target.get_input_embeddings = lambda: torch.nn.Embedding(8, 4)
+    drafter = Eagle.from_config(c, target, Module())
+    assert (drafter.max_total_draft_tokens, drafter.depth, drafter.top_k) == (11, 4, 3)
+    static = MODES.parse({"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False,
+                                                 "eagle_choices": [[0], [0, 0], [0, 0, 0], [1]]}}).speculative_config
+    assert static.max_draft_len == 3, "a static tree's depth is its deepest path"
+
+
+def test_a_request_from_before_the_split_keeps_its_tree():
+    """Requests and recordings from before max_total_draft_tokens gave EAGLE's nodes as max_draft_len."""
+    old = MODES.parse({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 7, "num_eagle_layers": 4}})
+    assert (old.speculative_config.max_total_draft_tokens, old.speculative_config.max_draft_len) == (7, 4)
+
+
+def test_a_modes_step_limits_on_the_transformers_backend_are_its_entrys():
+    import dataclasses
+
+    def at_most_two(c):
+        if c.max_draft_len > 2:
+            raise ConfigError("repeat: at most 2 on this loop")
+
+    limited = MODES.with_(dataclasses.replace(TOY["repeat"], loop_check=at_most_two))
+    assert checked({"speculative_config": {"decoding_type": "Repeat", "max_draft_len": 2}}, limited)
+    with pytest.raises(ConfigError, match="at most 2 on this loop"):
+        checked({"speculative_config": {"decoding_type": "Repeat", "max_draft_len": 3}}, limited)
+    checked({"speculative_config": {"decoding_type": "Repeat", "max_draft_len": 3}, "backend": "tensorrt_llm"},
+            MODES.with_(dataclasses.replace(limited["repeat"], trtllm=("pytorch",))))  # the loop's limit only
+    with pytest.raises(ConfigError, match="verifies at most 96"):  # the bound every mode is held to: its draft tokens
+        checked({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 64, "max_candidates": 2}})
+
+
+def test_what_tensorrt_llm_takes_per_request_is_the_entrys():
+    from app.backends.tensorrt_llm import backend as trt
+
+    request = MODES.parse({"speculative_config": {"decoding_type": "Lookahead", "request": [2, 2, 1]}})
+    assert trt.sampling_kwargs(request)["lookahead_config"] == {"max_window_size": 2, "max_ngram_size": 2,
+                                                                "max_verification_set_size": 1}
+    assert "lookahead_config" not in trt.sampling_kwargs(MODES.parse({"speculative_config": {"decoding_type": "Lookahead"}}))
+
+
+def test_tour_compare_bench_and_link_short_forms_are_the_entries():
+    from app.ui import links
+
+    assert MODES.tour() == ["autoregressive", "prompt_lookup", "suffix", "lookahead", "draft_target", "medusa", "eagle",
+                            "medusa+prompt_lookup", "eagle+prompt_lookup"]
+    assert TOY.tour()[-1] == "repeat", "a mode without a place in the tour comes after"
+    assert [m.name for m in MODES if m.compared] == ["prompt_lookup", "lookahead"]
+    assert cli.build_parser().parse_args(["bench"]).modes == "autoregressive,prompt_lookup,lookahead"
+    assert {s.name: s.keys for s in links.SHORT.values()} == {
+        "la": ("la_W", "la_N", "la_G"), "la_req": ("la_w", "la_n", "la_g"), "pl": ("pl_ngram", "pl_num_tokens")}
+    assert links.SHORT["la_req"].follows == "la"
+
+
+def test_a_modes_panel_styles_are_its_explainers_and_reach_the_page():
+    class Styled(RepeatExplainer):
+        CSS = "body .specdec .repeat-panel{font-weight:700}\n"
+
+    import dataclasses
+
+    styled = MODES.with_(dataclasses.replace(TOY["repeat"], explainer=Styled))
+    assert Styled.CSS in render.css(styled) and Styled.CSS not in render.css()
+    page = render.css()
+    assert "body .specdec .sd-grid th" in page and "body .specdec .bar" in page  # lookahead's and draft-target's panels
+    assert ".sd-grid" not in render.CSS and ".cand" not in render.CSS, "a mode's panel styles are its explainer's"

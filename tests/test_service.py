@@ -19,7 +19,7 @@ from app import models
 from app.modes import ConfigError
 from app.models import ModelError
 from app.runner import output_ids, run
-from app.modes import configs
+from app.modes import MODES, configs
 from app.service.api import Service
 from app.backends.registry import EngineStore, spec_for
 from app.backends.tensorrt_llm.builds import trtllm_serve_kwargs
@@ -202,7 +202,7 @@ def service():
 ])
 def test_service_stream_equals_the_verify_loop_and_carries_texts(service, bundled, spec):
     start, steps, end = collect(service.stream({"speculative_config": spec, "max_new_tokens": 24}, PROMPT))
-    ref_cfg = runner.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Autoregressive"}, "max_new_tokens": 24}))
+    ref_cfg = runner.to_runtime(MODES.parse({"speculative_config": {"decoding_type": "Autoregressive"}, "max_new_tokens": 24}))
     ref = output_ids(list(run(bundled, ref_cfg, bundled.encode(PROMPT))))
     assert start["prompt_ids"] == bundled.encode(PROMPT)
     assert end["token_ids"] == [t for s in steps for t in s["tokens"]] == ref
@@ -284,7 +284,7 @@ def test_a_request_chooses_its_dtype_and_each_dtype_loads_once(service, bundled)
     assert backend.model(models.BUNDLED, "bfloat16") is not backend.model(models.BUNDLED)
     assert next(backend.model(models.BUNDLED, "bfloat16").model.parameters()).dtype == torch.bfloat16
     # The bfloat16 run is the verify loop on the bfloat16 model (whose output may part from its autoregressive one).
-    ref_cfg = runner.to_runtime(configs.parse({"speculative_config": spec, "max_new_tokens": 16}))
+    ref_cfg = runner.to_runtime(MODES.parse({"speculative_config": spec, "max_new_tokens": 16}))
     bf16 = backend.model(models.BUNDLED, "bfloat16")
     assert runs["bfloat16"][2]["token_ids"] == output_ids(list(run(bf16, ref_cfg, bf16.encode(PROMPT))))
     assert "bfloat16: greedy outputs can part" in service.dtype_note("bfloat16") and service.dtype_note("auto") == ""
@@ -485,7 +485,7 @@ def test_concurrent_jobs_do_not_mix_outputs_and_share_one_model(service, bundled
     prompts = ["Name three colours.", "Count from one to five in words.", PROMPT]
     expected = {}
     for p in prompts:
-        cfg = runner.to_runtime(configs.parse({"max_new_tokens": 20}))
+        cfg = runner.to_runtime(MODES.parse({"max_new_tokens": 20}))
         expected[p] = output_ids(list(run(bundled, cfg, bundled.encode(p))))
     results = {}
 
@@ -657,7 +657,7 @@ def test_a_client_that_disconnects_cancels_its_generation(server):
 
 
 def test_remote_request_body_carries_the_config_only_to_our_server():
-    request = configs.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 3},
+    request = MODES.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 3},
                              "sampling": {"temperature": 0.5, "top_k": 7, "seed": 3}, "max_new_tokens": 9})
     ours = body_for("m", request, Prompt("hi"), traced=True)
     assert ours["messages"] == [{"role": "user", "content": "hi"}] and ours["max_tokens"] == 9 and ours["seed"] == 3
@@ -671,14 +671,14 @@ def test_remote_request_body_carries_the_config_only_to_our_server():
 
 def test_trtllm_llm_class_and_arguments_follow_the_support_matrix(tmp_path):
     store = EngineStore(tmp_path)
-    la = configs.parse({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3,
+    la = MODES.parse({"speculative_config": {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3,
                                                "max_verification_set_size": 4}, "backend": "tensorrt_llm"})
     assert trt.trtllm_backend(la) == "tensorrt"
     assert trt.LLM_CLASSES["tensorrt"] == "tensorrt_llm._tensorrt_engine.LLM"
     # An engine is the store's build: here it cannot be made, and serving says so instead of pretending.
     with pytest.raises(BuildError, match="TensorRT-LLM cannot build here"):
         trtllm_serve_kwargs(store, spec_for(la, "meta-llama/Llama-3.1-8B", tensor_parallel_size=2))
-    ng = configs.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4}, "backend": "tensorrt_llm"})
+    ng = MODES.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4}, "backend": "tensorrt_llm"})
     kw = trtllm_serve_kwargs(store, spec_for(ng, "m", tensor_parallel_size=2))
     assert trt.trtllm_backend(ng) == "pytorch" and "build_config" not in kw and kw["model"] == "m"
     assert kw["disable_overlap_scheduler"] and kw["tensor_parallel_size"] == 2
@@ -686,16 +686,16 @@ def test_trtllm_llm_class_and_arguments_follow_the_support_matrix(tmp_path):
     assert kw["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2,
                                         "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
     assert store.list() == [], "the PyTorch backend loads the checkpoint itself: nothing is built"
-    ar = configs.parse({"backend": "tensorrt_llm"})
+    ar = MODES.parse({"backend": "tensorrt_llm"})
     assert "speculative_config" not in trtllm_serve_kwargs(store, spec_for(ar, "m"))
 
 
 def test_trtllm_sampling_arguments():
-    greedy = configs.parse({"max_new_tokens": 7, "speculative_config": {"decoding_type": "Lookahead", "request": [2, 2, 1]}})
+    greedy = MODES.parse({"max_new_tokens": 7, "speculative_config": {"decoding_type": "Lookahead", "request": [2, 2, 1]}})
     kw = trt.sampling_kwargs(greedy)
     assert kw["max_tokens"] == 7 and kw["temperature"] == 0 and kw["top_k"] == 1 and kw["return_perf_metrics"]
     assert kw["lookahead_config"] == {"max_window_size": 2, "max_ngram_size": 2, "max_verification_set_size": 1}
-    sampled = configs.parse({"sampling": {"temperature": 0.8, "top_p": 0.9, "seed": 4}})
+    sampled = MODES.parse({"sampling": {"temperature": 0.8, "top_p": 0.9, "seed": 4}})
     kw = trt.sampling_kwargs(sampled)
     assert (kw["temperature"], kw["top_p"], kw["top_k"], kw["seed"]) == (0.8, 0.9, None, 4)
 
@@ -732,7 +732,7 @@ def test_trtllm_backend_is_unavailable_here_with_the_reason():
         pytest.skip("TensorRT-LLM runs on this machine")
     assert "needs an NVIDIA GPU" in state.reason or "cannot load" in state.reason or "CUDA" in state.reason
     with pytest.raises(ConfigError, match="TensorRT-LLM"):
-        backend.prepare("m", configs.parse({}), Prompt("hi"), Limits())
+        backend.prepare("m", MODES.parse({}), Prompt("hi"), Limits())
 
 
 @pytest.mark.gpu

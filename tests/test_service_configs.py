@@ -35,14 +35,14 @@ INVALID = {
     "medusa orphan path": ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": [[0], [1, 0]]}}, "no parent path"),
     "medusa unknown tree": ({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "nope"}}, "unknown tree"),
     "medusa threshold": ({"speculative_config": {"decoding_type": "Medusa", "posterior_threshold": 0}}, "posterior_threshold"),
-    "eagle draft 0": ({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 0}}, "max_draft_len (eagle_total_tokens - 1) must be in [1, 256]"),
-    "eagle too long": ({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 300}}, "256"),
+    "eagle draft 0": ({"speculative_config": {"decoding_type": "Eagle", "max_total_draft_tokens": 0}}, "max_total_draft_tokens (eagle_total_tokens - 1) must be in [1, 256]"),
+    "eagle too long": ({"speculative_config": {"decoding_type": "Eagle", "max_total_draft_tokens": 300}}, "256"),
     "eagle both trees": ({"speculative_config": {"decoding_type": "Eagle", "eagle_choices": "small"}}, "not both"),
-    "eagle static too big": ({"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "greedy_63", "max_draft_len": 10}}, "63 nodes"),
+    "eagle static too big": ({"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "greedy_63", "max_total_draft_tokens": 10}}, "63 nodes"),
     "eagle top k 0": ({"speculative_config": {"decoding_type": "Eagle", "dynamic_tree_max_topK": 0}}, "dynamic_tree_max_topK"),
     "medusa prune 1": ({"speculative_config": {"decoding_type": "Medusa", "min_path_prob": 1.0}}, "min_path_prob must be in [0, 1)"),
     "eagle prune negative": ({"speculative_config": {"decoding_type": "Eagle", "min_path_prob": -0.1}}, "min_path_prob"),
-    "eagle prune static": ({"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "small", "max_draft_len": 20, "min_path_prob": 0.1}}, "keeps its shape"),
+    "eagle prune static": ({"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "small", "max_total_draft_tokens": 20, "min_path_prob": 0.1}}, "keeps its shape"),
     "trtllm prune": ({"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x", "min_path_prob": 0.1}}, "TensorRT-LLM has no such setting"),
     "unknown decoding type": ({"speculative_config": {"decoding_type": "Nope"}}, "does not match"),
     "unknown field": ({"speculative_config": {"decoding_type": "NGram", "max_window_size": 3}}, "Extra inputs"),
@@ -77,9 +77,9 @@ def test_invalid_configs_get_one_clear_sentence(case):
     [((4, 3, 4), 15), ((7, 7, 7), 83), ((4, 4, 4), 23), ((1, 1, 0), 0), ((2, 2, 1), 2), ((5, 3, 5), 19)],
 )
 def test_lookahead_max_draft_len_formula(wng, draft_len):
-    r = c.parse(la(*wng))
+    r = MODES.parse(la(*wng))
     cfg = r.speculative_config
-    assert cfg.max_draft_len == draft_len
+    assert cfg.max_total_draft_tokens == draft_len
     assert cfg.calculate_speculative_resource() == (draft_len + 1, wng[1], draft_len, wng[1] - 1)
     drafter = runner.drafter(runner.to_runtime(r))
     assert (drafter.w, drafter.n, drafter.g) == wng
@@ -92,7 +92,7 @@ VALID = [
     {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 10, "max_matching_ngram_size": 3}},
     {"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": "x"}},
     {"speculative_config": {"decoding_type": "Medusa", "medusa_choices": [[0], [0, 0], [1]], "num_medusa_heads": 2}},
-    {"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "small", "max_draft_len": 8}},
+    {"speculative_config": {"decoding_type": "Eagle", "use_dynamic_tree": False, "eagle_choices": "small", "max_total_draft_tokens": 8}},
     {"speculative_config": {"decoding_type": "Eagle", "speculative_model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
      "backend": "tensorrt_llm", "trtllm_backend": "pytorch"},
     {"sampling": {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 3}, "max_new_tokens": 7},
@@ -101,7 +101,7 @@ VALID = [
 
 @pytest.mark.parametrize("data", VALID)
 def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
-    r = c.parse(data)
+    r = MODES.parse(data)
     runtime = runner.to_runtime(r)
     assert runtime.mode == r.mode and runtime.max_new_tokens == r.max_new_tokens
     spec = trt.trtllm_speculative_config(r)
@@ -109,10 +109,12 @@ def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
         assert spec is None
     else:
         assert spec["decoding_type"] == MODES[r.mode].decoding_type
-        if r.mode == "eagle":  # TensorRT-LLM's max_draft_len is the drafting steps (the depth); ours the tree's nodes
+        if r.mode == "eagle":  # max_draft_len is the drafting steps (the depth), there and here; the nodes stay ours
             sc = r.speculative_config
             depth = sc.num_eagle_layers if sc.eagle_choices is None else max(map(len, spec["eagle_choices"]))
-            assert spec["max_draft_len"] == depth > 0 and "num_eagle_layers" not in spec
+            assert spec["max_draft_len"] == sc.max_draft_len == depth > 0 and "num_eagle_layers" not in spec
+        elif r.mode == "medusa":  # its engine's max_draft_len holds every draft token of a step: the tree's nodes
+            assert spec["max_draft_len"] == r.speculative_config.max_total_draft_tokens > 0
         elif "max_draft_len" in spec:
             assert spec["max_draft_len"] == r.speculative_config.max_draft_len > 0
     plan = trt.trtllm_build_plan(r, "ckpt", "out")
@@ -120,24 +122,24 @@ def test_valid_configs_translate_to_the_runtime_and_to_tensorrt_llm(data):
 
 
 def test_translations_carry_every_field():
-    r = c.parse({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "small", "typical_acceptance": True}})
+    r = MODES.parse({"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "small", "typical_acceptance": True}})
     spec = trt.trtllm_speculative_config(r)
     assert spec["max_draft_len"] == len(spec["medusa_choices"]) == 8
     assert runner.to_runtime(r).speculative_config.typical_acceptance
-    r = c.parse({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 11, "num_eagle_layers": 3, "dynamic_tree_max_topK": 2}})
+    r = MODES.parse({"speculative_config": {"decoding_type": "Eagle", "max_total_draft_tokens": 11, "num_eagle_layers": 3, "dynamic_tree_max_topK": 2}})
     plan = trt.trtllm_build_plan(r, "a", "b")
     # The engine TensorRT-LLM's LLM API would build: build_config.max_draft_len = the max_draft_len sent, the depth 3
     # (llm_args.py validate_speculative_config), not this app's 11 tree nodes.
     assert plan[plan.index("--speculative_decoding_mode") + 1] == "eagle" and plan[plan.index("--max_draft_len") + 1] == "3"
     assert trt.trtllm_engine_draft_len(r) == trt.trtllm_speculative_config(r)["max_draft_len"] == 3
-    r = c.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 7}})
+    r = MODES.parse({"speculative_config": {"decoding_type": "NGram", "max_draft_len": 7}})
     assert runner.drafter(runner.to_runtime(r)).num_tokens == 7
     assert "--use_paged_context_fmha" in trt.trtllm_build_plan(r, "a", "b")
 
 
 def test_tree_pruning_unset_is_the_transformers_default_and_none_on_tensorrt_llm():
     def runtime(**spec):
-        return runner.to_runtime(c.parse({"speculative_config": spec})).speculative_config
+        return runner.to_runtime(MODES.parse({"speculative_config": spec})).speculative_config
 
     assert runtime(decoding_type="Medusa").pruning == c.MIN_PATH_PROB > 0
     assert runtime(decoding_type="Eagle").pruning == c.MIN_PATH_PROB
@@ -146,7 +148,7 @@ def test_tree_pruning_unset_is_the_transformers_default_and_none_on_tensorrt_llm
     static = runtime(decoding_type="Eagle", use_dynamic_tree=False, eagle_choices="small", max_draft_len=20)
     assert static.pruning == 0  # a static tree keeps its shape
     on_trt = {"backend": "tensorrt_llm", "speculative_config": {"decoding_type": "Eagle", "speculative_model": "x"}}
-    assert "min_path_prob" not in trt.trtllm_speculative_config(c.parse(on_trt))
+    assert "min_path_prob" not in trt.trtllm_speculative_config(MODES.parse(on_trt))
     with pytest.raises(ConfigError, match="TensorRT-LLM has no such setting"):
         checked({**on_trt, "speculative_config": {**on_trt["speculative_config"], "min_path_prob": c.MIN_PATH_PROB}})
 
@@ -196,7 +198,7 @@ def test_the_validator_never_crashes(decoding_type, spec, top):
 def test_what_tensorrt_llm_does_not_take_is_said():
     """trtllm_notes: this app's own settings upstream has no field for, and EAGLE's other meaning of max_draft_len."""
     def notes(spec, **top):
-        return trt.trtllm_notes(c.parse({"speculative_config": spec, "backend": "tensorrt_llm", **top}))
+        return trt.trtllm_notes(MODES.parse({"speculative_config": spec, "backend": "tensorrt_llm", **top}))
 
     assert notes({"decoding_type": "NGram", "ngram_draft_lens": [], "max_candidates": 1}) == []  # TensorRT-LLM's behaviour
     assert "max_candidates (2) and ngram_draft_lens (2, 5)" in notes({"decoding_type": "NGram", "max_candidates": 2})[0]

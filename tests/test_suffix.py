@@ -153,9 +153,9 @@ def test_drafts_agree_with_arctic_inference():
 
 
 def test_vllm_mapping_and_what_it_ignores(tmp_path):
-    from app.modes import configs
+    from app.modes import MODES, configs
 
-    request = configs.parse({"speculative_config": {"decoding_type": "Suffix", "max_draft_len": 12, "use_tree_spec": True},
+    request = MODES.parse({"speculative_config": {"decoding_type": "Suffix", "max_draft_len": 12, "use_tree_spec": True},
                              "backend": "vllm"})
     assert vllm_processes.speculative_config(request) == {
         "method": "suffix", "num_speculative_tokens": 12, "suffix_decoding_max_tree_depth": 24,
@@ -169,7 +169,7 @@ def test_vllm_mapping_and_what_it_ignores(tmp_path):
 
 
 def test_what_each_backend_says_about_suffix():
-    from app.modes import configs
+    from app.modes import MODES, configs
     from helpers import checked
 
     # llm_args.py's SpeculativeConfig union in the 1.2 line has no SADecodingConfig: it came later on main.
@@ -180,5 +180,5 @@ def test_what_each_backend_says_about_suffix():
     for field, bad in (("suffix_decoding_max_tree_depth", 0), ("suffix_decoding_min_token_prob", 1.5),
                        ("suffix_decoding_max_spec_factor", -1), ("max_draft_len", 0)):
         with pytest.raises(configs.ConfigError, match=field.split("_", 2)[-1] if field != "max_draft_len" else "max_draft_len"):
-            configs.parse({"speculative_config": {"decoding_type": "Suffix", field: bad}})
-    assert runner.drafter(runner.to_runtime(configs.parse({"speculative_config": {"decoding_type": "Suffix", "use_tree_spec": True}}))).tree
+            MODES.parse({"speculative_config": {"decoding_type": "Suffix", field: bad}})
+    assert runner.drafter(runner.to_runtime(MODES.parse({"speculative_config": {"decoding_type": "Suffix", "use_tree_spec": True}}))).tree

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from app import models
-from app.modes import ConfigError, configs
+from app.modes import MODES, ConfigError, configs
 from app.service.api import Service
 from app.backends.tensorrt_llm import backend as trt
 from app.backends.base import Prompt
@@ -169,7 +169,7 @@ def test_a_2000_token_prompt_is_accepted_by_the_built_engines_limits(fake_trtllm
     engine = Path(CREATED[-1].kwargs["model"])
     built = json.loads((engine / "config.json").read_text())["build_config"]
     assert (built["max_input_len"], built["max_seq_len"]) == (4096, 4096 + 1024)
-    plan = trtllm_plan(spec_for(configs.parse({**LOOKAHEAD, "backend": "tensorrt_llm"}), str(target)), tmp_path)
+    plan = trtllm_plan(spec_for(MODES.parse({**LOOKAHEAD, "backend": "tensorrt_llm"}), str(target)), tmp_path)
     command = plan["trtllm_build"]["command"]
     assert command[command.index("--max_input_len") + 1] == "4096"
     s.close()
@@ -197,7 +197,7 @@ def test_an_eagle3_module_is_sent_as_eagle3(fake_trtllm, tmp_path, eagle3, caplo
     from tensorrt_llm import llmapi
 
     target, module = eagle3
-    request = configs.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": str(module),
+    request = MODES.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": str(module),
                                                     "num_eagle_layers": 3}, "backend": "tensorrt_llm"})
     spec = spec_for(request, str(target))
     assert trtllm_plan(spec, tmp_path)["llm"]["speculative_config"]["decoding_type"] == "Eagle3"
@@ -212,14 +212,14 @@ def test_an_eagle3_module_is_sent_as_eagle3(fake_trtllm, tmp_path, eagle3, caplo
 def test_eagle_on_pytorch_is_a_chain_of_the_trees_depth():
     """A static tree on the PyTorch backend logs that the draft token tree is "still under development, PLEASE DO NOT
     USE IT" (EagleDecodingConfig.validate_eagle_choices): the plan sends a chain of its depth and says so."""
-    request = configs.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": "org/eagle3",
+    request = MODES.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": "org/eagle3",
                                                     "use_dynamic_tree": False, "eagle_choices": [[0], [0, 0], [1], [0, 0, 0]]},
                              "backend": "tensorrt_llm"})
     plan = trtllm_plan(spec_for(request, "m"))
     sc = plan["llm"]["speculative_config"]
     assert sc["decoding_type"] == "Eagle3" and sc["max_draft_len"] == 3 and "eagle_choices" not in sc
     assert any("static tree (4 nodes) is not sent" in n and "chain" in n for n in plan["notes"])
-    engine = configs.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": "org/eagle",
+    engine = MODES.parse({"speculative_config": {"decoding_type": "Eagle", "speculative_model": "org/eagle",
                                                    "num_eagle_layers": 4}, "backend": "tensorrt_llm", "trtllm_backend": "tensorrt"})
     assert trtllm_plan(spec_for(engine, "m"))["llm"]["speculative_config"]["decoding_type"] == "Eagle", \
         "the engine backend refuses Eagle3 (TrtLlmArgs.validate_speculative_config)"

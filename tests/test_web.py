@@ -578,7 +578,7 @@ def test_browser_settings_presets_and_the_trace_download(page):
     from app.service.api import Service
 
     fast_dtype = Service().fast_dtype()
-    total = page.get_by_label("number input for total tokens (max_draft_len + 1)", exact=True)
+    total = page.get_by_label("number input for total tokens (max_total_draft_tokens + 1)", exact=True)
     page.get_by_label("EAGLE", exact=True).check()
     page.fill("#prompt textarea", PROMPT)
     page.get_by_label("Race against autoregressive (its baseline measured beside it, under the same load)").set_checked(False)

@@ -58,7 +58,7 @@ def test_fastest_here_is_what_the_readme_bench_ran():
     assert ",".join(map(str, (la["max_window_size"], la["max_ngram_size"], la["max_verification_set_size"]))) == args.lookahead_config
     assert settings.to_request("draft_target", fast)["speculative_config"]["max_draft_len"] == args.max_draft_len
     eagle = settings.to_request("eagle", fast)["speculative_config"]
-    assert (eagle["max_draft_len"] + 1, eagle["num_eagle_layers"], eagle["dynamic_tree_max_topK"], eagle["min_path_prob"]) == (
+    assert (eagle["max_total_draft_tokens"] + 1, eagle["num_eagle_layers"], eagle["dynamic_tree_max_topK"], eagle["min_path_prob"]) == (
         args.eagle_total_tokens, args.eagle_depth, args.eagle_top_k, args.min_path_prob)
     assert settings.to_request("medusa", fast)["speculative_config"]["min_path_prob"] == args.min_path_prob
 

@@ -38,7 +38,9 @@ class _ForwardCounter:
         self.handle.remove()
 
 
-def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], draft: LoadedModel | None) -> tuple[list[int], int]:
+def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], draft: LoadedModel | None,
+          ours: DecodingConfig | None) -> tuple[list[int], int]:
+    """A transformers peer's run; `ours`: our mode doing the same job, when it runs too (its settings are the peer's)."""
     s = cfg.sampling
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, eos_token_id=target.eos_token_ids, pad_token_id=target.eos_token_ids[0])
     if s.greedy:
@@ -48,7 +50,7 @@ def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], d
         if s.seed is not None:
             torch.manual_seed(s.seed)  # generate() samples from torch's global generator
     if name == "hf_prompt_lookup":  # prompt lookup's settings when it runs too, else its defaults
-        pl = cfg.speculative_config if isinstance(cfg.speculative_config, NGramDecodingConfig) else NGramDecodingConfig()
+        pl = ours.speculative_config if ours else NGramDecodingConfig()
         kwargs.update(prompt_lookup_num_tokens=pl.max_draft_len, max_matching_ngram_size=pl.max_matching_ngram_size)
     if name == "hf_assisted":
         kwargs.update(assistant_model=draft.model)
@@ -83,8 +85,8 @@ def _one(name, target, configs, ids, draft, companions, engines=None):
         out, steps, done, counters = _engine_run(engines[name], ids)
         return out, steps, done - t0, {"spec_decode": counters} if counters else None
     if name in PEERS:
-        base = configs.get("prompt_lookup") or configs["autoregressive"]
-        out, steps = _peer(name, target, base, ids, draft)
+        base = next(iter(configs.values()))  # its sampling and length: every mode's are the command's
+        out, steps = _peer(name, target, base, ids, draft, configs.get(OURS[name]))
         return out, steps, time.perf_counter() - t0, None
     events = list(run_mode(target, configs[name], ids, companions.get(name)))
     out, steps = output_ids(events), events[-1].totals["target_steps"]
@@ -317,6 +319,7 @@ def ratio_ci(runs: list[dict], a: str, b: str, category: str | None = None, leve
 VERSUS = (("autoregressive", "hf_generate"), ("prompt_lookup", "hf_prompt_lookup"), ("draft_target", "hf_assisted"),
           *VLLM_PEERS.items())
 PEERS = frozenset(peer for _, peer in VERSUS)
+OURS = {peer: ours for ours, peer in VERSUS}
 
 
 def versus(runs: list[dict]) -> list[dict]:

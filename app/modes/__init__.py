@@ -7,7 +7,7 @@ that run or show a mode resolve (docs/architecture.md).
 
 from app.modes.errors import ConfigError
 from app.modes.configs import DecodeRequest
-from app.modes.registry import MERGED_SUFFIX, Control, Flag, Mode, Modes
+from app.modes.registry import MERGED_MODE, MERGED_SUFFIX, Control, Flag, Mode, Modes
 from app.modes.shipped import MODES
 
-__all__ = ["ConfigError", "Control", "DecodeRequest", "Flag", "MERGED_SUFFIX", "MODES", "Mode", "Modes"]
+__all__ = ["ConfigError", "Control", "DecodeRequest", "Flag", "MERGED_MODE", "MERGED_SUFFIX", "MODES", "Mode", "Modes"]

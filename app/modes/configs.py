@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.modes.errors import ConfigError
 from app.modes.notation import medusa_choices
@@ -148,10 +148,6 @@ class AutoregressiveConfig(_Config):
     decoding_type: Literal["Autoregressive"] = "Autoregressive"
     mode: ClassVar[str] = "autoregressive"
 
-    @property
-    def max_draft_len(self) -> int:
-        return 0
-
 
 class LookaheadDecodingConfig(_Config):
     """(W, N, G): window, n-gram size, verification set; per request (w, n, g) <= (W, N, G)."""
@@ -167,44 +163,52 @@ class LookaheadDecodingConfig(_Config):
     pool_from_prompt: bool = Field(True, description="seed the n-gram pool from the context (the prompt too)")
     mode: ClassVar[str] = "lookahead"
 
-    @staticmethod
-    def draft_len(w: int, n: int, g: int) -> int:
-        return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
-
     @property
-    def max_draft_len(self) -> int:
-        """TensorRT-LLM's formula; the engine must be built with exactly this."""
-        return self.draft_len(self.max_window_size, self.max_ngram_size, self.max_verification_set_size)
+    def max_total_draft_tokens(self) -> int:
+        """The draft tokens one step verifies: TensorRT-LLM's formula, which it calls the engine's max_draft_len (the
+        engine must be built with exactly this)."""
+        return lookahead_draft_tokens(self.max_window_size, self.max_ngram_size, self.max_verification_set_size)
 
     def calculate_speculative_resource(self) -> tuple[int, int, int, int]:
         """(maxDecodingTokens, maxPathLen, maxDraftTokens, maxDraftPathLen) as TensorRT-LLM computes them."""
-        n = self.max_ngram_size
-        return self.max_draft_len + 1, n, self.max_draft_len, n - 1
-
-    @staticmethod
-    def _legal(w: int, n: int, g: int, what: str) -> None:
-        if w < 1 or n < 1 or g < 0:
-            raise ConfigError(f"{what} needs W >= 1, N >= 1 and G >= 0, got ({_short(w)}, {_short(n)}, {_short(g)})")
-        if max(w, n, g) > MAX_LOOKAHEAD:
-            raise ConfigError(f"{what}: each of W, N and G is at most {MAX_LOOKAHEAD}, got ({_short(w)}, {_short(n)}, {_short(g)})")
-        if n == 1 and w != 1:
-            raise ConfigError(f"{what}: an n-gram size of 1 requires a window size of 1 (got W={w}); (1, 1, 0) is autoregressive")
-        if n == 1 and g != 0:
-            raise ConfigError(f"{what}: an n-gram size of 1 requires a verification set size of 0 (got G={g})")
+        n, tokens = self.max_ngram_size, self.max_total_draft_tokens
+        return tokens + 1, n, tokens, n - 1
 
     def rules(self) -> None:
-        W, N, G = self.max_window_size, self.max_ngram_size, self.max_verification_set_size
-        self._legal(W, N, G, "lookahead (W, N, G)")
-        if self.max_draft_len > MAX_DRAFT_LEN:
-            raise ConfigError(
-                f"lookahead ({W}, {N}, {G}) needs max_draft_len {self.max_draft_len} = (N-2) + (W-1+G)(N-1), "
-                f"more than this app's limit of {MAX_DRAFT_LEN} draft tokens per step"
-            )
-        if self.request is not None:
-            w, n, g = self.request
-            self._legal(w, n, g, "the per-request (w, n, g)")
-            if w > W or n > N or g > G:
-                raise ConfigError(f"the per-request (w, n, g) = ({w}, {n}, {g}) exceeds the engine's (W, N, G) = ({W}, {N}, {G})")
+        lookahead_rules((self.max_window_size, self.max_ngram_size, self.max_verification_set_size), self.request)
+
+
+def lookahead_draft_tokens(w: int, n: int, g: int) -> int:
+    """TensorRT-LLM's draft-token budget for (W, N, G): (0 if N == 1 else N - 2) + (W - 1 + G)(N - 1)."""
+    return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
+
+
+def _lookahead_legal(w: int, n: int, g: int, what: str) -> None:
+    if w < 1 or n < 1 or g < 0:
+        raise ConfigError(f"{what} needs W >= 1, N >= 1 and G >= 0, got ({_short(w)}, {_short(n)}, {_short(g)})")
+    if max(w, n, g) > MAX_LOOKAHEAD:
+        raise ConfigError(f"{what}: each of W, N and G is at most {MAX_LOOKAHEAD}, got ({_short(w)}, {_short(n)}, {_short(g)})")
+    if n == 1 and w != 1:
+        raise ConfigError(f"{what}: an n-gram size of 1 requires a window size of 1 (got W={w}); (1, 1, 0) is autoregressive")
+    if n == 1 and g != 0:
+        raise ConfigError(f"{what}: an n-gram size of 1 requires a verification set size of 0 (got G={g})")
+
+
+def lookahead_rules(limits: tuple[int, int, int], request: tuple[int, int, int] | None) -> None:
+    """Lookahead's rules, for its config and its drafter alike: the engine's (W, N, G) and a request's (w, n, g)."""
+    W, N, G = limits
+    _lookahead_legal(W, N, G, "lookahead (W, N, G)")
+    tokens = lookahead_draft_tokens(W, N, G)
+    if tokens > MAX_DRAFT_LEN:
+        raise ConfigError(
+            f"lookahead ({W}, {N}, {G}) needs {tokens} draft tokens per step = (N-2) + (W-1+G)(N-1) (TensorRT-LLM's "
+            f"max_draft_len), more than this app's limit of {MAX_DRAFT_LEN}"
+        )
+    if request is not None:
+        w, n, g = request
+        _lookahead_legal(w, n, g, "the per-request (w, n, g)")
+        if w > W or n > N or g > G:
+            raise ConfigError(f"the per-request (w, n, g) = ({w}, {n}, {g}) exceeds the engine's (W, N, G) = ({W}, {N}, {G})")
 
 
 
@@ -226,6 +230,11 @@ class NGramDecodingConfig(_Config):
         (2, 5), description="prompt lookup: draft at most this many tokens after a 1-gram, 2-gram, … match (empty: always "
                             "max_draft_len)")
     mode: ClassVar[str] = "prompt_lookup"
+
+    @property
+    def max_total_draft_tokens(self) -> int:
+        """Each match verified together drafts its own chain (max_candidates > 1: a tree)."""
+        return self.max_draft_len * self.max_candidates
 
     def rules(self) -> None:
         if len(self.ngram_draft_lens) > MAX_DRAFT_CAPS:
@@ -293,7 +302,8 @@ class MedusaDecodingConfig(_Config):
         return medusa_choices(spec if isinstance(spec, str) else _json(spec))
 
     @property
-    def max_draft_len(self) -> int:
+    def max_total_draft_tokens(self) -> int:
+        """The tree's nodes (TensorRT-LLM's Medusa engine takes them as its max_draft_len)."""
         return len(self.paths())
 
     def rules(self) -> None:
@@ -315,13 +325,11 @@ class MedusaDecodingConfig(_Config):
 class EagleDecodingConfig(_Config):
     """EAGLE-2 dynamic tree (use_dynamic_tree) or a static tree (eagle_choices).
 
-    Here max_draft_len counts the tree's nodes and num_eagle_layers its depth (the drafting steps).
-    TensorRT-LLM 1.2's EagleDecodingConfig means by max_draft_len the drafting steps and derives
-    num_eagle_layers and max_total_draft_tokens from it (llm_args.py validate_eagle_config), so
-    trtllm_speculative_config sends the depth as its max_draft_len."""
+    As in TensorRT-LLM (llm_args.py), max_total_draft_tokens counts the tree's nodes and max_draft_len is its depth (the
+    drafting steps): num_eagle_layers for the dynamic tree, the deepest path of a static one."""
 
     decoding_type: Literal["Eagle"] = "Eagle"
-    max_draft_len: Annotated[int, Bound(1, MAX_DRAFT_LEN, aka="eagle_total_tokens - 1")] = Field(
+    max_total_draft_tokens: Annotated[int, Bound(1, MAX_DRAFT_LEN, aka="eagle_total_tokens - 1")] = Field(
         23, description="EAGLE: tree nodes verified per step")
     speculative_model: str | None = Field(None, description="the EAGLE module directory (unset: the target's shipped module)")
     eagle_choices: str | list[list[int]] | None = Field(
@@ -335,6 +343,19 @@ class EagleDecodingConfig(_Config):
         None, description=PRUNE_HELP)  # ours (transformers backend): the dynamic tree only
     prompt_lookup: NGramDecodingConfig | None = None  # ours (transformers backend): merge its candidates into the tree
     mode: ClassVar[str] = "eagle"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nodes_were_max_draft_len(cls, data: Any) -> Any:
+        """Requests and traces from before depth and nodes were two fields gave the nodes as max_draft_len."""
+        if isinstance(data, dict) and "max_draft_len" in data and "max_total_draft_tokens" not in data:
+            data = {("max_total_draft_tokens" if k == "max_draft_len" else k): v for k, v in data.items()}
+        return data
+
+    @property
+    def max_draft_len(self) -> int:
+        """The drafting steps: the dynamic tree's depth, or the static tree's deepest path."""
+        return self.num_eagle_layers if self.eagle_choices is None else max(map(len, self.paths()))
 
     def paths(self) -> list[list[int]]:
         """The static tree's paths (eagle_choices); ConfigError without one."""
@@ -350,8 +371,8 @@ class EagleDecodingConfig(_Config):
             raise ConfigError("EAGLE needs either use_dynamic_tree or eagle_choices (a static tree), not both or neither")
         if self.eagle_choices is not None:
             paths = self.paths()
-            if len(paths) > self.max_draft_len:
-                raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_draft_len is {self.max_draft_len}")
+            if len(paths) > self.max_total_draft_tokens:
+                raise ConfigError(f"eagle_choices has {len(paths)} nodes but max_total_draft_tokens is {self.max_total_draft_tokens}")
         if self.prompt_lookup is not None:
             self.prompt_lookup.check()
 
@@ -363,6 +384,17 @@ class EagleDecodingConfig(_Config):
         if not self.use_dynamic_tree:
             return 0.0
         return MIN_PATH_PROB if self.min_path_prob is None else self.min_path_prob
+
+
+def draft_tokens(config: BaseModel) -> int:
+    """The draft tokens one step of `config` verifies at most: a tree's max_total_draft_tokens, else its chain's
+    max_draft_len (as TensorRT-LLM's DecodingBaseConfig defaults the one to the other); 0 when it drafts nothing."""
+    return getattr(config, "max_total_draft_tokens", getattr(config, "max_draft_len", 0))
+
+
+def merged(config: BaseModel) -> NGramDecodingConfig | None:
+    """The prompt lookup config whose candidates a tree config's tree verifies too (`eagle+prompt_lookup`), if any."""
+    return getattr(config, "prompt_lookup", None)
 
 
 def _whole(v: Any) -> Any:
@@ -433,12 +465,10 @@ def validated(model: type[BaseModel], data: Any, what: str):
         raise ConfigError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
-def parse(data: dict[str, Any], modes=None, max_new_tokens_limit: int | None = None) -> DecodeRequest:
-    """A DecodeRequest of `modes` (a registry, app/modes/registry.py; default the app's) from JSON-like data, checked
+def parse(data: dict[str, Any], modes, max_new_tokens_limit: int | None = None) -> DecodeRequest:
+    """A DecodeRequest of `modes` (a registry, app/modes/registry.py: `Modes.parse`) from JSON-like data, checked
     against every rule of its mode (a backend's own rules are that backend's `check`); every problem becomes one
     ConfigError sentence."""
-    if modes is None:
-        from app.modes import MODES as modes  # the shipped registry is built on these configs
     request = validated(modes.request, data, "request")
     request.check(max_new_tokens_limit)
     return request

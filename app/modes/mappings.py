@@ -38,7 +38,7 @@ def medusa_vllm_ignored(c: configs.MedusaDecodingConfig) -> list[str]:
 
 
 def eagle_vllm(c: configs.EagleDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
-    return {"model": model, "num_speculative_tokens": eagle_depth(c)}  # eagle3 drafts a chain this deep
+    return {"model": model, "num_speculative_tokens": c.max_draft_len}  # eagle3 drafts a chain this deep
 
 
 def suffix_vllm(c: configs.SuffixDecodingConfig, model: str | None, heads: int | None) -> dict[str, Any]:
@@ -58,6 +58,14 @@ def lookahead_trtllm_ignored(c: configs.LookaheadDecodingConfig, backend: str) -
     return [] if c.pool_from_prompt else [
         "pool_from_prompt off is this app's own: TensorRT-LLM's LookaheadDecodingConfig has no such field and always "
         "seeds its n-gram pool from the prompt (lookaheadAlgorithm.cpp setup)"]
+
+
+def lookahead_trtllm_request(c: configs.LookaheadDecodingConfig) -> dict[str, Any]:
+    """A request's own (w, n, g), as SamplingParams.lookahead_config (unset: the engine's (W, N, G))."""
+    if c.request is None:
+        return {}
+    w, n, g = c.request
+    return {"lookahead_config": {"max_window_size": w, "max_ngram_size": n, "max_verification_set_size": g}}
 
 
 def lookahead_trtllm_check(request: configs.DecodeRequest) -> None:
@@ -91,7 +99,8 @@ def draft_trtllm(c: configs.DraftTargetDecodingConfig, backend: str) -> dict[str
 
 
 def medusa_trtllm(c: configs.MedusaDecodingConfig, backend: str) -> dict[str, Any]:
-    return {"max_draft_len": c.max_draft_len, "medusa_choices": c.paths(), "num_medusa_heads": c.num_medusa_heads,
+    # Its engine's max_draft_len holds every draft token of a step: the tree's nodes (upstream's examples use 63).
+    return {"max_draft_len": c.max_total_draft_tokens, "medusa_choices": c.paths(), "num_medusa_heads": c.num_medusa_heads,
             "speculative_model": c.speculative_model}
 
 
@@ -100,15 +109,10 @@ def medusa_trtllm_check(request: configs.DecodeRequest) -> None:
         raise ConfigError("TensorRT-LLM's Medusa verifies by token match only: use temperature 0")
 
 
-def eagle_depth(c: configs.EagleDecodingConfig) -> int:
-    """Its drafting steps: the dynamic tree's depth, or the static tree's deepest path."""
-    return c.num_eagle_layers if c.eagle_choices is None else max(map(len, c.paths()))
-
-
 def eagle_trtllm(c: configs.EagleDecodingConfig, backend: str) -> dict[str, Any]:
-    """TensorRT-LLM 1.2's EagleDecodingConfig means by max_draft_len the drafting steps and derives num_eagle_layers
-    and max_total_draft_tokens from it (llm_args.py validate_eagle_config): it is sent the depth."""
-    out: dict[str, Any] = {"max_draft_len": eagle_depth(c), "speculative_model": c.speculative_model}
+    """TensorRT-LLM 1.2's EagleDecodingConfig derives num_eagle_layers and max_total_draft_tokens from max_draft_len,
+    the drafting steps (llm_args.py validate_eagle_config): it is sent the depth alone."""
+    out: dict[str, Any] = {"max_draft_len": c.max_draft_len, "speculative_model": c.speculative_model}
     if c.eagle_choices is not None:
         out["eagle_choices"] = c.paths()
     elif backend == "tensorrt":  # the engine's EAGLE-2 tree; see eagle_trtllm_ignored for PyTorch's
@@ -121,15 +125,15 @@ def eagle_trtllm(c: configs.EagleDecodingConfig, backend: str) -> dict[str, Any]
 
 
 def eagle_trtllm_ignored(c: configs.EagleDecodingConfig, backend: str) -> list[str]:
-    depth = eagle_depth(c)
-    notes = [f"TensorRT-LLM's max_draft_len is the number of drafting steps, sent as {depth} (the tree's depth); "
-             f"it sets num_eagle_layers and max_total_draft_tokens from it itself"]
+    depth = c.max_draft_len
+    notes = [f"max_draft_len, the number of drafting steps, is sent as {depth} (the tree's depth); TensorRT-LLM sets "
+             f"num_eagle_layers and max_total_draft_tokens from it itself"]
     if backend == "tensorrt":
         notes.append(f"on the engine backend its LLM API also sets the engine's build_config.max_draft_len from it "
                      f"(BaseLlmArgs.validate_speculative_config), so the engine holds {depth} draft tokens per step, "
-                     f"not the tree's {c.max_draft_len}")
+                     f"not the tree's {c.max_total_draft_tokens}")
     elif c.use_dynamic_tree:
-        notes.append(f"the dynamic tree's total tokens ({c.max_draft_len + 1}) and top-K ({c.dynamic_tree_max_topK}) are "
+        notes.append(f"the dynamic tree's total tokens ({c.max_total_draft_tokens + 1}) and top-K ({c.dynamic_tree_max_topK}) are "
                      f"not sent: TensorRT-LLM 1.2's PyTorch backend drafts a chain of {depth} tokens (its "
                      f"validate_eagle_config sets max_total_draft_tokens to max_draft_len)")
     return notes

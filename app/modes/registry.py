@@ -19,7 +19,10 @@ from pydantic import Field, create_model
 from app.modes import configs
 from app.modes.errors import ConfigError
 
-MERGED_SUFFIX = "+prompt_lookup"  # a tree mode that also verifies prompt lookup's candidates: "eagle+prompt_lookup"
+# The mode whose candidates a tree mode's tree may verify too: its config is the tree config's field of that name, and
+# the merged tree's name is the tree mode's with MERGED_SUFFIX ("eagle+prompt_lookup").
+MERGED_MODE = "prompt_lookup"
+MERGED_SUFFIX = "+" + MERGED_MODE
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,21 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Short:
+    """A link's short form: one parameter for a group of a mode's Run-tab controls, comma-separated in this order
+    (`la=4,3,4` for la_W, la_N, la_G)."""
+
+    name: str
+    keys: tuple[str, ...]
+    # The short form whose values these controls take when a link gives that one and not this: lookahead's request
+    # runs the whole window unless the link says less.
+    follows: str = ""
+
+
+@dataclass(frozen=True)
 class Control:
     """A Run-tab control of a mode. Its value is config field `field` (through `to_field` / `from_field` where the
-    two differ, e.g. EAGLE's total tokens = max_draft_len + 1); a control without a field is its mode's
+    two differ, e.g. EAGLE's total tokens = max_total_draft_tokens + 1, the root counted); a control without a field is its mode's
     `to_fields` / `from_fields`' (lookahead's per-request w, n, g), or a merge box. What is left unset of a field's
     control comes from the field (`Mode.run_controls`): its label is the field's name (and other name), a slider's
     range the field's Bound (its `slider` range where narrower)."""
@@ -93,6 +108,9 @@ class Mode:
     trtllm_ignored: Callable[[Any, str], list[str]] | None = None
     trtllm_check: Callable[[Any], None] | None = None
     trtllm_engine_mode: str = ""
+    # What TensorRT-LLM takes per request beside the sampling (SamplingParams' own fields: lookahead's (w, n, g)).
+    trtllm_request: Callable[[Any], dict[str, Any]] | None = None
+    trtllm_no_overlap: bool = False  # upstream's examples run it without the overlap scheduler (PyTorch backend)
     vllm: str | None = None  # vLLM's speculative method ("" = none needed); None = vLLM cannot
     vllm_missing: str = ""  # why vLLM cannot
     vllm_compare: bool = False  # the Compare tab offers its run on a vLLM engine
@@ -116,6 +134,12 @@ class Mode:
     mergeable: bool = False  # its tree can verify prompt lookup's candidates too (<name>+prompt_lookup)
     merged_colour: str = ""
     drafts_free: bool = False  # drafting costs almost nothing (no model runs): render's explanation says so
+    # This app's loop's own bounds on one step of it beyond the draft tokens every mode is held to (app/modes/limits.py):
+    # loop_check(config) refuses what would make a step too long on the transformers backend.
+    loop_check: Callable[[Any], None] | None = None
+    tour: int | None = None  # its place in the Run tab's tour of the recordings (None: after those that have one)
+    compared: bool = False  # the Compare tab ticks it on a fresh page, and `bench` runs it beside the baseline by default
+    shorts: tuple[Short, ...] = ()  # its links' short forms
     # The Run tab: its controls (None: one per config field, app/ui/settings.py), the line above them, and the fields
     # the controls without a field make (to_fields: typed control values -> fields; from_fields: config -> control
     # values, None when the Run tab cannot express it).
@@ -192,6 +216,10 @@ def resolve(ref: Any) -> Any:
     return getattr(loaded, name) if name else loaded
 
 
+def _merged(entries: list[Mode]) -> list[str]:
+    return [m.name + MERGED_SUFFIX for m in entries if m.mergeable]
+
+
 class Modes:
     """A registry of modes, in display order. MODES is the app's; a test builds its own with `with_`."""
 
@@ -252,5 +280,15 @@ class Modes:
         entry = self._by_name.get(base)
         return None if entry is None else entry.merged_colour if merged else entry.colour
 
-    def parse(self, data: Any) -> configs.DecodeRequest:
-        return configs.parse(data, self)
+    def parse(self, data: Any, max_new_tokens_limit: int | None = None) -> configs.DecodeRequest:
+        return configs.parse(data, self, max_new_tokens_limit)
+
+    def tour(self) -> list[str]:
+        """The tour's order: the modes with a place in it, then every other mode, then their merged trees alike."""
+        placed = sorted((m for m in self.entries if m.tour is not None), key=lambda m: m.tour)
+        rest = [m for m in self.entries if m.tour is None]
+        return [m.name for m in placed] + _merged(placed) + [m.name for m in rest] + _merged(rest)
+
+    def shorts(self) -> dict[str, Short]:
+        """Every link short form of these modes, by name."""
+        return {s.name: s for m in self.entries for s in m.shorts}

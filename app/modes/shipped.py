@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.modes import configs, mappings as mp
+from app.modes import configs, limits, mappings as mp
 from app.modes.errors import ConfigError
 from app.modes.notation import int_list, parse_triple
-from app.modes.registry import Control, Flag, Mode, Modes
+from app.modes.registry import Control, Flag, Mode, Modes, Short
 
 DRAFTERS = "app.decoding.drafters."  # each entry names its drafter class and explainer by module path (registry.Mode)
 EXPLAINERS = "app.ui.explain."
@@ -92,13 +92,14 @@ NGRAM_FLAGS = (
 MODES = Modes(
     Mode("autoregressive", "Autoregressive", configs.AutoregressiveConfig, "#999999", "the baseline",
          drafter=DRAFTERS + "autoregressive:Autoregressive", explainer=EXPLAINERS + "autoregressive",
-         flags=(),
+         flags=(), tour=0,
          trtllm=("pytorch", "tensorrt"), vllm="", vllm_compare=True),
     Mode("draft_target", "Draft-target", configs.DraftTargetDecodingConfig, "#0072B2",
          "lossless: greedy and exact speculative sampling",
          drafter=DRAFTERS + "draft_model:DraftModel", explainer=EXPLAINERS + "draft_target",
          provenance={"draft_probs": ("list", "num?", NODES), "draft_vocab": "int"},
          trtllm=("pytorch",), trtllm_fields=mp.draft_trtllm, trtllm_engine_mode="DRAFT_TOKENS_EXTERNAL",
+         trtllm_no_overlap=True, loop_check=limits.draft_model, tour=4,
          vllm="draft_model", vllm_compare=True, vllm_fields=mp.draft_vllm,
          artifact="draft", artifact_label="draft model", artifact_recipe=RECIPES + "DRAFT",
          controls=(Control("dt_model", "speculative_model", "speculative_model (registry names only)", "choice", choices="drafts"),
@@ -109,7 +110,8 @@ MODES = Modes(
          runtime_fields=("max_candidates", "ngram_draft_lens"),
          provenance={"match": ("opt", _MATCH), "matches": _MATCHES},
          trtllm=("pytorch",), trtllm_fields=mp.ngram_trtllm, trtllm_ignored=mp.ngram_trtllm_ignored,
-         trtllm_engine_mode="DRAFT_TOKENS_EXTERNAL",
+         trtllm_engine_mode="DRAFT_TOKENS_EXTERNAL", trtllm_no_overlap=True, tour=1, compared=True,
+         shorts=(Short("pl", ("pl_ngram", "pl_num_tokens")),),
          vllm="ngram", vllm_compare=True, drafts_free=True, vllm_fields=mp.ngram_vllm, vllm_ignored=mp.ngram_vllm_ignored,
          controls=(Control("pl_num_tokens", "max_draft_len"),
                    Control("pl_ngram", "max_matching_ngram_size", fastest=3),
@@ -127,7 +129,9 @@ MODES = Modes(
          provenance={"window": ("list", ("list", "id", 256), 64),
                      "candidates": ("list", ("list", "id", 256), 256)},
          trtllm=("tensorrt",), trtllm_fields=mp.lookahead_trtllm, trtllm_ignored=mp.lookahead_trtllm_ignored,
-         trtllm_check=mp.lookahead_trtllm_check, trtllm_engine_mode="LOOKAHEAD_DECODING", drafts_free=True,
+         trtllm_check=mp.lookahead_trtllm_check, trtllm_request=mp.lookahead_trtllm_request,
+         trtllm_engine_mode="LOOKAHEAD_DECODING", drafts_free=True, tour=3, compared=True,
+         shorts=(Short("la", ("la_W", "la_N", "la_G")), Short("la_req", ("la_w", "la_n", "la_g"), follows="la")),
          vllm_missing="vLLM has no lookahead decoding (Jacobi window and n-gram pool): run it on the transformers backend",
          controls=(Control("la_W", "max_window_size", "max_window_size W", row=1),
                    Control("la_N", "max_ngram_size", "max_ngram_size N", row=1),
@@ -151,7 +155,7 @@ MODES = Modes(
          runtime_fields=("typical_acceptance", "posterior_threshold", "posterior_alpha", "min_path_prob"),
          provenance={"tree": _TREE, "heads": "int", "acceptance": "str", **_MERGED},
          trtllm=("tensorrt",), trtllm_fields=mp.medusa_trtllm, trtllm_check=mp.medusa_trtllm_check,
-         trtllm_engine_mode="MEDUSA",
+         trtllm_engine_mode="MEDUSA", tour=5,
          vllm="medusa", vllm_compare=True, vllm_fields=mp.medusa_vllm, vllm_ignored=mp.medusa_vllm_ignored,
          artifact="medusa", artifact_label="Medusa heads", artifact_recipe=RECIPES + "MEDUSA",
          artifact_loader="app.heads.medusa:load_beside", mergeable=True,
@@ -171,16 +175,18 @@ MODES = Modes(
     Mode("eagle", "EAGLE", configs.EagleDecodingConfig, "#D55E00", "lossless: greedy and exact sampling (recursive rejection)",
          drafter=DRAFTERS + "eagle:Eagle", explainer=EXPLAINERS + "eagle",
          runtime_fields=("min_path_prob",),
-         provenance={"tree": _TREE, "depth": "int", "top_k": "int", "total_tokens": "int", "static_nodes": "int",
+         # total_tokens: recordings from before max_total_draft_tokens (the nodes, EAGLE-2's total_tokens - 1)
+         provenance={"tree": _TREE, "depth": "int", "top_k": "int", "max_total_draft_tokens": "int", "total_tokens": "int",
+                     "static_nodes": "int",
                      **_MERGED},
          # Not in the Compare tab on vLLM: its eagle3 loads EAGLE-3 modules only, and the shipped module is not one.
          trtllm=("pytorch", "tensorrt"), trtllm_fields=mp.eagle_trtllm, trtllm_ignored=mp.eagle_trtllm_ignored,
-         trtllm_engine_mode="EAGLE",
+         trtllm_engine_mode="EAGLE", loop_check=limits.eagle, tour=6,
          vllm="eagle3", artifact="eagle", artifact_label="EAGLE module", artifact_recipe=RECIPES + "EAGLE", vllm_fields=mp.eagle_vllm,
          vllm_ignored=lambda c: ["the dynamic tree (vLLM's eagle3 drafts a chain of num_speculative_tokens)"] if c.use_dynamic_tree else [],
          artifact_loader="app.heads.eagle:load_beside", artifact_pass="app.decoding.compiled:draft_pass", mergeable=True,
          merged_colour="#882255",  # Tol's wine
-         controls=(Control("eg_total", "max_draft_len", "total tokens (max_draft_len + 1)", minimum=2, maximum=64, value=12,
+         controls=(Control("eg_total", "max_total_draft_tokens", "total tokens (max_total_draft_tokens + 1)", minimum=2, maximum=64, value=12,
                            fastest=8, name="total tokens", to_field=lambda total: total - 1, from_field=lambda n: n + 1),
                    Control("eg_depth", "num_eagle_layers", "depth (num_eagle_layers)", value=4, fastest=4, name="depth"),
                    Control("eg_topk", "dynamic_tree_max_topK", "top-k (dynamic_tree_max_topK)", value=3, fastest=2,
@@ -195,8 +201,9 @@ MODES = Modes(
          to_fields=_eagle_tree_fields, from_fields=_eagle_tree_values,
          fields_made=("use_dynamic_tree", "eagle_choices", "min_path_prob"),
          flags=(Flag("eagle_model", "speculative_model"),
-                Flag("eagle_total_tokens", help="EAGLE-2 dynamic tree: nodes verified per step (max_draft_len + 1)", kind=int,
-                     default=_default(_EAGLE, "max_draft_len") + 1, to_fields=lambda v: {"max_draft_len": v - 1}),
+                Flag("eagle_total_tokens", help="EAGLE-2 dynamic tree: nodes verified per step, the root counted "
+                     "(max_total_draft_tokens + 1)", kind=int, default=_default(_EAGLE, "max_total_draft_tokens") + 1,
+                     to_fields=lambda v: {"max_total_draft_tokens": v - 1}),
                 Flag("eagle_depth", "num_eagle_layers"),
                 Flag("eagle_top_k", "dynamic_tree_max_topK"),
                 Flag("eagle_choices", help=_EAGLE.model_fields["eagle_choices"].description, to_fields=_eagle_tree),
@@ -206,7 +213,7 @@ MODES = Modes(
          drafter=DRAFTERS + "suffix:Suffix", explainer=EXPLAINERS + "suffix",
          provenance={"suffix": ("opt", ("dict", {"match": ("list", "id", 256), "count": "int", "probs": ("list", "num?", NODES),
                                                  "score": "num", "tree": "bool"}))},
-         vllm="suffix", vllm_compare=True, drafts_free=True, vllm_fields=mp.suffix_vllm,
+         vllm="suffix", vllm_compare=True, drafts_free=True, vllm_fields=mp.suffix_vllm, loop_check=limits.suffix, tour=2,
          vllm_ignored=lambda c: ["use_tree_spec (vLLM's suffix verifies one chain)"] if c.use_tree_spec else [],
          trtllm_missing="its 1.2 line has none (SADecodingConfig, a suffix automaton drafting what followed the "
                         "context's longest earlier match without counts, came later on its main branch); run suffix "

@@ -181,7 +181,7 @@ class CompareTab:
                 if service.available("vllm").available:
                     offered += vllm_compared(self.modes)
                 modes = gr.CheckboxGroup([(lessons.label(m, self.modes), m) for m in offered],
-                                         value=["prompt_lookup", "lookahead"], label="Modes (autoregressive always runs)",
+                                         value=self.ticked(), label="Modes (autoregressive always runs)",
                                          elem_id="cmp-modes")
                 tokens = Slider(8, 256, value=64, step=8, label="max_new_tokens", elem_id="cmp-tokens")
                 preset = gr.Radio(list(settings.PRESETS), value=settings.PRESETS[0], label="settings", elem_id="cmp-preset",
@@ -203,6 +203,10 @@ class CompareTab:
         replay_btn.click(self.replay_race, self.compared, [self.race, self.status], api_name="compare_replay",
                          show_progress="hidden", concurrency_limit=None)
 
+    def ticked(self) -> list[str]:
+        """The modes a fresh page ticks (Mode.compared)."""
+        return [m.name for m in self.modes if m.compared]
+
     def stop(self, request: gr.Request) -> str:
         return stop(self.sessions, request)
 
@@ -211,7 +215,7 @@ class CompareTab:
         """Every ticked row, estimated first and refused in words when the estimate is over the server's time limit;
         `compared`: the page's last comparison (its autoregressive run's pace is this machine's, measured)."""
         session = session_of(request)
-        backend = self.service.default_backend("lookahead")
+        backend = self.service.default_backend(self.ticked()[0])  # the backend a fresh page's modes run on
         # `preset` is one of the radio's choices (Gradio refuses others); the dtype radio has the last word.
         try:
             overrides = dict(settings.preset(preset, self.service.fast_dtype(), self.modes), max_new_tokens=max_new_tokens,

@@ -2,8 +2,8 @@
 
 A link names what differs from the page's defaults: `?mode=lookahead&la=4,3,4&example=81&dtype=float32`,
 `?replay=eagle-roleplay-bfloat16`, `?tab=compare`, `?present=1` (presenter mode), `?run=1` (run it on open). Every control of the Run tab is a parameter under its
-own name (`pl_ngram=3`, `sx_tree=1`); `la`, `la_req` and `pl` are short forms. What a link gets wrong is
-dropped with a one-line note, never an error page.
+own name (`pl_ngram=3`, `sx_tree=1`); a mode's entry may name short forms for groups of them (`la`, `la_req`, `pl`:
+`Mode.shorts`). What a link gets wrong is dropped with a one-line note, never an error page.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from app.modes import MODES
+from app.modes.registry import Short
+
 TABS = ("run", "compare", "train", "learn", "engines")
-# Short forms: one parameter for a group of controls, comma-separated in this order.
-SHORT = {"la": ("la_W", "la_N", "la_G"), "la_req": ("la_w", "la_n", "la_g"),
-         "pl": ("pl_ngram", "pl_num_tokens")}
+SHORT = MODES.shorts()  # the shipped modes' short forms, by name
 CHOICE_NAMES = {"tab": "tabs", "mode": "modes", "replay": "recordings"}
 MAX_PROMPT = 2000  # characters a link carries; longer prompts are left out of it (a note says so)
 MAX_NOTE_ITEMS = 6
@@ -61,9 +62,11 @@ def _value(text: str, default: Any) -> Any:
 
 
 def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[str, ...], examples: Mapping[int, str],
-          recordings: tuple[str, ...], check: Callable[[str, dict[str, Any]], str | None]) -> Link:
+          recordings: tuple[str, ...], check: Callable[[str, dict[str, Any]], str | None],
+          shorts: Mapping[str, Short] = SHORT) -> Link:
     """The setup a query string asks for. `defaults`: the controls and their default values (their types);
-    `examples`: Spec-Bench prompts by id; `check(mode, values)`: None when the settings run, else why not."""
+    `examples`: Spec-Bench prompts by id; `check(mode, values)`: None when the settings run, else why not; `shorts`:
+    the modes' short forms (Modes.shorts)."""
     link = Link()
     choices = {"tab": TABS, "mode": modes, "replay": recordings}
     for key, raw in query.items():
@@ -87,9 +90,9 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
                 setattr(link, key, _value(text, False))
             except ValueError as err:
                 link.notes.append(f"{shown} ({err})")
-        elif key in SHORT or key in defaults:
-            names = SHORT.get(key, (key,))
-            parts = text.split(",") if key in SHORT else [text]
+        elif key in shorts or key in defaults:
+            names = shorts[key].keys if key in shorts else (key,)
+            parts = text.split(",") if key in shorts else [text]
             if len(parts) != len(names):
                 link.notes.append(f"{shown} ({len(names)} comma-separated values: {', '.join(names)})")
                 continue
@@ -98,8 +101,8 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
             except ValueError as err:
                 link.notes.append(f"{shown} ({err})")
                 continue
-            if key == "la" and "la_req" not in query:  # the request runs the whole window unless the link says less
-                link.values.update({"la_w": link.values["la_W"], "la_n": link.values["la_N"], "la_g": link.values["la_G"]})
+            for follower in (s for s in shorts.values() if s.follows == key and s.name not in query):
+                link.values.update(zip(follower.keys, (link.values[n] for n in names)))
         else:
             link.notes.append(f"{shown} (unknown parameter)")
     if link.values:
@@ -112,7 +115,7 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
 
 def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, defaults: Mapping[str, Any],
           examples: Mapping[int, str], default_mode: str, default_prompt: str, present: bool = False,
-          replay: str | None = None, run: bool = False) -> str:
+          replay: str | None = None, run: bool = False, shorts: Mapping[str, Short] = SHORT) -> str:
     """The query string (without '?') that `parse` reads back as this setup: only what differs from the defaults;
     `replay`, a shipped recording the page shows, replayed when the link opens; `run`, the setup run when it opens
     (after a live run: the page then shows a run of it, not an empty screen)."""
@@ -130,20 +133,23 @@ def build(tab: str | None, mode: str, values: Mapping[str, Any], prompt: str, de
         elif len(prompt) <= MAX_PROMPT:
             query["prompt"] = prompt
     changed = {k: v for k, v in values.items() if k in defaults and v != defaults[k] and v is not None}
-    window = tuple(values.get(n) for n in SHORT["la"])
-    for short, names in SHORT.items():
-        if not any(n in changed for n in names):
+
+    def as_followed(short: Short) -> bool:  # a follower at the values it follows is left out (parse gives it them)
+        return bool(short.follows) and tuple(values.get(n) for n in short.keys) == \
+            tuple(values.get(n) for n in shorts[short.follows].keys)
+
+    for short in shorts.values():
+        if not any(n in changed for n in short.keys):
             continue
-        if short == "la_req" and tuple(values[n] for n in names) == window:
-            pass  # a link's window alone runs the whole window (parse)
-        else:
-            query[short] = ",".join(_text(values[n]) for n in names)
-        for n in names:
+        if not as_followed(short):
+            query[short.name] = ",".join(_text(values[n]) for n in short.keys)
+        for n in short.keys:
             changed.pop(n, None)
-    # parse gives the request the window unless `la_req` says otherwise: a request below the window is said
-    # whenever it differs, even when its values are the defaults (N raised to 4, n left at 3: `la=4,4,4&la_req=4,3,4`).
-    if "la_req" not in query and tuple(values.get(n) for n in SHORT["la_req"]) != window:
-        query["la_req"] = ",".join(_text(values[n]) for n in SHORT["la_req"])
+    # parse gives a follower the values it follows unless the link says otherwise: one that differs is said whenever it
+    # does, even at its defaults (N raised to 4, n left at 3: `la=4,4,4&la_req=4,3,4`).
+    for short in shorts.values():
+        if short.follows and short.name not in query and not as_followed(short):
+            query[short.name] = ",".join(_text(values[n]) for n in short.keys)
     for k, v in changed.items():
         query[k] = _text(v)
     if present:

@@ -30,7 +30,7 @@ def measure(service: Service, prompts: list[dict], modes: list[str], max_new_tok
     demo = web.Studio(service).blocks()
     demo.queue(max_size=service.limits.max_queue, default_concurrency_limit=service.limits.max_concurrency)
     port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=web.CSS)
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=web.css(service))
     try:
         client = Client(f"http://127.0.0.1:{port}", verbose=False, download_files=False)
         rows = []

@@ -23,8 +23,9 @@ Stable CSS classes, all under the root class `specdec` (tests and the browser te
   sd-finish       why the generation stopped;  sd-empty  the empty state;  sd-view  the stream's root
 Step detail: sd-detail, sd-draft, sd-source, tok-root; prompt lookup context: ctx (data-pos = index
 in prompt + output), ctx-ngram (the matched n-gram), ctx-cont (the continuation copied as the draft),
-ctx-key (the context's last n tokens), ctx-out (output, not prompt); lookahead: sd-grid, grid-root,
-cand, cand-accepted; draft-target: sd-probs, bar; the target's side: sd-target, sd-target-table,
+ctx-key (the context's last n tokens), ctx-out (output, not prompt); a mode's own panel's classes are its
+explainer's (its CSS: lookahead's sd-grid, grid-root, cand, cand-accepted; draft-target's sd-probs, bar; `css`); the
+target's side: sd-target, sd-target-table,
 weighed (a draft token and its p). Tree SVG: sd-tree, root, node (+ accepted |
 rejected (+ unweighed: the target decided nothing there), + copied: from prompt lookup in a merged tree), edge
 (+ accepted), tree-note; its key: tree-legend (samples lg-node-accepted | -rejected | -unweighed, lg-tag). Table: sd-table, best, identical-yes / identical-no.
@@ -97,16 +98,11 @@ body .specdec .ctx-ngram{outline:2px solid var(--sd-cor);outline-offset:-1px;bac
 body .specdec .ctx-key{outline:2px dashed var(--sd-cor);outline-offset:-1px}
 body .specdec .ctx-cont{background:var(--sd-acc-bg);border-bottom:3px solid var(--sd-acc)}
 body .specdec .ctx-out{font-style:italic}
-body .specdec table.sd-grid,body .specdec table.sd-probs,body .specdec table.sd-table{border-collapse:collapse;line-height:1.4}
-body .specdec .sd-grid td,body .specdec .sd-grid th{border:1px solid var(--sd-line);padding:.1em .35em;text-align:center;white-space:pre}
-body .specdec .sd-grid th{font-weight:400;font-size:.75em;opacity:.7}
-body .specdec .sd-probs td,body .specdec .sd-target-table td,body .specdec .sd-target-table th{padding:.1em .5em;text-align:left;vertical-align:top}
+body .specdec table.sd-table{border-collapse:collapse;line-height:1.4}
+body .specdec .sd-target-table td,body .specdec .sd-target-table th{padding:.1em .5em;text-align:left;vertical-align:top}
 body .specdec .sd-target-table{border-collapse:collapse;line-height:1.6}
 body .specdec .sd-target-table tr+tr td{border-top:1px solid var(--sd-line)}
 body .specdec .weighed{white-space:nowrap;margin-right:.8em}
-body .specdec .bar{display:inline-block;height:.8em;background:var(--sd-acc);opacity:.75;vertical-align:middle}
-body .specdec .cand{margin:.1em 0}
-body .specdec .cand-accepted{font-weight:700}
 body .specdec .sd-tree{overflow:auto;max-height:80vh}
 body .specdec .tree-legend .lg-node{display:inline-block;width:1.6em;height:.9em;border-radius:3px;vertical-align:middle;margin-right:.3em}
 body .specdec .tree-legend .lg-node-accepted{background:rgba(86,180,233,.35);border:3px solid #0072B2}
@@ -117,6 +113,12 @@ body .specdec .sd-table th,body .specdec .sd-table td{padding:.25em .7em;border-
 body .specdec .sd-table th:first-child,body .specdec .sd-table td:first-child{text-align:left}
 body .specdec .sd-table tr.best td{font-weight:700}
 """
+
+
+def css(modes: Modes = MODES) -> str:
+    """The token view's styles and those of each mode's own panel (its explainer's CSS), given once to the page."""
+    return CSS + "".join(explain.of(m.name, modes).css for m in modes)
+
 
 LEGEND = (
     '<div class="legend" role="note" aria-label="legend">'

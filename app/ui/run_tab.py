@@ -65,14 +65,9 @@ COPY_LINK_JS = """(q) => {
   return url;
 }"""
 # The tour's order for the shipped modes (a mode not listed follows, in the registry's order).
-TOUR_FIRST = ("autoregressive", "prompt_lookup", "suffix", "lookahead", "draft_target", "medusa", "eagle",
-              "medusa+prompt_lookup", "eagle+prompt_lookup")
-
-
 def tour_modes(modes: Modes = MODES) -> list[str]:
-    """The tour's order: TOUR_FIRST, then every other mode and merged tree of `modes`."""
-    rest = [m for m in (*modes.names, *modes.merged) if m not in TOUR_FIRST]
-    return [m for m in TOUR_FIRST if m in modes.names or m in modes.merged] + rest
+    """The tour's order: the entries' (Mode.tour), then every other mode and merged tree of `modes`."""
+    return modes.tour()
 
 
 def tour_stops(modes: Modes = MODES) -> list[str]:
@@ -166,9 +161,8 @@ def check_message(service: Service, mode: str, v: dict[str, Any]) -> str:
     extra = ""
     if mode != "autoregressive":
         extra = f" · {explain.of(mode, service.registry).verify_note(c)}"
-        if getattr(c, "prompt_lookup", None) is not None:
-            pl = c.prompt_lookup
-            extra += f" and up to **{pl.max_draft_len * pl.max_candidates}** more from prompt lookup"
+        if (pl := configs.merged(c)) is not None:
+            extra += f" and up to **{configs.draft_tokens(pl)}** more from prompt lookup"
     if note := service.dtype_note(request.dtype):
         extra += f" · {note}"
     if service.runs_here(request.backend) and (note := service.pass_note(request.dtype)):
@@ -533,7 +527,7 @@ class RunTab:
         except (ConfigError, ModelError) as err:
             raise gr.Error(self.service.relative(str(err)), duration=None) from None
         config = checked.request.speculative_config
-        name = config.mode + MERGED_SUFFIX if getattr(config, "prompt_lookup", None) is not None else config.mode
+        name = config.mode + MERGED_SUFFIX if configs.merged(config) is not None else config.mode
         run = Recording(name, data, prompt)
         for part in self._stream(session_hash, checked, prompt, run):
             # Through JSON, as `generate --json` prints it: Gradio sends a gr.api value as it is, and refuses the
@@ -682,7 +676,8 @@ class RunTab:
         query = dict(request.query_params) if request is not None else {}
         if not query:
             return {self.link_note: "", self.linked: None, self.linked_run: False}
-        link = links.parse(query, self.page_defaults(), self.modes.names, self.example_ids, RECORDINGS, self._link_check)
+        link = links.parse(query, self.page_defaults(), self.modes.names, self.example_ids, RECORDINGS, self._link_check,
+                           self.modes.shorts())
         out = {self.controls[k]: x for k, x in link.values.items()}
         rerun = bool(link.run) and not link.replay
         said = ("This link runs its setup again on open: a link carries the settings, not the run it was copied after, "
@@ -714,4 +709,4 @@ class RunTab:
         return gr.update(value=links.build("run", data[self.mode], self.values(data), data[self.prompt] or "",
                                            self.page_defaults(), self.example_ids, DEFAULT_MODE, FIRST_PROMPT,
                                            present=bool(data[self.present]), replay=replayed,
-                                           run=bool(record.get("events"))), visible=True)
+                                           run=bool(record.get("events")), shorts=self.modes.shorts()), visible=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.modes.notation import CHOICES_DIR, ConfigError
-from app.modes import MERGED_SUFFIX, MODES, Control, Mode, Modes
+from app.modes import MERGED_MODE, MERGED_SUFFIX, MODES, Control, Mode, Modes
 from app.modes.shipped import DYNAMIC
 from app.modes import configs
 from app.service.training import PREFIX
@@ -95,7 +95,7 @@ def run_name(mode: str, values: dict[str, Any], modes: Modes = MODES) -> str:
 def visible(mode: str, values: dict[str, Any], modes: Modes = MODES) -> dict[str, bool]:
     """Which groups show: the mode's, and prompt lookup's when it sets the branch merged into the mode's tree."""
     merged = run_name(mode, values, modes) != mode
-    return {m: m == mode or (merged and m == "prompt_lookup") for m in groups(modes)}
+    return {m: m == mode or (merged and m == MERGED_MODE) for m in groups(modes)}
 
 
 def follows(modes: Modes = MODES) -> dict[str, str]:
@@ -151,7 +151,7 @@ def to_request(mode: str, values: dict[str, Any], modes: Modes = MODES) -> dict[
         raise ConfigError(f"unknown mode '{mode}'")
     spec = {"decoding_type": modes[mode].decoding_type} | _fields(modes[mode], values)
     if run_name(mode, values, modes) != mode:
-        spec["prompt_lookup"] = _fields(modes["prompt_lookup"], values)
+        spec[MERGED_MODE] = _fields(modes[MERGED_MODE], values)
     seed = values.get("seed")
     return {
         "speculative_config": spec,
@@ -191,7 +191,7 @@ def _values(entry: Mode, config: Any) -> dict[str, Any] | None:
         if c.kind == "choice" and c.choices in STATIC_CHOICES and c.key in out and out[c.key] not in STATIC_CHOICES[c.choices]:
             return None  # a tree of its own (paths, or a file this server does not ship)
     for name, info in type(config).model_fields.items():
-        if name not in said and name not in ("decoding_type", "prompt_lookup") and getattr(config, name) != info.default:
+        if name not in said and name not in ("decoding_type", MERGED_MODE) and getattr(config, name) != info.default:
             return None
     return out
 
@@ -211,11 +211,11 @@ def from_request(data: Any, modes: Modes = MODES) -> tuple[str, dict[str, Any]] 
     if own is None:
         return None
     values.update(own)
-    merged = getattr(c, "prompt_lookup", None)
+    merged = getattr(c, MERGED_MODE, None)
     if c.mode in merge_boxes(modes):
         values[merge_boxes(modes)[c.mode]] = merged is not None
     if merged is not None:
-        values.update(_values(modes["prompt_lookup"], merged) or {})
+        values.update(_values(modes[MERGED_MODE], merged) or {})
     return c.mode, values
 
 

@@ -40,8 +40,10 @@ from app.ui.uploads import Ledger, UploadQuota
 EVENTS_PENDING = 64  # events Gradio holds before they start (each starts at once; see launch)
 PAGES_KEPT = 128
 
-# The page's own styles, given once at launch: the token view's and presenter mode's.
-CSS = render.CSS + presenter.CSS
+
+def css(service: Service) -> str:
+    """The page's own styles, given once at launch: the token view's, its modes' panels' and presenter mode's."""
+    return render.css(service.registry) + presenter.CSS
 
 
 # Gradio draws an empty file or code box as a div labelled "Empty value" with no role, which assistive technology
@@ -144,7 +146,7 @@ def launch(service: Service, host: str = "127.0.0.1", port: int = 7860, http: Ht
     # show_error=False is launch's default (mounting's is True): an unexpected exception's text stays on the server.
     app = gr.mount_gradio_app(
         fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None), demo, path="/", server_name=host,
-        server_port=port, footer_links=["api", "gradio"], css=CSS, theme=theme(), head=presenter.HEAD + EMPTY_ROLE,
+        server_port=port, footer_links=["api", "gradio"], css=css(service), theme=theme(), head=presenter.HEAD + EMPTY_ROLE,
         max_file_size=traces.MAX_BYTES, show_error=False, app_kwargs={"middleware": studio.middleware(demo)})
     # Blocks.launch sets it once its server runs; mounting does not, and without it Gradio skips its check that a file
     # named in a request was uploaded (a visitor could have a replay read any file of the server's).

@@ -79,10 +79,8 @@ def sampling_kwargs(request: DecodeRequest) -> dict[str, Any]:
         kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
     if s.seed is not None:
         kwargs["seed"] = s.seed
-    c = request.speculative_config
-    if isinstance(c, configs.LookaheadDecodingConfig) and c.request is not None:
-        w, n, g = c.request
-        kwargs["lookahead_config"] = {"max_window_size": w, "max_ngram_size": n, "max_verification_set_size": g}
+    if request.entry.trtllm_request:
+        kwargs.update(request.entry.trtllm_request(request.speculative_config))
     return kwargs
 
 
@@ -389,7 +387,7 @@ def check(request: DecodeRequest) -> None:
         raise ConfigError(f"TensorRT-LLM needs a draft model for {request.mode}: set speculative_model")
     if getattr(c, "min_path_prob", 0):
         raise ConfigError("min_path_prob (tree pruning) is this app's own: TensorRT-LLM has no such setting, use 0")
-    if getattr(c, "prompt_lookup", None) is not None:
+    if configs.merged(c) is not None:
         raise ConfigError(f"merging prompt lookup into the {request.mode} tree is this app's own: TensorRT-LLM cannot, "
                           "leave prompt_lookup unset")
     if entry.trtllm_check is not None:
@@ -444,9 +442,10 @@ def eagle3_on_pytorch(speculative: dict[str, Any]) -> tuple[dict[str, Any], list
 def trtllm_engine_draft_len(request: DecodeRequest) -> int:
     """The engine's build_config.max_draft_len as TensorRT-LLM's LLM API sets it (llm_args.py
     BaseLlmArgs.validate_speculative_config): the speculative config's max_draft_len (for EAGLE the depth
-    trtllm_speculative_config sends, not this app's node count); lookahead's, which sends none, its formula."""
+    trtllm_speculative_config sends, not the tree's nodes); lookahead's, which sends none, its formula (its draft
+    tokens per step)."""
     spec = trtllm_speculative_config(request) or {}
-    return spec.get("max_draft_len", request.speculative_config.max_draft_len)
+    return spec.get("max_draft_len", configs.draft_tokens(request.speculative_config))
 
 
 def trtllm_build_plan(request: DecodeRequest, checkpoint_dir: str, output_dir: str, max_batch_size: int = 8) -> list[str]:

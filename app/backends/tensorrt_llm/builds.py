@@ -43,7 +43,7 @@ def spec(request: DecodeRequest, model: str, *, build_config: dict | None = None
     for name in ("medusa_choices", "eagle_choices"):  # a tree by its paths, not by a name whose file may change
         if fields.get(name) is not None:
             fields[name] = configs.medusa_choices(fields[name] if isinstance(fields[name], str) else json.dumps(fields[name]))
-    config.update(speculative_config=fields, max_draft_len=c.max_draft_len,
+    config.update(speculative_config=fields, max_draft_len=trt.trtllm_engine_draft_len(request),
                   trtllm_backend=trt.trtllm_backend(request),
                   tensor_parallel_size=tensor_parallel_size)
     if config["trtllm_backend"] == "tensorrt":
@@ -97,7 +97,8 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
     notes: list[str] = []  # the artifact's; Service.engine_plan adds trt.trtllm_notes (runtime fields are not in a spec)
     cannot_run: list[str] = []
     speculative = trt.trtllm_speculative_config(request)
-    if speculative is not None and spec.mode == "eagle" and flavour == "pytorch":
+    artifact_kind = request.entry.artifact  # how a trained artifact is prepared for TensorRT-LLM depends on its kind
+    if speculative is not None and speculative["decoding_type"] == "Eagle" and flavour == "pytorch":
         speculative, dropped = trt.eagle3_on_pytorch(speculative)
         notes += dropped
     if speculative is not None:
@@ -105,7 +106,7 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
         # resolve() made sure an artifact mode has one
         src = given or (str(models.default_artifact(spec.model, spec.mode)) if uses_heads(spec.mode) else None)
         artifact = artifact_config(src)
-        if spec.mode == "medusa":
+        if artifact_kind == "medusa":
             heads = request.speculative_config.num_medusa_heads or medusa_heads_of(artifact)
             if heads is None:
                 raise EngineError(f"set num_medusa_heads: TensorRT-LLM needs the Medusa head count and {src} does not say it "
@@ -115,7 +116,7 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
                 # TensorRT-LLM reads Medusa's own heads layout (medusa_lm_head.safetensors), not our artifact.
                 prepare.append({"step": "export_medusa", "from": src, "to": "{build_dir}/medusa"})
                 src = "{build_dir}/medusa"
-        elif spec.mode == "eagle":
+        elif artifact_kind == "eagle":
             src = _eagle_plan(src, artifact, flavour, speculative, prepare, notes, cannot_run)
         elif uses_draft_model(spec.mode) and src:
             src = model_dir_of(src, engines)  # a registry alias is a directory of ours, not a hub id to download
@@ -140,7 +141,7 @@ def trtllm_plan(spec: BuildSpec, engines: Path = models.DEFAULT_ENGINES) -> dict
         plan["trtllm_build"] = {
             "command": command,
             "checkpoint_dir": f"a TensorRT-LLM checkpoint converted from {model_dir} by its model family's "
-            "convert_checkpoint.py" + (" with --medusa_model_dir <the heads>" if spec.mode == "medusa" else ""),
+            "convert_checkpoint.py" + (" with --medusa_model_dir <the heads>" if artifact_kind == "medusa" else ""),
         }
     else:
         llm["max_input_len"] = TRT_BUILD_DEFAULTS["max_input_len"]  # BaseLlmArgs.max_input_len, default 1024
@@ -179,7 +180,7 @@ def trtllm_serve_kwargs(store: Store, spec: BuildSpec) -> dict:
 def overlap_off(trtllm_backend: str, mode: str) -> bool:
     """Whether an engine of this mode runs without the overlap scheduler, as upstream's NGram and DraftTarget examples
     on the PyTorch backend do (a runtime field: not in the plan)."""
-    return trtllm_backend == "pytorch" and mode in ("prompt_lookup", "draft_target")
+    return trtllm_backend == "pytorch" and MODES[mode].trtllm_no_overlap
 
 
 

@@ -19,45 +19,23 @@ import torch
 from app import models, runner
 from app.models import LoadedModel
 from app.modes import ConfigError, DecodeRequest, Mode, configs
-from app.modes.configs import AutoregressiveConfig, DraftTargetDecodingConfig, EagleDecodingConfig, NGramDecodingConfig
+from app.modes.limits import STEP_DRAFT_TOKENS
 from app.backends.base import Backend, Prompt
 from app.service.jobs import Limits, Work
 
-# What one step of the transformers backend may do, so a step stays well under a second on a 2-core CPU
-# (float32, SmolLM2-135M; measured in docs/ui.md, "Hosting publicly"): the time limit is checked between
-# steps, so bounding a step bounds how long a request can outlive it. TensorRT-LLM's engines keep their own limits.
-STEP_DRAFT_TOKENS = 96  # draft tokens one target pass verifies (every mode's tree or chain, merged branch included)
-STEP_DRAFT_MODEL_TOKENS = 32  # draft-target: sequential draft-model passes per step
-# EAGLE-2 dynamic trees (the web sliders' maxima): the draft expands top-k nodes per level, one pass per level,
-# and ranks every candidate; the verified tree is smaller than the other modes' limit.
-STEP_EAGLE_TOP_K = 10
-STEP_EAGLE_DEPTH = 8
-STEP_EAGLE_TOKENS = 63  # max_draft_len (total tokens 64)
-
 
 def check(request: DecodeRequest) -> None:
-    """The transformers backend's bounds on one step (STEP_*): each step well under a second here."""
+    """The transformers backend's bounds on one step (app/modes/limits.py): each step well under a second here."""
     c = request.speculative_config
-    nodes = 0 if isinstance(c, AutoregressiveConfig) else c.max_draft_len
-    if isinstance(c, NGramDecodingConfig):
-        nodes = c.max_draft_len * c.max_candidates
-    pl = getattr(c, "prompt_lookup", None)
+    nodes = configs.draft_tokens(c)
+    pl = configs.merged(c)
     if pl is not None:
-        nodes += pl.max_draft_len * pl.max_candidates
+        nodes += configs.draft_tokens(pl)
     if nodes > STEP_DRAFT_TOKENS:
         raise ConfigError(f"this {c.mode} config verifies up to {nodes} draft tokens a step; the transformers backend "
                           f"verifies at most {STEP_DRAFT_TOKENS} (so a step stays well under a second on a CPU)")
-    if isinstance(c, DraftTargetDecodingConfig) and c.max_draft_len > STEP_DRAFT_MODEL_TOKENS:
-        raise ConfigError(f"draft-target's max_draft_len is at most {STEP_DRAFT_MODEL_TOKENS} on the transformers backend "
-                          f"(one draft-model pass per drafted token), got {c.max_draft_len}")
-    if isinstance(c, EagleDecodingConfig) and c.use_dynamic_tree and (
-            c.dynamic_tree_max_topK > STEP_EAGLE_TOP_K or c.num_eagle_layers > STEP_EAGLE_DEPTH or c.max_draft_len > STEP_EAGLE_TOKENS):
-        raise ConfigError(f"the transformers backend grows EAGLE-2 trees of top-k at most {STEP_EAGLE_TOP_K}, depth at most "
-                          f"{STEP_EAGLE_DEPTH} and max_draft_len at most {STEP_EAGLE_TOKENS}, got top-k "
-                          f"{c.dynamic_tree_max_topK}, depth {c.num_eagle_layers} and max_draft_len {c.max_draft_len}")
-    if getattr(c, "suffix_decoding_max_cached_requests", 0):
-        raise ConfigError("suffix_decoding_max_cached_requests is the vLLM engine's (a cache of earlier responses "
-                          "shared by every request): this app's loop drafts from each request's own text, use 0")
+    if request.entry.loop_check:
+        request.entry.loop_check(c)
 
 
 FAST_BUILD_S = 600.0  # a fast pass's build on 2 cores with nothing of its own to go by (docs/ui.md: about 10 minutes)

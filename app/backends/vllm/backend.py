@@ -75,14 +75,12 @@ class VLLMBackend(EngineBackend):
         reason = processes.unavailable(self.settings) or processes.missing(mode)
         if reason:
             return reason
-        spec = {"decoding_type": mode.decoding_type}
-        if mode.name == "eagle":  # vLLM's eagle3 drafts a chain: the request names a static one
-            spec.update(eagle_choices="[[0],[0,0],[0,0,0]]", use_dynamic_tree=False)
-        request = MODES.request(speculative_config=spec)
-        artifact = models.default_artifact(model or models.BUNDLED, "eagle") if mode.name == "eagle" else None
-        if mode.name == "eagle" and artifact is None:
+        request = MODES.request(speculative_config={"decoding_type": mode.decoding_type})
+        # vLLM's eagle3 loads EAGLE-3 modules only: whether the shipped one is (the other methods take any artifact)
+        artifact = models.default_artifact(model or models.BUNDLED, mode.artifact) if mode.vllm == "eagle3" else None
+        if mode.vllm == "eagle3" and artifact is None:
             return f"no EAGLE-3 module for {model}: set speculative_model"
-        if mode.name == "suffix" and not processes.has_arctic(self.settings.python):
+        if mode.vllm == "suffix" and not processes.has_arctic(self.settings.python):
             return f"vLLM's suffix method needs Arctic Inference beside it: {processes.SETUP} builds it"
         return processes.method_reason(request, artifact)
 

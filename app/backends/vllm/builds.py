@@ -14,7 +14,7 @@ from app.backends import store
 from app.backends.store import BuildSpec, Builder, Engine, Progress
 from app.backends.vllm import processes
 from app.heads.draft import DRAFT_VOCAB
-from app.modes import DecodeRequest
+from app.modes import MODES, DecodeRequest
 from app.service.errors import EngineError
 
 
@@ -32,7 +32,7 @@ def spec(request: DecodeRequest, model: str, *, dtype: str = "float32", **settin
         reason = processes.method_reason(request, artifact)
         if reason:
             raise EngineError(reason)
-        if c.mode == "medusa":
+        if request.entry.vllm == "medusa":  # vLLM's medusa drafts one token per head
             heads = medusa_heads(artifact)
             if c.num_medusa_heads is not None and c.num_medusa_heads > heads:
                 raise EngineError(f"num_medusa_heads is {c.num_medusa_heads} but the Medusa artifact has {heads} heads")
@@ -70,6 +70,7 @@ def builder(spec: BuildSpec, engines: Path) -> Builder:
         source: dict[str, Any] = {"model": spec.model, "model_bytes": store.dir_bytes(where)}
         server = plan(spec, engines, str(out))
         method = (server["speculative_config"] or {}).get("method")
+        artifact = MODES[spec.mode].artifact  # the shipped one's kind, when the request names none
         if method == "draft_model":
             draft = spec.config["speculative_model"]
             progress(0.3, f"preparing the draft model {draft}")
@@ -77,7 +78,7 @@ def builder(spec: BuildSpec, engines: Path) -> Builder:
             _link_tree(draft_dir, out / "draft", skip={DRAFT_VOCAB, "specdec_source.json"})
             source["speculative_model"] = draft
         elif method == "medusa":
-            src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, "medusa"))
+            src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, artifact))
             progress(0.3, "exporting the Medusa heads")
             if store.artifact_config(str(src)).get("architecture") == "medusa":  # ours: export to Medusa's own layout
                 store.export_medusa(src, Path(where), out / "medusa", spec.model)
@@ -85,7 +86,7 @@ def builder(spec: BuildSpec, engines: Path) -> Builder:
                 shutil.copytree(src, out / "medusa")
             source["speculative_model_sha256"] = spec.config.get("speculative_model_sha256")
         elif method == "eagle3":
-            src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, "eagle"))
+            src = Path(spec.config.get("speculative_model") or models.default_artifact(spec.model, artifact))
             if store.artifact_config(str(src)).get("architecture") == "eagle":  # ours: export to the EAGLE-3 layout
                 progress(0.3, "exporting the EAGLE-3 module")
                 store.export_eagle(src, Path(where), out / "eagle3", spec.model)

@@ -34,7 +34,7 @@ from typing import Any
 from app import models
 from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, locked, log_tail, read_server, spawn,
                                     stop_server)
-from app.modes.configs import DecodeRequest
+from app.modes.configs import DecodeRequest, merged
 from app.service.errors import EngineError
 
 VENV = models.ROOT / ".venv-vllm"
@@ -103,9 +103,9 @@ def method_reason(request: DecodeRequest, artifact: Path | None = None) -> str |
     if no_method := missing(request.entry):
         return no_method
     c = request.speculative_config
-    if getattr(c, "prompt_lookup", None) is not None:
+    if merged(c) is not None:
         return f"merging prompt lookup into the {mode} tree is this app's own: vLLM cannot; leave it unset"
-    if mode == "eagle":
+    if request.entry.vllm == "eagle3":
         if artifact is not None and not is_eagle3(artifact):
             return ("vLLM's eagle3 loads EAGLE-3 checkpoints (an fc over three captured layers' hidden states and a "
                     "reduced-vocabulary head); this EAGLE module is the app's earlier design, which no engine loads: train "

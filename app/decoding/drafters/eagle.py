@@ -124,9 +124,9 @@ def static_tree(root_logq: torch.Tensor, expand: Expand, paths: list[list[int]],
 
 
 class Eagle:
-    """Drafter over an EagleModule. `total_tokens` counts the root (EAGLE-2's convention), so a
-    proposal has at most total_tokens - 1 nodes; `depth` is the deepest draft level. With
-    `static_choices` (rank paths) the tree shape is fixed instead and total_tokens/top_k are unused.
+    """Drafter over an EagleModule. A proposal has at most `max_total_draft_tokens` nodes (EAGLE-2's total_tokens
+    less its root); `depth` is the deepest draft level. With `static_choices` (rank paths) the tree shape is fixed
+    instead and max_total_draft_tokens/top_k are unused.
     Drafts are deterministic top-k picks, so Proposal.q stays None (recursive rejection, lossless).
 
     The draft's cache is slots (kv_cache.SlotLayer), like the target's with a fast pass: committed entries first, a
@@ -140,14 +140,15 @@ class Eagle:
     def from_config(cls, config, target, companion) -> Eagle:
         """From a checked EagleDecodingConfig; `target`: the target torch model; `companion`: the EAGLE module."""
         static = None if config.use_dynamic_tree else config.paths()
-        return cls(companion, target.get_input_embeddings(), total_tokens=config.max_draft_len + 1,
+        return cls(companion, target.get_input_embeddings(), max_total_draft_tokens=config.max_total_draft_tokens,
                    depth=config.num_eagle_layers, top_k=config.dynamic_tree_max_topK, static_choices=static,
                    min_path_prob=config.pruning)
 
-    def __init__(self, module, embed: torch.nn.Module, total_tokens: int = 24, depth: int = 5, top_k: int = 4,
+    def __init__(self, module, embed: torch.nn.Module, max_total_draft_tokens: int = 23, depth: int = 5, top_k: int = 4,
                  static_choices: list[list[int]] | None = None, min_path_prob: float = 0.0) -> None:
-        if total_tokens < 2 or depth < 1 or top_k < 1:
-            raise ValueError(f"EAGLE needs total_tokens >= 2, depth >= 1, top_k >= 1 (got {total_tokens}, {depth}, {top_k})")
+        if max_total_draft_tokens < 1 or depth < 1 or top_k < 1:
+            raise ValueError(f"EAGLE needs max_total_draft_tokens >= 1, depth >= 1, top_k >= 1 "
+                             f"(got {max_total_draft_tokens}, {depth}, {top_k})")
         if not 0.0 <= min_path_prob < 1.0:
             raise ValueError(f"min_path_prob must be in [0, 1), got {min_path_prob}")
         if static_choices is not None:
@@ -157,7 +158,7 @@ class Eagle:
             if max(max(p) for p in static_choices) >= module.config.draft_vocab_size:
                 raise ValueError("static_choices asks for a rank beyond the draft vocabulary")
         self.module, self.embed = module, embed
-        self.total_tokens, self.depth, self.top_k = total_tokens, depth, top_k
+        self.max_total_draft_tokens, self.depth, self.top_k = max_total_draft_tokens, depth, top_k
         self.static = [list(p) for p in static_choices] if static_choices is not None else None
         self.min_path_prob = min_path_prob
 
@@ -242,7 +243,7 @@ class Eagle:
         if self.static is not None:
             tree = static_tree(root_logq, expand, self.static, room)
         else:
-            tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.total_tokens - 1, room),
+            tree = dynamic_tree(root_logq, expand, depth=self.depth, top_k=self.top_k, max_nodes=min(self.max_total_draft_tokens, room),
                                 min_score=math.log(self.min_path_prob) if self.min_path_prob else float("-inf"))
         # The tree's entries (drafts on drafted features) stay in slots past the committed ones, where the next pass
         # overwrites them and no mask lets an entry see them.
@@ -252,7 +253,8 @@ class Eagle:
     def _source(self, tree: DraftTree, tokens: list[int]) -> dict:
         scores = [round(max(s, -1e9), 4) for s in tree.scores]  # JSON has no -inf
         source = {"tree": {"tokens": tokens, "parents": tree.parents, "scores": scores},
-                  "depth": self.depth, "top_k": self.top_k, "total_tokens": self.total_tokens}
+                  "depth": self.depth, "top_k": self.top_k,
+                  "max_total_draft_tokens": self.max_total_draft_tokens}
         if self.min_path_prob:
             source["min_path_prob"] = self.min_path_prob
         if self.static is not None:

@@ -16,20 +16,7 @@ from collections import OrderedDict
 
 from app.decoding.tree import trie_within
 from app.decoding.types import Proposal
-
-
-def max_draft_len(w: int, n: int, g: int) -> int:
-    """TensorRT-LLM's draft-token budget for (W, N, G): (0 if N == 1 else N - 2) + (W - 1 + G)(N - 1)."""
-    return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
-
-
-def check(w: int, n: int, g: int, limits: tuple[int, int, int] | None = None) -> None:
-    if w < 1 or n < 1 or g < 0:
-        raise ValueError(f"lookahead needs W >= 1, N >= 1, G >= 0; got ({w}, {n}, {g})")
-    if n == 1 and (w != 1 or g != 0):
-        raise ValueError(f"an n-gram size of 1 requires window 1 and verification set 0; got ({w}, {n}, {g})")
-    if limits is not None and not (w <= limits[0] and n <= limits[1] and g <= limits[2]):
-        raise ValueError(f"per-request (w, n, g) = ({w}, {n}, {g}) exceeds (W, N, G) = {limits}")
+from app.modes.configs import lookahead_rules
 
 
 class Lookahead:
@@ -51,9 +38,8 @@ class Lookahead:
         pool_from_prompt: bool = True,
     ) -> None:
         limits = (max_window_size, max_ngram_size, max_verification_set_size)
-        check(*limits)
+        lookahead_rules(limits, request)  # a ConfigError (a ValueError) names what is wrong
         self.w, self.n, self.g = request or limits
-        check(self.w, self.n, self.g, limits)
         self.pool_from_prompt = pool_from_prompt
 
     # n-gram pool: first token -> LRU of the n - 1 tokens that followed it, at most g per key.

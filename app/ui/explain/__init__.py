@@ -11,6 +11,7 @@ An explainer module may define (what it leaves out is the generic explainer's):
   verify_note(config) -> str
                     the Run tab's line on what one step of this config verifies
   SCORED_TREE       True: its draft is drawn as a tree with node scores even when it is a chain
+  CSS               the styles of the classes its panel uses (every rule under `body .specdec`, as render's)
   TREE_SCORES       what those scores are: "q" (each node's own draft probability; the default) or "path_log_q" (the
                     cumulative log q of the node's path); the tree shows q either way (markup.draft_q)
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.modes import MODES, Modes
+from app.modes import MODES, Modes, configs
 from app.modes.registry import resolve
 
 
@@ -35,6 +36,7 @@ class Explainer:
     verify_note: Callable[[Any], str]
     scored_tree: bool
     tree_scores: str = "q"
+    css: str = ""
 
 
 def _drafted(source, n: int, texts) -> str:
@@ -46,7 +48,7 @@ def _source_html(event, source, texts, context, prompt_len, tokens, parents, acc
 
 
 def _verify_note(config) -> str:
-    return f"verifies up to **{config.max_draft_len}** draft tokens per step"
+    return f"verifies up to **{configs.draft_tokens(config)}** draft tokens per step"
 
 
 def of(name: str | None, modes: Modes = MODES) -> Explainer:
@@ -59,4 +61,4 @@ def of(name: str | None, modes: Modes = MODES) -> Explainer:
                      recording_merged=getattr(module, "RECORDING_MERGED", ""),
                      drafted=getattr(module, "drafted", _drafted), source_html=getattr(module, "source_html", _source_html),
                      verify_note=getattr(module, "verify_note", _verify_note), scored_tree=getattr(module, "SCORED_TREE", False),
-                     tree_scores=getattr(module, "TREE_SCORES", "q"))
+                     tree_scores=getattr(module, "TREE_SCORES", "q"), css=getattr(module, "CSS", ""))

@@ -30,6 +30,13 @@ pays with big targets: StarCoder-15B with a 164M draft on a Xeon got about 3.3×
 generation.
 """
 
+# Its panel: the draft's probabilities, a bar each.
+CSS = """
+body .specdec table.sd-probs{border-collapse:collapse;line-height:1.4}
+body .specdec .sd-probs td{padding:.1em .5em;text-align:left;vertical-align:top}
+body .specdec .bar{display:inline-block;height:.8em;background:var(--sd-acc);opacity:.75;vertical-align:middle}
+"""
+
 
 def drafted(source, n, texts) -> str:
     return f"The draft model proposed {n} token(s), one small pass each"

@@ -13,12 +13,12 @@ layers 2, 15 and 27 of 30, fused) with the next token and predicts the token aft
 output rows for its 8192 most written tokens score the guesses (EAGLE-3). Deeper in the tree it
 reads its own output, as trained. EAGLE-2 grows
 a **dynamic tree**: for `depth` levels, expand the top_k most confident nodes; score each node by
-its path's cumulative log-probability; keep the best total_tokens − 1 nodes. One target pass verifies
+its path's cumulative log-probability; keep the best max_total_draft_tokens nodes. One target pass verifies
 the tree.
 
-**Parameters** (TensorRT-LLM `EagleDecodingConfig` / `Eagle3DecodingConfig`): `max_draft_len` (the
+**Parameters** (TensorRT-LLM `EagleDecodingConfig` / `Eagle3DecodingConfig`): `max_total_draft_tokens` (the
 tree nodes, eagle_total_tokens − 1; > 0 and ≤ 256; the CLI's default 23, this app starts at 11),
-`num_eagle_layers` (the depth; 5 and 4; EAGLE-2 uses 7), `dynamic_tree_max_topK` (top_k; 4 and 3;
+`num_eagle_layers` (the depth, which TensorRT-LLM sends as `max_draft_len`; 5 and 4; EAGLE-2 uses 7), `dynamic_tree_max_topK` (top_k; 4 and 3;
 EAGLE-2 uses 10), `use_dynamic_tree`, or a
 static tree in `eagle_choices`; `speculative_model` (the draft) is required. TensorRT-LLM's PyTorch
 backend runs EAGLE-3 checkpoints only; the engine backend runs static or dynamic trees.
@@ -42,12 +42,19 @@ def drafted(source, n, texts) -> str:
     return f"EAGLE's draft layer grew a tree of {n} token(s) from the target's features"
 
 
+def _kept(source) -> str:
+    """The nodes the tree kept at most; a recording from before max_total_draft_tokens said EAGLE-2's total_tokens."""
+    if "max_total_draft_tokens" in source:
+        return markup.esc(source["max_total_draft_tokens"])
+    return f"{markup.esc(source.get('total_tokens', '?'))} − 1"
+
+
 def source_html(event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
     if source.get("static_nodes"):
         shape = f"a static tree of {markup.esc(source['static_nodes'])} rank paths"
     else:
         shape = (f"an EAGLE-2 dynamic tree: depth {markup.esc(source.get('depth', '?'))}, top_k "
-                 f"{markup.esc(source.get('top_k', '?'))}, the best {markup.esc(source.get('total_tokens', '?'))} − 1 nodes kept")
+                 f"{markup.esc(source.get('top_k', '?'))}, the best {_kept(source)} nodes kept")
     return (f"<p>EAGLE: a one-layer draft model reads the target's features and grows {shape}. "
             "A node's q is the draft's probability for its token after its parent's path; the tree keeps the nodes "
             "whose paths have the highest product of q (the draft's confidence); "

@@ -28,13 +28,22 @@ so a step must commit at least 1.4 tokens to break even, and it commits at most 
 the target's). On GPUs, where extra positions are nearly free, it pays far more (1.5–2.3× published).
 """
 
+# Its panel: the window as a grid, the pool's candidates one a line.
+CSS = """
+body .specdec table.sd-grid{border-collapse:collapse;line-height:1.4}
+body .specdec .sd-grid td,body .specdec .sd-grid th{border:1px solid var(--sd-line);padding:.1em .35em;text-align:center;white-space:pre}
+body .specdec .sd-grid th{font-weight:400;font-size:.75em;opacity:.7}
+body .specdec .cand{margin:.1em 0}
+body .specdec .cand-accepted{font-weight:700}
+"""
+
 
 def drafted(source, n, texts) -> str:
     return f"Lookahead offered {n} token(s) from its n-gram pool and Jacobi window"
 
 
 def verify_note(config) -> str:
-    return f"engine max_draft_len = (N−2) + (W−1+G)(N−1) = **{config.max_draft_len}**"
+    return f"engine max_draft_len = (N−2) + (W−1+G)(N−1) = **{config.max_total_draft_tokens}**"
 
 
 def source_html(event, source, texts, context, prompt_len, tokens, parents, accepted) -> str:
