@@ -44,6 +44,12 @@ def test_every_surface_prints_the_one_sentence_for_a_withheld_speedup():
     row = compare_tab.summary_row("prompt_lookup", run, base, MODES)
     table = render.summary_table([row])
     assert row["speedup"] is None and f"* Prompt lookup: {esc(said)}</p>" in table and "not shown*" in table
+    # ... and its two charts leave it out with the same sentence, the mode named, whether drawn beside others or alone.
+    ar = compare_tab.summary_row("autoregressive", base, base, MODES)
+    drawn = {"mode": "Suffix", "speedup": 1.5, "decoding_tau": 2.0, "step_cost": 1.25}
+    for fig in (charts.compare([ar, row]), charts.tau_vs_cost([ar, row]), charts.tau_vs_cost([ar, row, drawn])):
+        assert [a.text.replace("<br>", " ") for a in fig.layout.annotations if a.name == "left out" or not fig.data] \
+            == [f"Prompt lookup: {said}"]
     # Load: this app's own point at batch 1 (load.our_point's reading of the same race) ...
     ours = {"raced": True, "tau": PARTS["tau"], "speedup": None, "interval": None, "doubt": PARTS["doubt"]}
     assert f"This app's own loop at batch 1: {esc(said)}" in load_tab.ours_said(ours)
