@@ -19,7 +19,7 @@ import plotly.io as pio
 
 from app.modes import MODES, Modes
 from app import figures
-from app.ui.lessons import earning_sizes, expected_speedup, unsteady
+from app.ui.lessons import earning_sizes, expected_speedup, left_out, unsteady
 from app.traces import is_number, steps
 
 HEIGHT = 300
@@ -463,6 +463,7 @@ def pass_cost(costs: list[dict]) -> go.Figure:
     ticks = sorted({k for c in costs for k in c["tokens"]})
     fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
     fig.update_layout(xaxis=dict(type="log", tickvals=ticks, ticktext=[str(k) for k in ticks]))
+    _note_under(fig, [f"{c['dtype']}: {said}" for c in costs for said in left_out(c)])  # a width timed under other load
     return _layout(fig, title, "tokens per pass (k)", "× a one-token pass")
 
 
@@ -476,8 +477,11 @@ def earnings(cost: Mapping | None, draft_cost: float = 0.0) -> go.Figure:
     title = "Speedup vs α"
     if not isinstance(cost, Mapping) or not cost.get("tokens"):
         return _empty(title, "Not measured yet: press Measure.")
+    title = f"{title}, {cost['dtype']}" if cost.get("dtype") else title
     if doubt := unsteady(cost):  # speedups read off a curve that fell would contradict each other: withheld, as the note says
-        return _empty(f"{title}, {cost['dtype']}" if cost.get("dtype") else title, figures.withheld(doubt))
+        return _empty(title, figures.withheld(doubt))
+    if not earning_sizes(cost):  # every pass that drafts timed under other load than the one-token pass
+        return _empty(title, " ".join(left_out(cost)))
     alphas = [i / 100 for i in range(100)]
     fig = go.Figure()
     for i, (drafted, rel) in enumerate(earning_sizes(cost)):
@@ -490,7 +494,7 @@ def earnings(cost: Mapping | None, draft_cost: float = 0.0) -> go.Figure:
     # Near α = 1 long drafts reach 10× and more; up to 5× keeps the break-even region readable (zoom out for the rest).
     top = max((y for t in fig.data for y in t.y), default=1.0)
     fig.update_layout(xaxis=dict(range=[0, 1]), yaxis=dict(range=[0, min(5.0, top * 1.05)]))
-    return _layout(fig, f"{title}, {cost['dtype']}" if cost.get("dtype") else title, "acceptance rate α", "× autoregressive")
+    return _layout(fig, title, "acceptance rate α", "× autoregressive")
 
 
 def training_loss(losses: list[float] | None, label: str = "Training") -> go.Figure:
