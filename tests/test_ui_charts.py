@@ -6,6 +6,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
+from app import figures
 from app.ui import charts
 from app.modes import MODES as REGISTRY
 from app.ui.lessons import label
@@ -257,9 +258,11 @@ def test_tau_vs_cost_places_each_mode_between_iso_speedup_rays():
     withheld = charts.tau_vs_cost(rows[:2] + [{"mode": "EAGLE", "decoding_tau": 2.9, "step_cost": 0.82,
                                                "step_doubt": "a step took 0.82 of an autoregressive step"}])
     assert {t.name for t in withheld.data if t.name} == {"Autoregressive", "Prompt lookup"}
-    assert any(a.text.endswith("withheld (the table says why): EAGLE") for a in withheld.layout.annotations)
-    assert "withheld for EAGLE" in charts.tau_vs_cost([rows[0], withheld_row := {
-        "mode": "EAGLE", "decoding_tau": 2.9, "step_cost": 0.82, "step_doubt": "…"}]).layout.annotations[0].text.replace("<br>", " ")
+    said = "EAGLE: " + figures.withheld("a step took 0.82 of an autoregressive step")
+    assert any(a.text.replace("<br>", " ") == said for a in withheld.layout.annotations)
+    assert said in charts.tau_vs_cost([rows[0], withheld_row := {
+        "mode": "EAGLE", "decoding_tau": 2.9, "step_cost": 0.82,
+        "step_doubt": "a step took 0.82 of an autoregressive step"}]).layout.annotations[0].text.replace("<br>", " ")
     # A whole-run ratio above τ (a cheaper prefill) withholds that ratio only: the step still stands, and is drawn.
     prefill = charts.tau_vs_cost(rows[:2] + [{**withheld_row, "step_cost": 1.4, "step_doubt": None,
                                               "doubt": "the whole run's 3.1× … more than τ 2.90 allows"}])
@@ -269,6 +272,11 @@ def test_tau_vs_cost_places_each_mode_between_iso_speedup_rays():
 def test_compare_with_every_speedup_withheld_says_so():
     fig = charts.compare([{"mode": "autoregressive", "speedup": None}, {"mode": "suffix", "speedup": None}])
     assert not fig.data and fig.layout.annotations[0].text.startswith("No speedup shown: the table says")
+    # With the rule's reasons: each mode's own sentence, whole.
+    fig = charts.compare([{"mode": "autoregressive", "speedup": None}, {"mode": "suffix", "speedup": None, "doubt": "why"},
+                          {"mode": "lookahead", "speedup": None, "doubt": "another reason"}])
+    assert fig.layout.annotations[0].text.replace("<br>", " ") == (
+        f"Suffix: {figures.withheld('why')} Lookahead: {figures.withheld('another reason')}")
 
 
 def test_compare_accepts_labels():

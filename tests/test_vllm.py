@@ -466,9 +466,59 @@ def test_compare_includes_vllm_rows(service, app_url):
         COPY, ["prompt_lookup", "vllm:autoregressive", "vllm:prompt_lookup"], 32, "auto", "defaults", api_name="/compare")
     assert status.startswith("Done"), status
     for label in ("Autoregressive", "Prompt lookup", "Autoregressive on vLLM", "Prompt lookup on vLLM"):
-        assert re.search(rf"<td>{re.escape(label)}( ★)?</td>", table), label
+        assert re.search(rf"<td>{re.escape(label)}( ★)?</td>", table), (label, status)
     names = {t.get("name") for t in json.loads(race["plot"])["data"]}
     assert {"Prompt lookup on vLLM", "Autoregressive on vLLM"} <= names
+
+
+def test_compare_races_each_vllm_row_with_its_own_plain_engine_run(service, monkeypatch):
+    """Issue 59: a vLLM row of Compare is measured against an autoregressive run on vLLM's plain engine raced with it
+    in one job (Service.race: back to back, that engine's first), even right after the plain engine's own row, whose run
+    was made at another time; both sides carry their engine's CPU share. vLLM's plain engine's own row has no ratio
+    (this app's loop is another engine, not its baseline)."""
+    import gradio as gr
+
+    from app.ui import compare_tab
+    from app.ui.compare_tab import CompareTab
+    from app.ui.sessions import Sessions
+
+    order, rows, submit, race, summary_row = [], {}, service.submit, service.race, compare_tab.summary_row
+
+    def kind(data):
+        return data.get("backend", "transformers"), data["speculative_config"]["decoding_type"]
+
+    def spy_submit(data, prompt, *args, **kwargs):
+        order.append(kind(data))
+        return submit(data, prompt, *args, **kwargs)
+
+    def spy_race(data, baseline, prompt, *args, **kwargs):
+        order.append((kind(data), kind(baseline)))
+        return race(data, baseline, prompt, *args, **kwargs)
+
+    def spy_row(mode, run, baseline, modes):
+        rows[mode] = (run, baseline)
+        return summary_row(mode, run, baseline, modes)
+
+    monkeypatch.setattr(service, "submit", spy_submit)
+    monkeypatch.setattr(service, "race", spy_race)
+    monkeypatch.setattr(compare_tab, "summary_row", spy_row)
+    tab = CompareTab(service, Sessions())
+    with gr.Blocks():
+        tab.layout([("a prompt", COPY)])
+    *_, last = tab.compare(COPY, ["vllm:autoregressive", "vllm:prompt_lookup"], 8, "float32", "defaults", None)
+    assert last[tab.status].startswith("Done") and "back to back with one on vLLM's plain engine" in last[tab.status], last[tab.status]
+    assert order == [("transformers", "Autoregressive"), ("vllm", "Autoregressive"),
+                     (("vllm", "NGram"), ("vllm", "Autoregressive"))], order
+    run, baseline = rows["vllm:prompt_lookup"]
+    assert baseline is not None and baseline is not rows["vllm:autoregressive"][0]  # its own, not the row before's
+    assert baseline.request["backend"] == "vllm" and baseline.token_ids == run.token_ids
+    for side in (run, baseline):  # the load each side ran under, sampled (traces.speedup_parts compares them)
+        share = side.events[-1]["totals"].get("cpu_share")
+        assert isinstance(share, float) and 0 < share <= 1, side.events[-1]["totals"]
+    assert rows["vllm:autoregressive"][1] is None  # no ratio against another engine
+    table = last[tab.table]
+    plain = re.search(r"<tr[^>]*><td>Autoregressive on vLLM</td>.*?</tr>", table)
+    assert plain and "×" not in plain.group(0), table
 
 
 def wait_text(page, selector: str, pattern: str, timeout: float) -> str:

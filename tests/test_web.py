@@ -745,12 +745,13 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     table = page.inner_text("#cmp-table")
     assert "Prompt lookup" in table and "Lookahead" in table and "✓" in table
     page.wait_for_function("document.querySelectorAll('#cmp-speedup .bars .point').length >= 3")
-    # A row whose step time the machine's load made doubtful is not drawn but named on the chart (the table says why).
+    # A row whose step time the machine's load made doubtful is not drawn but named on the chart with its reason (the
+    # rule's sentence, one per mode); with fewer than two points to draw, the chart is those sentences alone.
     page.wait_for_function("""() => {
         const drawn = document.querySelectorAll('#cmp-tau-cost .scatterlayer .trace .point').length;
         const note = [...document.querySelectorAll('#cmp-tau-cost .annotation-text')].map(a => a.textContent).join(' ');
-        const named = note.includes('withheld') ? (note.split(':').pop().match(/,/g) || []).length + 1 : 0;
-        return drawn + named >= 3 && (drawn >= 2 || note.includes('No step time to draw'));
+        const named = (note.match(/No speedup shown:/g) || []).length;
+        return drawn + named >= 3 || (drawn === 0 && named >= 2);
     }""")
     screenshot("compare")
     page.get_by_role("tab", name="Learn").click()
@@ -761,8 +762,12 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     # What speculation can earn on that curve: one line per drafted length, and the break-even rates (or, when the
     # test machine's load bent the curve, why there are none: tests/test_ui_charts.py checks both texts).
     page.wait_for_function("/needs α ≥|No speedup shown/.test(document.querySelector('#earn-note').innerText)")
-    assert page.locator("#earn-plot .scatterlayer .trace").count() == 4
+    # One line per drafted length the curve kept: a width timed under other load than the one-token pass is left out
+    # of it, saying so in the curve's note (runner.verify_cost).
     free = page.inner_text("#earn-note")
+    lengths = len(re.findall(r"\d+ tokens? (?:needs α|never pays)", free))
+    assert page.locator("#earn-plot .scatterlayer .trace").count() == lengths
+    assert lengths == 4 or "of the CPU it asked for" in page.inner_text("#cost-note"), (free, page.inner_text("#cost-note"))
     assert free.startswith("bfloat16, a draft costing 0.00") or free.startswith("float32, a draft costing 0.00"), free
     number = page.locator("#draft-cost input[type=number]")
     number.fill("0.3")

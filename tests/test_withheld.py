@@ -2,7 +2,7 @@
 a Compare row, a Load sweep and this app's point in it, Learn's measured curve, the CLI and the bench each print
 figures.withheld(reason), the rule's reason inside. Fabricated readings, no timing: each surface's pure function."""
 
-from app import bench, cli, figures, traces
+from app import bench, cli, figures, runner, traces
 from app.modes import MODES
 from app.bench import load
 from app.traces import Recording
@@ -26,6 +26,21 @@ RUN, BASELINE = steps([2] * 12, 0.05), steps([1] * 24, 0.1)
 PARTS = traces.speedup_parts(RUN, BASELINE)
 # A cost curve whose 2-token pass measured 0.67 of the 1-token pass.
 FELL = {"dtype": "float32", "tokens": [1, 2, 4], "ms": [40.0, 26.8, 41.0], "relative": [1.0, 1.0, 1.03], "context": 9}
+# A curve whose 8-token passes got half the CPU share of the one-token pass (runner.verify_cost leaves that width out),
+# and one whose every pass that drafts did.
+LOADED = runner.load_changed(8, 0.45, 0.95)
+PART = {"dtype": "float32", "tokens": [1, 2, 4], "ms": [40.0, 42.0, 46.0], "relative": [1.0, 1.05, 1.15], "context": 9,
+        "cpu_share": [0.95, 0.95, 0.94], "withheld": [{"tokens": 8, "ms": 120.0, "cpu_share": 0.45, "reason": LOADED}]}
+NONE = {**PART, "tokens": [1], "ms": [40.0], "relative": [1.0], "cpu_share": [0.95],
+        "withheld": [{"tokens": k, "ms": 90.0, "cpu_share": 0.45, "reason": runner.load_changed(k, 0.45, 0.95)}
+                     for k in (2, 4, 8)]}
+
+
+def test_a_pass_width_timed_under_other_load_than_the_one_token_pass_is_withheld_by_the_rule():
+    assert LOADED.startswith("a pass over 8 tokens got 45% of the CPU it asked for while timed, the one-token pass it "
+                             "is divided by 95%: the machine's load changed")
+    assert runner.load_changed(8, 0.9, 0.95) is None and runner.load_changed(8, None, 0.95) is None
+    assert "other work had most of the machine" in runner.load_changed(8, 0.2, 0.21)  # alike, but mostly switched out
 
 
 def test_the_fabricated_readings_are_withheld_by_the_rule():
@@ -44,6 +59,12 @@ def test_every_surface_prints_the_one_sentence_for_a_withheld_speedup():
     row = compare_tab.summary_row("prompt_lookup", run, base, MODES)
     table = render.summary_table([row])
     assert row["speedup"] is None and f"* Prompt lookup: {esc(said)}</p>" in table and "not shown*" in table
+    # ... and its two charts leave it out with the same sentence, the mode named, whether drawn beside others or alone.
+    ar = compare_tab.summary_row("autoregressive", base, base, MODES)
+    drawn = {"mode": "Suffix", "speedup": 1.5, "decoding_tau": 2.0, "step_cost": 1.25}
+    for fig in (charts.compare([ar, row]), charts.tau_vs_cost([ar, row]), charts.tau_vs_cost([ar, row, drawn])):
+        assert [a.text.replace("<br>", " ") for a in fig.layout.annotations if a.name == "left out" or not fig.data] \
+            == [f"Prompt lookup: {said}"]
     # Load: this app's own point at batch 1 (load.our_point's reading of the same race) ...
     ours = {"raced": True, "tau": PARTS["tau"], "speedup": None, "interval": None, "doubt": PARTS["doubt"]}
     assert f"This app's own loop at batch 1: {esc(said)}" in load_tab.ours_said(ours)
@@ -72,3 +93,18 @@ def test_learn_prints_the_one_sentence_for_a_curve_that_fell():
     assert f"⚠ {said}" in lessons.pass_cost_note([FELL])
     fig = charts.earnings(FELL)  # nor drawn: speedups read off it would contradict each other
     assert not fig.data and fig.layout.annotations[0].text.replace("<br>", " ") == said
+
+
+def test_learn_prints_the_one_sentence_for_a_pass_width_timed_under_other_load():
+    said = figures.withheld(LOADED)
+    assert f"⚠ {said}" in lessons.pass_cost_note([PART])
+    fig = charts.pass_cost([PART])  # the width not drawn as a measured point, its sentence under the chart
+    assert list(fig.data[0].x) == [1, 2, 4] and fig.layout.annotations[0].text.replace("<br>", " ") == f"float32: {said}"
+    assert charts.earnings(PART).data and "α ≥" in lessons.earnings_note(PART, 0.0)  # read off the widths that stand
+    assert f"* 8: {said}" in bench.format_verify_cost(PART)
+    # Every width that drafts left out: no break-even rates, each width's sentence instead.
+    every = " ".join(figures.withheld(w["reason"]) for w in NONE["withheld"])
+    assert lessons.earnings_note(NONE, 0.0) == f"**float32**: {every}"
+    fig = charts.earnings(NONE)
+    assert not fig.data and fig.layout.annotations[0].text.replace("<br>", " ") == every
+    assert "context." in lessons.pass_cost_note([NONE]) and every.split(". ")[0] in lessons.pass_cost_note([NONE])

@@ -19,7 +19,7 @@ import plotly.io as pio
 
 from app.modes import MODES, Modes
 from app import figures
-from app.ui.lessons import earning_sizes, expected_speedup, unsteady
+from app.ui.lessons import earning_sizes, expected_speedup, left_out, unsteady
 from app.traces import is_number, steps
 
 HEIGHT = 300
@@ -82,13 +82,41 @@ def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
 EMPTY_LINE = 32  # characters: an annotation does not wrap itself, and at 1280 px Compare's charts are ~400 px wide
 
 
+def _wrap(message: str, width: int) -> list[str]:
+    # Not at hyphens: "one-token" stays one word, and the lines joined by spaces read as the sentence they came from.
+    return textwrap.wrap(message, width, break_on_hyphens=False)
+
+
 def _empty(title: str, message: str = EMPTY) -> go.Figure:
-    text = "<br>".join(textwrap.wrap(message, EMPTY_LINE))
+    lines = _wrap(message, EMPTY_LINE)
     fig = go.Figure(layout=dict(
         xaxis=dict(visible=False), yaxis=dict(visible=False),
-        annotations=[dict(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16))],
+        annotations=[dict(text="<br>".join(lines), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                          font=dict(size=16))],
+        height=max(HEIGHT, 100 + NOTE_ROW * len(lines)),  # each withheld mode's reason whole (_left_out)
     ))
     return _layout(fig, title, "", "")
+
+
+NOTE_LINE, NOTE_ROW = 48, 20  # a note under a chart: characters a line at 13 px on ~400 px, px a line
+
+
+def _left_out(rows: list[Mapping], key: str, modes: Modes) -> list[str]:
+    """Each compared mode whose figure the rule withheld (its row's reason under `key`) in the sentence every surface
+    prints (figures.withheld): a chart leaving a mode out says why itself, as the table does."""
+    return [f"{_name(mode_key(str(r.get('mode', '')), modes), modes, str(r.get('mode', '')))}: "
+            f"{figures.withheld(r[key])}" for r in rows if isinstance(r.get(key), str) and r[key]]
+
+
+def _note_under(fig: go.Figure, said: list[str]) -> None:
+    """`said` under the plot, the chart grown to hold it: over the plot it would hide the points it explains."""
+    lines = [line for s in said for line in _wrap(s, NOTE_LINE)]
+    if not lines:
+        return
+    room = NOTE_ROW * len(lines)
+    fig.add_annotation(text="<br>".join(lines), x=0, y=0, xref="paper", yref="paper", xanchor="left", yanchor="top",
+                       yshift=-56, align="left", showarrow=False, font=dict(color=FONT, size=13), name="left out")
+    fig.update_layout(height=(fig.layout.height or HEIGHT) + room, margin=dict(b=52 + room + 8))
 
 
 def _label(mode: str | None, label: str | None, modes: Modes) -> tuple[str, str]:
@@ -347,8 +375,9 @@ def compare(rows: list[dict], modes: Modes = MODES) -> go.Figure:
         return _empty(title, "No comparison yet: run one prompt through several modes.")
     keys = [mode_key(str(r.get("mode", "")), modes) for r in rows]
     speedup = [_number(r.get("speedup")) for r in rows]
+    left_out = _left_out([r for r, s in zip(rows, speedup) if s is None], "doubt", modes)
     if all(s is None for s in speedup):
-        return _empty(title, figures.withheld("the table says why for each mode"))
+        return _empty(title, " ".join(left_out) or figures.withheld("the table says why for each mode"))
     # Bars along x, names down the side: eleven modes' names fit there whole, where under vertical bars they were cut.
     fig = go.Figure(go.Bar(
         y=[_name(m, modes, m) for m in keys], x=speedup, orientation="h",
@@ -360,6 +389,7 @@ def compare(rows: list[dict], modes: Modes = MODES) -> go.Figure:
     widest = max([s for s in speedup if s is not None] + [1.0])
     fig.update_layout(showlegend=False, height=max(HEIGHT, 90 + 26 * len(rows)),
                       yaxis=dict(autorange="reversed"), xaxis=dict(range=[0, widest * 1.3]))
+    _note_under(fig, left_out)  # a mode without its bar says why, as its table row does
     return _layout(fig, title, "× autoregressive tokens/s", "")
 
 
@@ -368,20 +398,19 @@ def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
     autoregressive steps (`step_cost`, traces.speedup_parts). The speedup is τ ÷ step time, the same all along
     each dotted ray from the origin: up is better drafting, left is cheaper steps. Autoregressive is (1, 1)."""
     title = "τ vs step time"
-    points, left_out = [], []
-    for r in rows or []:
-        if not isinstance(r, Mapping):
-            continue
+    rows = [r for r in (rows or []) if isinstance(r, Mapping)]
+    points, withheld = [], [r for r in rows if mode_key(str(r.get("mode", "")), modes) != "autoregressive"
+                            and r.get("step_doubt")]
+    left_out = _left_out(withheld, "step_doubt", modes)  # a step time withheld (figures) is not drawn as one either
+    for r in rows:
         mode = mode_key(str(r.get("mode", "")), modes)
-        if mode != "autoregressive" and r.get("step_doubt"):
-            left_out.append(_name(mode, modes, mode))  # a step time withheld (figures) is not drawn as one either
+        if any(r is w for w in withheld):
             continue
         tau, cost = (1.0, 1.0) if mode == "autoregressive" else (_number(r.get("decoding_tau")), _number(r.get("step_cost")))
         if tau is not None and cost is not None and cost > 0:
             points.append((mode, tau, cost))
     if len(points) < 2:
-        return _empty(title, f"No step time to draw: withheld for {', '.join(left_out)} (the table says why)." if left_out
-                      else "No comparison yet: run one prompt through several modes.")
+        return _empty(title, " ".join(left_out) if left_out else "No comparison yet: run one prompt through several modes.")
     # Steps read at least one autoregressive step (figures); the margin keeps the (1, 1) point off the edge.
     x_low = min(0.9, min(c for _, _, c in points) * 0.85)
     y_low = 0.9
@@ -410,11 +439,8 @@ def tau_vs_cost(rows: list[dict], modes: Modes = MODES) -> go.Figure:
         ))
     legend = {} if labelled else {"legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"),
                                   "height": max(HEIGHT, LEGEND_ROOM + LEGEND_ROW * len(points))}
-    if left_out:  # named, so a missing point reads as withheld rather than lost
-        fig.add_annotation(text="Not drawn, step time withheld (the table says why): " + ", ".join(left_out),
-                           x=0, y=1, xref="paper", yref="paper", xanchor="left", yanchor="top", showarrow=False,
-                           font=dict(color=FONT, size=13), name="left out")
     fig.update_layout(showlegend=not labelled, xaxis=dict(range=[x_low, x_high]), yaxis=dict(range=[y_low, y_high]), **legend)
+    _note_under(fig, left_out)  # named with its reason, so a missing point reads as withheld rather than lost
     return _layout(fig, title, "step time (× autoregressive)", "τ after the prefill")
 
 
@@ -437,6 +463,7 @@ def pass_cost(costs: list[dict]) -> go.Figure:
     ticks = sorted({k for c in costs for k in c["tokens"]})
     fig.add_hline(y=1, line=dict(color=FONT, dash="dot", width=2))
     fig.update_layout(xaxis=dict(type="log", tickvals=ticks, ticktext=[str(k) for k in ticks]))
+    _note_under(fig, [f"{c['dtype']}: {said}" for c in costs for said in left_out(c)])  # a width timed under other load
     return _layout(fig, title, "tokens per pass (k)", "× a one-token pass")
 
 
@@ -450,8 +477,11 @@ def earnings(cost: Mapping | None, draft_cost: float = 0.0) -> go.Figure:
     title = "Speedup vs α"
     if not isinstance(cost, Mapping) or not cost.get("tokens"):
         return _empty(title, "Not measured yet: press Measure.")
+    title = f"{title}, {cost['dtype']}" if cost.get("dtype") else title
     if doubt := unsteady(cost):  # speedups read off a curve that fell would contradict each other: withheld, as the note says
-        return _empty(f"{title}, {cost['dtype']}" if cost.get("dtype") else title, figures.withheld(doubt))
+        return _empty(title, figures.withheld(doubt))
+    if not earning_sizes(cost):  # every pass that drafts timed under other load than the one-token pass
+        return _empty(title, " ".join(left_out(cost)))
     alphas = [i / 100 for i in range(100)]
     fig = go.Figure()
     for i, (drafted, rel) in enumerate(earning_sizes(cost)):
@@ -464,7 +494,7 @@ def earnings(cost: Mapping | None, draft_cost: float = 0.0) -> go.Figure:
     # Near α = 1 long drafts reach 10× and more; up to 5× keeps the break-even region readable (zoom out for the rest).
     top = max((y for t in fig.data for y in t.y), default=1.0)
     fig.update_layout(xaxis=dict(range=[0, 1]), yaxis=dict(range=[0, min(5.0, top * 1.05)]))
-    return _layout(fig, f"{title}, {cost['dtype']}" if cost.get("dtype") else title, "acceptance rate α", "× autoregressive")
+    return _layout(fig, title, "acceptance rate α", "× autoregressive")
 
 
 def training_loss(losses: list[float] | None, label: str = "Training") -> go.Figure:

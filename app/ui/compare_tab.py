@@ -1,6 +1,6 @@
 """The Compare tab: one prompt through several modes, one after another, with a settings preset and greedy decoding;
 speed, tokens per target step and whether each output equals autoregressive decoding's, and the race replayed side
-by side. Each row's speedup is over an autoregressive run on its engine kind made just before it. Before anything
+by side. Each row's speedup is over an autoregressive run on its engine kind raced with it in one job. Before anything
 runs, every row is estimated (its runs' tokens at the pace measured here, else a 2-core CPU's, and the vLLM engines it
 must start): a comparison over the server's time limit is refused in words, since it would start no row after it.
 Handlers return {component: value}."""
@@ -47,7 +47,7 @@ class Row:
     """One ticked row of a comparison, as estimated before it runs."""
 
     name: str  # a mode, a merged tree (eagle+prompt_lookup) or a vLLM row (vllm:eagle)
-    runs: int  # its generations: its own, and its baseline's unless it is a vLLM row right after that baseline
+    runs: int  # its generations: its own, and its baseline's unless it is an autoregressive row
     starts: tuple[str, ...]  # the vLLM engines it starts first (rows' names: vllm:eagle, vllm:autoregressive)
     seconds: float
 
@@ -56,19 +56,17 @@ def estimate(names: list[str], tokens: int, token_s: float, running: Callable[[s
     """Each row's seconds, in the order a comparison runs them: `tokens` per run at `token_s` seconds a token plus
     RUN_OVERHEAD_S, and ENGINE_START_S for each vLLM engine it is the first to need that is not `running` (a vLLM
     row needs its own and, for its baseline, vLLM's plain engine)."""
-    rows, last, started = [], None, set()
+    rows, started = [], set()
     for name in names:
         on_vllm = name.startswith(lessons.ENGINE_PREFIX)
         mode = name.removeprefix(lessons.ENGINE_PREFIX)
         base = (lessons.ENGINE_PREFIX if on_vllm else "") + "autoregressive"
-        # A row on this app's loop races its own baseline step by step (Service.race); a vLLM row reuses the plain
-        # engine's run made just before it.
-        runs = 1 if mode == "autoregressive" or (on_vllm and last == base) else 2
+        # Every row races its own baseline (Service.race): on this app's loop step by step, on vLLM back to back.
+        runs = 1 if mode == "autoregressive" else 2
         needs = (name, base) if on_vllm and mode != "autoregressive" else (name,) if on_vllm else ()
         starts = tuple(dict.fromkeys(e for e in needs if e not in started and not running(e)))
         started.update(starts)
         rows.append(Row(name, runs, starts, runs * (RUN_OVERHEAD_S + tokens * token_s) + len(starts) * ENGINE_START_S))
-        last = name
     return rows
 
 
@@ -253,7 +251,6 @@ class CompareTab:
         yield {self.status: plan}
         runs: dict[str, Recording] = {}
         rows: list[dict[str, Any]] = []
-        last: tuple[str, Recording] | None = None  # the run made last, and its name: a baseline right before the next row
         started = time.monotonic()
         # One request holds the CPU for at most twice the time limit (as a raced run does): no new row after one. The
         # estimate keeps a comparison inside it; a machine slower than estimated still meets this bound, and every row
@@ -268,39 +265,22 @@ class CompareTab:
             base_name = (lessons.ENGINE_PREFIX if on_vllm else "") + "autoregressive"
             # The row again, with this comparison's own pace once its autoregressive run has one, against what is left.
             token_s = measured_token_s({k: r.record() for k, r in runs.items()}, ran_dtype) or token_s
-            runs_left = 1 if mode == "autoregressive" or (on_vllm and last is not None and last[0] == base_name) else 2
-            seconds = runs_left * (RUN_OVERHEAD_S + tokens * token_s) + len(row.starts) * ENGINE_START_S
+            seconds = row.runs * (RUN_OVERHEAD_S + tokens * token_s) + len(row.starts) * ENGINE_START_S
             left = deadline - time.monotonic()
             if seconds > left:
                 skipped.append(f"{label} (≈ {duration(seconds)}, {max(0.0, left):.0f} s left)")
                 continue
             where = (f"row {i + 1} of {len(planned)}, ≈ {duration(seconds)}; {time.monotonic() - started:.0f} s so far "
                      f"of ≈ {duration(total)}")
-            # Each row's speedup is over an autoregressive run on the same engine kind under the same load: on this
-            # app's loop raced with it step by step (Service.race), on vLLM its plain engine's run just before it. One
-            # baseline for all would date the others.
+            # Each row's speedup is over an autoregressive run on the same engine kind under the same load, raced with
+            # it in one job (Service.race): on this app's loop step by step, on vLLM back to back, its plain engine's
+            # run first. A baseline made at another time (an earlier row's), or on another engine, would date the
+            # ratio or measure the engine. An autoregressive row is the baseline itself: no ratio.
             baseline = None
-            raced = not on_vllm and mode != "autoregressive"
-            if raced:
-                base_values = settings.mode_values("autoregressive", self.modes, **overrides)[1]
+            if mode != "autoregressive":
+                base_values = {**settings.mode_values("autoregressive", self.modes, **overrides)[1],
+                               **({"backend": "vllm"} if on_vllm else {})}
                 baseline = Recording(base_name, settings.to_request("autoregressive", base_values, self.modes), prompt)
-            elif mode != "autoregressive":
-                if last is not None and last[0] == base_name:
-                    baseline = last[1]
-                else:
-                    base_values = {**settings.mode_values("autoregressive", self.modes, **overrides)[1],
-                                   **({"backend": "vllm"} if on_vllm else {})}
-                    baseline = Recording(base_name)
-                    status = (f"Running {label}'s baseline ({lessons.label(base_name, self.modes)}, "
-                              f"just before it, under the same load; {where})…")
-                    base_data = settings.to_request("autoregressive", base_values, self.modes)
-                    yield from paced(stream(self.service, self.sessions, session, base_data, prompt, baseline),
-                                     lambda part, status=status: {self.status: with_waiting(status, part)})
-                    if baseline.end and baseline.end.get("finish_reason") == "cancelled":
-                        notes.append("■ Stopped.")
-                        break
-            elif name != "autoregressive":
-                baseline = runs.get("autoregressive")  # vLLM's plain engine against this app's loop
             run = runs[name] = Recording(name)
 
             def draw(part: Recording, name=name, baseline=baseline, label=label, where=where) -> dict:
@@ -310,13 +290,11 @@ class CompareTab:
                         self.status: with_waiting(f"Running {label} ({where})…", part)}
 
             data = settings.to_request(mode, values, self.modes)
-            yield from paced(stream(self.service, self.sessions, session, data, prompt, run, baseline if raced else None),
-                             draw)
+            yield from paced(stream(self.service, self.sessions, session, data, prompt, run, baseline), draw)
             if run.end and run.end.get("finish_reason") == "cancelled":
                 notes.append("■ Stopped.")
                 break
             rows.append(summary_row(name, run, baseline, self.modes))
-            last = (name, run)
         if skipped:
             notes.append(f"Skipped, not started: {', '.join(skipped)}: a comparison starts no new row after the server's "
                          f"time limit ({limit:g} s), and these would have run past it (this machine ran slower than "
@@ -325,8 +303,8 @@ class CompareTab:
         spent = f" in {duration(time.monotonic() - started)} (estimated ≈ {duration(total)})"
         done = ("Done" + spent + ". " + " ".join(notes) if notes
                 else f"Done{spent}: every mode ran the same prompt with the same settings{ran_in}, one after another, each "
-                     "raced step by step with an autoregressive run on this app's loop, or on vLLM right after its plain "
-                     "engine's run (its speedup's baseline).")
+                     "raced step by step with an autoregressive run on this app's loop, or a vLLM row back to back with "
+                     "one on vLLM's plain engine (its speedup's baseline).")
         records = {name: run.record() for name, run in runs.items() if run.events}
         yield {self.table: render.summary_table(rows), self.race: charts.race_runs(curves(runs, self.modes)),
                self.bars: charts.compare(rows), self.tau: charts.tau_vs_cost(rows), self.status: done, self.compared: records}

@@ -111,6 +111,8 @@ def earnings_note(cost: dict | None, draft_cost: float) -> str:
         return f"**{cost['dtype']}**: {figures.withheld(doubt)}"
     draft_cost = max(draft_cost, 0.0)
     sizes = earning_sizes(cost)
+    if not sizes:  # every pass that drafts was withheld (runner.verify_cost)
+        return f"**{cost['dtype']}**: " + " ".join(left_out(cost))
     needs = []
     for drafted, rel in sizes:
         alpha = break_even(drafted, rel, draft_cost)
@@ -133,17 +135,24 @@ def unsteady(cost: dict) -> str | None:
     return None
 
 
+def left_out(cost: dict) -> list[str]:
+    """The rule's sentence for each pass width a measured curve left out (runner.verify_cost's `withheld`: timed under
+    other load than the one-token pass)."""
+    return [figures.withheld(w["reason"]) for w in cost.get("withheld") or []]
+
+
 def pass_cost_note(costs: list[dict]) -> str:
     """One line per measured dtype: the one-token pass and what a pass over more tokens costs in those (or why the
-    curve is not one)."""
+    curve is not one, or why a width is left out of it)."""
     lines = []
     for c in costs:
         rel = dict(zip(c["tokens"], c["relative"]))
         more = ", ".join(f"{k} tokens {r:.2f}×" for k, r in rel.items() if k > 1)
         where = f" ({c['pass']})" if c.get("pass") else ""
-        doubt = unsteady(c)
+        doubts = [figures.withheld(doubt)] if (doubt := unsteady(c)) else []
         lines.append(f"- **{c['dtype']}**{where}: one-token pass {c['ms'][0]:.1f} ms after {c['context']} tokens of "
-                     f"context; a pass over {more} of that." + (f" ⚠ {figures.withheld(doubt)}" if doubt else ""))
+                     + (f"context; a pass over {more} of that." if more else "context.")
+                     + "".join(f" ⚠ {said}" for said in doubts + left_out(c)))
     return "\n".join(lines)
 
 
