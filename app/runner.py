@@ -7,12 +7,15 @@ read-only between generations: the draft model (draft_target), Medusa heads, or 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from app import figures, models
 from app.decoding import linear
@@ -179,9 +182,7 @@ def verify_cost(target: LoadedModel, prompt_ids: list[int], sizes=VERIFY_SIZES, 
     divided by) beyond SAME_LOAD at the end was timed under other load throughout: it is left out of the curve, into
     `withheld` with the rule's reason (figures).
     """
-    # Here, not at the top: the transformers backend imports this module. The process clock reads in nanoseconds
-    # (os.times in 10 ms ticks, as long as a pass of the bundled model).
-    from app.backends.transformers.backend import CpuShare
+    # The process clock reads in nanoseconds (os.times in 10 ms ticks, as long as a pass of the bundled model).
 
     session = TransformersTarget(target.model, hidden_states=False, forward=target.forward)
     session.prefill(prompt_ids)
@@ -234,3 +235,32 @@ def load_changed(tokens: int, share: float | None, one: float | None) -> str | N
     if max(share, one) / min(share, one) > SAME_LOAD:
         return f"{got}: the machine's load changed between them; measure again"
     return None
+
+
+class CpuShare:
+    """The share of the CPU a run asked for that it got while it computed: this process's CPU seconds over wall seconds
+    times torch's threads (at most 1), summed over the run's own stretches, from a resume (`resume`, or the start) to
+    the next reading (`share`, at each step). Other processes competing for the same cores lower it. The stretches
+    leave out the time the run waits at its yield: in a race that steps a run and its baseline in turn in this one
+    process, each side reads the load of its own steps (read since the start, both sides read the same)."""
+
+    def __init__(self, read=None) -> None:
+        self._read = read or self._clock
+        self._cpu = self._wall = 0.0
+        self._mark: tuple[float, float] | None = self._read()
+
+    @staticmethod
+    def _clock() -> tuple[float, float]:
+        own = os.times()
+        return time.perf_counter(), own.user + own.system
+
+    def resume(self) -> None:
+        self._mark = self._read()
+
+    def share(self) -> float | None:
+        if self._mark is not None:
+            wall, cpu = (a - b for a, b in zip(self._read(), self._mark))
+            self._wall, self._cpu, self._mark = self._wall + wall, self._cpu + cpu, None
+        if self._wall <= 0:
+            return None
+        return round(min(1.0, self._cpu / (self._wall * torch.get_num_threads())), 3)

@@ -218,7 +218,7 @@ def test_service_stream_equals_the_verify_loop_and_carries_texts(service, bundle
 def test_cpu_share_falls_when_other_processes_compete_for_the_cores():
     """This thread spins beside more busy processes than the machine has cores: it gets well under all of a core
     (the OS shares them out), and CpuShare says so."""
-    from app.backends.transformers.backend import CpuShare
+    from app.runner import CpuShare
 
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1) + 1)]
     try:
@@ -236,7 +236,7 @@ def test_cpu_share_falls_when_other_processes_compete_for_the_cores():
 def test_cpu_share_reads_only_the_stretches_a_run_computed():
     """In a race both sides step in turn in one process: each side's share is read over its own stretches (from a
     resume to the next reading), so the load met while the other side stepped, or while it waited, is not its own."""
-    from app.backends.transformers.backend import CpuShare
+    from app.runner import CpuShare
 
     threads = torch.get_num_threads()
     # (wall s, this process's CPU s): 1 s with every thread busy, 3 s waiting at its yield while the other side ran

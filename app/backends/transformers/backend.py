@@ -7,7 +7,6 @@ backend and shared read-only by every job; each generation gets its own KV cache
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -164,7 +163,7 @@ class TransformersBackend(Backend):
             ids: list[int] = []
             shown = ""
             last = None
-            load = CpuShare()
+            load = runner.CpuShare()
             for event in runner.run(target, cfg, prompt_ids, companion, cancel, drafter):
                 ids += event.tokens
                 text = target.decode(ids)
@@ -189,35 +188,6 @@ def _artifact_pass(entry, companion, target: LoadedModel) -> str:
     if not entry.artifact_pass or companion is None or target.forward is None:
         return ""
     return f"; its {entry.artifact_label} {'compiled too' if companion.fast is not None else 'eager'}"
-
-
-class CpuShare:
-    """The share of the CPU a run asked for that it got while it computed: this process's CPU seconds over wall seconds
-    times torch's threads (at most 1), summed over the run's own stretches, from a resume (`resume`, or the start) to
-    the next reading (`share`, at each step). Other processes competing for the same cores lower it. The stretches
-    leave out the time the run waits at its yield: in a race that steps a run and its baseline in turn in this one
-    process, each side reads the load of its own steps (read since the start, both sides read the same)."""
-
-    def __init__(self, read=None) -> None:
-        self._read = read or self._clock
-        self._cpu = self._wall = 0.0
-        self._mark: tuple[float, float] | None = self._read()
-
-    @staticmethod
-    def _clock() -> tuple[float, float]:
-        own = os.times()
-        return time.perf_counter(), own.user + own.system
-
-    def resume(self) -> None:
-        self._mark = self._read()
-
-    def share(self) -> float | None:
-        if self._mark is not None:
-            wall, cpu = (a - b for a, b in zip(self._read(), self._mark))
-            self._wall, self._cpu, self._mark = self._wall + wall, self._cpu + cpu, None
-        if self._wall <= 0:
-            return None
-        return round(min(1.0, self._cpu / (self._wall * torch.get_num_threads())), 3)
 
 
 def _context(target: LoadedModel) -> int:
