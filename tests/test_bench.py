@@ -12,8 +12,6 @@ from app import bench, runner
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def record(mode, category, tok_s, new, steps, identical=True, prefix=None):
     return {"mode": mode, "category": category, "tokens_per_s": tok_s, "new_tokens": new, "target_steps": steps,

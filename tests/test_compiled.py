@@ -30,9 +30,8 @@ from app.decoding.kv_cache import SlotLayer
 from app.decoding.loop import generate
 from app.decoding.target import RESERVE, TransformersTarget
 from app.modes.notation import medusa_choices
-from helpers import ROOT, output_of, tiny_llama, tiny_tokenizer
-from test_eagle import make_module
-from test_medusa import random_heads
+from helpers import ROOT, app_command, output_of, run_cli, tiny_llama, tiny_tokenizer
+from helpers_decoding import make_module, random_heads
 
 PROMPT = [5, 6, 7, 8] * 3 + [9, 10, 11, 5, 6, 7]  # repeats, so the copying modes accept drafts
 NEW = RESERVE + 40  # past the first slots: the cache grows during the run
@@ -405,10 +404,9 @@ def test_generate_runs_the_built_pass_by_default_and_eagerly_with_eager(store):
             "--json", "--max-new-tokens", "40", "--mode", "prompt_lookup", "--prompt-lookup-num-tokens", "4"]
     runs = {}
     for extra in ([], ["--eager"]):
-        proc = subprocess.run([sys.executable, "-m", "app", *args, *extra], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1",
-                                                # the kernels are built for a thread count: the fixture's
-                                                "OMP_NUM_THREADS": str(torch.get_num_threads())})
+        proc = run_cli(*args, *extra, timeout=300, default_pass=True,
+                       # the kernels are built for a thread count: the fixture's
+                       env={"OMP_NUM_THREADS": str(torch.get_num_threads())})
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[bool(extra)] = json.loads(proc.stdout)
     assert runs[False]["pass"].startswith("compiled pass, loaded in ") and "building" not in runs[False]["pass"]
@@ -422,8 +420,7 @@ def test_generate_says_an_eagle_module_runs_compiled_beside_the_compiled_target(
     path, _ = eagle_artifacts["eagle3"]
     args = ["generate", "--model", str(model_dir), "--engines-dir", str(engines), "--prompt", "t1 t2 t3 t1 t2 t3 t1",
             "--json", "--max-new-tokens", "20", "--mode", "eagle", "--eagle-model", str(path)]
-    proc = subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(torch.get_num_threads())})
+    proc = run_cli(*args, timeout=300, default_pass=True, env={"OMP_NUM_THREADS": str(torch.get_num_threads())})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "compiling the pass of" not in proc.stderr
     note = json.loads(proc.stdout)["pass"]
@@ -549,8 +546,8 @@ def test_four_processes_on_one_store_build_once_and_the_waiting_ones_load_nothin
     procs = []
     for log in logs:
         with open(log, "w") as f:
-            procs.append(subprocess.Popen([sys.executable, "-m", "app", "compile", "--model", str(model_dir),
-                                           "--engines-dir", str(engines)], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen(app_command("compile", "--model", model_dir, "--engines-dir", engines), cwd=ROOT,
+                                          stdout=f, stderr=subprocess.STDOUT))
     peak = {p.pid: 0.0 for p in procs}
     own = {p.pid: 0.0 for p in procs}  # the process itself while a step of its build runs
     while any(p.poll() is None for p in procs):

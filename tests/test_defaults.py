@@ -6,13 +6,12 @@ import lzma
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import run_cli
+from helpers import ROOT, run_cli
 from app import models
 from app.training import data
 from app.modes import MODES
@@ -20,7 +19,6 @@ from app.runner import DecodingConfig
 from app.runner import load_companion, output_ids, run
 from app.modes import configs
 
-ROOT = Path(__file__).resolve().parent.parent
 KINDS = {"medusa": "medusa", "eagle": "eagle", "draft": "draft_target"}
 # More than one token per target step where a trained drafter should help; an untrained or misaligned artifact gets
 # about 1. The one-layer draft is weak (see assets/defaults/README.md), so its bar is lower.

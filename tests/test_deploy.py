@@ -2,14 +2,12 @@
 parse, the one container runs the app with TensorRT-LLM's own environment beside it (the interpreter the app looks
 for), the app's store is mounted so its artifacts reach the worker by path, and the UI is published on loopback only."""
 
-from pathlib import Path
-
 import yaml
 
 from app.backends.tensorrt_llm import processes as trtllm_processes
 from app.backends.tensorrt_llm import backend as trt
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "deploy" / "gpu"
 
 

@@ -8,7 +8,6 @@ independent recomputation without caches or masks, and by a trained module getti
 import copy
 import json
 import math
-import random
 
 import pytest
 import torch
@@ -23,19 +22,9 @@ from app.heads import eagle as E
 from app.heads import vocab
 from app.heads.eagle import EagleConfig, EagleError, EagleModule
 from helpers import DrafterSpy, check_target_probs, run
-from test_sampling_exactness import PROMPT as SAMPLING_PROMPT
-from test_sampling_exactness import RUNS, T1, WARPED, cached, check_against_exact, exact_distribution, sample_runs
-
-MAX_NEW = 40
-V = 96
-
-
-def _random(seed, n=20, vocab=V):
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(n)]
-
-
-PROMPTS = {"repeat": [5, 6, 7, 8] * 6, "random_a": _random(1), "random_b": _random(2, n=9), "short": [3]}
+from helpers_decoding import MAX_NEW, PROMPTS, V, _random, ar_reference, greedy_data, make_module
+from helpers_decoding import PROMPT as SAMPLING_PROMPT
+from helpers_decoding import RUNS, T1, WARPED, cached, check_against_exact, exact_distribution, sample_runs
 
 # EAGLE-1-like static tree: 25 nodes, depth 5.
 EAGLE1_TREE = [
@@ -45,37 +34,6 @@ EAGLE1_TREE = [
 ]
 STATIC = {"eagle1": EAGLE1_TREE, "chain": [[0], [0, 0], [0, 0, 0]], "wide": [[0], [1], [2], [0, 0], [1, 0]]}
 DYNAMIC = [(24, 5, 4), (8, 3, 2), (2, 1, 1), (40, 6, 8), (12, 8, 1)]
-
-_AR: dict = {}
-
-
-def ar_reference(model, prompt, max_new_tokens=MAX_NEW, **kwargs):
-    key = (id(model), tuple(prompt), max_new_tokens, tuple(sorted(kwargs.items())))
-    if key not in _AR:
-        out, events = run(model, Autoregressive(), prompt, max_new_tokens=max_new_tokens, **kwargs)
-        assert len(events) == len(out)
-        _AR[key] = (out, events[-1].finish_reason)
-    return _AR[key][0]
-
-
-def make_module(target, seed=0, draft_vocab=None, scale=1.5, attn=None, layers=1, aux=None, eagle3=False) -> EagleModule:
-    """A module with random, non-trivial weights (and a random reduced vocabulary, fused target
-    layers `aux`, EAGLE-3's layer, when asked)."""
-    config = EagleConfig.from_target(target.config, draft_vocab_size=draft_vocab, eagle_num_layers=layers, aux_layers=aux,
-                                     eagle3=eagle3)
-    gen = torch.Generator().manual_seed(seed)
-    d2t = None
-    if draft_vocab and draft_vocab < config.vocab_size:
-        ids = torch.randperm(config.vocab_size, generator=gen)[:draft_vocab].sort().values
-        d2t = ids - torch.arange(draft_vocab)
-    module = EagleModule(config, d2t, attn)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() == 1:  # RMSNorm weights
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * scale / math.sqrt(p.shape[-1]))
-    return module.eval()
 
 
 def round_bf16(module):
@@ -88,35 +46,6 @@ def round_bf16(module):
 @pytest.fixture(scope="module")
 def random_module(tiny_model):
     return make_module(tiny_model, seed=0)
-
-
-@torch.no_grad()
-def greedy_data(model, n, prompt_len, new, seed):
-    """The target's own greedy continuations of random prompts, with its final hidden states."""
-    x = torch.randint(0, model.config.vocab_size, (n, prompt_len), generator=torch.Generator().manual_seed(seed))
-    for _ in range(new):
-        x = torch.cat([x, model(input_ids=x).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    return x, model(input_ids=x, output_hidden_states=True).hidden_states[-1]
-
-
-@pytest.fixture(scope="module")
-def trained(tiny_model):
-    """A module trained for a couple of seconds on the tiny target's own greedy continuations."""
-    ids, hidden = greedy_data(tiny_model, 128, 8, 40, seed=0)
-    mask = torch.ones_like(ids, dtype=torch.bool)
-    torch.manual_seed(0)
-    module = EagleModule(EagleConfig.from_target(tiny_model.config))
-    E.init_lm_head(module, tiny_model.get_output_embeddings())
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
-    embed, lm_head = tiny_model.get_input_embeddings(), tiny_model.get_output_embeddings()
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(200):
-        rows = torch.randint(0, len(ids), (16,), generator=gen)
-        loss = E.eagle_loss(module, embed, lm_head, ids[rows], hidden[rows], mask[rows], noise=0.05)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return module.eval()
 
 
 def first_difference(a, b):

@@ -29,7 +29,6 @@ from app.ui.engines_tab import HEADERS, elsewhere, fast_pass_text, settings_text
 from app.ui.sessions import visitor_of
 from app.ui.web import Studio
 from helpers import free_port, running_server, serve_engines
-from test_web import browser  # noqa: F401  (the fixture)
 
 API_SERVER = textwrap.dedent('''
     """A stand-in for vLLM's OpenAI server (tests/test_engines_tab.py): /health, and completions that say nothing."""

@@ -8,8 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-UI = Path(__file__).resolve().parent.parent / "app" / "ui"
+UI = ROOT / "app" / "ui"
 
 # Typography, Greek letters and maths for the figures, arrows and the token view's whitespace marks, and the status
 # lines' marks: each in at least one of the fonts Debian's chromium installs (fonts-dejavu, fonts-liberation).

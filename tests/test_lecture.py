@@ -6,9 +6,7 @@ import re
 import subprocess
 import sys
 
-from helpers import busy_cores
-from test_web import (PROMPT, RECORDINGS, app_url, browser, inspect_step, page, screenshot, set_number,  # noqa: F401  (fixtures)
-                      wait_status)
+from helpers import PROMPT, RECORDINGS, busy_cores, inspect_step, set_number, wait_status
 
 
 # ----------------------------------------------------------------------------- shareable links

@@ -12,7 +12,7 @@ import pytest
 from app import traces
 from app.bench import load
 from app.ui import charts, load_tab
-from test_ui_streams import Job  # a finished job's batches
+from helpers import Job  # a finished job's batches
 
 
 def pt(row, n, tps, spt, tau=1.0, identical=1.0, at=None):

@@ -28,6 +28,8 @@ from app.heads import medusa as mh
 from app.heads import vocab
 from app.heads.medusa import MedusaConfig, MedusaError, MedusaHeads, medusa_loss
 from helpers import DrafterSpy, run, tiny_llama
+from helpers_decoding import PROMPTS, TREES, ar_reference, features, random_heads
+from helpers_decoding import medusa_drafter as drafter
 
 MAX_NEW = 40
 V, H = 96, 32
@@ -36,72 +38,6 @@ V, H = 96, 32
 def _random(seed, n=20, vocab=V):
     rng = random.Random(seed)
     return [rng.randrange(vocab) for _ in range(n)]
-
-
-PROMPTS = {"repeat": [5, 6, 7, 8] * 6, "random_a": _random(1), "random_b": _random(2, n=9), "short": [3]}
-
-TREES = {
-    "chain": [[0], [0, 0], [0, 0, 0]],
-    "default": medusa_choices("default"),
-    "small": medusa_choices("small"),
-    "wide": [[r] for r in range(10)] + [[0, r] for r in range(5)] + [[1, 0], [0, 0, 0], [0, 1, 0]],
-}
-
-_AR: dict = {}
-
-
-def ar_reference(model, prompt, max_new_tokens=MAX_NEW):
-    key = (id(model), tuple(prompt), max_new_tokens)
-    if key not in _AR:
-        out, events = run(model, Autoregressive(), prompt, max_new_tokens=max_new_tokens)
-        assert len(events) == len(out)
-        _AR[key] = out
-    return _AR[key]
-
-
-def random_heads(num_heads=3, num_layers=1, seed=0, std=0.3, hidden=H, vocab=V):
-    """Heads with random non-zero ResBlocks, values exactly representable in bfloat16."""
-    heads = MedusaHeads(MedusaConfig(hidden, vocab, num_heads, num_layers))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_((torch.randn(p.shape, generator=gen) * std).to(torch.bfloat16).float())
-    return heads.eval()
-
-
-def features(model, sequences):
-    """(hidden (b, s, H) float32, mask (b, s)) of right-padded sequences: the target's final normed states."""
-    s = max(len(x) for x in sequences)
-    hidden = torch.zeros(len(sequences), s, model.config.hidden_size)
-    mask = torch.zeros(len(sequences), s, dtype=torch.bool)
-    with torch.no_grad():
-        for i, seq in enumerate(sequences):
-            out = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
-            hidden[i, : len(seq)] = out.hidden_states[-1][0]
-            mask[i, : len(seq)] = True
-    return hidden, mask
-
-
-@pytest.fixture(scope="module")
-def oracle_heads(tiny_model):
-    """Heads fitted for a second on the target's own greedy continuations of the test prompts, so
-    their drafts on those prompts are often right (acceptance > 0 on the greedy path)."""
-    seqs = [p + ar_reference(tiny_model, p, 60) for p in PROMPTS.values()]
-    hidden, mask = features(tiny_model, seqs)
-    torch.manual_seed(0)
-    heads = MedusaHeads(MedusaConfig(H, V, 3, 1))
-    lm_head = tiny_model.get_output_embeddings()
-    opt = torch.optim.AdamW(heads.parameters(), lr=3e-2)
-    for _ in range(120):
-        loss = medusa_loss(heads, lm_head, None, hidden, mask)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return heads.eval()
-
-
-def drafter(model, heads, tree="default", **kwargs):
-    return Medusa(heads, model.get_output_embeddings(), TREES[tree] if isinstance(tree, str) else tree, **kwargs)
 
 
 # ----------------------------------------------------------------------------- tree buffers

@@ -30,11 +30,9 @@ from app.modes import configs
 from app.ui import render
 from app.ui import settings as run_settings
 from helpers import DrafterSpy, run
-from test_eagle import PROMPTS, ar_reference, make_module, trained  # noqa: F401 (fixture)
-from test_medusa import drafter as medusa_drafter
-from test_medusa import oracle_heads  # noqa: F401 (fixture)
-from test_sampling_exactness import RUNS, T1, cached, check_against_exact, exact_distribution, sample_runs
-from test_sampling_exactness import PROMPT as SAMPLING_PROMPT
+from helpers_decoding import PROMPTS, ar_reference, make_module, medusa_drafter
+from helpers_decoding import RUNS, T1, cached, check_against_exact, exact_distribution, sample_runs
+from helpers_decoding import PROMPT as SAMPLING_PROMPT
 
 MAX_NEW = 40
 
@@ -110,7 +108,7 @@ def _pl():
 
 @pytest.mark.parametrize("prompt", ["repeat", "random_a", "short"])
 @pytest.mark.parametrize("kind", ["eagle", "eagle_pruned", "medusa"])
-def test_greedy_merged_tree_equals_autoregressive(tiny_model, trained, oracle_heads, kind, prompt):  # noqa: F811
+def test_greedy_merged_tree_equals_autoregressive(tiny_model, trained, oracle_heads, kind, prompt):
     embed = tiny_model.get_input_embeddings()
     primary = {"eagle": lambda: Eagle(trained, embed, 12, 4, 3),
                "eagle_pruned": lambda: Eagle(trained, embed, 12, 4, 3, min_path_prob=0.05),
@@ -132,7 +130,7 @@ def test_greedy_merged_tree_equals_autoregressive(tiny_model, trained, oracle_he
         assert any(set(e.accepted) & g for e, g in zip(events[1:], grafted)), "no prompt lookup node was ever accepted"
 
 
-def test_merged_tree_accepts_more_than_either_part_on_a_copy_task(tiny_model, trained):  # noqa: F811
+def test_merged_tree_accepts_more_than_either_part_on_a_copy_task(tiny_model, trained):
     """Where the output repeats its prompt, the merged tree commits at least what the better part does."""
     embed = tiny_model.get_input_embeddings()
     prompt = PROMPTS["repeat"]
@@ -166,7 +164,7 @@ def test_only_deterministic_trees_merge(tiny_model, tiny_draft):
 # ----------------------------------------------------------------------------- configs, CLI, web
 
 
-def test_runtime_config_merges_only_tree_modes(tiny_model, trained):  # noqa: F811
+def test_runtime_config_merges_only_tree_modes(tiny_model, trained):
     pl = NGramDecodingConfig(max_draft_len=7, max_matching_ngram_size=3)
     d = runner.drafter(DecodingConfig(EagleDecodingConfig(prompt_lookup=pl)), tiny_model, trained)
     assert isinstance(d, Merged) and isinstance(d.primary, Eagle) and d.name == "eagle" and d.needs_hidden

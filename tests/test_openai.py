@@ -8,7 +8,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -21,7 +20,7 @@ from app import models
 from app.service.api import Service
 from app.service.jobs import Limits
 from app.service.server import create_app
-from helpers import ROOT, eager, free_port
+from helpers import ROOT, app_command, eager, free_port
 
 pytestmark = pytest.mark.bundled
 
@@ -196,8 +195,8 @@ def test_serve_public_soak_bounds_per_client_refuses_engine_starts_and_exits_on_
     engines = store(tmp_path_factory)
     port, log = free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app", *eager(["serve", "--public", "--port", str(port),
-                                 "--max-concurrency", "1", "--engines-dir", str(engines)])], cwd=ROOT, stdout=out,
+        proc = subprocess.Popen(app_command(*eager(["serve", "--public", "--port", str(port), "--max-concurrency", "1",
+                                                    "--engines-dir", str(engines)])), cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

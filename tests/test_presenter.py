@@ -5,7 +5,7 @@ A module of its own (its own app server), so the suite's two workers share the b
 
 import json
 
-from test_web import ROOT, app_url, browser, inspect_step, page, screenshot, wait_status  # noqa: F401  (fixtures)
+from helpers import ROOT, inspect_step, wait_status
 
 EAGLE = "eagle-roleplay-bfloat16"  # 128 tokens in 39 target passes: the token view alone is taller than the screen
 

@@ -9,7 +9,6 @@ import re
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +18,7 @@ from app import models
 from app.modes import ConfigError
 from app.service.api import Service
 from app.service.policy import Policy
-from helpers import chromium, free_port, running_server, soak
+from helpers import ROOT, chromium, free_port, running_server, soak
 
 pytestmark = pytest.mark.bundled
 
@@ -384,7 +383,7 @@ def test_api_inputs_gradio_cannot_read_are_refused_in_words(app_url):
     from app.ui.unworded import MESSAGE
 
     url = app_url[0]
-    shipped = str(next((Path(__file__).parent.parent / "assets" / "traces").glob("*.json")))  # a trace, by its path
+    shipped = str(next((ROOT / "assets" / "traces").glob("*.json")))  # a trace, by its path
     for name, args in (("replay", ["/etc/passwd", False]), ("run", []), ("run_controls", []),
                        ("load_replay_file", [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}]),
                        ("load_replay_file", [{"path": shipped, "meta": {"_type": "gradio.FileData"}}])):

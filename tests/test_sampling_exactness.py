@@ -5,8 +5,6 @@ tokens computable by enumeration (one batched forward over every two-token conti
 empirical distribution over many seeds must match it, and match plain autoregressive sampling.
 """
 
-from collections import Counter
-
 import numpy as np
 import pytest
 import torch
@@ -17,17 +15,8 @@ from app.decoding.drafters.lookahead import Lookahead
 from app.decoding.drafters.prompt_lookup import PromptLookup
 from app.decoding.drafters.suffix import Suffix
 from app.decoding.sampling import SamplingParams
-from helpers import chisquare_gof, chisquare_two_sample, empirical, marginal, reference_probs, run, total_variation
-
-PROMPT = [1, 2, 3, 4] * 4
-LENGTH = 3  # tokens per run
-RUNS = 2000
-P_MIN = 1e-3  # chi-square p-value threshold (seeds are fixed, so results are reproducible)
-TV_FIRST = 0.05
-TV_FIRST_TWO = 0.08
-
-T1 = dict(temperature=1.0)
-WARPED = dict(temperature=0.8, top_k=5, top_p=0.9)
+from helpers import chisquare_two_sample, marginal, run
+from helpers_decoding import PROMPT, P_MIN, RUNS, T1, WARPED, cached, check_against_exact, exact_distribution, sample_runs
 
 MODES = {
     "prompt_lookup": lambda m, d: PromptLookup(3, 2),
@@ -38,55 +27,6 @@ MODES = {
     # q is zero outside a 5-token draft vocabulary (ids 0, 2, 3, 5, 6 of 8): Leviathan stays exact
     "draft_target_reduced_vocab": lambda m, d: DraftModel(d, 3, d2t=torch.tensor([0, 1, 1, 2, 2])),
 }
-
-
-@torch.inference_mode()
-def exact_distribution(model, prompt, params: dict) -> dict:
-    """P(t1, t2, t3 | prompt) by enumeration, with an independent temperature/top-k/top-p."""
-    vocab = model.config.vocab_size
-    seqs = torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
-    logits = model(input_ids=seqs).logits.double().numpy()  # (V*V, L+2, V)
-    n = len(prompt)
-    kw = dict(temperature=params["temperature"], top_k=params.get("top_k", 0), top_p=params.get("top_p", 1.0))
-    p1 = reference_probs(logits[0, n - 1], **kw)
-    out = {}
-    for a in range(vocab):
-        p2 = reference_probs(logits[a * vocab, n], **kw)
-        for b in range(vocab):
-            p3 = reference_probs(logits[a * vocab + b, n + 1], **kw)
-            for c in range(vocab):
-                out[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
-    return out
-
-
-def sample_runs(model, make_drafter, params: dict, runs=RUNS, seed0=0):
-    counts, accepted, drafted = Counter(), 0, 0
-    for seed in range(seed0, seed0 + runs):
-        out, events = run(model, make_drafter(), PROMPT, sampling=SamplingParams(**params, seed=seed), max_new_tokens=LENGTH)
-        assert len(out) == LENGTH
-        counts[tuple(out)] += 1
-        accepted += sum(len(e.accepted) for e in events)
-        drafted += sum(len(e.proposed["tokens"]) for e in events)
-    return counts, accepted, drafted
-
-
-def check_against_exact(counts: Counter, exact: dict, label: str):
-    emp = empirical(counts.elements())
-    tv1 = total_variation(marginal(emp, 1), marginal(exact, 1))
-    tv2 = total_variation(marginal(emp, 2), marginal(exact, 2))
-    _, _, p_joint = chisquare_gof(counts, exact)
-    _, _, p_first = chisquare_gof(Counter(k[:1] for k in counts.elements()), marginal(exact, 1))
-    msg = f"{label}: TV first {tv1:.3f}, TV first two {tv2:.3f}, chi-square p first {p_first:.1e}, joint {p_joint:.1e}"
-    assert tv1 < TV_FIRST and tv2 < TV_FIRST_TWO and p_first > P_MIN and p_joint > P_MIN, msg
-
-
-_CACHE: dict = {}
-
-
-def cached(key, fn):
-    if key not in _CACHE:
-        _CACHE[key] = fn()
-    return _CACHE[key]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,9 +28,8 @@ from app.backends.base import Prompt
 from app.backends.remote.backend import RemoteBackend, RemoteError, body_for
 from app.service.jobs import JobManager, Limits, QueueFull
 from app import runner
-from helpers import busy_cores, collect, free_port, running_server, trtllm_stand_in
+from helpers import busy_cores, collect, free_port, run_cli, running_server, trtllm_stand_in
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "List the days of the week, then list them again in the same order."
 
 
@@ -544,9 +542,8 @@ def sse_payloads(response):
 
 
 def cli_generate(mode, prompt, max_new, *extra):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "app", "generate", "--mode", mode, "--prompt", prompt, "--json",
-                           "--max-new-tokens", str(max_new), "--eager", *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli("generate", "--mode", mode, "--prompt", prompt, "--json", "--max-new-tokens", max_new, "--eager", *extra,
+                   timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
 

@@ -6,15 +6,14 @@ survives parsing draws without an error and without markup of its own."""
 import copy
 import json
 import random
-from pathlib import Path
 
 import pytest
 
 from app import traces
 from app.traces import Recording, TraceError
 from app.ui import charts, render
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "traces"
 MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
 RECORDINGS = sorted((ROOT / "assets" / "traces").glob("*.json"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import STAND_INS
-from test_trtllm_worker import GREEDY, IGNORE_PINS, _get, _group_gone, _start, _until, model_dirs, workers  # noqa: F401
+from helpers_trtllm import GREEDY, IGNORE_PINS, _get, _group_gone, _start, _until, kill_left
 
 from app.backends.tensorrt_llm import processes as trtllm_processes
 from app.backends.tensorrt_llm.processes import Processes, Settings, TRTLLMError
@@ -46,18 +46,6 @@ def processes(tmp_path):
     procs = Processes(builds, SETTINGS)
     yield procs
     kill_left(builds)
-
-
-def kill_left(builds: Path) -> None:
-    """Whatever workers a failed test left running under `builds`: killed and reaped."""
-    for server in builds.glob(f"*/{trtllm_processes.SERVER_JSON}"):
-        pid = json.loads(server.read_text())["pid"]
-        if not _group_gone(pid):
-            os.killpg(pid, signal.SIGKILL)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
 
 
 def _server(directory: Path) -> dict:

@@ -21,7 +21,7 @@ from app.backends.tensorrt_llm.worker_backend import STARTED, TRTLLMEngineBacken
 from app.backends.tensorrt_llm.backend import TensorRTLLMBackend
 from app.ui import render
 from helpers import STAND_INS, collect
-from test_trtllm_engines import IGNORE_PINS, _group_gone, kill_left
+from helpers_trtllm import IGNORE_PINS, _group_gone, kill_left
 
 PREPARED = models.DEFAULT_ENGINES / "models"
 DRAFT = f"{models.BUNDLED}-draft"

@@ -9,10 +9,8 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,35 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import STAND_INS, trtllm_stand_in
-
-ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "app" / "backends" / "tensorrt_llm" / "worker.py"
-HOLD = STAND_INS / "trtllm_hold.py"
-
-with trtllm_stand_in():
-    import tensorrt_llm as _stand_in
-
-    IGNORE_PINS = _stand_in.IGNORE_PINS  # the stand-in's documented opt-out of its numpy<2 check
-
-
-def _env() -> dict[str, str]:
-    # The app's interpreter has numpy 2, which the stand-in refuses as upstream would; these tests check glue code.
-    return {**os.environ, "PYTHONPATH": str(STAND_INS), IGNORE_PINS: "1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str = "/health") -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+from helpers import ROOT
+from helpers_trtllm import GREEDY, WORKER, _env, _free_port, _get, _group_gone, _start, _until
 
 
 def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
@@ -68,80 +39,10 @@ def _stream(port: int, body: dict):
     return conn, conn.getresponse()
 
 
-def _until(check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
-
-class Worker(SimpleNamespace):
-    proc: subprocess.Popen
-    port: int
-    log: Path
-
-
-def _start(tmp_path: Path, plan: dict, held: bool = False) -> Worker:
-    (tmp_path / "llm.json").write_text(json.dumps(plan))
-    port = _free_port()
-    log = tmp_path / "worker.log"
-    launcher = [str(HOLD), str(WORKER)] if held else [str(WORKER)]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, *launcher, "--host", "127.0.0.1", "--port", str(port),
-                                 "--llm", str(tmp_path / "llm.json")],
-                                stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
-    worker = Worker(proc=proc, port=port, log=log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the worker exited ({proc.returncode}): {log.read_text()}"
-        try:
-            status, health = _get(port)
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-            continue
-        if status == 200 and health["ready"]:
-            return worker
-        time.sleep(0.1)
-    raise AssertionError(f"the worker did not get ready: {log.read_text()}")
-
-
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-@pytest.fixture
-def model_dirs(tmp_path):
-    # The stand-in, as upstream, takes an existing directory for a local model and anything else for a hub id.
-    target, draft = tmp_path / "target", tmp_path / "draft"
-    target.mkdir()
-    draft.mkdir()
-    return target, draft
-
-
-@pytest.fixture
-def workers():
-    started: list[Worker] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            os.killpg(w.proc.pid, signal.SIGKILL)
-            w.proc.wait()
-
-
 def _draft_target(target, draft) -> dict:
     return {"trtllm_backend": "pytorch", "serves": "draft_target on a test model",
             "llm": {"model": str(target), "max_input_len": 4096,
                     "speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": str(draft)}}}
-
-
-GREEDY = {"max_tokens": 32, "temperature": 0.0, "top_k": 1}
 
 
 def test_the_worker_imports_nothing_of_the_app():

@@ -1,7 +1,6 @@
 """app.ui.charts: Plotly figures from real traces (tests/data/traces), empty and one-step input."""
 
 import json
-from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
@@ -9,8 +8,9 @@ import pytest
 from app.ui import charts
 from app.modes import MODES as REGISTRY
 from app.ui.lessons import label
+from helpers import ROOT
 
-TRACES = Path(__file__).resolve().parent / "data" / "traces"
+TRACES = ROOT / "tests" / "data" / "traces"
 MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
 STEP_CHARTS = [charts.race, charts.tokens_per_step, charts.tokens_per_step_hist, charts.throughput, charts.timing]
 

@@ -5,7 +5,6 @@ import json
 import math
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,9 @@ from app.modes import MODES as REGISTRY
 from app import figures, traces
 from app.traces import Recording
 from app.ui import compare_tab, lessons, render
+from helpers import ROOT
 
-TRACES = Path(__file__).resolve().parent / "data" / "traces"
+TRACES = ROOT / "tests" / "data" / "traces"
 MODES = ["autoregressive", "draft_target", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix"]
 VOID = {"br", "hr", "img", "input", "meta", "link", "wbr"}
 

@@ -10,17 +10,7 @@ from app.modes import ConfigError
 from app.traces import Recording
 from app.ui import streams
 from app.ui.sessions import Sessions
-
-
-class Job:
-    def __init__(self, messages):
-        self.messages, self.cancelled = messages, False
-
-    def batches(self, every):
-        yield self.messages
-
-    def cancel(self):
-        self.cancelled = True
+from helpers import Job
 
 
 class SlowService:

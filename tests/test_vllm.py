@@ -30,12 +30,10 @@ from app.backends.vllm import client as remote
 from app.backends.base import Prompt
 from app.service.jobs import Limits
 from app.traces import Recording
-from helpers import earlier_design, free_port, running_server, run_cli
-from test_web import ARTIFACTS, browser, inspect_step, set_number, wait_status  # noqa: F401  (browser is a fixture)
+from helpers import ARTIFACTS, earlier_design, free_port, inspect_step, running_server, run_cli, set_number, wait_status
 
 pytestmark = [pytest.mark.bundled, pytest.mark.vllm]
 
-ROOT = Path(__file__).resolve().parent.parent
 COPY = ("Repeat this list exactly, twice: apples, pears, plums, figs, dates, limes, kiwis, grapes, lemons, "
         "melons, peaches, cherries.")
 PROMPTS = [COPY, "Write a short poem about the sea.", "Explain what a hash table is in two sentences."]

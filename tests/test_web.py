@@ -5,7 +5,6 @@ Screenshots of every tab go to the test artifacts, and with `--update-screenshot
 ones the README and docs/ui.md show): a plain test run leaves the working tree as it was."""
 
 import json
-import os
 import re
 import urllib.request
 import zipfile
@@ -15,36 +14,11 @@ import pytest
 
 from app.ui import settings
 from app.ui.lessons import label
-from helpers import chromium, free_port, running_server
+from helpers import PROMPT, RECORDINGS, ROOT, inspect_step, set_number, wait_status
 
 pytestmark = pytest.mark.bundled
 
-ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "assets" / "screenshots"
-ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", ROOT / "test-artifacts"))
-PROMPT = "Repeat this list exactly: apples, pears, plums, apples, pears, plums."
-RECORDINGS = sorted((ROOT / "assets" / "traces").glob("*.json"))
 RACED = ROOT / "assets" / "traces" / "eagle-roleplay-bfloat16.json"  # a recording with the baseline it raced
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("gradio")
-    env = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(tmp),
-           "GRADIO_EXAMPLES_CACHE": str(tmp / "examples")}
-    # A store of its own (builds and training runs stay out of the working tree's engines/), sharing the
-    # dequantized models through a link.
-    from app import models
-
-    engines = tmp / "engines"
-    engines.mkdir()
-    (engines / "models").symlink_to(models.DEFAULT_ENGINES / "models")
-    models.locate(models.BUNDLED)
-    port = free_port()
-    # Gradio prints "Running on local URL" before it answers: wait for its API info instead.
-    with running_server(["--port", str(port), "--max-concurrency", "1", "--engines-dir", str(engines)], "/gradio_api/info",
-                        port, tmp / "app.log", env) as url:
-        yield url
 
 
 # ----------------------------------------------------------------------------- API level (gradio_client)
@@ -371,73 +345,6 @@ def test_api_engines_plan_build_and_remove(client):
 
 
 # ----------------------------------------------------------------------------- in a real browser
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser, app_url):
-    context = browser.new_context(viewport={"width": 1500, "height": 1100})
-    page = context.new_page()
-    dialogs, errors = [], []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(app_url)
-    page.wait_for_selector("#run")
-    yield page
-    assert not dialogs, f"the page opened dialogs (unescaped script?): {dialogs}"
-    assert not errors, f"JavaScript errors: {errors}"
-    context.close()
-
-
-@pytest.fixture
-def screenshot(page, request):
-    folders = [ARTIFACTS / "screenshots"] + ([SHOTS] if request.config.getoption("--update-screenshots") else [])
-
-    def shoot(name, full_page=True):
-        for folder in folders:
-            folder.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(folder / f"{name}.png"), full_page=full_page)
-
-    return shoot
-
-
-def set_number(page, label, value):
-    box = page.get_by_label(f"number input for {label}", exact=True)
-    box.fill(str(value))
-    box.press("Enter")
-
-
-def inspect_step(page, n):
-    """Type step `n` into the Inspect step box, as a user would, and wait for its detail.
-    The box is enabled by the run's final update; Gradio applies that update's props (enabled, then the value of the
-    last step) in separate ticks, so a number typed in between can be overwritten by the last step before it is sent:
-    like a user who sees that, type it again (once)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    box = page.get_by_label("number input for Inspect step", exact=True)
-    shown = "n => document.querySelector('#step-detail h4')?.innerText.startsWith(`Step ${n} `)"
-    for attempt in range(2):
-        box.fill(str(n))
-        box.press("Enter")
-        try:
-            page.wait_for_function(shown, arg=n, timeout=15_000)
-            return
-        except PlaywrightTimeout:
-            if attempt:
-                raise
-
-
-def wait_status(page, pattern, timeout=180_000):
-    page.wait_for_function(
-        "p => { const s = document.querySelector('#status'); return s && new RegExp(p).test(s.innerText); }",
-        arg=pattern, timeout=timeout,
-    )
-    return page.inner_text("#status")
 
 
 def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):

@@ -3,7 +3,6 @@ checked against the service's own validation and against the README's bench comm
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
@@ -11,13 +10,14 @@ from app.cli import build_parser
 from app.modes import ConfigError
 from app.modes import MODES as REGISTRY
 from app.modes.shipped import DYNAMIC
+from helpers import ROOT
 
 MODES, MERGED_MODES = REGISTRY.names, REGISTRY.merged
 from app.service.api import Service
 from app.ui import settings
 from app.ui.run_tab import check_message
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 
 
 @pytest.fixture(scope="module")
