@@ -237,7 +237,7 @@ def marginal(dist: dict, length: int) -> dict:
 
 
 # The commands that run the transformers backend's fast pass by default (building it first, minutes, on a fresh
-# store); tests run them eagerly unless they test that pass (tests/test_compiled.py).
+# store); tests run them eagerly unless they test that pass (tests/decoding/test_compiled.py).
 FAST_COMMANDS = ("generate", "bench", "serve", "ui")
 
 

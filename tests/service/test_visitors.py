@@ -1,7 +1,7 @@
 """Who a visitor is, and the share each one gets on a public server: an identity the client cannot choose (its
 address, with Gradio's session hash only a sub-bucket of it), every costly thing counted against it, a queue that
 serves addresses in turn, no path into the server's files, no one-time work a visitor can start. The servers
-themselves, under forged identities, are in tests/test_public.py and tests/test_http.py."""
+themselves, under forged identities, are in tests/service/test_public.py and tests/service/test_http.py."""
 
 import threading
 import time

@@ -666,7 +666,7 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     page.wait_for_function("/bfloat16.*one-token pass/.test(document.querySelector('#cost-note').innerText)", timeout=120_000)
     assert page.locator("#cost-plot .scatterlayer .trace").count() == 2
     # What speculation can earn on that curve: one line per drafted length, and the break-even rates (or, when the
-    # test machine's load bent the curve, why there are none: tests/test_ui_charts.py checks both texts).
+    # test machine's load bent the curve, why there are none: tests/ui/test_ui_charts.py checks both texts).
     page.wait_for_function("/needs α ≥|No speedup shown/.test(document.querySelector('#earn-note').innerText)")
     assert page.locator("#earn-plot .scatterlayer .trace").count() == 4
     free = page.inner_text("#earn-note")

@@ -31,7 +31,7 @@ from app.ui.web import Studio
 from helpers import free_port, running_server, serve_engines
 
 API_SERVER = textwrap.dedent('''
-    """A stand-in for vLLM's OpenAI server (tests/test_engines_tab.py): /health, and completions that say nothing."""
+    """A stand-in for vLLM's OpenAI server (tests/ui/browser/test_engines_tab.py): /health, and completions that say nothing."""
     import argparse
     import json
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

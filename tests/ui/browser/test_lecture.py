@@ -229,7 +229,7 @@ def test_browser_a_speedup_measured_under_load_holds_when_repeated_quietly(page)
     low, high = map(float, re.search(figure, loaded).group(2, 3))
     decoding = float(re.search(figure, quiet).group(1))  # the interval is the after-prefill ratio's, not the overall one's
     # Before the race stepped both in turn: 21× loaded against 2.3× quiet. The strict check (a quiet repeat inside the
-    # interval) is tests/test_race.py's, on the service; here the browser draws on the same 2 cores as the runs and
+    # interval) is tests/service/test_race.py's, on the service; here the browser draws on the same 2 cores as the runs and
     # the suite's other worker: within a quarter beyond it.
     assert low / 1.25 <= decoding <= high * 1.25, (loaded, quiet)
 
