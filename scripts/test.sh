@@ -45,7 +45,7 @@ export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 
 status=0
 # loadfile: a test module runs in one worker, so its module-scoped servers (the web apps, the vLLM engines of
-# tests/backends/vllm/test_vllm.py) start once. (loadgroup would not do: pytest-xdist 3.8 marks groups by rewriting a node id
+# tests/backends/on_vllm/test_vllm.py) start once. (loadgroup would not do: pytest-xdist 3.8 marks groups by rewriting a node id
 # attribute that pytest 9 no longer reads, so every group's tests were spread over both workers.)
 # --durations: the slowest tests in the log, where the suite's time goes (it must stay under 35 minutes).
 # --no-loadscope-reorder: files go out in collection order (tests/conftest.py puts the longest first), not by

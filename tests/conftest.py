@@ -109,7 +109,7 @@ def bundled():
 @pytest.fixture(scope="module")
 def browser():
     """Debian's chromium (helpers.chromium), one per test module: the browser tests' (tests/ui/browser/) and the vLLM
-    backend's pages (tests/backends/vllm/)."""
+    backend's pages (tests/backends/on_vllm/)."""
     with chromium() as b:
         yield b
 

@@ -261,3 +261,21 @@ def test_the_check_sees_a_switch_on_a_mode():
               "    if mode == 'autoregressive' or c.vllm == 'eagle3': pass\n")
     hits = mode_switches(source, {"eagle", "medusa", "suffix"}, {"LookaheadDecodingConfig"})
     assert [h.split(":")[0] for h in hits] == ["line 2", "line 3", "line 3", "line 3"]
+
+
+def test_no_test_folder_is_named_like_a_package_code_may_import():
+    """pytest puts a test file's folder's parent on sys.path, so a folder named like a package that is not installed
+    in this environment (vllm and tensorrt_llm live in environments of their own) is imported as that package: the
+    availability checks would find TensorRT-LLM "installed". The engines' test folders are named on_<engine>."""
+    import importlib.util
+
+    from app.modes.configs import BACKENDS
+
+    tests = Path(__file__).resolve().parent
+    taken = set(BACKENDS) | {"vllm", "tensorrt_llm", "tensorrt", "app"}
+    # stand_ins/ holds a stand-in tensorrt_llm on purpose: tests put that folder itself on a worker's path.
+    folders = {p.name for p in tests.rglob("*") if p.is_dir() and "stand_ins" not in p.relative_to(tests).parts}
+    assert not folders & taken
+    for name in ("vllm", "tensorrt_llm"):
+        spec = importlib.util.find_spec(name)
+        assert spec is None or tests not in Path(spec.origin or next(iter(spec.submodule_search_locations))).parents

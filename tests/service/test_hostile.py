@@ -276,7 +276,7 @@ def completion(prompt="Say hi.", **fields):
     (completion(max_tokens=10**30), "max_new_tokens"),
     (completion("x" * 200_000), "characters; this server takes at most"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content must be text"),
-    (completion(user={"a": 1}), "user must be a string"),  # vLLM 0.32 answers 400 too (tests/backends/vllm/test_vllm.py)
+    (completion(user={"a": 1}), "user must be a string"),  # vLLM 0.32 answers 400 too (tests/backends/on_vllm/test_vllm.py)
     # A tree names a shipped preset, never a path: one sentence whether such a file exists or not.
     (completion(specdec={"speculative_config": {"decoding_type": "Medusa", "medusa_choices": "../../../../../../etc/os-release"}}),
      "unknown tree '../../../../../../etc/os-release': use one of"),

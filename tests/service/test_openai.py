@@ -2,7 +2,7 @@
 OpenAI field honoured or refused with a 400 naming it, a dropped client cancels its generation, no engine started
 for an anonymous client, a per-client bound, a prompt exit on SIGTERM, and memory that levels off over a soak of
 200 mixed requests. The app in-process (FastAPI's TestClient, a real uvicorn on loopback) and as a real process;
-the bundled model throughout. vLLM's answers to the same requests: tests/backends/vllm/test_vllm.py."""
+the bundled model throughout. vLLM's answers to the same requests: tests/backends/on_vllm/test_vllm.py."""
 
 import json
 import signal

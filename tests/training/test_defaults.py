@@ -108,7 +108,7 @@ def test_the_shipped_draft_is_built_once_when_processes_ask_for_it_together(bund
 
 @pytest.mark.bundled
 def test_the_shipped_eagle_module_is_eagle3_and_exports_what_vllm_loads(tmp_path):
-    """The default EAGLE module is EAGLE-3 (issue 44): its export is vLLM's `eagle3` checkpoint (tests/backends/vllm/test_vllm.py
+    """The default EAGLE module is EAGLE-3 (issue 44): its export is vLLM's `eagle3` checkpoint (tests/backends/on_vllm/test_vllm.py
     runs one in a live engine), and it reads back as the same drafter."""
     from app.heads import eagle
 

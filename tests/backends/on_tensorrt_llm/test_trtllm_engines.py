@@ -1,6 +1,6 @@
 """TensorRT-LLM engines as the service keeps them (app/backends/tensorrt_llm/processes.py): this project's worker started in a
 process of its own, reused, refused beside another configuration, stopped, and read the app's way. TensorRT-LLM is the
-stand-in (tests/stand_ins/tensorrt_llm) run by the app's own interpreter, as tests/backends/tensorrt_llm/test_trtllm_worker.py runs it."""
+stand-in (tests/stand_ins/tensorrt_llm) run by the app's own interpreter, as tests/backends/on_tensorrt_llm/test_trtllm_worker.py runs it."""
 
 from __future__ import annotations
 

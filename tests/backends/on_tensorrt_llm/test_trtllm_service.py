@@ -2,7 +2,7 @@
 (the bundled model and draft prepared, by absolute path), then this project's worker started, reused, refused beside
 another configuration, listed on the Engines tab and stopped; its steps and totals read from what the worker streams.
 TensorRT-LLM is the stand-in (tests/stand_ins/tensorrt_llm) in a real worker process, run by the app's own interpreter
-as tests/backends/tensorrt_llm/test_trtllm_engines.py runs it: nothing here runs TensorRT-LLM itself."""
+as tests/backends/on_tensorrt_llm/test_trtllm_engines.py runs it: nothing here runs TensorRT-LLM itself."""
 
 from __future__ import annotations
 
