@@ -503,7 +503,7 @@ def test_browser_settings_presets_and_the_trace_download(page):
         page.click("#download-trace")
     trace = json.loads(Path(info.value.path()).read_text())
     assert trace["mode"] == "eagle" and trace["dtype"] == fast_dtype
-    assert trace["request"]["speculative_config"]["max_draft_len"] == fastest - 1
+    assert trace["request"]["speculative_config"]["max_total_draft_tokens"] == fastest - 1
     assert len(trace["steps"]) == page.locator("#step-view .step").count()
     page.click("#preset-defaults")  # back: the small tree and the server's dtype
     page.wait_for_function("() => /verifies up to 11 /.test(document.querySelector('#check').innerText)")
