@@ -28,7 +28,7 @@ from app.service.http import HttpSettings
 from app import figures, traces
 from app.traces import Recording
 from app.training import recipes
-from app.training.export import FORMATS, ExportError
+from app.training.export import ExportError, formats as export_formats
 
 
 def _flag_kwargs(mode: Mode, flag: Flag) -> dict[str, Any]:
@@ -845,7 +845,7 @@ def build_parser(modes: Modes = MODES) -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write a trained artifact in the layout engines (vLLM, TensorRT-LLM, SGLang) load")
     e.add_argument("source", help="a directory written by `train` (an EAGLE-3 module, Medusa heads or a distilled draft)")
     e.add_argument("--output-dir", required=True)
-    e.add_argument("--format", default=None, choices=sorted({f for fs in FORMATS.values() for f in fs}),
+    e.add_argument("--format", default=None, choices=sorted({f for fs in export_formats().values() for f in fs}),
                    help="EAGLE-3: eagle3 (default; vLLM's and SGLang's numbering of the captured layers) or modelopt "
                         "(ModelOpt's and TensorRT-LLM's); Medusa heads: medusa; the draft: hf (a plain model directory)")
     e.add_argument("--model", default=None, help="the base model the artifact belongs to (default: the one it was trained for)")

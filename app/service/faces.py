@@ -310,7 +310,7 @@ class Training(Face):
             raise ConfigError(f"there is no finished training run '{str(name)[:60]}' of yours to export")
         kind = manifest["spec"]["mode"]
         source = training.artifact_dir(self.store, name, kind, self.model)
-        fmt = format or export.FORMATS[export.architecture(source)][0]
+        fmt = format or export.formats()[export.architecture(source)][0]
         out = source.parent / f"{kind}-{fmt}.zip"
         if not out.is_file():
             with tempfile.TemporaryDirectory(dir=source.parent) as tmp:

@@ -30,7 +30,7 @@ from app.backends.registry import TRAINING
 from app.backends.store import BuildSpec, Builder, Progress, Store, tree_sha256
 from app.service.errors import BuildError
 from app.training.data import CONVERSATIONS, shipped_ranges
-from app.training.recipes import STAGES  # the order a run goes through
+from app.training.recipes import STAGES, recipe  # STAGES: the order a run goes through
 
 # What the Train tab trains: the kinds drafting beside the target (heads, a module) that have a recipe; a draft model
 # is trained on the command line (`train --mode draft`).
@@ -55,7 +55,7 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["medusa", "eagle"]
+    kind: str = "eagle"  # one of KINDS (`train --mode`'s names)
     # "shipped": continue training the model's shipped artifact; "scratch": new heads; "trained:<id>": continue a run
     init_from: str = "shipped"
     data_source: Literal["self", "sharegpt"] = "self"
@@ -76,6 +76,8 @@ class TrainConfig(BaseModel):
 
     def check(self) -> None:
         """Every rule that needs no store; one ConfigError sentence per problem."""
+        if self.kind not in KINDS:
+            raise ConfigError(f"kind must be one of {', '.join(KINDS)} (what the Train tab trains), got '{str(self.kind)[:40]}'")
         if self.init_from not in STARTS and not is_name(self.init_from):
             raise ConfigError(f"init_from must be shipped, scratch or trained:<build id>, got '{self.init_from}'")
         if not 0 <= self.data_offset < CONVERSATIONS:
@@ -182,12 +184,7 @@ def command(model: str, config: TrainConfig, start: Path | None, out: Path, engi
         args += ["--lr", str(c.lr)]
     if start is not None:
         args += ["--init-from", str(start)]
-    if c.kind == "medusa":
-        args += ["--medusa-num-heads", str(c.medusa_num_heads), "--medusa-num-layers", str(c.medusa_num_layers)]
-    else:
-        # The shipped module's own recipe (assets/defaults/README.md): the token loss weighted 1.0.
-        args += ["--eagle-steps", str(c.eagle_steps), "--eagle-ce-weight", "1.0"] + (["--eagle3"] if c.eagle3 and c.init_from == "scratch" else [])
-    return args
+    return args + recipe(c.kind).flags(c)  # the kind's own flags, its recipe's
 
 
 def fraction(event: dict[str, Any]) -> float:

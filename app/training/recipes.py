@@ -80,9 +80,20 @@ class Recipe:
     config: Callable[[Path], dict]  # an artifact's config.json; a ValueError saying why when the path holds none
     # settings with the architecture fields of an artifact to go on from (its config)
     architecture: Callable[[TrainSettings, dict, LoadedModel, Path], TrainSettings]
+    # `export`: the artifact's config.json names it by `saved_as`; it is written in one of `formats` (the default
+    # first) by export(source, out, base_model, format) for the engines that load it (app/training/export.py)
+    saved_as: str
+    formats: tuple[str, ...]
+    export: Callable[[Path, Path, str, str], None]
+    # the kind's own `train` flags from a run's settings under their names (the Train tab's runs, service/training.py)
+    flags: Callable[[object], list[str]] = lambda settings: []
     fuses_layers: bool = False  # it reads the target's other layers' features too (EAGLE-3), not the last only
     # evaluate's companion: the trained directory loaded beside the target (None: the mode's own loader)
     companion: Callable[[LoadedModel, Path], LoadedModel] | None = None
+
+
+class ExportError(ValueError):
+    """An artifact that cannot be exported; the message is meant for the user."""
 
 
 def kinds(modes=None) -> tuple[str, ...]:
@@ -394,9 +405,62 @@ def _eagle_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
             lambda d: eagle.save(module, d, target.name))
 
 
-DRAFT = Recipe(_draft_build, lambda s: 3e-4, _draft_config, _draft_architecture, companion=_draft_companion)
-MEDUSA = Recipe(_medusa_build, lambda s: 1e-3, _medusa_config, _medusa_architecture)
-EAGLE = Recipe(_eagle_build, lambda s: EAGLE3_LR if s.eagle3 else 5e-4, _eagle_config, _eagle_architecture, fuses_layers=True)
+def _lm_head(base_model: str) -> torch.Tensor:
+    """The base model's LM head tensor, read without loading the model."""
+    from app import models
+
+    return models.lm_head_weight(models.locate(base_model)).float()
+
+
+def _draft_export(source: Path, out: Path, base_model: str, fmt: str) -> None:
+    """A plain Hugging Face model directory (AutoModelForCausalLM, vLLM draft_model, TensorRT-LLM draft-target)."""
+    from app import models
+    from app.heads.draft import write_model
+
+    base = models.load(base_model, dtype="float32")
+    write_model(base.model, base.tokenizer, source, out, draft_vocab=False)
+
+
+def _medusa_export(source: Path, out: Path, base_model: str, fmt: str) -> None:
+    """Medusa heads' checkpoint (medusa_lm_head.safetensors: vLLM medusa, TensorRT-LLM's Medusa conversion)."""
+    from app.heads import medusa
+
+    medusa.export_trtllm(medusa.load(source), _lm_head(base_model), out, base_model)
+
+
+def _eagle_export(source: Path, out: Path, base_model: str, fmt: str) -> None:
+    """An EAGLE-3 draft checkpoint, its captured layers numbered as vLLM numbers them ("eagle3") or as ModelOpt and
+    TensorRT-LLM do ("modelopt")."""
+    from app.heads import eagle
+
+    try:
+        eagle.check_exportable(eagle.read_config(source))  # before loading the base model
+        weight = _lm_head(base_model)
+        lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        lm_head.weight.data = weight.float()
+        eagle.export_checkpoint(eagle.load(source, target_lm_head=lm_head), out, base_model, layout=fmt)
+    except eagle.EagleError as err:
+        raise ExportError(str(err)) from err
+
+
+def _medusa_flags(c) -> list[str]:
+    return ["--medusa-num-heads", str(c.medusa_num_heads), "--medusa-num-layers", str(c.medusa_num_layers)]
+
+
+def _eagle_flags(c) -> list[str]:
+    # The shipped module's own recipe (assets/defaults/README.md): the token loss weighted 1.0; EAGLE-3's layer when
+    # it starts from scratch (a continued module keeps its own architecture).
+    return (["--eagle-steps", str(c.eagle_steps), "--eagle-ce-weight", "1.0"]
+            + (["--eagle3"] if c.eagle3 and c.init_from == "scratch" else []))
+
+
+DRAFT = Recipe(_draft_build, lambda s: 3e-4, _draft_config, _draft_architecture, saved_as="layer_draft",
+               formats=("hf",), export=_draft_export, companion=_draft_companion)
+MEDUSA = Recipe(_medusa_build, lambda s: 1e-3, _medusa_config, _medusa_architecture, saved_as="medusa",
+                formats=("medusa",), export=_medusa_export, flags=_medusa_flags)
+EAGLE = Recipe(_eagle_build, lambda s: EAGLE3_LR if s.eagle3 else 5e-4, _eagle_config, _eagle_architecture,
+               saved_as="eagle", formats=("eagle3", "modelopt"), export=_eagle_export, flags=_eagle_flags,
+               fuses_layers=True)
 
 
 def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engines: Path, max_new_tokens: int = 64,

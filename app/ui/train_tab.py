@@ -177,14 +177,15 @@ class TrainTab:
         """Build the tab inside the current Blocks context; `run_heads` are the Run tab's heads pickers per kind,
         whose choices a finished run refreshes."""
         d = TrainConfig.model_fields
+        kind = d["kind"].default
         fast = self.service.fast_dtype()
         gr.Markdown(INTRO.format(shipped=shipped_answers()))
         if self.service.policy.public:
             gr.Markdown(public_note(self.service), elem_id="tr-public")
         c: dict[str, Any] = {}
         with gr.Row():
-            c["kind"] = gr.Radio([(v, k) for k, v in KIND_LABELS.items()], value="eagle", label="what to train", elem_id="tr-kind")
-            c["init_from"] = gr.Dropdown(start_choices(self.service, "eagle"), value=SHIPPED, allow_custom_value=False,
+            c["kind"] = gr.Radio([(v, k) for k, v in KIND_LABELS.items()], value=kind, label="what to train", elem_id="tr-kind")
+            c["init_from"] = gr.Dropdown(start_choices(self.service, kind), value=SHIPPED, allow_custom_value=False,
                                          label="start from", elem_id="tr-start")
             c["data_source"] = gr.Radio([("the model's own answers", "self"), ("ShareGPT's answers", "sharegpt")],
                                         value="self", label="data (data_source)", elem_id="tr-source")
@@ -208,7 +209,7 @@ class TrainTab:
                 c["max_len"] = Number(d["max_len"].default, label="tokens kept per conversation (max_len)")
                 c["answer_tokens"] = Number(d["answer_tokens"].default, label="answer_tokens (self-distilled)")
                 c["dtype"] = gr.Radio(["bfloat16", "float32"], value=fast, label="dtype of the frozen model")
-        check = gr.Markdown(check_message(self.service, {**{k: d[k].default for k in FIELDS if k in d}, "kind": "eagle",
+        check = gr.Markdown(check_message(self.service, {**{k: d[k].default for k in FIELDS if k in d}, "kind": kind,
                                                          "lr": 0, "dtype": fast}), elem_id="tr-check")
         with gr.Row():
             start = gr.Button("Train", variant="primary", elem_id="tr-run", interactive=self.service.policy.train)

@@ -298,22 +298,31 @@ def _bias_build(target, settings, d2t):
 
     def save(directory):
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.json").write_text(json.dumps({"vocab": head.bias.numel()}))
+        (directory / "config.json").write_text(json.dumps({"architecture": "repeat_bias", "vocab": head.bias.numel(),
+                                                           "base_model": target.name}))
         torch.save(head.state_dict(), directory / "bias.pt")
 
     return head, loss, save
 
 
-def test_a_new_artifact_kind_trains_through_its_entrys_recipe(tmp_path):
-    """A trained artifact kind is a recipe named by one entry: `train` and its --mode choices find it there."""
+def _bias_export(source, out, base_model, fmt):
+    """The toy's one format: its bias as the logits of a unigram draft, in numbers a person can read."""
+    out.mkdir(parents=True)
+    bias = torch.load(source / "bias.pt")["bias"]
+    (out / "unigram.json").write_text(json.dumps({"base_model": base_model, "format": fmt, "logits": bias.tolist()}))
+
+
+def test_a_new_artifact_kind_trains_and_exports_through_its_entrys_recipe(tmp_path):
+    """A trained artifact kind is a recipe named by one entry: `train` and its --mode choices find it there, and
+    `export` its formats, its default and its writer."""
     import dataclasses
 
     from app import models
-    from app.training import recipes
+    from app.training import export, recipes
     from helpers import tiny_llama, tiny_tokenizer
 
     recipe = recipes.Recipe(_bias_build, lambda s: 0.1, lambda p: json.loads((p / "config.json").read_text()),
-                            lambda s, c, target, p: s)
+                            lambda s, c, target, p: s, saved_as="repeat_bias", formats=("unigram",), export=_bias_export)
     registry = MODES.with_(dataclasses.replace(TOY["repeat"], artifact="repeat_bias", artifact_label="repeat bias",
                                                artifact_recipe=recipe))
     assert recipes.kinds(registry)[-1] == "repeat_bias" and "repeat_bias" not in recipes.kinds()
@@ -328,7 +337,15 @@ def test_a_new_artifact_kind_trains_through_its_entrys_recipe(tmp_path):
                             report=lambda *a, **k: None, modes=registry)
     assert summary["kind"] == "repeat_bias" and summary["lr"] == 0.1 and summary["state"] == "done"
     assert summary["last_loss"] < summary["first_loss"]
-    assert recipes.artifact_config("repeat_bias", tmp_path / "out", registry) == {"vocab": 96}
+    assert recipes.artifact_config("repeat_bias", tmp_path / "out", registry)["vocab"] == 96
+    assert export.formats(registry)["repeat_bias"] == ("unigram",) and "repeat_bias" not in export.formats()
+    with pytest.raises(export.ExportError, match="a repeat bias exports as unigram, not 'hf'"):
+        export.export(tmp_path / "out", tmp_path / "hf", format="hf", modes=registry)
+    written = export.export(tmp_path / "out", tmp_path / "exported", modes=registry)  # the base model from its config
+    unigram = json.loads((written / "unigram.json").read_text())
+    assert unigram["format"] == "unigram" and unigram["base_model"] == target.name and len(unigram["logits"]) == 96
+    with pytest.raises(export.ExportError, match="holds no artifact of `python -m app train`"):
+        export.export(tmp_path / "out", tmp_path / "again")  # the app's own registry knows no such architecture
     with pytest.raises(ValueError, match="unknown training mode 'repeat_bias'"):
         recipes.recipe("repeat_bias")  # the app's own registry has no such kind
 

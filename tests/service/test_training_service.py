@@ -32,7 +32,7 @@ TINY = {"kind": "medusa", "data_source": "sharegpt", "data_offset": 0, "data_lim
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"kind": "draft"}, "kind: Input should be 'medusa' or 'eagle'"),
+    ({"kind": "draft"}, "kind must be one of medusa, eagle (what the Train tab trains), got 'draft'"),
     ({"init_from": "/etc"}, "init_from must be shipped, scratch or trained:<build id>, got '/etc'"),
     ({"init_from": "trained:../../x"}, "init_from must be shipped, scratch or trained:<build id>"),
     ({"data_offset": -1}, "data_offset must be in [0, 11128)"),
