@@ -511,8 +511,12 @@ def test_a_choice_measured_under_a_busy_loop_is_provisional_and_a_quiet_recheck_
     assert quiet["provisional"] is None and quiet["rechecked"]
     assert {p.name for p in out.glob("*.pt2")} == {"one.pt2", "wide.pt2"}  # the losers go once it is final
     measured_one = quiet["measured"]["one"]["1"]
-    if measured_one[quiet["options"]["one"]] <= measured_one["eager"]:  # the tiny model's graph beats eager here
-        assert models.load(str(model_dir), engines=copy, fast="build").forward.graph(1) == "one"
+    final = json.loads((out / "info.json").read_text())
+    served = models.load(str(model_dir), engines=copy, fast="build").forward.graph(1)
+    if final["one_token_via"]:  # the wide graph ran a padded one-token pass faster still (CI's AVX-512 BF16 CPU)
+        assert served == final["one_token_via"] == "wide"
+    elif measured_one[quiet["options"]["one"]] <= measured_one["eager"]:  # the tiny model's graph beats eager here
+        assert served == "one"
 
 
 def test_a_serving_process_that_loads_a_provisional_pass_starts_its_recheck(store, tmp_path):

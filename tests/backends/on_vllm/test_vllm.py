@@ -343,6 +343,39 @@ def test_a_load_sweep_equals_the_plain_engine_and_its_tau_is_the_streams(service
     assert load.crossover(load.speedups(points, "vllm_ngram"))["state"] != "unknown"
 
 
+def test_a_load_sweep_under_a_load_on_one_side_prints_nothing_beyond_its_bounds(service, monkeypatch):
+    """Issue 59, the Load tab: both cores busy while one engine's requests run (the plain engine's, then the ngram
+    engine's), at N = 1 where the figures rule reads a point. What the tab's sentence prints stays within physics (a
+    ratio per request at most τ, a verify step at least the plain step it contains) or is withheld with the rule's
+    sentence, as in the Run tab."""
+    from app import figures
+    from app.ui import load_tab
+    from helpers import busy_cores_when
+
+    real = load.measure
+    for busy_row in (load.PLAIN, "vllm_ngram"):
+        with busy_cores_when() as go:
+            def measure(target, *args, **kwargs):
+                if target.row == busy_row:
+                    go.set()
+                try:
+                    return real(target, *args, **kwargs)
+                finally:
+                    go.clear()
+
+            monkeypatch.setattr(load, "measure", measure)
+            document, _ = sweep(service, "1", 24)
+        (r,) = load.speedups(document["points"], "vllm_ngram")
+        said = re.sub(r"<[^>]+>|\*", "", load_tab.note(document))
+        if r["doubt"]:
+            assert r["latency"] is None and figures.withheld(r["doubt"]) in said, (busy_row, said)
+            assert "per request" not in said, said  # no ratio beside the reason
+            continue
+        (cost, ratio), = re.findall(r"costs (\d+\.\d+) plain steps: (\d+\.\d+)× per request", said)
+        assert float(cost) >= 1.0 and float(ratio) <= r["tau"] + 0.005, (busy_row, said, r)
+        assert r["latency"] <= r["tau"] * (1 + 1e-9) and r["step_cost"] * max(r["reach"], 1.0) >= 1.0 - figures.NOISE, (busy_row, r)
+
+
 def test_a_cancelled_sweep_stops_all_its_requests(service):
     # Both engines up first (the n-gram one first: the sweep finds them running and starts neither), and the plain
     # one's address read before the sweep runs.

@@ -4,6 +4,7 @@ its public API (gradio_client) and in a real browser (Playwright + Debian's chro
 Screenshots of every tab go to the test artifacts, and with `--update-screenshots` also to assets/screenshots/ (the
 ones the README and docs/ui.md show): a plain test run leaves the working tree as it was."""
 
+import contextlib
 import json
 import re
 import urllib.request
@@ -398,9 +399,13 @@ def test_browser_the_first_screen_asks_to_press_run_for_the_mode_already_picked(
     page.wait_for_selector("#status", state="visible")
     picked = page.eval_on_selector_all("#mode input[type=radio]:checked", "es => es.map(e => e.value)")
     assert len(picked) == 1, picked
-    # The page's load event draws into the status (with Gradio's timer) before its words settle.
-    settled = "() => !document.querySelector('#status .progress-text, #status .eta-bar')"
-    page.wait_for_function(settled, timeout=30_000)
+    # The page's load event draws into the status with Gradio's tracker (its timer, "0.1s", in an element whose class
+    # changed between releases) before its words settle: wait for the words, then read whatever is there.
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    words = "() => document.querySelector('#status').innerText.trim().startsWith('Press Run')"
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(words, timeout=30_000)
     status = page.inner_text("#status").strip()
     assert status.startswith("Press Run to race the chosen mode against autoregressive decoding"), status
     assert "pick a mode" not in status.lower(), status
