@@ -18,7 +18,7 @@ from app.modes.shipped import NGRAM_FLAGS
 from app.prompts import load_prompts
 from app.modes import configs
 from app import runner
-from app.runner import DecodingConfig
+from app.runner import LoopConfig
 from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
 from app.models import BUNDLED, DTYPES, ModelError
@@ -149,7 +149,7 @@ def request_data(args: argparse.Namespace, mode: str, modes: Modes = MODES) -> d
     return data
 
 
-def _config(args: argparse.Namespace, mode: str) -> DecodingConfig:
+def _config(args: argparse.Namespace, mode: str) -> LoopConfig:
     """The runtime config of one mode, checked by its rules and the transformers backend's (bench runs that loop)."""
     request = MODES.parse(request_data(args, mode))
     transformers.check(request)
@@ -173,7 +173,7 @@ def _engines(args):
     return Path(args.engines_dir) if args.engines_dir else models.DEFAULT_ENGINES
 
 
-def _companions(args, target, configs: dict[str, DecodingConfig]) -> dict:
+def _companions(args, target, configs: dict[str, LoopConfig]) -> dict:
     from app.runner import load_companion
 
     return {mode: load_companion(cfg, target, _engines(args)) for mode, cfg in configs.items()}
@@ -498,7 +498,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _versus_configs(args: argparse.Namespace, modes: list[str]) -> dict[str, DecodingConfig]:
+def _versus_configs(args: argparse.Namespace, modes: list[str]) -> dict[str, LoopConfig]:
     """--versus-model MODE=DIR: MODE's config again with DIR as its speculative_model, as the row MODE@<DIR's name>,
     so two trained artifacts meet the same prompts in one interleaved run."""
     out = {}

@@ -30,7 +30,7 @@ from app.modes.registry import resolve
 
 
 @dataclass
-class DecodingConfig:
+class LoopConfig:
     """A checked request as the transformers backend's loop runs it."""
 
     speculative_config: Any = field(default_factory=AutoregressiveConfig)  # one mode's checked config
@@ -42,14 +42,14 @@ class DecodingConfig:
         return self.speculative_config.mode
 
 
-def to_runtime(request: DecodeRequest) -> DecodingConfig:
+def to_runtime(request: DecodeRequest) -> LoopConfig:
     """The transformers backend's runtime config for a checked request."""
     s = request.sampling
-    return DecodingConfig(request.speculative_config, request.max_new_tokens,
+    return LoopConfig(request.speculative_config, request.max_new_tokens,
                           SamplingParams(s.temperature, s.top_p, s.top_k, s.seed))
 
 
-def load_companion(cfg: DecodingConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES,
+def load_companion(cfg: LoopConfig, target: LoadedModel, engines: Path = models.DEFAULT_ENGINES,
                    modes: Modes | None = None, build: bool = True):
     """What cfg.mode drafts with (its entry's `artifact` in `modes`, default the app's registry), or None. Explicit
     paths/names win; otherwise the model's shipped default. `build` False: a compiled pass not yet built stays unbuilt."""
@@ -98,7 +98,7 @@ def load_artifact(entry, path: Path, target: LoadedModel, engines: Path = models
     return module
 
 
-def drafter(cfg: DecodingConfig, target=None, companion=None, modes: Modes | None = None):
+def drafter(cfg: LoopConfig, target=None, companion=None, modes: Modes | None = None):
     """A fresh drafter for one generation: the class cfg's entry names (in `modes`, default the app's), built from its
     config (`target`: the target torch model; `companion`: what load_companion loaded), with prompt lookup's candidates
     merged into a tree mode's tree when the config asks for them. What only the loaded artifact can tell (a Medusa tree
@@ -114,12 +114,12 @@ def drafter(cfg: DecodingConfig, target=None, companion=None, modes: Modes | Non
         return built
     from app.decoding.drafters.merged import Merged
 
-    return Merged(built, drafter(DecodingConfig(extra), target, companion, modes))
+    return Merged(built, drafter(LoopConfig(extra), target, companion, modes))
 
 
 def run(
     target: LoadedModel,
-    cfg: DecodingConfig,
+    cfg: LoopConfig,
     prompt_ids: list[int],
     companion=None,
     cancel: threading.Event | None = None,

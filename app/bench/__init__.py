@@ -13,7 +13,7 @@ import torch
 
 from app.modes import MODES
 from app.modes.configs import AutoregressiveConfig, NGramDecodingConfig
-from app.runner import DecodingConfig
+from app.runner import LoopConfig
 from app.decoding.linear import fast_bf16
 from app.models import LoadedModel
 from app.runner import output_ids, run as run_mode, verify_cost
@@ -38,8 +38,8 @@ class _ForwardCounter:
         self.handle.remove()
 
 
-def _peer(name: str, target: LoadedModel, cfg: DecodingConfig, ids: list[int], draft: LoadedModel | None,
-          ours: DecodingConfig | None) -> tuple[list[int], int]:
+def _peer(name: str, target: LoadedModel, cfg: LoopConfig, ids: list[int], draft: LoadedModel | None,
+          ours: LoopConfig | None) -> tuple[list[int], int]:
     """A transformers peer's run; `ours`: our mode doing the same job, when it runs too (its settings are the peer's)."""
     s = cfg.sampling
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, eos_token_id=target.eos_token_ids, pad_token_id=target.eos_token_ids[0])
@@ -100,7 +100,7 @@ def _one(name, target, configs, ids, draft, companions, engines=None):
 
 def run(
     target: LoadedModel,
-    configs: dict[str, DecodingConfig],
+    configs: dict[str, LoopConfig],
     prompts: list[dict],
     companions: dict | None = None,
     draft: LoadedModel | None = None,

@@ -468,16 +468,16 @@ def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engi
     """Mean accepted tokens per target step (τ) of the trained artifact, greedy, on the first
     Spec-Bench prompt of each category (up to `n_prompts` prompts), in the mode that drafts with it."""
     from app.prompts import load_prompts
-    from app.runner import DecodingConfig
+    from app.runner import LoopConfig
     from app.runner import load_companion, run
 
     prompts = load_prompts(None, None, 1)[:n_prompts]
     entry, how = entry_of(kind, modes), recipe(kind, modes)
     if how.companion is not None:
-        cfg = DecodingConfig(entry.config(), max_new_tokens=max_new_tokens)
+        cfg = LoopConfig(entry.config(), max_new_tokens=max_new_tokens)
         companion = how.companion(target, out_dir)
     else:
-        cfg = DecodingConfig(entry.config(speculative_model=str(out_dir)), max_new_tokens=max_new_tokens)
+        cfg = LoopConfig(entry.config(speculative_model=str(out_dir)), max_new_tokens=max_new_tokens)
         companion = load_companion(cfg, target, engines)
     tokens = steps = 0
     per_category = {}

@@ -147,7 +147,7 @@ def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_results(tmp_pa
     rounding and its greedy token is the same."""
     from app import models
     from app.modes.configs import NGramDecodingConfig
-    from app.runner import DecodingConfig
+    from app.runner import LoopConfig
     from app.runner import output_ids, run
 
     packed = models.load(models.BUNDLED, dtype="bfloat16")
@@ -169,5 +169,5 @@ def test_the_bundled_model_loads_packed_in_bfloat16_with_the_same_results(tmp_pa
     assert (fast - slow).abs().max() < 0.05 * slow.abs().max()  # bfloat16 keeps 8 bits of mantissa
     assert (fast.argmax(-1) == slow.argmax(-1)).float().mean() > 0.9 and fast[-1].argmax() == slow[-1].argmax()
     if linear.fast_bf16():
-        cfg = DecodingConfig(NGramDecodingConfig(), max_new_tokens=24)
+        cfg = LoopConfig(NGramDecodingConfig(), max_new_tokens=24)
         assert output_ids(list(run(packed, cfg, prompt))) == output_ids(list(run(plain, cfg, prompt)))

@@ -15,7 +15,7 @@ from helpers import ROOT, run_cli
 from app import models
 from app.training import data
 from app.modes import MODES
-from app.runner import DecodingConfig
+from app.runner import LoopConfig
 from app.runner import load_companion, output_ids, run
 from app.modes import configs
 
@@ -43,9 +43,9 @@ def test_defaults_are_shipped_and_small():
 def test_shipped_artifacts_are_lossless_and_get_drafts_accepted(bundled, spec_bench_prompts, mode):
     """float32, greedy: identical to autoregressive, and more than one token per target step on
     prompts where a trained drafter should help (a random or misaligned artifact gets about 1)."""
-    cfg = DecodingConfig(MODES[mode].config(), max_new_tokens=MAX_NEW)
+    cfg = LoopConfig(MODES[mode].config(), max_new_tokens=MAX_NEW)
     companion = load_companion(cfg, bundled)
-    ar_cfg = DecodingConfig(max_new_tokens=MAX_NEW)
+    ar_cfg = LoopConfig(max_new_tokens=MAX_NEW)
     tokens = steps = 0
     for category in ("writing", "qa", "math_reasoning"):
         ids = bundled.encode(spec_bench_prompts[category])
@@ -65,12 +65,12 @@ def test_draft_target_without_a_draft_says_how_to_get_one(bundled):
     from app.modes import ConfigError
 
     with pytest.raises(ConfigError, match="python -m app train --mode draft"):
-        load_companion(DecodingConfig(MODES["draft_target"].config()), dataclasses.replace(bundled, name="another-model"))
+        load_companion(LoopConfig(MODES["draft_target"].config()), dataclasses.replace(bundled, name="another-model"))
 
 
 @pytest.mark.bundled
 def test_the_shipped_draft_loads_by_name_like_any_model(bundled):
-    draft = load_companion(DecodingConfig(MODES["draft_target"].config()), bundled)
+    draft = load_companion(LoopConfig(MODES["draft_target"].config()), bundled)
     assert draft.name == f"{models.BUNDLED}-draft"
     assert draft.model.config.num_hidden_layers == 1 and draft.vocab_size == bundled.vocab_size
 
@@ -265,5 +265,5 @@ def test_cli_generate_with_the_shipped_artifacts(bundled, mode, extra):
     assert pruned or all(s["proposed"]["tokens"] for s in steps[:-1])  # unpruned, every step but the last drafts
     assert "tree" in steps[0]["source"]
     assert steps[0]["source"].get("min_path_prob") == (configs.MIN_PATH_PROB if pruned else None)
-    ref = output_ids(list(run(bundled, DecodingConfig(max_new_tokens=16), bundled.encode("Name three colours."))))
+    ref = output_ids(list(run(bundled, LoopConfig(max_new_tokens=16), bundled.encode("Name three colours."))))
     assert result["token_ids"] == ref

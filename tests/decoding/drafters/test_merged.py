@@ -18,7 +18,7 @@ from app.cli import request_data
 from app.modes import ConfigError
 from app.modes import MODES
 from app.modes.configs import EagleDecodingConfig, NGramDecodingConfig
-from app.runner import DecodingConfig
+from app.runner import LoopConfig
 from app.decoding.drafters.draft_model import DraftModel
 from app.decoding.drafters.eagle import Eagle
 from app.decoding.drafters.lookahead import Lookahead
@@ -166,10 +166,10 @@ def test_only_deterministic_trees_merge(tiny_model, tiny_draft):
 
 def test_runtime_config_merges_only_tree_modes(tiny_model, trained):
     pl = NGramDecodingConfig(max_draft_len=7, max_matching_ngram_size=3)
-    d = runner.drafter(DecodingConfig(EagleDecodingConfig(prompt_lookup=pl)), tiny_model, trained)
+    d = runner.drafter(LoopConfig(EagleDecodingConfig(prompt_lookup=pl)), tiny_model, trained)
     assert isinstance(d, Merged) and isinstance(d.primary, Eagle) and d.name == "eagle" and d.needs_hidden
     assert (d.extra.num_tokens, d.extra.max_ngram) == (7, 3)
-    assert not isinstance(runner.drafter(DecodingConfig(EagleDecodingConfig()), tiny_model, trained), Merged)
+    assert not isinstance(runner.drafter(LoopConfig(EagleDecodingConfig()), tiny_model, trained), Merged)
     with pytest.raises(ConfigError, match="prompt_lookup: Extra inputs"):  # only a tree mode's config has the field
         MODES.parse({"speculative_config": {"decoding_type": "Lookahead", "prompt_lookup": {}}})
 
@@ -283,9 +283,9 @@ def test_tree_svg_without_copied_nodes_is_unchanged():
 def test_bundled_merged_trees_are_lossless_and_copy(bundled, spec_bench_prompts, mode):
     """float32, greedy, the shipped heads / module: identical to autoregressive, and on prompts whose answer
     copies from the context some prompt lookup nodes of their own are accepted."""
-    cfg = DecodingConfig(MODES[mode].config(prompt_lookup=NGramDecodingConfig()), max_new_tokens=MAX_NEW)
+    cfg = LoopConfig(MODES[mode].config(prompt_lookup=NGramDecodingConfig()), max_new_tokens=MAX_NEW)
     companion = runner.load_companion(cfg, bundled)
-    ar_cfg = DecodingConfig(max_new_tokens=MAX_NEW)
+    ar_cfg = LoopConfig(max_new_tokens=MAX_NEW)
     copied = 0
     for category in ("writing", "summarization", "extraction"):
         ids = bundled.encode(spec_bench_prompts[category])
