@@ -54,6 +54,11 @@ class Backend:
     def availability(self) -> Availability:
         return Availability(True)
 
+    def tokenizer(self, model: str):
+        """The tokenizer this backend encodes `model`'s prompts with; EngineError where they are encoded elsewhere (a
+        remote server takes text)."""
+        raise EngineError(f"the {self.name} backend encodes prompts on its server: this app holds no tokenizer for it")
+
     @staticmethod
     def waiting(seconds: float) -> str:
         """What a run waits for before its first step, `seconds` so far, in words."""

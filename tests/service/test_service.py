@@ -289,6 +289,21 @@ def test_a_request_chooses_its_dtype_and_each_dtype_loads_once(service, bundled)
 
 
 @pytest.mark.bundled
+def test_every_backend_answers_for_its_tokenizer(service, bundled):
+    """Service.tokenizer was the engines' only: the transformers backend (which encodes every prompt it runs) read as
+    an AttributeError. It gives the model's tokenizer, read once without the weights; a backend whose server takes
+    text (remote) says so in words."""
+    from app.backends.remote.backend import RemoteBackend
+    from app.service.errors import EngineError
+
+    tok = service.tokenizer("transformers")
+    assert tok is service.tokenizer("transformers", models.BUNDLED)  # read once
+    assert tok.encode("Name three colours.") == bundled.tokenizer.encode("Name three colours.")
+    with pytest.raises(EngineError, match="the remote backend encodes prompts on its server"):
+        RemoteBackend(f"http://127.0.0.1:{free_port()}").tokenizer(models.BUNDLED)
+
+
+@pytest.mark.bundled
 def test_a_model_runs_one_pass_when_it_loads(tmp_path, monkeypatch):
     """The first pass of a loaded model touches every weight and sets the kernels up (seconds): models.load runs it,
     so that a race's baseline, the first run after a load, does not pay it in its prefill."""

@@ -86,6 +86,14 @@ class TransformersBackend(Backend):
         return self._once(("model", name, dtype), lambda: models.load(name, dtype=dtype, engines=self.engines,
                                                                          fast=self.fast))
 
+    def tokenizer(self, name: str):
+        """`name`'s tokenizer, read once without its weights. Read here, not where the generations run (`_compute`):
+        no torch work, and a caller on a job's worker would wait on itself."""
+        with self._lock:
+            if ("tokenizer", name) not in self._loaded:
+                self._loaded[("tokenizer", name)] = models.load_tokenizer(name, self.engines)
+            return self._loaded[("tokenizer", name)]
+
     def pass_note(self, name: str, dtype: str = "auto") -> str | None:
         """Which pass `name` runs in now, once it is loaded: the fast pass, or eager ones while it builds."""
         dtype = self.dtype if dtype == "auto" else dtype
