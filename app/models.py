@@ -20,6 +20,11 @@ from pathlib import Path
 import torch
 
 from app.decoding import attention, fast_build, linear
+from app.heads.draft import read_draft_vocab, write_model
+from app.decoding import compiled
+from app.decoding.kv_cache import full_attention
+from app.decoding.attention import kv_dtype
+from app.modes.registry import resolve
 
 BUNDLED = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +151,6 @@ def _draft_dir(name: str, engines: Path) -> Path:
     def build(tmp: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from app.heads.draft import write_model
 
         base_dir = locate(base_name, engines)
         print(f"[models] building the draft model {name} once into {target} ...", file=sys.stderr, flush=True)
@@ -238,7 +242,6 @@ def _load_eager(name: str, dtype: str, device: str, engines: Path) -> tuple[Load
     # whose baseline paid that in its prefill read as a speedup of several times.
     with torch.no_grad():
         model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=model.device))
-    from app.heads.draft import read_draft_vocab
 
     draft_vocab = read_draft_vocab(Path(where)) if Path(where).is_dir() else None
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, draft_vocab=draft_vocab), where
@@ -253,9 +256,6 @@ def fast_pass_dir(loaded: LoadedModel, where: str, engines: Path) -> Path | None
 
 
 def _fast_dir(where: str, dtype: str, config, engines: Path) -> Path | None:
-    from app.decoding import compiled
-    from app.decoding.kv_cache import full_attention
-
     if not full_attention(config):
         return None
     return engines / "compiled" / compiled.key(_weights_id(where), dtype)
@@ -278,8 +278,6 @@ def _weights_id(where: str) -> str:
 def attach_fast_pass(loaded: LoadedModel, where: str, engines: Path, wait: bool) -> None:
     """Load the model's fast pass into `loaded.forward`, building it first in a process of its own when it is not
     built yet: now (wait) or in the background, while eager passes serve."""
-    from app.decoding import compiled
-
     out = fast_pass_dir(loaded, where, engines)
     if out is None:
         loaded.fast = {"state": "eager", "note": "eager pass (no fast pass for this device or model)"}
@@ -350,8 +348,6 @@ def _recheck(command: list[str], out: Path) -> None:
 
 
 def _use(loaded: LoadedModel, out: Path, built_in: float | None = None) -> None:
-    from app.decoding import compiled
-
     forward = compiled.load(out)
     info, seconds, eager = forward.info, forward.load_seconds, forward.eager_widths()
     timing = f"loaded in {seconds:.1f} s" if built_in is None else f"built in {built_in:.0f} s and loaded in {seconds:.1f} s"
@@ -377,8 +373,6 @@ def pass_plan(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
     """What building `name`'s fast pass in `dtype` for this machine takes, as plain data for a process without torch
     (fast_build.build_pass): where it goes, how each step's process makes the pass (`target_exported`), the thread
     count its kernels are built for and this machine's facts. Never loads the model."""
-    from app.decoding import compiled
-
     from transformers import AutoConfig
 
     if dtype not in DTYPES:
@@ -443,9 +437,6 @@ def built_plan(name: str, dtype: str, engines: Path = DEFAULT_ENGINES) -> dict:
 def target_exported(name: str, dtype: str, engines: str):
     """`name`'s pass in `dtype` as a build exports and times it (compiled.prepared_target): the recipe a build's
     step makes in its own process (compiled.run_step)."""
-    from app.decoding import compiled
-    from app.decoding.attention import kv_dtype
-
     loaded, _ = _load_eager(name, dtype, "cpu", Path(engines))
     return compiled.prepared_target(loaded.model, kv_dtype(loaded.model.config) or loaded.model.dtype)
 
@@ -454,10 +445,6 @@ def companion_exported(name: str, dtype: str, engines: str, loader: str, exporte
     """The pass of the artifact at `artifact` drafting beside `name` (in `dtype`), loaded as runner.load_artifact
     loads it (the mode entry's `loader`), as `exporter` exports it (the entry's artifact_pass): the recipe of a
     companion's build steps (compiled.run_step). The target's own packed copies are dropped (its passes never run here)."""
-    from app.decoding import compiled
-    from app.decoding.attention import kv_dtype
-    from app.modes.registry import resolve
-
     target, _ = _load_eager(name, dtype, "cpu", Path(engines))
     module = resolve(loader)(Path(artifact), target.model).to(target.model.dtype).eval().requires_grad_(False)
     linear.pack(module)
@@ -474,8 +461,6 @@ def companion_pass_dir(target: LoadedModel, artifact: Path, engines: Path) -> Pa
 
 
 def _companion_dir(artifact: Path, target_pass: Path, dtype: str, engines: Path) -> Path:
-    from app.decoding import compiled
-
     # The target's build names its weights too: a module may freeze some of them (EAGLE's shared LM head rows).
     return engines / "compiled" / compiled.key(f"artifact:{_weights_id(str(artifact))}:{target_pass.name}", dtype)
 
@@ -486,9 +471,6 @@ def attach_companion_pass(module: torch.nn.Module, artifact: Path, target: Loade
     its own: loaded from disk, or built first in this process (about a minute, once per artifact, dtype and machine;
     `python -m app compile` builds the shipped ones beside the target's). `exported(module, kv_dtype)` says what is
     compiled (compiled.Exported). `build` False (a public server): only a pass already built is used, else it stays eager."""
-    from app.decoding import compiled
-    from app.decoding.attention import kv_dtype
-
     out = companion_pass_dir(target, artifact, engines)
     if out is None:
         return

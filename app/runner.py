@@ -27,6 +27,7 @@ from app.models import LoadedModel, ModelError
 from app.modes import MODES, ConfigError, DecodeRequest, Modes
 from app.modes.configs import AutoregressiveConfig, merged
 from app.modes.registry import resolve
+from app.decoding.drafters.merged import Merged
 
 
 @dataclass
@@ -112,7 +113,6 @@ def drafter(cfg: LoopConfig, target=None, companion=None, modes: Modes | None = 
     extra = merged(c)
     if extra is None:
         return built
-    from app.decoding.drafters.merged import Merged
 
     return Merged(built, drafter(LoopConfig(extra), target, companion, modes))
 

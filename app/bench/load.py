@@ -33,6 +33,7 @@ from app.service import jobs
 from app.backends.openai import RemoteError, sse
 from app.backends.vllm import client
 from app.backends.base import Prompt, encode
+from app.prompts import load_prompts
 
 DEFAULT_N = (1, 2, 4, 8, 16)
 MAX_N = 32  # the operator's bound: each request holds KV cache in the engine's fixed 1 GiB
@@ -425,7 +426,6 @@ def _positive(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e9:
         return float(value)
     return None
-    return out
 
 
 # ----------------------------------------------------------------------------- the service's sweep
@@ -457,8 +457,6 @@ def submit(service, data: dict[str, Any], ns: str | Sequence[int] | None = None,
     run the request's mode in this project's own loop and autoregressive decoding at batch 1, for its point.
     `starting(mode)` is told each engine's mode (the request's, then autoregressive) before it is started or found
     running: a first start takes minutes, and a page says which one it waits for."""
-    from app.prompts import load_prompts
-
     ns = parse_ns(ns, allowed(service.policy))
     request = service.request({**data, "backend": "vllm", "max_new_tokens": max_new_tokens}, visitor)
     if request.mode == "autoregressive":

@@ -31,6 +31,7 @@ from transformers.cache_utils import DynamicCache
 
 from app.decoding.attention import additive
 from app.heads import artifact, vocab
+from app.decoding import attention
 
 ARCHITECTURE = "eagle"
 WEIGHTS = artifact.WEIGHTS
@@ -356,8 +357,6 @@ def check_compatible(module: EagleModule, target_model: nn.Module) -> None:
 def load_beside(directory: str | Path, target_model: nn.Module) -> EagleModule:
     """A module to draft beside `target_model` (the mode entry's `artifact_loader`): loaded with this app's attention
     and the target's LM head where it shares it, and checked against the target."""
-    from app.decoding import attention
-
     module = load(directory, attn_implementation=attention.register(), target_lm_head=target_model.get_output_embeddings())
     check_compatible(module, target_model)
     return module

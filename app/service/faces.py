@@ -17,6 +17,7 @@ from app.modes import ConfigError, DecodeRequest
 from app.service import training
 from app.service.errors import BuildError, EngineError
 from app.service.policy import Policy
+from app.training import export
 
 
 class Face:
@@ -303,7 +304,6 @@ class Training(Face):
         import shutil
         import tempfile
 
-        from app.training import export
 
         manifest = self.training_run(name, visitor)
         if manifest is None:

@@ -31,6 +31,7 @@ from app.backends.store import BuildSpec, Builder, Progress, Store, tree_sha256
 from app.service.errors import BuildError
 from app.training.data import CONVERSATIONS, shipped_ranges
 from app.training.recipes import STAGES, recipe  # STAGES: the order a run goes through
+from app.training.data import answers_to_generate
 
 # What the Train tab trains: the kinds drafting beside the target (heads, a module) that have a recipe; a draft model
 # is trained on the command line (`train --mode draft`).
@@ -160,8 +161,6 @@ def spec(model: str, config: TrainConfig, start: Path | None) -> BuildSpec:
 def plan(store: Store, model: str, config: TrainConfig) -> dict[str, Any]:
     """What a run would do, before it runs: its build id, whether that build is ready (then it is reused), and how
     many answers the model must write first (self-distilled data neither cached nor shipped for this slice)."""
-    from app.training.data import answers_to_generate
-
     start = start_dir(store, config, model)
     build_id = store.spec_id(spec(model, config, start))
     ready = (store.get(build_id) or {}).get("status") == "ready"

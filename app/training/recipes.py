@@ -23,6 +23,14 @@ from app.models import LoadedModel
 from app.training.data import (CONVERSATIONS, FeatureSet, atomic_write, cached_features, data_slices, print_progress,
                                 self_distilled_sequences)
 from app.training.trainer import Stopped, fit
+from app.modes import MODES
+from app.modes.registry import resolve
+from app.heads.draft import make_draft, read_layers, rebuild, save_layers, write_model
+from app.training.draft import distill_loss
+from app.heads import eagle, medusa
+from app import models
+from app.prompts import load_prompts
+from app.runner import LoopConfig, load_companion, run
 
 DATA_SOURCES = ("self", "sharegpt")
 
@@ -98,15 +106,11 @@ class ExportError(ValueError):
 
 def kinds(modes=None) -> tuple[str, ...]:
     """The artifact kinds `train --mode` makes: those with a recipe in the registry's entries."""
-    from app.modes import MODES
-
     return tuple(m.artifact for m in (modes or MODES) if m.artifact and m.artifact_recipe)
 
 
 def entry_of(kind: str, modes=None):
     """The registry entry that drafts with `kind` artifacts and names their recipe; ValueError for an unknown kind."""
-    from app.modes import MODES
-
     entry = next((m for m in (modes or MODES) if m.artifact == kind and m.artifact_recipe), None)
     if entry is None:
         raise ValueError(f"unknown training mode '{kind}': choose one of {', '.join(kinds(modes))}")
@@ -114,8 +118,6 @@ def entry_of(kind: str, modes=None):
 
 
 def recipe(kind: str, modes=None) -> Recipe:
-    from app.modes.registry import resolve
-
     return resolve(entry_of(kind, modes).artifact_recipe)
 
 
@@ -312,23 +314,16 @@ def _mean_loss(loss_fn, features, settings: TrainSettings) -> float:
 
 # The shipped kinds' recipes (named by app/modes/shipped.py's entries).
 def _draft_config(path: Path) -> dict:
-    from app.heads.draft import read_layers
-
     return read_layers(path)[0]
 
 
 def _draft_architecture(s: TrainSettings, c: dict, target: LoadedModel, path: Path) -> TrainSettings:
-    from app.heads.draft import read_layers
-
     d2t = read_layers(path)[2]
     vocab_size = target.model.get_output_embeddings().weight.shape[0]
     return replace(s, draft_layers=len(c["kept_layers"]), draft_vocab_size=len(d2t) if d2t is not None else vocab_size)
 
 
 def _draft_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
-    from app.training.draft import distill_loss
-    from app.heads.draft import make_draft, read_layers, rebuild, save_layers
-
     model, lm_head = target.model, target.model.get_output_embeddings()
     if s.init_from:
         draft, d2t = rebuild(model, Path(s.init_from)), read_layers(Path(s.init_from))[2]
@@ -340,15 +335,11 @@ def _draft_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
 
 def _draft_companion(target: LoadedModel, out_dir: Path) -> LoadedModel:
     """The draft's kept layers rebuilt over the target's (a draft artifact is layers, not a model of its own)."""
-    from app.heads.draft import read_layers, rebuild
-
     return LoadedModel(name=str(out_dir), model=rebuild(target.model, out_dir).to(target.model.dtype),
                        tokenizer=target.tokenizer, dtype=target.dtype, draft_vocab=read_layers(out_dir)[2])
 
 
 def _medusa_config(path: Path) -> dict:
-    from app.heads import medusa
-
     return medusa.load_config(path)
 
 
@@ -359,8 +350,6 @@ def _medusa_architecture(s: TrainSettings, c: dict, target: LoadedModel, path: P
 
 
 def _medusa_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
-    from app.heads import medusa
-
     model, lm_head = target.model, target.model.get_output_embeddings()
     if s.init_from:
         heads = medusa.load(s.init_from)
@@ -374,8 +363,6 @@ def _medusa_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
 
 
 def _eagle_config(path: Path) -> dict:
-    from app.heads import eagle
-
     return eagle.load_config(path)
 
 
@@ -386,8 +373,6 @@ def _eagle_architecture(s: TrainSettings, c: dict, target: LoadedModel, path: Pa
 
 
 def _eagle_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
-    from app.heads import eagle
-
     model, lm_head = target.model, target.model.get_output_embeddings()
     if s.init_from:
         module = eagle.load(s.init_from, target_lm_head=lm_head)
@@ -407,32 +392,23 @@ def _eagle_build(target: LoadedModel, s: TrainSettings, d2t: torch.Tensor):
 
 def _lm_head(base_model: str) -> torch.Tensor:
     """The base model's LM head tensor, read without loading the model."""
-    from app import models
-
     return models.lm_head_weight(models.locate(base_model)).float()
 
 
 def _draft_export(source: Path, out: Path, base_model: str, fmt: str) -> None:
     """A plain Hugging Face model directory (AutoModelForCausalLM, vLLM draft_model, TensorRT-LLM draft-target)."""
-    from app import models
-    from app.heads.draft import write_model
-
     base = models.load(base_model, dtype="float32")
     write_model(base.model, base.tokenizer, source, out, draft_vocab=False)
 
 
 def _medusa_export(source: Path, out: Path, base_model: str, fmt: str) -> None:
     """Medusa heads' checkpoint (medusa_lm_head.safetensors: vLLM medusa, TensorRT-LLM's Medusa conversion)."""
-    from app.heads import medusa
-
     medusa.export_trtllm(medusa.load(source), _lm_head(base_model), out, base_model)
 
 
 def _eagle_export(source: Path, out: Path, base_model: str, fmt: str) -> None:
     """An EAGLE-3 draft checkpoint, its captured layers numbered as vLLM numbers them ("eagle3") or as ModelOpt and
     TensorRT-LLM do ("modelopt")."""
-    from app.heads import eagle
-
     try:
         eagle.check_exportable(eagle.read_config(source))  # before loading the base model
         weight = _lm_head(base_model)
@@ -467,10 +443,6 @@ def evaluate(kind: str, target: LoadedModel, out_dir: Path, n_prompts: int, engi
              report: Report | None = None, modes=None) -> dict:
     """Mean accepted tokens per target step (τ) of the trained artifact, greedy, on the first
     Spec-Bench prompt of each category (up to `n_prompts` prompts), in the mode that drafts with it."""
-    from app.prompts import load_prompts
-    from app.runner import LoopConfig
-    from app.runner import load_companion, run
-
     prompts = load_prompts(None, None, 1)[:n_prompts]
     entry, how = entry_of(kind, modes), recipe(kind, modes)
     if how.companion is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import plotly.graph_objects as go
@@ -21,6 +21,7 @@ from app.modes import MODES, Modes
 from app import figures
 from app.ui.lessons import earning_sizes, expected_speedup, left_out, unsteady
 from app.traces import is_number, steps
+from app.bench import load
 
 HEIGHT = 300
 LEGEND_ROOM, LEGEND_ROW = 140, 28  # px: a chart's title and axis, and one legend entry (a legend beside the plot)
@@ -531,8 +532,6 @@ def load_sweep(sweep: Mapping | None, row: str | None = None) -> go.Figure:
     of concurrent requests N (log2 axis), per request (time per output token) and in total throughput, τ beside it
     on its own axis, the 1× line, the crossover where speculation stops paying per request, and this project's own
     loop at batch 1 (the only batch it runs)."""
-    from app.bench import load
-
     title = "Speedup under concurrent load"
     points = list((sweep or {}).get("points") or []) if isinstance(sweep, Mapping) else []
     row = row or next((p["row"] for p in points if p.get("row") != load.PLAIN), None)

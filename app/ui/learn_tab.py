@@ -11,13 +11,12 @@ from app.service.jobs import QueueFull
 from app.ui import charts, lessons, load_tab, render
 from app.ui.controls import QUIET, Slider
 from app.ui.sessions import visitor_of
+from app.modes.notation import medusa_choices
+from app.decoding.tree import from_paths
 
 
 def example_tree() -> str:
     """Medusa's default tree, drawn as data: each node is (head depth, top-k rank)."""
-    from app.modes.notation import medusa_choices
-    from app.decoding.tree import from_paths
-
     paths = medusa_choices("default")
     parents = from_paths(paths)
     texts = {i: f"h{len(p)}:top{p[-1] + 1}" for i, p in enumerate(paths)}

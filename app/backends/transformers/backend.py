@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from app import models, runner
 from app.models import LoadedModel
 from app.modes import ConfigError, DecodeRequest, Mode, configs
