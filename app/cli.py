@@ -22,6 +22,7 @@ from app.runner import LoopConfig
 from app.decoding.loop import ContextError
 from app.decoding.linear import fast_bf16
 from app.models import BUNDLED, DTYPES, ModelError
+from app.backends import registry
 from app.backends.transformers import backend as transformers
 from app.service.errors import EngineError
 from app.service.http import HttpSettings
@@ -78,7 +79,7 @@ def _add_decoding_flags(p: argparse.ArgumentParser, modes: Modes = MODES) -> Non
 
 
 def _add_backend_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="auto", choices=["auto", *configs.BACKENDS],
+    p.add_argument("--backend", default="auto", choices=["auto", *registry.BACKENDS],
                    help="auto: a reachable --remote-url, else TensorRT-LLM where installed, else transformers")
     p.add_argument("--remote-url", default=None, help="remote backend: an OpenAI-compatible server (python -m app serve, trtllm-serve)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="tensorrt_llm backend: GPUs per model")

@@ -147,15 +147,12 @@ def test_the_check_sees_an_upward_import(tmp_path):
 # ----------------------------------------------------------------------------- the engines' names
 
 REGISTRY = "app.backends.registry"  # the one module that switches on an engine's name (docs/architecture.md)
-# The request model, below the backends, names the engines a request may choose (configs.BACKENDS) and which of them
-# take a dtype per request: it cannot ask a backend above it.
-REQUEST_MODEL = "app.modes.configs"
 
 
 def engine_names() -> tuple[str, ...]:
-    from app.modes.configs import BACKENDS
+    from app.backends.registry import BACKENDS
 
-    return BACKENDS
+    return tuple(BACKENDS)
 
 
 def named(node: ast.AST, names: tuple[str, ...]) -> set[str]:
@@ -193,7 +190,7 @@ def test_only_the_registry_and_the_engines_own_package_switch_on_its_name():
     names = engine_names()
     found = []
     for module, path in modules().items():
-        if module in (REGISTRY, REQUEST_MODEL):
+        if module == REGISTRY:
             continue
         own = {n for n in names if module.startswith(f"app.backends.{n}.") or module == f"app.backends.{n}"}
         found += [f"{module}:{line} {sorted(hit)}" for line, hit in switches(path.read_text(), names) if hit - own]
@@ -302,10 +299,8 @@ def test_no_test_folder_is_named_like_a_package_code_may_import():
     availability checks would find TensorRT-LLM "installed". The engines' test folders are named on_<engine>."""
     import importlib.util
 
-    from app.modes.configs import BACKENDS
-
     tests = Path(__file__).resolve().parent
-    taken = set(BACKENDS) | {"vllm", "tensorrt_llm", "tensorrt", "app"}
+    taken = set(engine_names()) | {"vllm", "tensorrt_llm", "tensorrt", "app"}
     # stand_ins/ holds a stand-in tensorrt_llm on purpose: tests put that folder itself on a worker's path.
     folders = {p.name for p in tests.rglob("*") if p.is_dir() and "stand_ins" not in p.relative_to(tests).parts}
     assert not folders & taken

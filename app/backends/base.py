@@ -49,6 +49,9 @@ class Backend:
     # are listed with their server, and a request may start one.
     managed = False
     kind: str | None = None  # the kind of build (its manifest's "kind") whose server this backend keeps
+    # A request may ask for its dtype (the model loaded, or an engine started, in it); else the engine runs in the dtype
+    # its build or server was made with.
+    dtype_per_request = False
     started: AbstractSet[str] = frozenset()  # the engines this backend started: stopped when the service closes
 
     def availability(self) -> Availability:

@@ -48,7 +48,6 @@ MAX_CACHED_REQUESTS = 100_000
 MIN_PATH_PROB = 0.05
 PRUNE_HELP = ("Medusa / EAGLE dynamic tree: drop draft nodes whose path probability under the draft is lower "
               f"(0 = keep all; default {MIN_PATH_PROB} on the transformers backend, none on TensorRT-LLM)")
-BACKENDS = ("transformers", "tensorrt_llm", "remote", "vllm")
 
 
 @dataclass(frozen=True)
@@ -431,13 +430,6 @@ class DecodeRequest(_Config):
     def _whole(cls, v: Any) -> Any:
         return _whole(v)
 
-    @field_validator("backend")
-    @classmethod
-    def _backend(cls, v: str) -> str:
-        if v not in BACKENDS:
-            raise ValueError(f"unknown backend '{v}': choose one of {', '.join(BACKENDS)}")
-        return v
-
     @property
     def mode(self) -> str:
         return self.speculative_config.mode
@@ -448,11 +440,6 @@ class DecodeRequest(_Config):
         super().check()
         if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
             raise ConfigError(f"max_new_tokens is limited to {max_new_tokens_limit} here, got {self.max_new_tokens}")
-        if self.dtype != "auto" and self.backend not in ("transformers", "vllm"):
-            raise ConfigError(
-                f"dtype {self.dtype} can be chosen per request on the transformers and vllm backends only; "
-                f"{self.backend} runs the model in the dtype it was built or served with: use auto"
-            )
 
 
 def validated(model: type[BaseModel], data: Any, what: str):

@@ -58,8 +58,8 @@ class Service(Engines, Training):
         modes: Modes = MODES,
         fast: str = "eager",
     ) -> None:
-        if backend not in ("auto", *configs.BACKENDS):
-            raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(configs.BACKENDS)}")
+        if backend not in ("auto", *registry.BACKENDS):
+            raise ConfigError(f"unknown backend '{backend}': choose auto or one of {', '.join(registry.BACKENDS)}")
         if tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be at least 1, got {tensor_parallel_size}")
         self.engines = Path(engines)
@@ -182,8 +182,15 @@ class Service(Engines, Training):
             data["backend"] = self.default_backend(known.get(str(mode), "autoregressive"))
         if data.get("max_new_tokens") is None:
             data["max_new_tokens"] = min(configs.DecodeRequest.model_fields["max_new_tokens"].default, self.limits.max_new_tokens)
+        if not isinstance(data["backend"], str) or data["backend"] not in self.backends:
+            raise ConfigError(f"unknown backend '{str(data['backend'])[:40]}': choose auto or one of {', '.join(self.backends)}")
         request = self._trained(configs.parse(data, self.registry, self.limits.max_new_tokens), visitor)
-        self.backends[request.backend].check(request)
+        backend = self.backends[request.backend]
+        if request.dtype != "auto" and not backend.dtype_per_request:
+            able = " and ".join(name for name, b in self.backends.items() if b.dtype_per_request)
+            raise ConfigError(f"dtype {request.dtype} can be chosen per request on the {able} backends only; "
+                              f"{request.backend} runs the model in the dtype it was built or served with: use auto")
+        backend.check(request)
         self._check_dtype(request.dtype)
         return request
 

@@ -52,7 +52,6 @@ INVALID = {
     "top_k negative": ({"sampling": {"top_k": -1}}, "top_k"),
     "beam width 2": ({"sampling": {"beam_width": 2}}, "beam width 1"),
     "max_new_tokens 0": ({"max_new_tokens": 0}, "max_new_tokens"),
-    "unknown backend": ({"backend": "sglang"}, "unknown backend 'sglang'"),
     "temperature too small to sample": ({"sampling": {"temperature": 1.1e-308}}, "temperature must be 0 (greedy) or at least 0.001"),
     "trtllm lookahead G=0": ({**la(1, 1, 0), "backend": "tensorrt_llm"}, "lookahead (W, N, G) = (1, 1, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),
     "trtllm lookahead request g=0": ({**la(4, 3, 4, request=(2, 2, 0)), "backend": "tensorrt_llm"}, "per-request (w, n, g) = (2, 2, 0): TensorRT-LLM's LookaheadDecodingConfig takes positive integers only"),

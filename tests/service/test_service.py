@@ -257,6 +257,9 @@ def test_invalid_requests_fail_before_anything_is_queued(service):
         ({"backend": "remote"}, "no remote server configured"),
         ({"dtype": "float16"}, "dtype: Input should be 'auto', 'float32' or 'bfloat16'"),
         ({"backend": "tensorrt_llm", "dtype": "bfloat16"}, "transformers and vllm backends only.*use auto"),
+        # The engines a request may name are the registry's (the request model below it names none).
+        ({"backend": "sglang"}, "unknown backend 'sglang': choose auto or one of transformers, tensorrt_llm, remote, vllm"),
+        ({"backend": ["vllm"]}, "unknown backend"),
     ]
     for data, message in cases:
         with pytest.raises(ConfigError, match=message):

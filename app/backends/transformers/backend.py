@@ -53,6 +53,7 @@ def _last_build_s(compiled_root: Path) -> float | None:
 
 class TransformersBackend(Backend):
     name = "transformers"
+    dtype_per_request = True
 
     def __init__(self, engines: Path = models.DEFAULT_ENGINES, dtype: str = "float32",
                  compute: Callable[[Callable[[], Any]], Any] = lambda load: load(), fast: str = "eager",

@@ -27,6 +27,7 @@ from app.service.jobs import Limits, Work
 
 class VLLMBackend(EngineBackend):
     name = "vllm"
+    dtype_per_request = True
     kind = "vllm-server"
 
     def __init__(self, store: Store, dtype: str = "float32", settings: processes.Settings = processes.Settings(),
