@@ -574,3 +574,14 @@ def loaded(work, go=None, seen: list | None = None):
             messages.close()
 
     return work_loaded
+
+
+def command_line(process) -> str:
+    """A psutil process's command line, or "" for one that has ended (an earlier test's child can linger as a
+    zombie among the worker's children, whose command line psutil refuses to read)."""
+    import psutil
+
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""

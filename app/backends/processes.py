@@ -135,6 +135,36 @@ def reap(pid: int, timeout_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+def listening(pgid: int, port: int) -> bool:
+    """Whether a process of group `pgid` (a server this app spawned in a session of its own) holds the socket listening
+    on `port`. A free port is only free when asked: another process (another worker, app or engine on this machine)
+    can bind it before the server does, and then answers its /health; a server is ours only where its socket is."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(fields[9])
+    if not inodes:
+        return False
+    sockets = {f"socket:[{inode}]" for inode in inodes}
+    # The group's leader first (the server itself, which binds its port), then the rest of its group.
+    leader = Path(f"/proc/{pgid}")
+    for proc in [leader, *(p for p in Path("/proc").iterdir() if p.name.isdigit() and p != leader)]:
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            if sockets & {os.readlink(fd) for fd in (proc / "fd").iterdir()}:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

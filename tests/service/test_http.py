@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from app.service.http import HttpSettings
-from helpers import ROOT, free_port, running_server, serve_engines
+from helpers import ROOT, command_line, free_port, running_server, serve_engines
 
 APP = r"""
 import asyncio, json, sys
@@ -268,7 +268,7 @@ def public_serve(tmp_path_factory):
     port = free_port()
     with running_server(["serve", "--port", str(port), "--public", "--engines-dir", str(engines)], "/v1/models", port,
                         tmp / "serve.log") as url:
-        proc = next(p for p in psutil.Process().children(recursive=True) if str(port) in p.cmdline())
+        proc = next(p for p in psutil.Process().children(recursive=True) if str(port) in command_line(p).split())
         yield url, port, proc
 
 

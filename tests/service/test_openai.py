@@ -20,7 +20,7 @@ from app import models
 from app.service.api import Service
 from app.service.jobs import Limits
 from app.service.server import create_app
-from helpers import ROOT, app_command, eager, free_port
+from helpers import ROOT, app_command, command_line, eager, free_port
 
 pytestmark = pytest.mark.bundled
 
@@ -212,7 +212,7 @@ def test_serve_public_soak_bounds_per_client_refuses_engine_starts_and_exits_on_
             "decoding_type": "NGram", "max_draft_len": 3}}))
         assert status == 400 and "only on engines its operator started" in text, text
         assert (sorted((engines / "builds").glob("*")) if (engines / "builds").exists() else []) == builds  # nothing built
-        assert not [p for p in psutil.Process(proc.pid).children(recursive=True) if "vllm" in " ".join(p.cmdline())]
+        assert not [p for p in psutil.Process(proc.pid).children(recursive=True) if "vllm" in command_line(p)]
 
         long = completion(max_tokens=512, prompt="Write a long story about the sea.")
         held = [hold(url, long), hold(url, long)]

@@ -18,7 +18,7 @@ from app import models
 from app.modes import ConfigError
 from app.service.api import Service
 from app.service.policy import Policy
-from helpers import ROOT, chromium, free_port, running_server, soak
+from helpers import ROOT, chromium, command_line, free_port, running_server, soak
 
 pytestmark = pytest.mark.bundled
 
@@ -500,7 +500,7 @@ def test_api_the_load_tab_in_public_mode_refuses_before_it_starts_an_engine(app_
     pid = listening_pid(app_url[0])
     message = raw_refusal(app_url[0], ["prompt_lookup", "1,2", 8, False], "load_sweep")
     assert "a load sweep needs the vLLM engines of prompt_lookup and of plain decoding; 2 of them are not running" in message
-    assert not [p for p in psutil.Process(pid).children(recursive=True) if "vllm" in " ".join(p.cmdline())]
+    assert not [p for p in psutil.Process(pid).children(recursive=True) if "vllm" in command_line(p)]
 
 
 def upload(url, size, source):
@@ -563,7 +563,7 @@ def test_api_soak_of_forged_identities_leaves_another_visitor_served_and_nothing
     while psutil.Process(pid).cpu_percent(1.0) > 20 and time.monotonic() < deadline:
         pass
     assert psutil.Process(pid).cpu_percent(1.0) <= 20  # nothing left running
-    assert not [p for p in psutil.Process(pid).children(recursive=True) if "vllm" in " ".join(p.cmdline())]
+    assert not [p for p in psutil.Process(pid).children(recursive=True) if "vllm" in command_line(p)]
 
 
 def rss_mb(pid: int) -> float:
@@ -604,7 +604,7 @@ def test_browser_two_visitors_builds_are_their_own_and_training_is_bounded(brows
         # Visitor A builds for the Run tab's settings (prompt lookup): theirs, listed and removable in their page.
         a.get_by_role("tab", name="Engines").click()
         a.click("#eng-build")
-        a.wait_for_function("/ready/.test(document.querySelector('#eng-status').innerText)", timeout=120_000)
+        a.wait_for_function("/✓ Build .* ready/.test(document.querySelector('#eng-status').innerText)", timeout=120_000)
         build_id = re.search(r"[0-9a-f]{16}", a.inner_text("#eng-status")).group(0)
         assert build_id in a.inner_text("#eng-table") and operator_build in a.inner_text("#eng-table")
         a.locator("#eng-id input").click()

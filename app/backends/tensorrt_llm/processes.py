@@ -34,8 +34,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from app import models
-from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, locked, log_tail, read_server, spawn,
-                                    stop_server)
+from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, listening, locked, log_tail, read_server,
+                                    spawn, stop_server)
 from app.backends.store import fill_build_dir
 from app.backends.tensorrt_llm import backend as trt
 from app.service.errors import EngineError
@@ -125,7 +125,8 @@ class Processes:
             return {"state": "stopped"}
         if not alive(server):
             return {"state": "stopped", "log_tail": log_tail(directory / SERVER_LOG)}
-        answer = health(server["port"])
+        # What answers on the port is this worker only where its socket is (another process may have taken the port).
+        answer = health(server["port"]) if listening(server["pid"], server["port"]) else None
         # A live worker that does not answer yet has not bound its port (Python still starting): it holds the GPU soon.
         state = "starting" if answer is None else "running" if answer[0] == 200 and answer[1].get("ready") else "loading"
         return {"state": state, "port": server["port"], "pid": server["pid"], "serves": server.get("llm", {}).get("serves"),
@@ -175,7 +176,7 @@ class Processes:
             if exited:
                 raise TRTLLMError(f"the TensorRT-LLM worker exited while it loaded; its log ends:\n"
                                   f"{log_tail(directory / SERVER_LOG)}")
-            answer = health(server["port"])
+            answer = health(server["port"]) if listening(server["pid"], server["port"]) else None
             if answer is not None and answer[0] == 200 and answer[1].get("ready"):
                 progress(1.0, f"TensorRT-LLM {answer[1].get('tensorrt_llm')} ready ({answer[1].get('llm_class')}) "
                               f"after {time.monotonic() - start:.0f} s")

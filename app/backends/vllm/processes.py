@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from app import models
-from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, locked, log_tail, read_server, spawn,
-                                    stop_server)
+from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, listening, locked, log_tail, read_server,
+                                    spawn, stop_server)
 from app.modes.configs import DecodeRequest, merged
 from app.service.errors import EngineError
 
@@ -201,7 +201,7 @@ class Processes:
         """{"state": "running" | "stopped", "url"?, "pid"?, "log_tail"?} of a vLLM build."""
         directory = self.builds / build_id
         server = read_server(directory / SERVER_JSON)
-        if server and alive(server) and _healthy(server["url"]):
+        if server and alive(server) and _healthy(server["url"]) and listening(server["pid"], _port(server["url"])):
             return {"state": "running", "url": server["url"], "pid": server["pid"], "started": server.get("started")}
         out: dict[str, Any] = {"state": "stopped"}
         if server:
@@ -235,7 +235,7 @@ class Processes:
                 if proc.poll() is not None:
                     raise VLLMError(f"the vLLM engine {build_id} exited with status {proc.returncode} while starting; "
                                     f"its log ends:\n{log_tail(directory / SERVER_LOG)}")
-                if _healthy(url):
+                if _healthy(url) and listening(proc.pid, port):  # its /health, not another's on the port
                     # Its first requests pay one-off costs (allocations, kernel choice): paid here, untimed, so the
                     # first timed run (a race's baseline) measures the engine as later runs find it.
                     progress(0.97, f"vLLM engine {build_id} up after {time.monotonic() - start:.0f} s; warming it up")
@@ -256,6 +256,10 @@ class Processes:
     def stop(self, build_id: str) -> bool:
         """Stop the build's server and its workers; True when one was running."""
         return stop_server(read_server(self.builds / build_id / SERVER_JSON))
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
 def _healthy(url: str) -> bool:

@@ -1,0 +1,82 @@
+"""The engines' server processes (app/backends/processes.py): a server is this app's only where its socket is.
+
+Seen in the suite: an engine started on a port another test worker's server took between `free_port` and the
+engine's own bind; the other server answered /health, the Engines tab said "ready", and the row read "stopped"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from app.backends import processes
+from app.backends.vllm import processes as vllm_processes
+
+SERVE = ("import http.server, sys\n"
+         "class H(http.server.BaseHTTPRequestHandler):\n"
+         "    def do_GET(self):\n"
+         "        self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers()\n"
+         "        self.wfile.write(b'{}')\n"
+         "    def log_message(self, *a): pass\n"
+         "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+
+
+def _serve(port: int) -> subprocess.Popen:
+    """A server answering 200 on `port`, in a session (and process group) of its own, as processes.spawn starts one."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(port)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    pytest.fail("the test server did not answer")
+
+
+@pytest.fixture
+def foreign():
+    """Another process's server on a port this app might have picked."""
+    port = processes.free_port()
+    proc = _serve(port)
+    yield port, proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_port_is_ours_only_where_our_process_group_listens_on_it(foreign):
+    port, proc = foreign
+    assert processes.listening(proc.pid, port)
+    assert not processes.listening(os.getpgid(0), port)  # this process answers nothing there
+    assert not processes.listening(proc.pid, processes.free_port())  # nothing listens on a free port
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        assert not processes.listening(sleeper.pid, port)  # alive, but the socket is another's
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_vllm_server_whose_port_another_process_answers_reads_stopped(foreign, tmp_path):
+    """server.json records a live process of ours and a URL where another server answers /health: before, the state
+    read "running" (and a request would have gone to the other server); now it reads stopped, with the log's tail."""
+    port, _ = foreign
+    directory = tmp_path / "builds" / "0123456789abcdef"
+    directory.mkdir(parents=True)
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ours = processes.spawn(cmd, directory, dict(os.environ))
+    try:
+        (directory / processes.SERVER_JSON).write_text(json.dumps(
+            {"pid": ours.pid, "url": f"http://127.0.0.1:{port}", "port": port, "command": cmd, "started": time.time()}))
+        assert processes.alive(processes.read_server(directory / processes.SERVER_JSON))
+        state = vllm_processes.Processes(tmp_path / "builds", vllm_processes.Settings()).state(directory.name)
+        assert state["state"] == "stopped" and "starting:" in state["log_tail"], state
+    finally:
+        ours.kill()
+        ours.wait()
