@@ -1,7 +1,7 @@
 """The engines' server processes (app/backends/processes.py): a server is this app's only where its socket is.
 
-Seen in the suite: an engine started on a port another test worker's server took between `free_port` and the
-engine's own bind; the other server answered /health, the Engines tab said "ready", and the row read "stopped"."""
+`free_port` finds a port free when asked; on a shared machine (two test workers, a web app beside `serve` and the CLI)
+another process can bind it before the engine does, and would then answer the engine's /health."""
 
 from __future__ import annotations
 
