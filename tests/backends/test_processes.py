@@ -74,7 +74,11 @@ def test_a_vllm_server_whose_port_another_process_answers_reads_stopped(foreign,
     try:
         (directory / processes.SERVER_JSON).write_text(json.dumps(
             {"pid": ours.pid, "url": f"http://127.0.0.1:{port}", "port": port, "command": cmd, "started": time.time()}))
-        assert processes.alive(processes.read_server(directory / processes.SERVER_JSON))
+        recorded = processes.read_server(directory / processes.SERVER_JSON)
+        deadline = time.monotonic() + 30
+        while not processes.alive(recorded) and time.monotonic() < deadline:  # until the child has exec'd its command
+            time.sleep(0.1)
+        assert processes.alive(recorded)
         state = vllm_processes.Processes(tmp_path / "builds", vllm_processes.Settings()).state(directory.name)
         assert state["state"] == "stopped" and "starting:" in state["log_tail"], state
     finally:
