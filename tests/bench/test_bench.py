@@ -183,7 +183,11 @@ def test_bench_command_writes_the_contracted_json(bundled, tmp_path):
     ours = [r for r in result["runs"] if not r["mode"].startswith("hf_")]
     assert all(r["decode_steps"] == r["target_steps"] - 1 and 0 < r["draft_s"] + r["verify_s"] <= r["decode_s"] < r["elapsed_s"]
                for r in ours)
-    assert summary["lookahead"]["step_cost"] > 0 and summary["hf_prompt_lookup"]["step_cost"] is None
+    # Lookahead's step in autoregressive steps, or withheld by the rule with its reason (2 prompts of 12 tokens beside
+    # the suite's other worker: once measured below the pass it contains); generate() does not say its steps.
+    look = summary["lookahead"]
+    assert (look["step_cost"] or 0) >= 1.0 or "less than the pass it contains" in (look["doubt"] or ""), look
+    assert summary["hf_prompt_lookup"]["step_cost"] is None
     assert all(r["ci"] is None for r in result["versus"]) and "no interval under 3 prompts" in proc.stdout
 
 

@@ -455,15 +455,22 @@ def test_pass_cost_with_a_busy_loop_on_one_side_prints_a_curve_or_the_rules_sent
     else:  # every width that drafts left out: no break-even rates, the sentences instead
         said = lessons.left_out(cost)
         assert said and not charts.earnings(cost).data and lessons.earnings_note(cost, 0.0).endswith(said[-1])
-    quiet = service.pass_cost(PROMPT, "float32", repeats=3)
-    if lessons.unsteady(quiet) is None:  # a quiet curve the suite's other worker broke compares nothing
-        # ×1.25 either way, as the lecture's repeat (test_lecture.py): each point is the fastest of a few readings on a
-        # machine shared with other work, which parts two measurements by more than the timer's noise. A width the
-        # quiet repeat left out (the suite's other worker loaded it) compares nothing either.
+    def outside(quiet: dict) -> list[tuple]:
+        """The printed widths a quiet repeat puts more than ×1.25 away, either way, as the lecture's repeat
+        (test_lecture.py): each point is the fastest of a few readings on a machine shared with other work, which parts
+        two measurements by more than the timer's noise. A quiet curve the suite's other worker broke, or a width it
+        left out, compares nothing."""
+        if lessons.unsteady(quiet) is not None:
+            return []
         again = dict(zip(quiet["tokens"], quiet["relative"]))
-        for k, loaded in zip(cost["tokens"], cost["relative"]):
-            if k in again:
-                assert loaded / 1.25 <= again[k] <= loaded * 1.25, (busy, k, cost, quiet)
+        return [(k, loaded, again[k]) for k, loaded in zip(cost["tokens"], cost["relative"])
+                if k in again and not loaded / 1.25 <= again[k] <= loaded * 1.25]
+
+    quiet = service.pass_cost(PROMPT, "float32", repeats=3)
+    # Once more where it disagreed: the suite's other worker shares the memory bandwidth too, which no CPU share shows
+    # (seen: 16 tokens 2.00 loaded against 1.59 "quiet", at equal shares).
+    off = outside(quiet) or outside(quiet := service.pass_cost(PROMPT, "float32", repeats=3))
+    assert not off, (busy, off, cost, quiet)
 
 
 def test_a_curve_whose_wider_pass_measured_cheaper_says_where():
