@@ -23,6 +23,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from app.backends.processes import free_port  # noqa: F401 (the tests' too)
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget
 from app.decoding.tree import children
@@ -354,14 +355,6 @@ def eager(args) -> list[str]:
     if command in FAST_COMMANDS and "--eager" not in args:
         return [*args, "--eager"]
     return args
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -78,15 +78,6 @@ def cached(key, fn):
     return _CACHE[key]
 
 
-_CACHE: dict = {}
-
-
-def cached(key, fn):
-    if key not in _CACHE:
-        _CACHE[key] = fn()
-    return _CACHE[key]
-
-
 # ----------------------------------------------------------------------------- the tiny target's prompts and reference
 
 MAX_NEW = 40

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from app.backends.tensorrt_llm import processes as trtllm_processes
-from helpers import ROOT, STAND_INS, trtllm_stand_in
+from helpers import ROOT, STAND_INS, free_port, trtllm_stand_in
 
 WORKER = ROOT / "app" / "backends" / "tensorrt_llm" / "worker.py"
 HOLD = STAND_INS / "trtllm_hold.py"
@@ -31,12 +30,6 @@ with trtllm_stand_in():
 def _env() -> dict[str, str]:
     # The app's interpreter has numpy 2, which the stand-in refuses as upstream would; these tests check glue code.
     return {**os.environ, "PYTHONPATH": str(STAND_INS), IGNORE_PINS: "1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(port: int, path: str = "/health") -> tuple[int, dict]:
@@ -65,7 +58,7 @@ class Worker(SimpleNamespace):
 
 def _start(tmp_path: Path, plan: dict, held: bool = False) -> Worker:
     (tmp_path / "llm.json").write_text(json.dumps(plan))
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "worker.log"
     launcher = [str(HOLD), str(WORKER)] if held else [str(WORKER)]
     with open(log, "wb") as out:

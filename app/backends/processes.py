@@ -85,8 +85,9 @@ def group_alive(pgid: int) -> bool:
     return any(fields[0] != "Z" for fields in group_stats(pgid))  # zombies count as gone
 
 
-def group_stats(pgid: int) -> list[list[str]]:
-    """/proc/PID/stat of each process in group `pgid`, its fields from the state on (field 3 of proc(5))."""
+def group_members(pgid: int) -> list[tuple[int, list[str]]]:
+    """Each process in group `pgid`, its leader first (a server itself, before the workers it spawned): its pid and its
+    /proc/PID/stat fields from the state on (field 3 of proc(5))."""
     out = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -96,8 +97,13 @@ def group_stats(pgid: int) -> list[list[str]]:
                 continue
             fields = stat[stat.rfind(")") + 2:].split()
             if int(fields[2]) == pgid:
-                out.append(fields)
-    return out
+                out.append((int(proc.name), fields))
+    return sorted(out, key=lambda member: member[0] != pgid)
+
+
+def group_stats(pgid: int) -> list[list[str]]:
+    """/proc/PID/stat of each process in group `pgid`, its fields from the state on (field 3 of proc(5))."""
+    return [fields for _, fields in group_members(pgid)]
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -135,10 +141,11 @@ def reap(pid: int, timeout_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def listening(pgid: int, port: int) -> bool:
+def listening(pgid: int, port: int | None) -> bool:
     """Whether a process of group `pgid` (a server this app spawned in a session of its own) holds the socket listening
     on `port`. A free port is only free when asked: another process (another worker, app or engine on this machine)
-    can bind it before the server does, and then answers its /health; a server is ours only where its socket is."""
+    can bind it before the server does, and then answers its /health; a server is ours only where its socket is. A
+    record that names no port (None) is never taken for ours."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -152,13 +159,9 @@ def listening(pgid: int, port: int) -> bool:
     if not inodes:
         return False
     sockets = {f"socket:[{inode}]" for inode in inodes}
-    # The group's leader first (the server itself, which binds its port), then the rest of its group.
-    leader = Path(f"/proc/{pgid}")
-    for proc in [leader, *(p for p in Path("/proc").iterdir() if p.name.isdigit() and p != leader)]:
+    for pid, _ in group_members(pgid):
         try:
-            if os.getpgid(int(proc.name)) != pgid:
-                continue
-            if sockets & {os.readlink(fd) for fd in (proc / "fd").iterdir()}:
+            if sockets & {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}:
                 return True
         except OSError:
             continue

@@ -126,10 +126,10 @@ class UploadQuota:
                     return {"type": "http.disconnect"}  # Gradio stops reading and stores nothing more
             return message
 
-        status, body, start = 0, b"", None
+        status, body = 0, b""
 
         async def watched(message: dict) -> None:
-            nonlocal status, body, start
+            nonlocal status, body
             if over:
                 return  # the refusal below answers instead
             if message["type"] == "http.response.start":

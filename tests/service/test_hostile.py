@@ -4,7 +4,6 @@ never a 500, and the server still answers a normal request afterwards. Property-
 covers what the listed cases do not."""
 
 import json
-import math
 import urllib.error
 import urllib.request
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from app import figures, models
+from app import figures
 from app.decoding.drafters.autoregressive import Autoregressive
 from app.decoding.loop import generate
 from app.decoding.target import TransformersTarget

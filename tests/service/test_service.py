@@ -18,7 +18,7 @@ from app import models
 from app.modes import ConfigError
 from app.models import ModelError
 from app.runner import output_ids, run
-from app.modes import MODES, configs
+from app.modes import MODES
 from app.service.api import Service
 from app.backends.registry import EngineStore, spec_for
 from app.backends.tensorrt_llm.builds import trtllm_serve_kwargs

@@ -4,7 +4,6 @@ serves addresses in turn, no path into the server's files, no one-time work a vi
 themselves, under forged identities, are in tests/service/test_public.py and tests/service/test_http.py."""
 
 import threading
-import time
 
 import pytest
 

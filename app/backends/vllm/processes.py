@@ -201,7 +201,7 @@ class Processes:
         """{"state": "running" | "stopped", "url"?, "pid"?, "log_tail"?} of a vLLM build."""
         directory = self.builds / build_id
         server = read_server(directory / SERVER_JSON)
-        if server and alive(server) and _healthy(server["url"]) and listening(server["pid"], _port(server["url"])):
+        if server and alive(server) and _healthy(server["url"]) and listening(server["pid"], server.get("port")):
             return {"state": "running", "url": server["url"], "pid": server["pid"], "started": server.get("started")}
         out: dict[str, Any] = {"state": "stopped"}
         if server:
@@ -256,10 +256,6 @@ class Processes:
     def stop(self, build_id: str) -> bool:
         """Stop the build's server and its workers; True when one was running."""
         return stop_server(read_server(self.builds / build_id / SERVER_JSON))
-
-
-def _port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
 def _healthy(url: str) -> bool:

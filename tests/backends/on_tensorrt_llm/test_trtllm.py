@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from app import models
-from app.modes import MODES, ConfigError, configs
+from app.modes import MODES, ConfigError
 from app.service.api import Service
 from app.backends.tensorrt_llm import backend as trt
 from app.backends.base import Prompt

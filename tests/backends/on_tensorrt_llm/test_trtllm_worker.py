@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import ROOT
-from helpers_trtllm import GREEDY, WORKER, _env, _free_port, _get, _group_gone, _start, _until
+from helpers_trtllm import GREEDY, WORKER, _env, _get, _group_gone, _start, _until, free_port
 
 
 def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
@@ -179,7 +179,7 @@ def test_an_llm_upstream_refuses_ends_the_worker_with_its_reason(tmp_path, worke
     # An unfilled "{build_dir}" is neither a directory nor a hub id: upstream's hub check refuses it before any download.
     plan = {"trtllm_backend": "pytorch", "llm": {"model": "{build_dir}/model", "max_input_len": 4096}}
     (tmp_path / "llm.json").write_text(json.dumps(plan))
-    proc = subprocess.run([sys.executable, str(WORKER), "--port", str(_free_port()), "--llm", str(tmp_path / "llm.json")],
+    proc = subprocess.run([sys.executable, str(WORKER), "--port", str(free_port()), "--llm", str(tmp_path / "llm.json")],
                           env=_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Repo id must" in proc.stderr
 

@@ -9,7 +9,6 @@ the step view carry it end to end.
 import json
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +25,6 @@ from app.decoding.drafters.merged import Merged
 from app.decoding.drafters.prompt_lookup import PromptLookup
 from app.decoding.sampling import SamplingParams
 from app.decoding.tree import children, depths, graft, path_to
-from app.modes import configs
 from app.ui import render
 from app.ui import settings as run_settings
 from helpers import DrafterSpy, run

@@ -153,7 +153,7 @@ def test_drafts_agree_with_arctic_inference():
 
 
 def test_vllm_mapping_and_what_it_ignores(tmp_path):
-    from app.modes import MODES, configs
+    from app.modes import MODES
 
     request = MODES.parse({"speculative_config": {"decoding_type": "Suffix", "max_draft_len": 12, "use_tree_spec": True},
                              "backend": "vllm"})

@@ -20,7 +20,7 @@ import pytest
 
 from app import models
 from app.models import LoadedModel
-from app.modes import MODES, configs
+from app.modes import MODES
 from app.backends.vllm import processes as vllm_processes
 from app.service.api import Service
 from app.backends.registry import spec_for

@@ -261,8 +261,8 @@ def test_api_compare_runs_every_chosen_mode_against_autoregressive(client):
     table, race, bars, tau, status = client.predict(PROMPT, ["prompt_lookup", "medusa", "eagle+prompt_lookup"], 24, "auto",
                                                     "defaults", api_name="/compare")
     assert "Done" in status and "in float32" in status
-    for label in ("Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"):
-        assert label in table
+    for name in ("Autoregressive", "Prompt lookup", "Medusa", "EAGLE + prompt lookup"):
+        assert name in table
     assert table.count("identical-yes") == 3  # every speculative mode reproduces the greedy output
     rows = [re.findall(r"<td>(.*?)</td>", row) for row in table.split("<tr")[2:]]
     costs = [cells[4] for cells in rows]  # step time in autoregressive steps (speedup ≈ τ ÷ it)
@@ -349,8 +349,8 @@ def test_api_engines_plan_build_and_remove(client):
 
 
 def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
-    for label in ("Autoregressive", "Draft-target", "Prompt lookup", "Lookahead", "Medusa", "EAGLE", "Suffix"):
-        assert page.get_by_label(label, exact=True).count() == 1, label
+    for name in ("Autoregressive", "Draft-target", "Prompt lookup", "Lookahead", "Medusa", "EAGLE", "Suffix"):
+        assert page.get_by_label(name, exact=True).count() == 1, name
     assert page.inner_text("#modes-note").count("✓") == 7  # all seven run on the bundled model here
     assert "TensorRT-LLM needs an NVIDIA GPU: see docs/tensorrt-llm.md" in page.inner_text("body")
     assert "smollm2-135m-instruct (float32)" in page.inner_text("body")  # the model and the dtype it runs in
@@ -700,9 +700,9 @@ def test_browser_trains_heads_then_runs_with_them(page, screenshot):
     page.locator("#tr-start input").click()
     page.get_by_role("option", name="from scratch", exact=True).click()  # new heads: the loss falls steeply
     page.get_by_label("ShareGPT's answers", exact=True).check()
-    for label, value in (("first ShareGPT conversation (data_offset)", "60"), ("conversations (data_limit)", "32"),
-                         ("epochs", "2")):
-        page.get_by_label(label).fill(value)
+    for name, value in (("first ShareGPT conversation (data_offset)", "60"), ("conversations (data_limit)", "32"),
+                        ("epochs", "2")):
+        page.get_by_label(name).fill(value)
     page.click("text=Architecture (from scratch) and data details")
     page.get_by_label("tokens kept per conversation (max_len)").fill("64")
     set_number(page, "Spec-Bench prompts for the τ check (eval_prompts)", 1)
