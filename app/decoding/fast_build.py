@@ -126,6 +126,9 @@ class Elsewhere:
             return json.loads(result.read_text())
 
 
+WHOLE = "with_companions_s"  # info.json: seconds of the target's build and its companions' (main)
+
+
 def built(where: Path) -> bool:
     """Whether `where` holds a complete build (its info.json is written last)."""
     if not (where / "info.json").exists():
@@ -392,20 +395,29 @@ def main(plan: dict) -> int:
         print(f"fast pass of {name} rechecked: the graphs serve passes of {served(info)} tokens, options "
               f"{info['options']}; {state}", flush=True)
         return 0
+    out = Path(target["out"])
+    fresh = not built(out)
     info = build_pass(target)
     print(f"fast pass of {name} for this machine ({info['isa']}, {info['threads']} threads): built in "
           f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB; the graphs serve passes of {served(info)} tokens "
           f"(measured against eager; others run eagerly)"
           + (f"; provisional: {info['provisional']}" if info.get("provisional") else ""), flush=True)
     # The shipped artifacts that run compiled beside it (EAGLE's module), so their first run does not build them.
+    whole = info["seconds"]
     for companion in plan["companions"]:
         t = time.perf_counter()
         done = build_pass(companion)
         if done is None:  # every pass of the target runs eagerly: so do they
             break
+        whole += done["seconds"]
         print(f"compiled pass of the shipped {companion['label']} ({companion['file']}): "
               f"{'ready' if done['widths'] else 'measured slower than eager, not used'}, {time.perf_counter() - t:.0f} s",
               flush=True)
+    if fresh:
+        # What a whole build (the target's pass and its companions') takes on this machine: the estimate an app shows
+        # while the next one runs (a companion's pass alone, a minute, is not one).
+        with one_builder(Path(target["engines"])):
+            _write_info(out, {**json.loads((out / "info.json").read_text()), WHOLE: round(whole, 1)})
     return 0
 
 

@@ -18,6 +18,7 @@ from app.models import LoadedModel
 from app.modes import ConfigError, DecodeRequest, Mode, configs
 from app.modes.limits import STEP_DRAFT_TOKENS
 from app.backends.base import Backend, Prompt
+from app.decoding import fast_build
 from app.service.jobs import Limits, Work
 
 
@@ -39,11 +40,12 @@ FAST_BUILD_S = 600.0  # a fast pass's build on 2 cores with nothing of its own t
 
 
 def _last_build_s(compiled_root: Path) -> float | None:
-    """What the newest finished fast-pass build under `compiled_root` took (its info.json's `seconds`), or None."""
+    """What the newest whole fast-pass build under `compiled_root` took (a target's pass and its companions': its
+    info.json's `with_companions_s`), or None. A companion's pass built alone takes a minute, not a build's minutes."""
     infos = sorted(compiled_root.glob("*/info.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for info in infos:
         try:
-            seconds = json.loads(info.read_text()).get("seconds")
+            seconds = json.loads(info.read_text()).get(fast_build.WHOLE)
         except (OSError, ValueError):
             continue
         if isinstance(seconds, (int, float)) and seconds > 0:

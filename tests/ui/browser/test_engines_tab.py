@@ -9,6 +9,7 @@ answers /health and completions, stdlib only), started and stopped by the servic
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from app import models
+from app.decoding import fast_build
 from app.models import LoadedModel
 from app.modes import MODES
 from app.backends.vllm import processes as vllm_processes
@@ -254,12 +256,17 @@ def test_a_public_visitor_is_offered_their_own_engines_only(store, vllm):
 def building(service, tmp_path, stage: str, elapsed: float, earlier_s: float | None = None) -> LoadedModel:
     """The transformers backend holding this server's model while its fast pass builds, as models.attach_fast_pass
     leaves it: the build's log (what `python -m app compile` prints) under engines/compiled/, and before it, when
-    `earlier_s`, another dtype's finished build with what it took."""
+    `earlier_s`, another dtype's finished build with what it took (its target's pass and its companions'), and after
+    that a trained EAGLE module's pass built on its own (a minute: not what a build takes)."""
     compiled = service.engines / "compiled"
     compiled.mkdir(exist_ok=True)
     if earlier_s is not None:
         (compiled / "earlier").mkdir()
-        (compiled / "earlier" / "info.json").write_text(json.dumps({"seconds": earlier_s, "built": {"one": [1, 1]}}))
+        (compiled / "earlier" / "info.json").write_text(json.dumps(
+            {"seconds": earlier_s - 70, fast_build.WHOLE: earlier_s, "built": {"one": [1, 1]}}))
+        (compiled / "module").mkdir()
+        (compiled / "module" / "info.json").write_text(json.dumps({"seconds": 70, "built": {"draft": [1, 128]}}))
+        os.utime(compiled / "earlier" / "info.json", (time.time() - 60, time.time() - 60))
     log = compiled / "abc.log"
     log.write_text("loading smollm2-135m-instruct ...\n[compile] exporting the graph of 1..1-token passes\n"
                    f"[compile] {stage}\n")

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from app.ui import settings
 from app.ui.lessons import label
@@ -349,8 +350,10 @@ def test_api_engines_plan_build_and_remove(client):
 
 
 def test_page_names_every_mode_and_says_why_a_backend_is_unavailable(page):
+    # Drawn after the Run button (the page fixture's sign), later still on a loaded machine.
     for name in ("Autoregressive", "Draft-target", "Prompt lookup", "Lookahead", "Medusa", "EAGLE", "Suffix"):
-        assert page.get_by_label(name, exact=True).count() == 1, name
+        expect(page.get_by_label(name, exact=True)).to_have_count(1, timeout=60_000)
+    page.wait_for_function("/✓ Suffix/.test(document.querySelector('#modes-note').innerText)", timeout=60_000)
     assert page.inner_text("#modes-note").count("✓") == 7  # all seven run on the bundled model here
     assert "TensorRT-LLM needs an NVIDIA GPU: see docs/tensorrt-llm.md" in page.inner_text("body")
     assert "smollm2-135m-instruct (float32)" in page.inner_text("body")  # the model and the dtype it runs in
@@ -403,10 +406,12 @@ def test_browser_the_first_screen_asks_to_press_run_for_the_mode_already_picked(
     # changed between releases) before its words settle: wait for the words, then read whatever is there.
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    words = "() => document.querySelector('#status').innerText.trim().startsWith('Press Run')"
+    # On a loaded machine the page's opening steps wait for the CPU, and Gradio's tracker shows its timer the while.
+    words = ("() => { const s = document.querySelector('#status'); "
+             "return s.innerText.trim().startsWith('Press Run') && !s.querySelector('.progress-text'); }")
     with contextlib.suppress(PlaywrightTimeout):
-        page.wait_for_function(words, timeout=30_000)
-    status = page.inner_text("#status").strip()
+        page.wait_for_function(words, timeout=120_000)
+    status = re.sub(r"^\d+(\.\d+)?s\s*", "", page.inner_text("#status").strip())  # a timer still there is Gradio's
     assert status.startswith("Press Run to race the chosen mode against autoregressive decoding"), status
     assert "pick a mode" not in status.lower(), status
     assert 0 < page.eval_on_selector("#status", "e => e.getBoundingClientRect().bottom") <= 720
@@ -668,24 +673,34 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
     screenshot("compare")
     page.get_by_role("tab", name="Learn").click()
     page.wait_for_selector("#learn-tree svg")
-    page.click("#cost-run")
-    page.wait_for_function("/bfloat16.*one-token pass/.test(document.querySelector('#cost-note').innerText)", timeout=120_000)
-    assert page.locator("#cost-plot .scatterlayer .trace").count() == 2
-    # What speculation can earn on that curve: one line per drafted length, and the break-even rates (or, when the
-    # test machine's load bent the curve, why there are none: tests/ui/test_ui_charts.py checks both texts).
-    page.wait_for_function("/needs α ≥|No speedup shown/.test(document.querySelector('#earn-note').innerText)")
     # One line per drafted length the curve kept: a width timed under other load than the one-token pass is left out
-    # of it, saying so in the curve's note (runner.verify_cost).
-    free = page.inner_text("#earn-note")
-    lengths = len(re.findall(r"\d+ tokens? (?:needs α|never pays)", free))
-    assert page.locator("#earn-plot .scatterlayer .trace").count() == lengths
-    assert lengths == 4 or "of the CPU it asked for" in page.inner_text("#cost-note"), (free, page.inner_text("#cost-note"))
-    assert free.startswith("bfloat16, a draft costing 0.00") or free.startswith("float32, a draft costing 0.00"), free
-    number = page.locator("#draft-cost input[type=number]")
-    number.fill("0.3")
-    number.press("Enter")
-    page.wait_for_function("/costing 0.30/.test(document.querySelector('#earn-note').innerText)")
-    assert page.inner_text("#earn-note") != free
+    # of it, saying so in the curve's note (runner.verify_cost). A curve whose every width was left out says "measure
+    # again", and a user would: once.
+    before = ""
+    for _ in range(2):
+        page.click("#cost-run")
+        page.wait_for_function("b => { const t = document.querySelector('#cost-note').innerText; "
+                               "return /bfloat16.*one-token pass/.test(t) && t !== b; }", arg=before, timeout=120_000)
+        assert page.locator("#cost-plot .scatterlayer .trace").count() == 2
+        # What speculation can earn on that curve: one line per drafted length, and the break-even rates (or, when the
+        # test machine's load bent the curve, why there are none: tests/ui/test_ui_charts.py checks both texts).
+        page.wait_for_function("/needs α ≥|No speedup shown/.test(document.querySelector('#earn-note').innerText)")
+        before, free = page.inner_text("#cost-note"), page.inner_text("#earn-note")
+        lengths = len(re.findall(r"\d+ tokens? (?:needs α|never pays)", free))
+        assert page.locator("#earn-plot .scatterlayer .trace").count() == lengths
+        assert lengths == 4 or "of the CPU it asked for" in before, (free, before)
+        if lengths:
+            break
+    if lengths:
+        assert free.startswith("bfloat16, a draft costing 0.00") or free.startswith("float32, a draft costing 0.00"), free
+        number = page.locator("#draft-cost input[type=number]")
+        number.fill("0.3")
+        number.press("Enter")
+        page.wait_for_function("/costing 0.30/.test(document.querySelector('#earn-note').innerText)")
+        assert page.inner_text("#earn-note") != free
+    else:  # twice under other load than its one-token pass: the rule's sentence (for the curve, or each width), no line
+        assert free.startswith(("bfloat16: No speedup shown:", "float32: No speedup shown:")) and free.endswith(
+            "measure again."), free
     screenshot("learn")
     page.get_by_role("tab", name="Engines").click()
     page.wait_for_selector("#eng-table")
