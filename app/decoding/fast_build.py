@@ -335,17 +335,18 @@ def build_once(target: Path, is_fresh, make) -> Path:
 
 
 @contextlib.contextmanager
-def one_builder(engines: Path) -> Iterator[None]:
+def one_builder(engines: Path, quiet: bool = False) -> Iterator[None]:
     """One fast-pass build at a time on this store, whatever its model and dtype: a build holds its model, the
     graphs and inductor's workers (GBs), and every process that serves a model starts a builder of its own. A builder
-    waits here before it loads anything, saying so once."""
+    waits here before it loads anything, saying so once (unless `quiet`: a write of a built pass's info.json)."""
     root = engines / "compiled"
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".builder.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            say("another process is building a fast pass on this machine: waiting for it before loading anything")
+            if not quiet:
+                say("another process is building a fast pass on this machine: waiting for it before loading anything")
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -354,15 +355,21 @@ def build_pass(plan: dict) -> dict | None:
     """Build the pass a plan names (models.pass_plan: `out`, `engines`, how its steps make it) unless it is built;
     returns its info. A companion's plan names the target pass it drafts beside (`beside`): None where that one
     serves no width (every pass of the target runs eagerly: so does the companion)."""
+    return _build_pass(plan)[0]
+
+
+def _build_pass(plan: dict) -> tuple[dict | None, bool]:
+    """build_pass, and whether this call built it (else it was built, here or by another process meanwhile)."""
     beside = plan.get("beside")
     if beside and not (built(Path(beside)) and json.loads((Path(beside) / "info.json").read_text())["widths"]):
-        return None
+        return None, False
     out = Path(plan["out"])
+    made = []
     if not built(out):
         steps = Elsewhere(plan["recipe"], plan["threads"], plan["machine"])
-        with one_builder(Path(plan["engines"])):
-            build_once(out, lambda: built(out), lambda tmp: build(steps, tmp, log=say))  # bounded: compiled.BUILD_CONFIG
-    return json.loads((out / "info.json").read_text())
+        with one_builder(Path(plan["engines"])):  # bounded: compiled.BUILD_CONFIG
+            build_once(out, lambda: built(out), lambda tmp: made.append(build(steps, tmp, log=say)))
+    return json.loads((out / "info.json").read_text()), bool(made)
 
 
 def recheck_pass(plan: dict, only_provisional: bool = False) -> dict:
@@ -395,9 +402,7 @@ def main(plan: dict) -> int:
         print(f"fast pass of {name} rechecked: the graphs serve passes of {served(info)} tokens, options "
               f"{info['options']}; {state}", flush=True)
         return 0
-    out = Path(target["out"])
-    fresh = not built(out)
-    info = build_pass(target)
+    info, made = _build_pass(target)
     print(f"fast pass of {name} for this machine ({info['isa']}, {info['threads']} threads): built in "
           f"{info['seconds']:.0f} s, {info['bytes'] / 1e6:.0f} MB; the graphs serve passes of {served(info)} tokens "
           f"(measured against eager; others run eagerly)"
@@ -413,10 +418,12 @@ def main(plan: dict) -> int:
         print(f"compiled pass of the shipped {companion['label']} ({companion['file']}): "
               f"{'ready' if done['widths'] else 'measured slower than eager, not used'}, {time.perf_counter() - t:.0f} s",
               flush=True)
-    if fresh:
+    if made:
         # What a whole build (the target's pass and its companions') takes on this machine: the estimate an app shows
-        # while the next one runs (a companion's pass alone, a minute, is not one).
-        with one_builder(Path(target["engines"])):
+        # while the next one runs (a companion's pass alone, a minute, is not one). Under the lock: a recheck rewrites
+        # info.json too.
+        out = Path(target["out"])
+        with one_builder(Path(target["engines"]), quiet=True):
             _write_info(out, {**json.loads((out / "info.json").read_text()), WHOLE: round(whole, 1)})
     return 0
 
