@@ -689,7 +689,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     the steps, each in a process of its own, and would otherwise hold 0.26 GB beside each step's peak (issue 58)."""
     from app import models
 
-    print(f"[compile] CPU priority: nice {os.nice(args.nice)}", file=sys.stderr, flush=True)
+    print(f"[compile] planning the build (CPU priority: nice {os.nice(args.nice)})", file=sys.stderr, flush=True)
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {args.threads}")
