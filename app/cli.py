@@ -17,6 +17,7 @@ from app.modes import MERGED_MODE, MODES, Flag, Mode, Modes
 from app.modes.shipped import NGRAM_FLAGS
 from app.prompts import load_prompts
 from app.modes import configs
+from app.modes.errors import one_line
 from app import runner
 from app.runner import LoopConfig
 from app.decoding.loop import ContextError
@@ -506,7 +507,7 @@ def _versus_configs(args: argparse.Namespace, modes: list[str]) -> dict[str, Loo
     for spec in args.versus_model:
         mode, sep, path = spec.partition("=")
         if not sep or not path or mode not in modes:
-            raise ConfigError(f"--versus-model takes MODE=DIR with MODE one of --modes ({', '.join(modes)}), got '{spec}'")
+            raise ConfigError(f"--versus-model takes MODE=DIR with MODE one of --modes ({', '.join(modes)}), got '{one_line(spec)}'")
         flag = next((f for f in MODES[MODES.split(mode)[0]].cli_flags() if f.field == "speculative_model"), None)
         if flag is None:
             raise ConfigError(f"--versus-model: {mode} runs no trained artifact (speculative_model)")

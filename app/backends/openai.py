@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 from collections.abc import Iterator
 
 from app.models import ModelError
+
+
+# What a request to a server that goes away can raise: a refused or reset connection (OSError, urllib's URLError
+# among them), a body cut short (http.client.IncompleteRead) or a garbled status line, a body that is not JSON.
+WIRE_ERRORS = (OSError, http.client.HTTPException, ValueError)
 
 
 class RemoteError(ModelError):

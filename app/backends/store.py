@@ -44,6 +44,7 @@ import torch
 from app import models, runner
 from app.heads import eagle, medusa
 from app.modes import MODES, ConfigError
+from app.modes.errors import one_line
 from app.service.errors import BuildError, EngineError
 
 Progress = Callable[[float, str], None]
@@ -254,7 +255,7 @@ class Store:
             targets = [d for d in (self.builds / build_id, self.builds / f".failed-{build_id}") if d.exists()]
             if not targets:
                 known = ", ".join(m["id"] for m in self.list()) or "none"
-                raise EngineError(f"there is no build '{build_id}' in {self.builds} (ready builds: {known})")
+                raise EngineError(f"there is no build '{one_line(build_id)}' in {self.builds} (ready builds: {known})")
             for directory in targets:
                 # Renamed first: a removal cut short leaves a .tmp-* directory, not a half-deleted build.
                 doomed = self.builds / f".tmp-{build_id}-removed-{secrets.token_hex(4)}"
@@ -329,7 +330,7 @@ def _quiet(fraction: float, message: str) -> None:
 
 def _check_id(build_id: str) -> None:
     if not isinstance(build_id, str) or not re.fullmatch(f"[0-9a-f]{{{ID_LENGTH}}}", build_id):
-        raise EngineError(f"'{build_id}' is not a build id ({ID_LENGTH} hex digits)")
+        raise EngineError(f"'{one_line(build_id)}' is not a build id ({ID_LENGTH} hex digits)")
 
 
 def _read_manifest(directory: Path) -> dict | None:

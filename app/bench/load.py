@@ -29,6 +29,7 @@ from typing import Any
 
 from app import figures, traces
 from app.modes import ConfigError
+from app.modes.errors import one_line
 from app.service import jobs
 from app.backends.openai import RemoteError, sse
 from app.backends.vllm import client
@@ -67,7 +68,7 @@ def parse_ns(text: str | Sequence[int] | None, allowed: int = MAX_N) -> list[int
         try:
             values = [int(v) for v in text.split(",") if v.strip()]
         except ValueError:
-            raise LoadError(f"concurrency must be a comma-separated list of request counts such as 1,2,4,8, got '{text[:40]}'") from None
+            raise LoadError(f"concurrency must be a comma-separated list of request counts such as 1,2,4,8, got '{one_line(text)}'") from None
     else:
         values = [int(v) for v in text]
     if not values:

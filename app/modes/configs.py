@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from app.modes.errors import ConfigError
+from app.modes.errors import ConfigError, one_line
 from app.modes.notation import medusa_choices
 
 MAX_DRAFT_LEN = 256  # this app's bound on the draft tokens one step verifies (every mode, every backend)
@@ -448,8 +448,8 @@ def validated(model: type[BaseModel], data: Any, what: str):
         return model.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or what
-        raise ConfigError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+        where = ".".join(one_line(x) for x in first["loc"]) or what  # a key of the user's is part of the location
+        raise ConfigError(f"{where}: {one_line(first['msg'].removeprefix('Value error, '), None)}") from None
 
 
 def parse(data: dict[str, Any], modes, max_new_tokens_limit: int | None = None) -> DecodeRequest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.modes.errors import ConfigError
+from app.modes.errors import ConfigError, one_line
 
 CHOICES_DIR = Path(__file__).resolve().parents[2] / "assets" / "medusa_choices"
 
@@ -20,12 +20,12 @@ def medusa_choices(spec: str) -> list[list[int]]:
         # preset, and the refusal is the same whether such a file exists or not.
         presets = {p.stem: p for p in CHOICES_DIR.glob("*.json")}
         if text not in presets:
-            raise ConfigError(f"unknown tree '{spec[:60]}': use one of {', '.join(sorted(presets))} or a JSON list of paths")
+            raise ConfigError(f"unknown tree '{one_line(spec, 60)}': use one of {', '.join(sorted(presets))} or a JSON list of paths")
         text = presets[text].read_text()
     try:
         paths = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, a number of thousands of digits, nested too deep
-        raise ConfigError(f"a tree must be a JSON list of paths such as [[0],[0,0],[1]]; got '{spec[:60]}'") from None
+        raise ConfigError(f"a tree must be a JSON list of paths such as [[0],[0,0],[1]]; got '{one_line(spec, 60)}'") from None
     if not isinstance(paths, list) or not paths or len(paths) > 1024 or not all(
         isinstance(p, list) and 0 < len(p) <= 64 and all(isinstance(r, int) and 0 <= r < 1024 for r in p) for p in paths
     ):
@@ -45,7 +45,7 @@ def int_list(text: str, what: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{text}'") from None
+        raise ConfigError(f"{what} must be comma-separated integers such as 2,5; got '{one_line(text)}'") from None
 
 
 def parse_triple(text: str, what: str) -> tuple[int, int, int]:
@@ -54,5 +54,5 @@ def parse_triple(text: str, what: str) -> tuple[int, int, int]:
     except ValueError:
         parts = ()
     if len(parts) != 3:
-        raise ConfigError(f"{what} must be three integers W,N,G such as 4,3,4; got '{text}'")
+        raise ConfigError(f"{what} must be three integers W,N,G such as 4,3,4; got '{one_line(text)}'")
     return parts  # type: ignore[return-value]

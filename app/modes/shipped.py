@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.modes import configs, limits, mappings as mp
-from app.modes.errors import ConfigError
+from app.modes.errors import ConfigError, one_line
 from app.modes.notation import int_list, parse_triple
 from app.modes.registry import Control, Flag, Mode, Modes, Short
 
@@ -50,7 +50,7 @@ def _draft_lens(text: Any) -> list[int]:
     try:
         return [int(x) for x in lens.split(",") if x]
     except ValueError:
-        raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{text}'") from None
+        raise ConfigError(f"draft caps must be comma-separated integers such as 2,5; got '{one_line(text)}'") from None
 
 
 def _unset_prune(value: float | None) -> float:

@@ -14,6 +14,7 @@ from app.backends.base import Backend
 from app.backends.registry import EngineStore, spec_for
 from app.backends.store import BuildSpec, Progress
 from app.modes import ConfigError, DecodeRequest
+from app.modes.errors import one_line
 from app.service import training
 from app.service.errors import BuildError, EngineError
 from app.service.policy import Policy
@@ -127,7 +128,7 @@ class Engines(Face):
         public mode a visitor stops only their own (engine_removable), with the same answer whether the id exists or is
         someone else's."""
         if self.policy.public and build_id not in self.engine_removable(visitor):
-            raise ConfigError(f"'{str(build_id)[:40]}' is not an engine of yours: in public mode a visitor stops only "
+            raise ConfigError(f"'{one_line(build_id)}' is not an engine of yours: in public mode a visitor stops only "
                               "the engines they started in this page (the operator manages the rest)")
         # store.get refuses what is not a build id (a path) before the process layer reads anything.
         keeper = self._keeper(self.store.get(build_id))
@@ -141,7 +142,7 @@ class Engines(Face):
             with self._owners_lock:
                 owners = self._owners.get(build_id, set())
                 if visitor is None or visitor not in owners:
-                    raise ConfigError(f"'{str(build_id)[:40]}' is not a build of yours: in public mode a visitor removes only "
+                    raise ConfigError(f"'{one_line(build_id)}' is not a build of yours: in public mode a visitor removes only "
                                       "the builds they made in this page (the operator manages the rest)")
                 owners.discard(visitor)
                 if owners:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from app import models
 from app.modes import MODES, ConfigError
 from app.modes.configs import validated
+from app.modes.errors import one_line
 from app.backends.registry import TRAINING
 from app.backends.store import BuildSpec, Builder, Progress, Store, tree_sha256
 from app.service.errors import BuildError
@@ -78,9 +79,9 @@ class TrainConfig(BaseModel):
     def check(self) -> None:
         """Every rule that needs no store; one ConfigError sentence per problem."""
         if self.kind not in KINDS:
-            raise ConfigError(f"kind must be one of {', '.join(KINDS)} (what the Train tab trains), got '{str(self.kind)[:40]}'")
+            raise ConfigError(f"kind must be one of {', '.join(KINDS)} (what the Train tab trains), got '{one_line(self.kind)}'")
         if self.init_from not in STARTS and not is_name(self.init_from):
-            raise ConfigError(f"init_from must be shipped, scratch or trained:<build id>, got '{self.init_from}'")
+            raise ConfigError(f"init_from must be shipped, scratch or trained:<build id>, got '{one_line(self.init_from)}'")
         if not 0 <= self.data_offset < CONVERSATIONS:
             raise ConfigError(f"data_offset must be in [0, {CONVERSATIONS}) (ShareGPT conversations), got {self.data_offset}")
         if not 8 <= self.data_limit <= 2000:

@@ -12,6 +12,7 @@ from typing import Any
 import gradio as gr
 
 from app.modes import ConfigError
+from app.modes.errors import one_line
 from app.service.api import DTYPES
 
 # The options of an event that only redraws part of the page: answered at once, no spinner, not in the API.
@@ -25,7 +26,7 @@ def finite(value: Any, name: str) -> float:
     except (TypeError, ValueError, OverflowError):
         x = math.nan
     if not math.isfinite(x):
-        raise ConfigError(f"{name} must be a finite number, got '{str(value)[:40]}'")
+        raise ConfigError(f"{name} must be a finite number, got '{one_line(value)}'")
     return x
 
 
@@ -33,7 +34,7 @@ def _check(payload: Any, label: str | None, empty_ok: bool) -> None:
     if payload is None and empty_ok:
         return
     if not isinstance(payload, (int, float)) or isinstance(payload, bool):  # NaN and inf go on: finite() words them
-        raise gr.Error(f"{label or 'this control'} takes a number, got '{str(payload)[:40]}'")
+        raise gr.Error(f"{label or 'this control'} takes a number, got '{one_line(payload)}'")
 
 
 class Slider(gr.Slider):

@@ -15,6 +15,7 @@ from gradio.context import Context
 
 from app.backends import registry
 from app.modes import ConfigError
+from app.modes.errors import one_line
 from app.service.api import ModelError, Service
 from app.ui import settings
 from app.ui.controls import QUIET
@@ -211,7 +212,7 @@ class EnginesTab:
         build_id = build_id if isinstance(build_id, str) else ""
         manifest = self.service.engine_get(build_id) if build_id in self.service.engine_removable(visitor) else None
         if manifest is None:
-            return None, f"⚠ '{esc(build_id[:40])}' is not a build you may {verb} here: choose one from the menu"
+            return None, f"⚠ '{esc(one_line(build_id))}' is not a build you may {verb} here: choose one from the menu"
         if elsewhere(manifest) and not self._others(others):
             how = ("the operator manages it" if self.service.policy.public else
                    f"tick “{OTHERS_LABEL.split(' (')[0]}” to {verb} it from here")

@@ -15,6 +15,7 @@ import json
 import re
 from typing import Any
 
+from app.modes.errors import one_line
 from app.service.http import answer
 
 MAX_BODY = 1_000_000  # a call's JSON (files come by upload): far above any form of this app
@@ -81,7 +82,7 @@ class InputTypes:
             await self.app(scope, receive, send)
             return
         if call is not None and call.group(1) == "call" and call.group(2) not in self.endpoints:
-            await answer(send, 404, error_json(f"there is no endpoint '{call.group(2)[:40]}' here: GET /gradio_api/info "
+            await answer(send, 404, error_json(f"there is no endpoint '{one_line(call.group(2))}' here: GET /gradio_api/info "
                                             "lists the endpoints and their inputs"))
             return
         body, more = b"", True

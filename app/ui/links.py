@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from app.modes import MODES
+from app.modes.errors import one_line
 from app.modes.registry import Short
 
 TABS = ("run", "compare", "train", "learn", "engines")
@@ -71,40 +72,40 @@ def parse(query: Mapping[str, str], defaults: Mapping[str, Any], modes: tuple[st
     choices = {"tab": TABS, "mode": modes, "replay": recordings}
     for key, raw in query.items():
         text = str(raw)
-        shown = f"{key}={text[:40]}"
+        said = f"{one_line(key)}={one_line(text)}"
         if key in choices:
             value = text.lower() if key == "tab" else text
             if value in choices[key]:
                 setattr(link, key, value)
             else:
-                link.notes.append(f"{shown} ({CHOICE_NAMES[key]}: {', '.join(choices[key])})")
+                link.notes.append(f"{said} ({CHOICE_NAMES[key]}: {', '.join(choices[key])})")
         elif key == "prompt":
             link.prompt = text[:MAX_PROMPT]
         elif key == "example":
             try:
                 link.prompt = examples[int(text)]
             except (ValueError, KeyError):
-                link.notes.append(f"{shown} (not a Spec-Bench question id, e.g. {min(examples) if examples else 81})")
+                link.notes.append(f"{said} (not a Spec-Bench question id, e.g. {min(examples) if examples else 81})")
         elif key in ("present", "run"):
             try:
                 setattr(link, key, _value(text, False))
             except ValueError as err:
-                link.notes.append(f"{shown} ({err})")
+                link.notes.append(f"{said} ({err})")
         elif key in shorts or key in defaults:
             names = shorts[key].keys if key in shorts else (key,)
             parts = text.split(",") if key in shorts else [text]
             if len(parts) != len(names):
-                link.notes.append(f"{shown} ({len(names)} comma-separated values: {', '.join(names)})")
+                link.notes.append(f"{said} ({len(names)} comma-separated values: {', '.join(names)})")
                 continue
             try:
                 link.values.update({n: _value(p, defaults[n]) for n, p in zip(names, parts)})
             except ValueError as err:
-                link.notes.append(f"{shown} ({err})")
+                link.notes.append(f"{said} ({err})")
                 continue
             for follower in (s for s in shorts.values() if s.follows == key and s.name not in query):
                 link.values.update(zip(follower.keys, (link.values[n] for n in names)))
         else:
-            link.notes.append(f"{shown} (unknown parameter)")
+            link.notes.append(f"{said} (unknown parameter)")
     if link.values:
         reason = check(link.mode or "autoregressive", {**defaults, **link.values})
         if reason:

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
 import pytest
 
 from app.backends import processes
-from app.backends.vllm import processes as vllm_processes
+from app.backends.openai import RemoteError
+from app.backends.tensorrt_llm import processes as trtllm_processes
+from app.backends.vllm import client, processes as vllm_processes
 
 SERVE = ("import http.server, sys\n"
          "class H(http.server.BaseHTTPRequestHandler):\n"
@@ -84,3 +88,42 @@ def test_a_vllm_server_whose_port_another_process_answers_reads_stopped(foreign,
     finally:
         ours.kill()
         ours.wait()
+
+
+@pytest.fixture
+def cut_short():
+    """A server on loopback that promises 15 bytes of body and closes after 2, to every request."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\nContent-Type: application/json\r\n\r\n{}")
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def test_a_server_that_cuts_its_answer_short_is_said_to_be_down_not_raised(cut_short):
+    """An engine killed mid-answer cuts its body short (http.client.IncompleteRead, which is no OSError): the worker's
+    health check reads it as no answer, vLLM's warm-up as failed, the counters as the engine's error, and a cancel's
+    abort ends without raising in its thread (the suite saw one raise there while a TensorRT-LLM worker stopped)."""
+    url = f"http://127.0.0.1:{cut_short}"
+    assert trtllm_processes.health(cut_short) is None
+    assert vllm_processes._warm(url, "m") is False
+    with pytest.raises(RemoteError, match="cannot read the engine's counters"):
+        client.Engine(url, "m").counters()
+    cancel, done = threading.Event(), threading.Event()
+    cancel.set()
+    with socket.socket() as unused:
+        trtllm_processes._abort_on(cancel, done, cut_short, "r1", unused, 0.0)

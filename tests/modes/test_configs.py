@@ -179,12 +179,12 @@ fields = st.sampled_from(
     top=st.dictionaries(st.sampled_from(["max_new_tokens", "backend", "trtllm_backend", "sampling"]), json_values, max_size=3),
 )
 def test_the_validator_never_crashes(decoding_type, spec, top):
-    """Whatever arrives, the answer is a checked request or a ConfigError — never another exception."""
+    """Whatever arrives, the answer is a checked request or a ConfigError on one line — never another exception."""
     data = {"speculative_config": {"decoding_type": decoding_type, **spec}, **top}
     try:
         r = checked(data)
     except ConfigError as err:
-        assert str(err)
+        assert str(err) and "\n" not in str(err)
         return
     runner.to_runtime(r)
     if MODES[r.mode].trtllm:
@@ -207,3 +207,20 @@ def test_what_tensorrt_llm_does_not_take_is_said():
     assert "sent as 4" in eagle[0] and "total tokens (24) and top-K (4) are not sent" in eagle[1]
     engine = notes({"decoding_type": "Eagle", "speculative_model": "x", "num_eagle_layers": 4}, trtllm_backend="tensorrt")
     assert "the engine holds 4 draft tokens per step, not the tree's 23" in engine[1]
+
+
+def test_what_the_user_typed_is_quoted_on_one_line():
+    """A newline or other control character the user gave reads escaped in the message, which stays one line, and a
+    long value is cut (an API client may send anything; a status line and a log line take one line)."""
+    from app.modes.errors import one_line
+    from app.modes.notation import int_list, medusa_choices, parse_triple
+    assert one_line("a\nb\tc\x00") == "a\\nb\\tc\\x00" and one_line("ü ✓ 漢") == "ü ✓ 漢"
+    assert one_line("x" * 50) == "x" * 40 + "…" and one_line("x" * 50, None) == "x" * 50
+    for call in (lambda: int_list("2,\nx", "ngram_draft_lens"), lambda: parse_triple("4\nx,3,4", "lookahead"),
+                 lambda: medusa_choices("[[0],\n[x]]"), lambda: medusa_choices("mc_sim\n7b")):
+        with pytest.raises(ConfigError) as err:
+            call()
+        assert "\n" not in str(err.value) and "\\n" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        checked({"speculative_config": {"decoding_type": "Autoregressive"}, "sampling": {"top\nk": 1}})
+    assert str(err.value).startswith("sampling.top\\nk:")

@@ -9,6 +9,7 @@ import pytest
 
 from app.modes import ConfigError
 from app.modes import notation
+from app.modes.errors import one_line
 from app.service.api import Service
 from app.service.jobs import JobManager, Limits, QueueFull, TooMany
 from app.service.policy import Policy, address_of, visitor
@@ -134,7 +135,7 @@ def test_a_tree_is_named_from_the_shipped_presets_only_and_paths_get_one_sentenc
     for name in (exists, missing, "../../../../../../" + exists.lstrip("/"), "../../engines/models/x/tokenizer"):
         with pytest.raises(ConfigError) as err:
             notation.medusa_choices(name)
-        said.append(str(err.value).replace(name[:60], "NAME"))
+        said.append(str(err.value).replace(one_line(name, 60), "NAME"))
     assert len(set(said)) == 1 and said[0].startswith("unknown tree 'NAME': use one of chain, default")
     assert notation.medusa_choices("chain")[:2] == [[0], [0, 0]]
     service = _public(tmp_path)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from app.backends.base import Availability, Backend, Prompt
-from app.backends.openai import RemoteError, error_message, reason, sse  # noqa: F401  (RemoteError: what it raises)
+from app.backends.openai import WIRE_ERRORS, RemoteError, error_message, reason, sse  # noqa: F401  (RemoteError: what it raises)
 from app.modes import ConfigError
 from app.modes import Mode
 from app.modes.configs import DecodeRequest
@@ -101,7 +101,7 @@ class RemoteBackend(Backend):
         try:
             with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
                 return json.load(r)
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        except WIRE_ERRORS as err:
             raise RemoteError(f"cannot reach the remote server at {self.url}: {reason(err)}") from err
 
     def _post(self, path: str, body: dict):

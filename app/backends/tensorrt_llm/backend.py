@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from app.modes import ConfigError, DecodeRequest, Mode, configs
+from app.modes.errors import one_line
 from app.backends.base import Availability, Backend, Prompt
 from app.service.errors import EngineError
 from app.service.jobs import Limits, Work
@@ -361,8 +362,8 @@ def llm_objects(llm: dict) -> dict:
             kwargs["speculative_config"] = cls(**data)
         except ValueError as err:  # pydantic's ValidationError: upstream's own field types and validators
             first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
-            where = ".".join(map(str, first["loc"]))
-            raise ConfigError(f"TensorRT-LLM's {cls.__name__} refuses {where or 'the config'}: {first['msg']}") from None
+            where = ".".join(map(one_line, first["loc"]))
+            raise ConfigError(f"TensorRT-LLM's {cls.__name__} refuses {where or 'the config'}: {one_line(first['msg'], None)}") from None
     if "build_config" in kwargs:
         build = dict(kwargs["build_config"])
         build.pop("speculative_decoding_mode", None)  # the LLM API sets it from speculative_config (llm_args.py validate_speculative_config)

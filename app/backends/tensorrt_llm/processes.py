@@ -34,6 +34,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from app import models
+from app.backends.openai import WIRE_ERRORS
 from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, listening, locked, log_tail, read_server,
                                     spawn, stop_server)
 from app.backends.store import fill_build_dir
@@ -100,7 +101,7 @@ def health(port: int) -> tuple[int, dict] | None:
             return err.code, json.loads(err.read() or b"{}")
         except ValueError:
             return err.code, {}
-    except (urllib.error.URLError, OSError, ValueError):
+    except WIRE_ERRORS:
         return None
 
 
@@ -283,7 +284,7 @@ def _abort_on(cancel: threading.Event, done: threading.Event, port: int, rid: st
         request = urllib.request.Request(f"http://127.0.0.1:{port}/abort", json.dumps({"id": rid}).encode(),
                                          {"Content-Type": "application/json"})
         urllib.request.urlopen(request, timeout=10.0).read()
-    except (urllib.error.URLError, OSError):
+    except WIRE_ERRORS:
         pass
     if not done.wait(grace_s):
         try:  # unblocks the reader; the worker sees its client go and aborts the request

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from app.backends.openai import RemoteError, error_message, reason, sse
+from app.backends.openai import WIRE_ERRORS, RemoteError, error_message, reason, sse
 from app.modes import ConfigError
 from app.modes.configs import DecodeRequest
 from app.service.jobs import Work
@@ -58,7 +58,7 @@ class Engine:
         try:
             with urllib.request.urlopen(self.url + "/metrics", timeout=10.0) as r:
                 text = r.read().decode()
-        except (urllib.error.URLError, OSError) as err:
+        except WIRE_ERRORS as err:
             raise RemoteError(f"cannot read the engine's counters at {self.url}/metrics: {reason(err)}") from err
         return parse_counters(text, self.model)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from app import models
+from app.backends.openai import WIRE_ERRORS
 from app.backends.processes import (SERVER_JSON, SERVER_LOG, alive, free_port, listening, locked, log_tail, read_server,
                                     spawn, stop_server)
 from app.modes.configs import DecodeRequest, merged
@@ -264,7 +265,7 @@ def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=10.0) as r:
             return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+    except WIRE_ERRORS:
         return False
 
 
@@ -285,7 +286,7 @@ def _warm(url: str, served_name: str) -> bool:
             with urllib.request.urlopen(request, timeout=120.0) as r:
                 r.read()
         return True
-    except (urllib.error.URLError, OSError, ValueError):
+    except WIRE_ERRORS:
         return False
 
 
