@@ -250,6 +250,7 @@ def assert_refused(status, body, fragment=""):
     assert isinstance(message, str) and len(message.split()) >= 3 and body["error"]["type"] == "invalid_request_error"
     assert fragment in message, message
     assert "/work/" not in message and "/tmp/" not in message and "/home/" not in message
+    assert "\n" not in message, message  # one line: what the client sent is quoted escaped
 
 
 def completion(prompt="Say hi.", **fields):
