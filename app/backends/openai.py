@@ -32,11 +32,16 @@ def sse(response) -> Iterator[dict]:
 
 
 def error_message(err: urllib.error.HTTPError) -> str:
+    """The message of an OpenAI-shaped (or FastAPI-shaped) error body; the status's reason when there is none."""
     try:
         data = json.loads(err.read())
-        return data["error"]["message"] if isinstance(data.get("error"), dict) else str(data.get("detail", data))
-    except (ValueError, KeyError, OSError):
+    except WIRE_ERRORS:  # no body, a cut one (the server went away mid-answer), or not JSON
         return err.reason
+    if not isinstance(data, dict):
+        return err.reason
+    if isinstance(data.get("error"), dict):
+        return str(data["error"].get("message", err.reason))
+    return str(data.get("detail", data))
 
 
 def reason(err: Exception) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from app.backends import processes
 from app.backends.openai import RemoteError
+from app.modes import ConfigError
 from app.backends.tensorrt_llm import processes as trtllm_processes
 from app.backends.vllm import client, processes as vllm_processes
 
@@ -92,7 +93,8 @@ def test_a_vllm_server_whose_port_another_process_answers_reads_stopped(foreign,
 
 @pytest.fixture
 def cut_short():
-    """A server on loopback that promises 15 bytes of body and closes after 2, to every request."""
+    """A server on loopback that promises 15 bytes of body and closes after 2: a 503 to /health (a worker still
+    loading), a 400 to /refuse, a 200 to anything else."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.2)
     stop = threading.Event()
@@ -104,8 +106,9 @@ def cut_short():
             except OSError:
                 continue
             with conn:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\nContent-Type: application/json\r\n\r\n{}")
+                path = conn.recv(65536).split(b" ")[1]
+                status = {b"/health": b"503 Service Unavailable", b"/refuse": b"400 Bad Request"}.get(path, b"200 OK")
+                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 15\r\nContent-Type: application/json\r\n\r\n{}")
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     yield listener.getsockname()[1]
@@ -116,13 +119,16 @@ def cut_short():
 
 def test_a_server_that_cuts_its_answer_short_is_said_to_be_down_not_raised(cut_short):
     """An engine killed mid-answer cuts its body short (http.client.IncompleteRead, which is no OSError): the worker's
-    health check reads it as no answer, vLLM's warm-up as failed, the counters as the engine's error, and a cancel's
-    abort ends without raising in its thread (the suite saw one raise there while a TensorRT-LLM worker stopped)."""
+    health check reads the status it got, vLLM's warm-up reads failed, the counters the engine's error, a refusal its
+    status's reason, and a cancel's abort ends without raising in its thread (the suite saw both raise: the abort
+    while a TensorRT-LLM worker stopped, the health check while one died loading)."""
     url = f"http://127.0.0.1:{cut_short}"
-    assert trtllm_processes.health(cut_short) is None
+    assert trtllm_processes.health(cut_short) == (503, {})  # still loading, as far as it said
     assert vllm_processes._warm(url, "m") is False
     with pytest.raises(RemoteError, match="cannot read the engine's counters"):
         client.Engine(url, "m").counters()
+    with pytest.raises(ConfigError, match="refused the request: Bad Request"):  # the refusal's status, its body cut
+        client.Engine(url, "m")._json("/refuse", {})
     cancel, done = threading.Event(), threading.Event()
     cancel.set()
     with socket.socket() as unused:

@@ -99,7 +99,7 @@ def health(port: int) -> tuple[int, dict] | None:
     except urllib.error.HTTPError as err:
         try:
             return err.code, json.loads(err.read() or b"{}")
-        except ValueError:
+        except WIRE_ERRORS:  # a body cut short by a worker that died while it answered, or not JSON
             return err.code, {}
     except WIRE_ERRORS:
         return None
