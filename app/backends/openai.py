@@ -20,15 +20,19 @@ class RemoteError(ModelError):
 
 
 def sse(response) -> Iterator[dict]:
-    """The JSON payloads of a server-sent event stream, up to `data: [DONE]`."""
-    for raw in response:
-        line = raw.decode("utf-8").strip()
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        yield json.loads(payload)
+    """The JSON payloads of a server-sent event stream, up to `data: [DONE]`; a stream that breaks off (the server
+    went away or stopped answering) raises RemoteError, in words."""
+    try:
+        for raw in response:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                return
+            yield json.loads(payload)
+    except (OSError, http.client.HTTPException) as err:
+        raise RemoteError(f"the server's stream broke off: {reason(err) or type(err).__name__}") from err
 
 
 def error_message(err: urllib.error.HTTPError) -> str:

@@ -31,7 +31,7 @@ from app import figures, traces
 from app.modes import ConfigError
 from app.modes.errors import one_line
 from app.service import jobs
-from app.backends.openai import RemoteError, sse
+from app.backends.openai import WIRE_ERRORS, RemoteError, sse
 from app.backends.vllm import client
 from app.backends.base import Prompt, encode
 from app.prompts import load_prompts
@@ -130,7 +130,7 @@ def _request(target: Target, prompt_ids: list[int], max_new_tokens: int, cancel:
                 if cancel.is_set():
                     out["finish_reason"] = "cancelled"
                     break  # closing the connection makes vLLM abort the request
-    except (urllib.error.URLError, OSError, ValueError, RemoteError) as err:
+    except (*WIRE_ERRORS, RemoteError) as err:  # a stream cut short included (http.client.IncompleteRead)
         out["error"] = str(getattr(err, "reason", err))
     return out
 

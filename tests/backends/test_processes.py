@@ -21,6 +21,7 @@ from app.backends.openai import RemoteError
 from app.modes import ConfigError
 from app.backends.tensorrt_llm import processes as trtllm_processes
 from app.backends.vllm import client, processes as vllm_processes
+from app.bench import load
 
 SERVE = ("import http.server, sys\n"
          "class H(http.server.BaseHTTPRequestHandler):\n"
@@ -94,7 +95,7 @@ def test_a_vllm_server_whose_port_another_process_answers_reads_stopped(foreign,
 @pytest.fixture
 def cut_short():
     """A server on loopback that promises 15 bytes of body and closes after 2: a 503 to /health (a worker still
-    loading), a 400 to /refuse, a 200 to anything else."""
+    loading), a 400 to /refuse, a 200 to anything else; a stream to /v1/completions, cut inside its first chunk."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.2)
     stop = threading.Event()
@@ -108,7 +109,10 @@ def cut_short():
             with conn:
                 path = conn.recv(65536).split(b" ")[1]
                 status = {b"/health": b"503 Service Unavailable", b"/refuse": b"400 Bad Request"}.get(path, b"200 OK")
-                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 15\r\nContent-Type: application/json\r\n\r\n{}")
+                if path == b"/v1/completions":  # a stream, cut inside its first chunk
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n20\r\ndata: {")
+                else:
+                    conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 15\r\n\r\n{}")
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     yield listener.getsockname()[1]
@@ -120,8 +124,9 @@ def cut_short():
 def test_a_server_that_cuts_its_answer_short_is_said_to_be_down_not_raised(cut_short):
     """An engine killed mid-answer cuts its body short (http.client.IncompleteRead, which is no OSError): the worker's
     health check reads the status it got, vLLM's warm-up reads failed, the counters the engine's error, a refusal its
-    status's reason, and a cancel's abort ends without raising in its thread (the suite saw both raise: the abort
-    while a TensorRT-LLM worker stopped, the health check while one died loading)."""
+    status's reason, a stream that breaks off a RemoteError in words (here a load sweep's request records it), and a
+    cancel's abort ends without raising in its thread (the suite saw the abort raise while a TensorRT-LLM worker
+    stopped, and the health check while one died loading)."""
     url = f"http://127.0.0.1:{cut_short}"
     assert trtllm_processes.health(cut_short) == (503, {})  # still loading, as far as it said
     assert vllm_processes._warm(url, "m") is False
@@ -129,6 +134,8 @@ def test_a_server_that_cuts_its_answer_short_is_said_to_be_down_not_raised(cut_s
         client.Engine(url, "m").counters()
     with pytest.raises(ConfigError, match="refused the request: Bad Request"):  # the refusal's status, its body cut
         client.Engine(url, "m")._json("/refuse", {})
+    out = load._request(load.Target("vllm_generate", url, "m"), [1, 2], 4, threading.Event(), 0.0, 10.0)
+    assert out["error"].startswith("the server's stream broke off: IncompleteRead") and out["token_ids"] == []
     cancel, done = threading.Event(), threading.Event()
     cancel.set()
     with socket.socket() as unused:
