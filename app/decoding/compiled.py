@@ -319,8 +319,11 @@ class FastPass:
     def __init__(self, where: Path, runners: dict, info: dict, load_seconds: float) -> None:
         self.where, self.runners, self.info, self.load_seconds = where, runners, info, load_seconds
         self.widths = {g: tuple(w) for g, w in info["widths"].items()}
-        # The graph one-token passes run padded to two tokens, where the build measured it faster (one_token_route).
-        self.one_token_via = info.get("one_token_via")
+        # The graph one-token passes run padded to two tokens, where the build measured it faster (one_token_route);
+        # only while that graph serves widths of its own (the build routes only to one: a store's edited or older
+        # info.json must not send them to a graph measured slower than eager).
+        via = info.get("one_token_via")
+        self.one_token_via = via if via in self.widths else None
 
     def graph(self, n: int) -> str | None:
         """The graph that serves a pass of n tokens; None: wider than any (it runs eagerly)."""

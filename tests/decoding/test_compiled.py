@@ -158,7 +158,8 @@ def test_passes_of_every_width_and_slot_count_match_eager(loaded):
                 t.commit([0] if width > 1 else [])
     finally:
         loaded.forward.runners, loaded.forward.widths = graphs, widths
-    assert calls == ["one", "wide", "wide", "wide", "wide", "one", "wide"]  # 129 and 300 ran eagerly
+    one = loaded.forward.one_token_via or "one"  # the graph the build routed one-token passes through, if any
+    assert calls == [one, "wide", "wide", "wide", "wide", one, "wide"]  # 129 and 300 ran eagerly
     assert fast.capacity > len(PROMPT) + RESERVE  # the 300-token pass grew the slots
 
 
@@ -371,6 +372,11 @@ def test_a_pass_goes_to_the_graph_of_its_width():
     three = compiled.FastPass(None, {}, {"widths": {"one": [1, 1], "few": [2, 4], "wide": [5, 128]}}, 0.0)
     assert [three.graph(n) for n in (1, 2, 4, 5, 128, 129)] == ["one", "few", "few", "wide", "wide", None]
     assert not three.fits(129) and three.fits(1)
+    routed = {"widths": {"one": [1, 1], "wide": [2, 128]}, "one_token_via": "wide"}
+    assert compiled.FastPass(None, {}, routed, 0.0).graph(1) == "wide"
+    # A route to a graph that serves nothing (measured slower than eager) is not taken: a build never writes one.
+    stale = compiled.FastPass(None, {}, {**routed, "widths": {"one": [1, 1]}}, 0.0)
+    assert stale.one_token_via is None and stale.graph(1) == "one" and stale.slots(1) == 1
 
 
 def test_slot_layer_writes_at_its_pointer_and_keeps_its_slots_when_it_grows():

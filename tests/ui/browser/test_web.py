@@ -688,7 +688,7 @@ def test_browser_compare_tab_and_screenshots_of_every_tab(page, screenshot):
         before, free = page.inner_text("#cost-note"), page.inner_text("#earn-note")
         lengths = len(re.findall(r"\d+ tokens? (?:needs α|never pays)", free))
         assert page.locator("#earn-plot .scatterlayer .trace").count() == lengths
-        assert lengths == 4 or "of the CPU it asked for" in before, (free, before)
+        assert lengths in (0, 4) or "of the CPU it asked for" in before, (free, before)  # 0: withheld, measure again
         if lengths:
             break
     if lengths:
