@@ -448,8 +448,8 @@ def validated(model: type[BaseModel], data: Any, what: str):
         return model.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(one_line(x) for x in first["loc"]) or what  # a key of the user's is part of the location
-        raise ConfigError(f"{where}: {one_line(first['msg'].removeprefix('Value error, '), None)}") from None
+        where = ".".join(one_line(x) for x in first["loc"]) or what  # a user's key, cut (ConfigError escapes the rest)
+        raise ConfigError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
 def parse(data: dict[str, Any], modes, max_new_tokens_limit: int | None = None) -> DecodeRequest:

@@ -363,7 +363,7 @@ def llm_objects(llm: dict) -> dict:
         except ValueError as err:  # pydantic's ValidationError: upstream's own field types and validators
             first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
             where = ".".join(map(one_line, first["loc"]))
-            raise ConfigError(f"TensorRT-LLM's {cls.__name__} refuses {where or 'the config'}: {one_line(first['msg'], None)}") from None
+            raise ConfigError(f"TensorRT-LLM's {cls.__name__} refuses {where or 'the config'}: {first['msg']}") from None
     if "build_config" in kwargs:
         build = dict(kwargs["build_config"])
         build.pop("speculative_decoding_mode", None)  # the LLM API sets it from speculative_config (llm_args.py validate_speculative_config)
